@@ -1,0 +1,41 @@
+//! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`].
+//!
+//! For each guarded request (by default `POST` and `PATCH`) the service:
+//!
+//! 1. buffers the body under a cap (`413` past it, checked against `Content-Length` first);
+//! 2. derives the key through its [`KeySource`](crate::KeySource) (`400` for a missing or invalid
+//!    `Idempotency-Key`, a provider's own problem for a bad signature);
+//! 3. scopes it by namespace, method, path and principal, and fingerprints the request;
+//! 4. claims it in the [`Store`](crate::Store): a claim runs the handler in a spawned task, an
+//!    in-flight duplicate gets `409`, a completed key is replayed with `Idempotent-Replayed: true`,
+//!    a reused key with another fingerprint gets `422`, a failing store gets `503`;
+//! 5. completes or releases the key according to the [`CachePolicy`](crate::CachePolicy).
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{routing::post, Json, Router};
+//! use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+//!
+//! async fn create_order(Json(order): Json<serde_json::Value>) -> Json<serde_json::Value> {
+//!     Json(serde_json::json!({ "order_id": "ord_1", "order": order }))
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders"));
+//! # let _ = app;
+//! ```
+
+mod body;
+mod future;
+mod layer;
+mod service;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::{
+    IdempotencyLayer, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_CACHED_BODY,
+    DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
+};
+pub use service::IdempotencyService;

@@ -1,0 +1,420 @@
+use std::{
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::{pin, Pin},
+    sync::{atomic::Ordering, Arc},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{header, HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::{sync::OwnedSemaphorePermit, time::Instant};
+use tower_service::Service;
+use tracing::{field, Instrument, Span};
+
+use super::{layer::Config, ResponseBody, ResponseFuture};
+use crate::{
+    outcome::Outcome,
+    policy::{cacheable_headers, CacheDirective},
+    problem::{Problem, Rejection},
+    store::{BoxError, CachedResponse, ClaimOutcome, FencingToken, Ownership},
+    BODY_OMITTED_HEADER, REPLAYED_HEADER,
+};
+
+/// The [`Service`] made by [`IdempotencyLayer`](super::IdempotencyLayer).
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // Use the instance that was polled ready; leave a fresh clone behind for the next call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        if !config.methods.contains(request.method()) {
+            return Box::pin(pass_through(inner, request, Outcome::PassedThrough));
+        }
+        let span = tracing::info_span!(
+            "idempotency",
+            namespace = config.scope.namespace(),
+            key_hash = field::Empty,
+            outcome = field::Empty,
+        );
+        Box::pin(guard(config, inner, request, span.clone()).instrument(span))
+    }
+}
+
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+async fn pass_through<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<ReqBody>,
+    outcome: Outcome,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let response = inner.call(request).await?;
+    Ok(with_outcome(response.map(ResponseBody::inner), outcome))
+}
+
+fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
+    Span::current().record("outcome", outcome.as_str());
+    tracing::debug!(outcome = outcome.as_str(), "idempotency outcome");
+    response.extensions_mut().insert(outcome);
+    response
+}
+
+fn reject<B>(problem: impl Into<Problem>, outcome: Outcome) -> Response<ResponseBody<B>> {
+    with_outcome(problem.into().into_response(), outcome)
+}
+
+async fn guard<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    inner: S,
+    request: Request<ReqBody>,
+    span: Span,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let busy = Rejection::Overloaded {
+        retry_after: config.retry_after,
+    };
+    if !config.accepting.load(Ordering::Relaxed) {
+        return Ok(reject(busy, Outcome::Overloaded));
+    }
+    let permit = match &config.in_flight_limit {
+        Some(limit) => match limit.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return Ok(reject(busy, Outcome::Overloaded)),
+        },
+        None => None,
+    };
+
+    let too_large = Rejection::PayloadTooLarge {
+        limit: config.max_body,
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > config.max_body as u64) {
+        return Ok(reject(too_large, Outcome::Rejected));
+    }
+    let (mut parts, body) = request.into_parts();
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => {
+            return Ok(reject(too_large, Outcome::Rejected))
+        }
+        Err(_) => return Ok(reject(Rejection::BodyUnreadable, Outcome::Rejected)),
+    };
+
+    let key = match config.key_source.derive(&mut parts, &body) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            let request = Request::from_parts(parts, ReqBody::from(body));
+            return pass_through(inner, request, Outcome::PassedThrough).await;
+        }
+        Err(problem) => return Ok(reject(problem, Outcome::Rejected)),
+    };
+    let store_key = config.scope.store_key(&parts, &key);
+    drop(key);
+    // The hash part of the scoped key; never the raw key.
+    let hash_start = config.scope.namespace().len() + 1;
+    span.record("key_hash", &store_key[hash_start..hash_start + 16]);
+    let fingerprint = config.fingerprint.fingerprint(&parts, &body);
+
+    let claim = tokio::time::timeout(
+        config.store_timeout,
+        config.store.claim(&store_key, &fingerprint, config.lease),
+    )
+    .await;
+    let claim = match claim {
+        Ok(Ok(claim)) => claim,
+        failed => {
+            let error = match failed {
+                Ok(Err(error)) => error.to_string(),
+                _ => format!("timed out after {:?}", config.store_timeout),
+            };
+            if config.fail_open {
+                tracing::warn!(%error, "idempotency store failed; running the handler UNGUARDED (fail-open is enabled)");
+                let request = Request::from_parts(parts, ReqBody::from(body));
+                return pass_through(inner, request, Outcome::FailedOpen).await;
+            }
+            tracing::error!(%error, "idempotency store failed; answering 503");
+            let unavailable = Rejection::StoreUnavailable {
+                retry_after: config.retry_after,
+            };
+            return Ok(reject(unavailable, Outcome::StoreUnavailable));
+        }
+    };
+
+    match claim {
+        ClaimOutcome::Completed(record) if record.fingerprint == fingerprint => {
+            Ok(with_outcome(replay(record.response), Outcome::Replayed))
+        }
+        ClaimOutcome::Completed(_) => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
+        ClaimOutcome::InFlight {
+            fingerprint: holder,
+            ..
+        } if holder != fingerprint => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
+        ClaimOutcome::InFlight { .. } => {
+            let in_flight = Rejection::InFlight {
+                status: config.in_flight_status,
+                retry_after: config.retry_after,
+            };
+            Ok(reject(in_flight, Outcome::InFlight))
+        }
+        ClaimOutcome::Claimed { token } => {
+            let request = Request::from_parts(parts, ReqBody::from(body));
+            let run = execute(config.clone(), inner, request, store_key, token, permit);
+            // Spawned so that a caller's disconnect cannot cancel the handler halfway: the result
+            // is recorded either way. The span follows the task.
+            match config.tasks.spawn(run.instrument(span)).await {
+                Ok(answer) => answer,
+                // Only when the runtime shuts down under the task; the lease frees the key.
+                Err(_) => Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed)),
+            }
+        }
+    }
+}
+
+fn replay<B>(cached: CachedResponse) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::full(cached.body));
+    *response.status_mut() = cached.status;
+    *response.headers_mut() = cached.headers;
+    let headers = response.headers_mut();
+    headers.insert(REPLAYED_HEADER.clone(), HeaderValue::from_static("true"));
+    if cached.body_omitted {
+        headers.insert(BODY_OMITTED_HEADER.clone(), HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// What the handler produced, before the key is settled.
+enum Produced<B, E> {
+    /// Complete the key with `cached`, answer `response`.
+    Complete(Response<ResponseBody<B>>, CachedResponse),
+    /// Release the key, answer `response`.
+    Release(Response<ResponseBody<B>>),
+    /// The inner service failed; release and pass the error on.
+    Error(E),
+    /// The response body failed while being read; release and answer 500.
+    BodyFailed,
+}
+
+async fn execute<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<ReqBody>,
+    key: String,
+    token: FencingToken,
+    _permit: Option<OwnedSemaphorePermit>,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let work = async {
+        let response = match inner.call(request).await {
+            Ok(response) => response,
+            Err(error) => return Produced::Error(error),
+        };
+        let (parts, body) = response.into_parts();
+        let directive = parts.extensions.get::<CacheDirective>().copied();
+        if !config.cache_policy.completes(parts.status, directive) {
+            return Produced::Release(Response::from_parts(parts, ResponseBody::inner(body)));
+        }
+        let (body, answer_body, body_omitted) = match read_capped(Box::pin(body), config.max_cached_body).await
+        {
+            Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
+            Capped::Over(prefix, rest) => (Bytes::new(), ResponseBody::prefixed(prefix, rest), true),
+            Capped::Failed => return Produced::BodyFailed,
+        };
+        let cached = CachedResponse {
+            status: parts.status,
+            headers: cacheable_headers(&parts.headers),
+            body,
+            body_omitted,
+        };
+        Produced::Complete(Response::from_parts(parts, answer_body), cached)
+    };
+    let produced = renewing_lease(&config, &key, token, AssertUnwindSafe(work).catch_unwind()).await;
+
+    let store = &config.store;
+    let timeout = config.store_timeout;
+    match produced {
+        Ok(Produced::Complete(response, cached)) => {
+            let outcome =
+                match tokio::time::timeout(timeout, store.complete(&key, token, &cached, config.ttl))
+                    .await
+                {
+                    Ok(Ok(Ownership::Current)) => Outcome::Executed,
+                    Ok(Ok(Ownership::Stale)) => {
+                        tracing::warn!("lease lost before completion; the result was not recorded");
+                        Outcome::ExecutedUnrecorded
+                    }
+                    Ok(Err(error)) => {
+                        tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
+                        Outcome::ExecutedUnrecorded
+                    }
+                    Err(_) => {
+                        tracing::error!("recording the result timed out; the key stays in flight until its lease expires");
+                        Outcome::ExecutedUnrecorded
+                    }
+                };
+            Ok(with_outcome(response, outcome))
+        }
+        Ok(Produced::Release(response)) => {
+            release(&config, &key, token).await;
+            Ok(with_outcome(response, Outcome::ExecutedReleased))
+        }
+        Ok(Produced::Error(error)) => {
+            release(&config, &key, token).await;
+            Span::current().record("outcome", Outcome::HandlerFailed.as_str());
+            Err(error)
+        }
+        Ok(Produced::BodyFailed) => {
+            tracing::error!("the handler's response body failed; key released");
+            release(&config, &key, token).await;
+            Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed))
+        }
+        Err(_panic) => {
+            tracing::error!("the handler panicked; key released");
+            release(&config, &key, token).await;
+            Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed))
+        }
+    }
+}
+
+async fn release(config: &Config, key: &str, token: FencingToken) {
+    match tokio::time::timeout(config.store_timeout, config.store.release(key, token)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            tracing::error!(%error, "releasing the key failed; it stays in flight until its lease expires")
+        }
+        Err(_) => tracing::error!(
+            "releasing the key timed out; it stays in flight until its lease expires"
+        ),
+    }
+}
+
+/// Runs `work` while renewing the lease every third of its length, up to the renewal ceiling.
+async fn renewing_lease<F: Future>(
+    config: &Config,
+    key: &str,
+    token: FencingToken,
+    work: F,
+) -> F::Output {
+    let mut work = pin!(work);
+    let period = (config.lease / 3).max(Duration::from_millis(10));
+    let stop_renewing = Instant::now() + config.max_lease_renewal;
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut work => return output,
+            _ = ticker.tick(), if Instant::now() < stop_renewing => {
+                let renewal = config.store.renew(key, token, config.lease);
+                match tokio::time::timeout(config.store_timeout, renewal).await {
+                    Ok(Ok(Ownership::Current)) => {}
+                    Ok(Ok(Ownership::Stale)) => {
+                        tracing::warn!("lease lost while the handler runs; a retry may run it again")
+                    }
+                    Ok(Err(error)) => tracing::warn!(%error, "lease renewal failed"),
+                    Err(_) => tracing::warn!("lease renewal timed out"),
+                }
+            }
+        }
+    }
+}
+
+enum Capped<B> {
+    Whole(Bytes),
+    Over(Bytes, B),
+    Failed,
+}
+
+/// Reads a response body until it ends or exceeds `cap`. A single-frame body (the common case)
+/// is kept as it is, without a copy.
+async fn read_capped<B>(mut body: Pin<Box<B>>, cap: usize) -> Capped<Pin<Box<B>>>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut first: Option<Bytes> = None;
+    let mut rest = BytesMut::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Capped::Failed;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers are not cached
+        };
+        len += data.len();
+        match first.take() {
+            None if rest.is_empty() => first = Some(data),
+            previous => {
+                if let Some(previous) = previous {
+                    rest.extend_from_slice(&previous);
+                }
+                rest.extend_from_slice(&data);
+            }
+        }
+        if len > cap {
+            let prefix = first.take().unwrap_or_else(|| rest.split().freeze());
+            return Capped::Over(prefix, body);
+        }
+    }
+    Capped::Whole(first.unwrap_or_else(|| rest.freeze()))
+}

@@ -1,0 +1,160 @@
+//! Where the idempotency key comes from: the client's `Idempotency-Key` header, or any other
+//! [`KeySource`] such as a webhook provider's verified event id.
+
+use bytes::Bytes;
+use http::{request::Parts, HeaderName, HeaderValue};
+
+use crate::problem::{Problem, Rejection};
+
+/// The IETF draft's request header.
+pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Why an `Idempotency-Key` header was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The value is empty (or an empty quoted string).
+    #[error("the key is empty")]
+    Empty,
+    /// The value is longer than [`MAX_KEY_LEN`] bytes.
+    #[error("the key is longer than 255 bytes")]
+    TooLong,
+    /// The value contains a byte outside visible ASCII.
+    #[error("the key must be visible ASCII")]
+    NotVisibleAscii,
+    /// A quoted value is not a valid Structured Field string.
+    #[error("the key is not a valid structured field string")]
+    MalformedString,
+    /// The header appears more than once.
+    #[error("the header appears more than once")]
+    Repeated,
+}
+
+/// Parses one `Idempotency-Key` header value.
+///
+/// Accepts the IETF draft's Structured Field string (`"8e03978e"`, parsed with `sfv`, parameters
+/// ignored) and, because most clients send it that way, a bare token of visible ASCII.
+pub fn parse_key(value: &HeaderValue) -> Result<String, KeyError> {
+    let text = value.to_str().map_err(|_| KeyError::NotVisibleAscii)?;
+    let key = if text.starts_with('"') {
+        let item: sfv::Item = sfv::Parser::new(text)
+            .parse_item()
+            .map_err(|_| KeyError::MalformedString)?;
+        match item.bare_item.as_string() {
+            Some(string) => string.as_str().to_owned(),
+            None => return Err(KeyError::MalformedString),
+        }
+    } else {
+        text.to_owned()
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong);
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(KeyError::NotVisibleAscii);
+    }
+    Ok(key)
+}
+
+/// Derives the idempotency key of a request from its parts and its buffered body.
+///
+/// Implemented by [`ClientKey`] for the `Idempotency-Key` header, and by the webhook verifiers,
+/// which check the signature over `body` before returning the provider's event id. A source may
+/// insert request extensions (e.g. the verified delivery) through `parts`.
+pub trait KeySource: Send + Sync + 'static {
+    /// `Ok(Some(key))` to guard the request under `key`, `Ok(None)` to pass it through unguarded,
+    /// `Err(problem)` to reject it before it reaches the handler or the store.
+    fn derive(&self, parts: &mut Parts, body: &Bytes) -> Result<Option<String>, Problem>;
+}
+
+/// Takes the key from the client's `Idempotency-Key` header.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientKey {
+    required: bool,
+}
+
+impl ClientKey {
+    /// A missing header is answered `400`.
+    pub const fn required() -> Self {
+        Self { required: true }
+    }
+
+    /// A missing header passes the request through unguarded.
+    pub const fn optional() -> Self {
+        Self { required: false }
+    }
+
+    /// Whether a missing header is rejected.
+    pub const fn is_required(&self) -> bool {
+        self.required
+    }
+}
+
+impl KeySource for ClientKey {
+    fn derive(&self, parts: &mut Parts, _body: &Bytes) -> Result<Option<String>, Problem> {
+        let mut values = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
+        let Some(value) = values.next() else {
+            return if self.required {
+                Err(Rejection::MissingKey.into())
+            } else {
+                Ok(None)
+            };
+        };
+        if values.next().is_some() {
+            return Err(Rejection::InvalidKey(KeyError::Repeated).into());
+        }
+        parse_key(value)
+            .map(Some)
+            .map_err(|e| Rejection::InvalidKey(e).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(raw: &[u8]) -> Result<String, KeyError> {
+        parse_key(&HeaderValue::from_bytes(raw).unwrap())
+    }
+
+    #[test]
+    fn accepts_bare_tokens_and_structured_strings() {
+        assert_eq!(parse(b"8e03978e-40d5-43e8").unwrap(), "8e03978e-40d5-43e8");
+        assert_eq!(parse(b"\"8e03978e-40d5\"").unwrap(), "8e03978e-40d5");
+        assert_eq!(parse(b"\"abc\";p=1").unwrap(), "abc");
+        assert_eq!(parse(&[b'k'; 255]).unwrap().len(), 255);
+    }
+
+    #[test]
+    fn rejects_bad_keys_with_their_cause() {
+        assert_eq!(parse(b""), Err(KeyError::Empty));
+        assert_eq!(parse(b"\"\""), Err(KeyError::Empty));
+        assert_eq!(parse(&[b'k'; 256]), Err(KeyError::TooLong));
+        assert_eq!(parse(b"has space"), Err(KeyError::NotVisibleAscii));
+        assert_eq!(parse("caf\u{e9}".as_bytes()), Err(KeyError::NotVisibleAscii));
+        assert_eq!(parse(b"\"unterminated"), Err(KeyError::MalformedString));
+        assert_eq!(parse(b"\"a\" trailing"), Err(KeyError::MalformedString));
+        assert_eq!(parse(b"\"has space\""), Err(KeyError::NotVisibleAscii));
+        assert_eq!(parse(b"\"esc\\\"aped\"").unwrap(), "esc\"aped");
+    }
+
+    #[test]
+    fn repeated_header_is_rejected() {
+        let (mut parts, ()) = http::Request::builder()
+            .header("idempotency-key", "a")
+            .header("idempotency-key", "b")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let err = ClientKey::required()
+            .derive(&mut parts, &Bytes::new())
+            .unwrap_err();
+        assert_eq!(err.slug, "invalid-key");
+    }
+}

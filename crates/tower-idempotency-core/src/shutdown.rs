@@ -1,0 +1,56 @@
+//! Graceful shutdown: wait, under a deadline, for spawned handlers to finish and record results.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use tokio_util::task::TaskTracker;
+
+/// Drains the handlers an [`IdempotencyLayer`](crate::IdempotencyLayer) spawned.
+///
+/// Handlers run in spawned tasks so that a caller's disconnect cannot cancel them halfway. On
+/// deploy, call [`drain`](Self::drain) after the server stopped accepting connections: new guarded
+/// requests are answered `503` with `Retry-After` (the sender retries elsewhere), and running
+/// handlers get until the deadline to finish and store their results, so an interrupted request is
+/// not executed a second time by its retry.
+///
+/// ```no_run
+/// # async fn run(layer: tower_idempotency_core::IdempotencyLayer) {
+/// let handle = layer.shutdown_handle();
+/// // ... axum::serve(listener, app).with_graceful_shutdown(signal).await ...
+/// let finished = handle.drain(std::time::Duration::from_secs(30)).await;
+/// if !finished {
+///     tracing::warn!(left = handle.in_flight(), "handlers still running at shutdown");
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle {
+    tasks: TaskTracker,
+    accepting: Arc<AtomicBool>,
+}
+
+impl ShutdownHandle {
+    pub(crate) fn new(tasks: TaskTracker, accepting: Arc<AtomicBool>) -> Self {
+        Self { tasks, accepting }
+    }
+
+    /// Stops guarding new requests and waits up to `deadline` for running handlers. Returns
+    /// whether all of them finished.
+    pub async fn drain(&self, deadline: Duration) -> bool {
+        self.accepting.store(false, Ordering::SeqCst);
+        self.tasks.close();
+        tokio::time::timeout(deadline, self.tasks.wait())
+            .await
+            .is_ok()
+    }
+
+    /// Number of spawned handlers still running.
+    pub fn in_flight(&self) -> usize {
+        self.tasks.len()
+    }
+}

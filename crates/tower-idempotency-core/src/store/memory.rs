@@ -1,0 +1,244 @@
+//! A bounded in-memory store for development, tests and single-process deployments.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, RandomState},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use super::{
+    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership,
+    RecordState, Store, StoreError,
+};
+
+const SHARDS: usize = 16;
+
+/// An in-memory [`Store`]: a sharded hash map with a bound on live records.
+///
+/// **Single process only.** It forgets everything on restart and cannot coordinate two instances
+/// of an application; use the SQLite, Postgres or Redis store for that.
+///
+/// When a shard is full, expired records are purged first; if it is still full, the claim fails
+/// with [`StoreError::CapacityExceeded`] (the layer answers `503`). Evicting a live record instead
+/// would let a duplicate run the handler a second time.
+///
+/// ```
+/// use tower_idempotency_core::MemoryStore;
+/// let store = MemoryStore::new().with_max_entries(50_000);
+/// # let _ = store;
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<HashMap<String, Entry>>]>,
+    hasher: RandomState,
+    max_per_shard: usize,
+    next_token: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Entry {
+    InFlight {
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        lease_until: Instant,
+    },
+    Completed {
+        record: CompletedRecord,
+        expires_at: Instant,
+    },
+}
+
+impl Entry {
+    fn is_live(&self, now: Instant) -> bool {
+        match self {
+            Entry::InFlight { lease_until, .. } => *lease_until > now,
+            Entry::Completed { expires_at, .. } => *expires_at > now,
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store holding up to 100 000 live records.
+    pub fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            max_per_shard: 100_000usize.div_ceil(SHARDS),
+            next_token: AtomicU64::new(1),
+        }
+    }
+
+    /// Bounds the number of live records (rounded up to a multiple of the shard count).
+    pub fn with_max_entries(mut self, max_entries: usize) -> Self {
+        self.max_per_shard = max_entries.div_ceil(SHARDS).max(1);
+        self
+    }
+
+    /// Number of records held, live or expired but not yet purged.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired record and returns how many were dropped.
+    pub fn purge_expired(&self) -> usize {
+        let now = Instant::now();
+        self.shards
+            .iter()
+            .map(|shard| {
+                let mut map = lock(shard);
+                let before = map.len();
+                map.retain(|_, entry| entry.is_live(now));
+                before - map.len()
+            })
+            .sum()
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
+        let index = self.hasher.hash_one(key) as usize % SHARDS;
+        &self.shards[index]
+    }
+
+    fn fenced<T>(
+        &self,
+        key: &str,
+        token: FencingToken,
+        apply: impl FnOnce(&mut HashMap<String, Entry>) -> T,
+    ) -> Ownership {
+        let mut map = lock(self.shard(key));
+        match map.get(key) {
+            Some(Entry::InFlight { token: current, .. }) if *current == token => {
+                apply(&mut map);
+                Ownership::Current
+            }
+            _ => Ownership::Stale,
+        }
+    }
+}
+
+// A poisoned shard only means another thread panicked between two statements that each leave the
+// map consistent, so the data is still usable.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let now = Instant::now();
+        let mut map = lock(self.shard(key));
+        match map.get(key) {
+            Some(Entry::InFlight {
+                fingerprint,
+                lease_until,
+                ..
+            }) if *lease_until > now => {
+                return Ok(ClaimOutcome::InFlight {
+                    fingerprint: *fingerprint,
+                    lease_remaining: *lease_until - now,
+                })
+            }
+            Some(Entry::Completed { record, expires_at }) if *expires_at > now => {
+                return Ok(ClaimOutcome::Completed(record.clone()))
+            }
+            Some(_) => {}
+            None => {
+                if map.len() >= self.max_per_shard {
+                    map.retain(|_, entry| entry.is_live(now));
+                    if map.len() >= self.max_per_shard {
+                        return Err(StoreError::CapacityExceeded(self.max_per_shard * SHARDS));
+                    }
+                }
+            }
+        }
+        let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
+        map.insert(
+            key.to_owned(),
+            Entry::InFlight {
+                fingerprint: *fingerprint,
+                token,
+                lease_until: now + lease,
+            },
+        );
+        Ok(ClaimOutcome::Claimed { token })
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let new_until = Instant::now() + lease;
+        Ok(self.fenced(key, token, |map| {
+            if let Some(Entry::InFlight { lease_until, .. }) = map.get_mut(key) {
+                *lease_until = new_until;
+            }
+        }))
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let expires_at = Instant::now() + ttl;
+        Ok(self.fenced(key, token, |map| {
+            if let Some(entry) = map.get_mut(key) {
+                if let Entry::InFlight { fingerprint, .. } = *entry {
+                    *entry = Entry::Completed {
+                        record: CompletedRecord {
+                            fingerprint,
+                            response: response.clone(),
+                        },
+                        expires_at,
+                    };
+                }
+            }
+        }))
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        Ok(self.fenced(key, token, |map| map.remove(key)))
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        let now = Instant::now();
+        let map = lock(self.shard(key));
+        Ok(match map.get(key) {
+            Some(entry) if !entry.is_live(now) => None,
+            Some(Entry::InFlight {
+                fingerprint,
+                token,
+                lease_until,
+            }) => Some(RecordState::InFlight {
+                fingerprint: *fingerprint,
+                token: *token,
+                lease_remaining: *lease_until - now,
+            }),
+            Some(Entry::Completed { record, .. }) => Some(RecordState::Completed(record.clone())),
+            None => None,
+        })
+    }
+}

@@ -1,0 +1,251 @@
+//! The store contract: how a key is claimed, completed, released and read back.
+//!
+//! A [`Store`] holds one record per scoped key. A record is either **in flight** (claimed by one
+//! request, protected by a lease and a fencing token) or **completed** (holding the cached response
+//! until its TTL ends). The layer drives a store through four calls:
+//!
+//! | call | when | must be atomic with respect to other calls on the same key |
+//! |---|---|---|
+//! | [`Store::claim`] | before the handler runs | yes: of many concurrent claimers exactly one gets [`ClaimOutcome::Claimed`] |
+//! | [`Store::renew`] | while a slow handler runs | yes: only the current holder extends the lease |
+//! | [`Store::complete`] | after a response the policy keeps | yes: only the current holder writes the response |
+//! | [`Store::release`] | after a response the policy drops, an error or a panic | yes: only the current holder deletes the record |
+//!
+//! # The contract in detail
+//! - **Claim.** If no record exists, or the record is in flight with an expired lease, or the
+//!   record is completed with an expired TTL, the store writes a new in-flight record with a new
+//!   fencing token and answers [`ClaimOutcome::Claimed`]. Otherwise it answers with the existing
+//!   record's state ([`ClaimOutcome::InFlight`] or [`ClaimOutcome::Completed`]) *from the same
+//!   atomic step*, so the duplicate needs no second round trip. The store never compares
+//!   fingerprints itself: it reports the existing record's fingerprint and the layer decides.
+//! - **Fencing tokens** are unique per key for the lifetime of the store: a token handed out once
+//!   is never handed out again for that key, even after the record was released or purged (a
+//!   global counter, a database sequence or 64 random bits all qualify). `complete`, `renew` and
+//!   `release` succeed only when the record's current token equals the caller's; otherwise they
+//!   change nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key
+//!   nobody reclaimed yet may still be accepted or may be answered `Stale`: both are allowed.
+//! - **Leases** bound how long a crashed holder blocks its key. Expired leases need no background
+//!   sweep to become claimable: `claim` treats them as absent.
+//! - **TTL** bounds how long a completed record is replayed. After it the key behaves as new.
+//! - **Errors** are reported, never hidden: a store that cannot answer returns a [`StoreError`]
+//!   and the layer fails closed.
+//!
+//! Every store in this project runs the public conformance suite
+//! (`tower_idempotency_core::conformance`, feature `conformance`) unchanged; so should yours.
+
+mod codec;
+mod memory;
+
+pub use codec::{decode_headers, encode_headers, CodecError};
+pub use memory::MemoryStore;
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+/// A boxed error from a store backend.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// SHA-256 over the parts of a request that must be identical for a replay to be served.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// The raw 32 bytes, as stores persist them.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Rebuilds a fingerprint from bytes read back from a store.
+    ///
+    /// Returns `None` unless `bytes` is exactly 32 bytes long.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        <[u8; 32]>::try_from(bytes).ok().map(Self)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({}..)", hex::encode(&self.0[..6]))
+    }
+}
+
+/// Identifies one claim of a key. Only the holder of the current token may complete, renew or
+/// release the record, so a stale worker can never overwrite a newer holder's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+/// A response as it is cached and replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedResponse {
+    /// The handler's status code.
+    pub status: StatusCode,
+    /// The headers worth replaying (hop-by-hop headers, `Date` and `Set-Cookie` are never stored).
+    pub headers: HeaderMap,
+    /// The response body; empty when [`CachedResponse::body_omitted`] is set.
+    pub body: Bytes,
+    /// The body was larger than the cache cap and was not stored; replays carry the
+    /// [`BODY_OMITTED_HEADER`](crate::BODY_OMITTED_HEADER) marker instead.
+    pub body_omitted: bool,
+}
+
+/// A completed record: the fingerprint of the request that produced it and its response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletedRecord {
+    /// Fingerprint of the request that ran the handler.
+    pub fingerprint: Fingerprint,
+    /// The cached response.
+    pub response: CachedResponse,
+}
+
+/// What [`Store::claim`] found or did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller now holds the key and must run the handler, then complete or release.
+    Claimed {
+        /// The token to present to `complete`, `renew` and `release`.
+        token: FencingToken,
+    },
+    /// Another request holds the key and has not finished.
+    InFlight {
+        /// Fingerprint of the request holding the key.
+        fingerprint: Fingerprint,
+        /// Time left on the holder's lease, used for `Retry-After`.
+        lease_remaining: Duration,
+    },
+    /// The key completed earlier; replay this response.
+    Completed(CompletedRecord),
+}
+
+/// Whether a fenced call came from the current holder of the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The token was current; the call took effect.
+    Current,
+    /// The token was not current (reclaimed after a lease expiry, released, or purged); nothing
+    /// changed.
+    Stale,
+}
+
+/// The state of a record as [`Store::get`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed and not yet finished.
+    InFlight {
+        /// Fingerprint of the holder's request.
+        fingerprint: Fingerprint,
+        /// The holder's token.
+        token: FencingToken,
+        /// Time left on the lease.
+        lease_remaining: Duration,
+    },
+    /// Finished, with its cached response.
+    Completed(CompletedRecord),
+}
+
+/// Why a store call failed. The layer answers every one of these with `503` (fail closed).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend could not be reached (connection refused, pool exhausted, cluster down).
+    #[error("store unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The backend did not answer within the configured store timeout.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// The backend answered with an error.
+    #[error("store backend error")]
+    Backend(#[source] BoxError),
+    /// The record is larger than this backend accepts.
+    #[error("record of {size} bytes exceeds the store limit of {limit} bytes")]
+    RecordTooLarge {
+        /// Size of the encoded record.
+        size: usize,
+        /// The largest record the store accepts.
+        limit: usize,
+    },
+    /// A stored record could not be decoded.
+    #[error("stored record is corrupt")]
+    Corrupt(#[source] CodecError),
+    /// A bounded store is full of live records.
+    #[error("store is at capacity ({0} records)")]
+    CapacityExceeded(usize),
+}
+
+/// A backend that records idempotency keys. See the [module documentation](self) for the contract.
+///
+/// `key` is the scoped key built by the layer: a namespace, a colon and 64 hex digits, at most 320
+/// bytes, visible ASCII only, so it can be used as a primary key or a Redis key as it is.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Atomically claims `key`, or reports the existing record's state in the same step.
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// Extends the lease of the current holder to `lease` from now.
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError>;
+
+    /// Stores the response for the current holder and keeps it for `ttl`.
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError>;
+
+    /// Deletes the current holder's in-flight record so the next request runs the handler.
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError>;
+
+    /// Reads a record without changing it. Expired records read as `None`.
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError>;
+}
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        (**self).claim(key, fingerprint, lease).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        (**self).renew(key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        (**self).complete(key, token, response, ttl).await
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        (**self).release(key, token).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        (**self).get(key).await
+    }
+}

@@ -1,0 +1,1 @@
+pub use tower_idempotency_core::*;
