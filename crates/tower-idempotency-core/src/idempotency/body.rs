@@ -41,6 +41,7 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Inner { body },
         }
+    }
 
     pub(crate) fn prefixed(prefix: Bytes, body: Pin<Box<B>>) -> Self {
         Self {
