@@ -137,7 +137,10 @@ mod tests {
         assert_eq!(parse(b"\"\""), Err(KeyError::Empty));
         assert_eq!(parse(&[b'k'; 256]), Err(KeyError::TooLong));
         assert_eq!(parse(b"has space"), Err(KeyError::NotVisibleAscii));
-        assert_eq!(parse("caf\u{e9}".as_bytes()), Err(KeyError::NotVisibleAscii));
+        assert_eq!(
+            parse("caf\u{e9}".as_bytes()),
+            Err(KeyError::NotVisibleAscii)
+        );
         assert_eq!(parse(b"\"unterminated"), Err(KeyError::MalformedString));
         assert_eq!(parse(b"\"a\" trailing"), Err(KeyError::MalformedString));
         assert_eq!(parse(b"\"has space\""), Err(KeyError::NotVisibleAscii));

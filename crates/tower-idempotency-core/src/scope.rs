@@ -165,10 +165,19 @@ mod tests {
     fn tenants_endpoints_and_methods_get_distinct_keys() {
         let scope = Scope::new("orders", PrincipalSource::Extension);
         let base = scope.store_key(&parts("POST", "/orders", Some("a")), "k");
-        assert_ne!(base, scope.store_key(&parts("POST", "/orders", Some("b")), "k"));
+        assert_ne!(
+            base,
+            scope.store_key(&parts("POST", "/orders", Some("b")), "k")
+        );
         assert_ne!(base, scope.store_key(&parts("POST", "/orders", None), "k"));
-        assert_ne!(base, scope.store_key(&parts("PATCH", "/orders", Some("a")), "k"));
-        assert_ne!(base, scope.store_key(&parts("POST", "/refunds", Some("a")), "k"));
+        assert_ne!(
+            base,
+            scope.store_key(&parts("PATCH", "/orders", Some("a")), "k")
+        );
+        assert_ne!(
+            base,
+            scope.store_key(&parts("POST", "/refunds", Some("a")), "k")
+        );
         assert_eq!(
             base,
             scope.store_key(&parts("POST", "/orders?x=1", Some("a")), "k")

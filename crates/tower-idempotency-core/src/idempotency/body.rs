@@ -93,7 +93,9 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Inner { body } => body.size_hint(),
             Kind::Prefixed { prefix, body } => {
                 let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);

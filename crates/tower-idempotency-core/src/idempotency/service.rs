@@ -233,7 +233,10 @@ fn replay<B>(cached: CachedResponse) -> Response<ResponseBody<B>> {
     let headers = response.headers_mut();
     headers.insert(REPLAYED_HEADER.clone(), HeaderValue::from_static("true"));
     if cached.body_omitted {
-        headers.insert(BODY_OMITTED_HEADER.clone(), HeaderValue::from_static("true"));
+        headers.insert(
+            BODY_OMITTED_HEADER.clone(),
+            HeaderValue::from_static("true"),
+        );
     }
     response
 }
@@ -274,12 +277,14 @@ where
         if !config.cache_policy.completes(parts.status, directive) {
             return Produced::Release(Response::from_parts(parts, ResponseBody::inner(body)));
         }
-        let (body, answer_body, body_omitted) = match read_capped(Box::pin(body), config.max_cached_body).await
-        {
-            Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
-            Capped::Over(prefix, rest) => (Bytes::new(), ResponseBody::prefixed(prefix, rest), true),
-            Capped::Failed => return Produced::BodyFailed,
-        };
+        let (body, answer_body, body_omitted) =
+            match read_capped(Box::pin(body), config.max_cached_body).await {
+                Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
+                Capped::Over(prefix, rest) => {
+                    (Bytes::new(), ResponseBody::prefixed(prefix, rest), true)
+                }
+                Capped::Failed => return Produced::BodyFailed,
+            };
         let cached = CachedResponse {
             status: parts.status,
             headers: cacheable_headers(&parts.headers),
@@ -288,30 +293,33 @@ where
         };
         Produced::Complete(Response::from_parts(parts, answer_body), cached)
     };
-    let produced = renewing_lease(&config, &key, token, AssertUnwindSafe(work).catch_unwind()).await;
+    let produced =
+        renewing_lease(&config, &key, token, AssertUnwindSafe(work).catch_unwind()).await;
 
     let store = &config.store;
     let timeout = config.store_timeout;
     match produced {
         Ok(Produced::Complete(response, cached)) => {
-            let outcome =
-                match tokio::time::timeout(timeout, store.complete(&key, token, &cached, config.ttl))
-                    .await
-                {
-                    Ok(Ok(Ownership::Current)) => Outcome::Executed,
-                    Ok(Ok(Ownership::Stale)) => {
-                        tracing::warn!("lease lost before completion; the result was not recorded");
-                        Outcome::ExecutedUnrecorded
-                    }
-                    Ok(Err(error)) => {
-                        tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
-                        Outcome::ExecutedUnrecorded
-                    }
-                    Err(_) => {
-                        tracing::error!("recording the result timed out; the key stays in flight until its lease expires");
-                        Outcome::ExecutedUnrecorded
-                    }
-                };
+            let outcome = match tokio::time::timeout(
+                timeout,
+                store.complete(&key, token, &cached, config.ttl),
+            )
+            .await
+            {
+                Ok(Ok(Ownership::Current)) => Outcome::Executed,
+                Ok(Ok(Ownership::Stale)) => {
+                    tracing::warn!("lease lost before completion; the result was not recorded");
+                    Outcome::ExecutedUnrecorded
+                }
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
+                    Outcome::ExecutedUnrecorded
+                }
+                Err(_) => {
+                    tracing::error!("recording the result timed out; the key stays in flight until its lease expires");
+                    Outcome::ExecutedUnrecorded
+                }
+            };
             Ok(with_outcome(response, outcome))
         }
         Ok(Produced::Release(response)) => {

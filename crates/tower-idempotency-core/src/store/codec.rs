@@ -154,7 +154,10 @@ mod tests {
         let original = record(&body);
         let decoded = CompletedRecord::decode(Bytes::from(original.encode())).unwrap();
         assert_eq!(decoded, original);
-        assert_eq!(decoded.response.headers.get_all("x-multi").iter().count(), 2);
+        assert_eq!(
+            decoded.response.headers.get_all("x-multi").iter().count(),
+            2
+        );
     }
 
     #[test]

@@ -133,7 +133,9 @@ impl MemoryStore {
 // A poisoned shard only means another thread panicked between two statements that each leave the
 // map consistent, so the data is still usable.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait::async_trait]

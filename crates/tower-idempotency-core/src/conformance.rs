@@ -1,0 +1,499 @@
+//! The public store conformance suite: every store in this project runs it unchanged, and so
+//! should yours.
+//!
+//! Each check is a public async function taking the store under test. The
+//! [`store_conformance_tests!`](crate::store_conformance_tests) macro turns all of them into
+//! `#[tokio::test]`s (your crate needs `tokio` with the `macros` and `rt-multi-thread` features as
+//! a dev-dependency):
+//!
+//! ```no_run
+//! // tests/conformance.rs of a store crate
+//! tower_idempotency_core::store_conformance_tests!(async {
+//!     // `None` skips (e.g. the database is unreachable outside CI).
+//!     Some(tower_idempotency_core::MemoryStore::new())
+//! });
+//! ```
+//!
+//! Every check uses fresh random keys, so the checks may share one table or key prefix and run
+//! in parallel. Checks that wait for leases or TTLs use leases of a few hundred milliseconds.
+//! Two checks need two stores and are called directly: [`two_instances_over_http`] and
+//! [`restart_keeps_completed`].
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{extract::State, routing::post, Router};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+use crate::{
+    store::{
+        CachedResponse, ClaimOutcome, CompletedRecord, Fingerprint, Ownership, RecordState, Store,
+    },
+    IdempotencyLayer,
+};
+
+const SHORT_LEASE: Duration = Duration::from_millis(300);
+const LONG: Duration = Duration::from_secs(60);
+
+/// A random 64-bit value; `RandomState` is seeded from the OS per instance.
+fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// A fresh key in the layer's format (`namespace:64 hex digits`).
+pub fn fresh_key(case: &str) -> String {
+    format!(
+        "conformance-{case}:{:016x}{:016x}{:016x}{:016x}",
+        random_u64(),
+        random_u64(),
+        random_u64(),
+        random_u64()
+    )
+}
+
+fn fingerprint(byte: u8) -> Fingerprint {
+    let mut bytes = [byte; 32];
+    bytes[..8].copy_from_slice(&random_u64().to_be_bytes());
+    Fingerprint(bytes)
+}
+
+fn response(body: impl Into<Bytes>) -> CachedResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("location", HeaderValue::from_static("/orders/ord_1"));
+    headers.append("x-multi", HeaderValue::from_static("one"));
+    headers.append("x-multi", HeaderValue::from_static("two"));
+    CachedResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: body.into(),
+        body_omitted: false,
+    }
+}
+
+async fn claim_token(store: &dyn Store, key: &str, fp: &Fingerprint, lease: Duration) -> u64 {
+    match store.claim(key, fp, lease).await.expect("claim") {
+        ClaimOutcome::Claimed { token } => token.0,
+        other => panic!("expected a fresh claim of {key}, got {other:?}"),
+    }
+}
+
+fn token(value: u64) -> crate::FencingToken {
+    crate::FencingToken(value)
+}
+
+/// Claim, complete, then a second claim replays the response with its headers (repeated ones
+/// too), and `get` reads the same record.
+pub async fn claim_complete_replay(store: Arc<dyn Store>) {
+    let key = fresh_key("replay");
+    let fp = fingerprint(1);
+    assert_eq!(store.get(&key).await.expect("get"), None, "unknown key");
+    let t = claim_token(&*store, &key, &fp, LONG).await;
+    let cached = response(r#"{"order_id":"ord_1"}"#);
+    let done = store.complete(&key, token(t), &cached, LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    let expected = CompletedRecord {
+        fingerprint: fp,
+        response: cached,
+    };
+    match store.claim(&key, &fp, LONG).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(record, expected),
+        other => panic!("expected the completed record, got {other:?}"),
+    }
+    assert_eq!(
+        store.get(&key).await.expect("get"),
+        Some(RecordState::Completed(expected))
+    );
+}
+
+/// 100 concurrent claimers of one key: exactly one wins, every other one sees it in flight with
+/// the winner's fingerprint.
+pub async fn concurrent_claimers_have_one_winner(store: Arc<dyn Store>) {
+    let key = Arc::new(fresh_key("race"));
+    let fp = fingerprint(2);
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&key, &fp, LONG).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut winners = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            ClaimOutcome::Claimed { .. } => winners += 1,
+            ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, fp),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners, 1,
+        "exactly one of 100 concurrent claimers must win"
+    );
+}
+
+/// After a lease expires and another request reclaims the key, the first holder's token is
+/// stale: its complete, renew and release change nothing, and the new holder's result stands.
+pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
+    let key = fresh_key("fence");
+    let fp = fingerprint(3);
+    let first = claim_token(&*store, &key, &fp, SHORT_LEASE).await;
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let second = claim_token(&*store, &key, &fp, LONG).await;
+    assert_ne!(first, second, "a reclaim must get a new fencing token");
+    let stale = response("stale");
+    let results = [
+        store.complete(&key, token(first), &stale, LONG).await,
+        store.renew(&key, token(first), LONG).await,
+        store.release(&key, token(first)).await,
+    ];
+    for result in results {
+        assert_eq!(result.expect("fenced call"), Ownership::Stale);
+    }
+    let fresh = response("fresh");
+    let done = store.complete(&key, token(second), &fresh, LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    match store.claim(&key, &fp, LONG).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(record.response.body, fresh.body),
+        other => panic!("expected the new holder's result, got {other:?}"),
+    }
+    let after = store.complete(&key, token(second), &stale, LONG).await;
+    assert_eq!(
+        after.expect("complete twice"),
+        Ownership::Stale,
+        "a completed record cannot be completed again"
+    );
+}
+
+/// A live lease blocks other claimers; once it expires the key is claimable exactly once.
+pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
+    let key = Arc::new(fresh_key("lease"));
+    let fp = fingerprint(4);
+    claim_token(&*store, &key, &fp, SHORT_LEASE).await;
+    match store.claim(&key, &fp, LONG).await.expect("claim") {
+        ClaimOutcome::InFlight {
+            lease_remaining, ..
+        } => assert!(lease_remaining <= SHORT_LEASE, "{lease_remaining:?}"),
+        other => panic!("a live lease must block, got {other:?}"),
+    }
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    assert_eq!(store.get(&key).await.expect("get"), None, "expired lease");
+    let claims: Vec<_> = (0..20)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.claim(&key, &fp, LONG).await.expect("claim") })
+        })
+        .collect();
+    let mut winners = 0;
+    for claim in claims {
+        if matches!(claim.await.expect("task"), ClaimOutcome::Claimed { .. }) {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1, "an expired key is reclaimed exactly once");
+}
+
+/// A completed record is replayed until its TTL ends, then the key behaves as new.
+pub async fn ttl_expiry_forgets_completed(store: Arc<dyn Store>) {
+    let key = fresh_key("ttl");
+    let fp = fingerprint(5);
+    let t = claim_token(&*store, &key, &fp, LONG).await;
+    let ttl = Duration::from_millis(400);
+    let done = store.complete(&key, token(t), &response("x"), ttl).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    assert!(matches!(
+        store.get(&key).await.expect("get"),
+        Some(RecordState::Completed(_))
+    ));
+    tokio::time::sleep(ttl * 2).await;
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    claim_token(&*store, &key, &fp, LONG).await;
+}
+
+/// The store reports the existing record's fingerprint (in flight and completed) instead of
+/// comparing it, so the layer can answer `422` for a reused key.
+pub async fn fingerprint_is_reported(store: Arc<dyn Store>) {
+    let key = fresh_key("fingerprint");
+    let (original, other) = (fingerprint(6), fingerprint(7));
+    let t = claim_token(&*store, &key, &original, LONG).await;
+    match store.claim(&key, &other, LONG).await.expect("claim") {
+        ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, original),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    let done = store.complete(&key, token(t), &response("x"), LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    match store.claim(&key, &other, LONG).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(record.fingerprint, original),
+        other => panic!("expected completed, got {other:?}"),
+    }
+}
+
+/// Bodies with every byte value, a 1 MiB body, an empty body and the omitted-body marker
+/// round-trip unchanged.
+pub async fn binary_and_large_bodies_round_trip(store: Arc<dyn Store>) {
+    let binary: Vec<u8> = (0..=255u8).collect();
+    let large: Vec<u8> = (0..1024 * 1024).map(|i| (i * 31 % 251) as u8).collect();
+    let mut omitted = response(Bytes::new());
+    omitted.body_omitted = true;
+    omitted.status = StatusCode::OK;
+    for cached in [
+        response(binary),
+        response(large),
+        response(Bytes::new()),
+        omitted,
+    ] {
+        let key = fresh_key("bodies");
+        let fp = fingerprint(8);
+        let t = claim_token(&*store, &key, &fp, LONG).await;
+        let done = store.complete(&key, token(t), &cached, LONG).await;
+        assert_eq!(done.expect("complete"), Ownership::Current);
+        match store.claim(&key, &fp, LONG).await.expect("claim") {
+            ClaimOutcome::Completed(record) => assert_eq!(record.response, cached),
+            other => panic!("expected completed, got {other:?}"),
+        }
+    }
+}
+
+/// A released key is claimable at once, with a new token.
+pub async fn release_frees_the_key(store: Arc<dyn Store>) {
+    let key = fresh_key("release");
+    let fp = fingerprint(9);
+    let first = claim_token(&*store, &key, &fp, LONG).await;
+    let released = store.release(&key, token(first)).await;
+    assert_eq!(released.expect("release"), Ownership::Current);
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    let second = claim_token(&*store, &key, &fp, LONG).await;
+    assert_ne!(first, second);
+    let twice = store.release(&key, token(first)).await;
+    assert_eq!(twice.expect("release"), Ownership::Stale);
+}
+
+/// Renewing extends a lease past its original end.
+pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
+    let key = fresh_key("renew");
+    let fp = fingerprint(10);
+    let t = claim_token(&*store, &key, &fp, SHORT_LEASE).await;
+    let renewed = store.renew(&key, token(t), LONG).await;
+    assert_eq!(renewed.expect("renew"), Ownership::Current);
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::InFlight {
+            token: current,
+            fingerprint,
+            ..
+        }) => {
+            assert_eq!(current.0, t);
+            assert_eq!(fingerprint, fp);
+        }
+        other => panic!("a renewed lease must still hold, got {other:?}"),
+    }
+}
+
+/// A test server: `POST /orders` behind the layer, counting handler executions.
+struct Server {
+    url: String,
+    executions: Arc<AtomicUsize>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.shutdown.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn order(
+    State(executions): State<Arc<AtomicUsize>>,
+    body: Bytes,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let n = executions.fetch_add(1, Ordering::SeqCst);
+    // Simulated work, so that concurrent duplicates overlap with the running handler.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let id = format!("{:016x}{n}", random_u64());
+    let json = serde_json::json!({ "order_id": id, "echo": body }).to_string();
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        json,
+    )
+}
+
+async fn serve(store: Arc<dyn Store>, executions: Arc<AtomicUsize>) -> Server {
+    let app = Router::new()
+        .route("/orders", post(order))
+        .route_layer(IdempotencyLayer::client_keys(store).namespace("conformance-http"))
+        .with_state(executions.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}/orders", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    Server {
+        url,
+        executions,
+        shutdown: Some(tx),
+    }
+}
+
+async fn round(client: &reqwest::Client, urls: &[String], executions: &AtomicUsize) {
+    const CONCURRENT: usize = 25;
+    let key = fresh_key("http");
+    let before = executions.load(Ordering::SeqCst);
+    let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT));
+    let requests: Vec<_> = (0..CONCURRENT)
+        .map(|i| {
+            let (client, barrier, key) = (client.clone(), barrier.clone(), key.clone());
+            let url = urls[i % urls.len()].clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .body(r#"{"sku":"book","qty":1}"#)
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status();
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                (status, replayed, response.bytes().await.expect("body"))
+            })
+        })
+        .collect();
+    let mut first: Option<Bytes> = None;
+    let mut executed = 0;
+    for request in requests {
+        let (status, replayed, body) = request.await.expect("task");
+        match status.as_u16() {
+            201 => {
+                executed += usize::from(!replayed);
+                match &first {
+                    Some(first) => assert_eq!(&body, first, "every caller gets the first body"),
+                    None => first = Some(body),
+                }
+            }
+            409 => {}
+            other => panic!("unexpected status {other}: {body:?}"),
+        }
+    }
+    assert_eq!(
+        executions.load(Ordering::SeqCst) - before,
+        1,
+        "the handler runs exactly once per round"
+    );
+    assert!(executed <= 1, "at most one caller is served by the handler");
+    // A later retry is a byte-identical replay.
+    let retry = client
+        .post(&urls[0])
+        .header("idempotency-key", &key)
+        .body(r#"{"sku":"book","qty":1}"#)
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body = retry.bytes().await.expect("body");
+    if let Some(first) = first {
+        assert_eq!(body, first);
+    }
+    assert_eq!(executions.load(Ordering::SeqCst) - before, 1);
+}
+
+/// Over real HTTP: 10 rounds of 25 concurrent identical POSTs run the handler exactly once per
+/// round; every caller gets the first response (or `409` while it runs); a retry replays it.
+pub async fn http_rounds_run_handler_once(store: Arc<dyn Store>) {
+    let server = serve(store, Arc::new(AtomicUsize::new(0))).await;
+    let client = reqwest::Client::new();
+    for _ in 0..10 {
+        round(
+            &client,
+            std::slice::from_ref(&server.url),
+            &server.executions,
+        )
+        .await;
+    }
+}
+
+/// Two application instances (two layers, two stores with separate pools or clients over one
+/// backend) still run the handler exactly once per key.
+pub async fn two_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let (one, two) = (
+        serve(a, executions.clone()).await,
+        serve(b, executions.clone()).await,
+    );
+    let client = reqwest::Client::new();
+    let urls = [one.url.clone(), two.url.clone()];
+    for _ in 0..5 {
+        round(&client, &urls, &executions).await;
+    }
+}
+
+/// A completed key survives dropping the store (and its pool) and creating a new one.
+pub async fn restart_keeps_completed(before: Arc<dyn Store>, after: Arc<dyn Store>) {
+    let key = fresh_key("restart");
+    let fp = fingerprint(11);
+    let t = claim_token(&*before, &key, &fp, LONG).await;
+    let cached = response("survives");
+    let done = before.complete(&key, token(t), &cached, LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    drop(before);
+    match after.claim(&key, &fp, LONG).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(record.response, cached),
+        other => panic!("a completed key must survive a restart, got {other:?}"),
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance check.
+///
+/// The argument is an expression evaluating to a future of `Option<impl Store>`; it is evaluated
+/// once per test, and `None` skips the test (say why on stderr; fail instead under CI).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($make:expr) => {
+        $crate::__conformance_test!($make, claim_complete_replay);
+        $crate::__conformance_test!($make, concurrent_claimers_have_one_winner);
+        $crate::__conformance_test!($make, stale_token_is_fenced);
+        $crate::__conformance_test!($make, lease_expiry_allows_reclaim);
+        $crate::__conformance_test!($make, ttl_expiry_forgets_completed);
+        $crate::__conformance_test!($make, fingerprint_is_reported);
+        $crate::__conformance_test!($make, binary_and_large_bodies_round_trip);
+        $crate::__conformance_test!($make, release_frees_the_key);
+        $crate::__conformance_test!($make, renew_extends_the_lease);
+        $crate::__conformance_test!($make, http_rounds_run_handler_once);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test {
+    ($make:expr, $case:ident) => {
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            if let Some(store) = $make.await {
+                let store: ::std::sync::Arc<dyn $crate::Store> = ::std::sync::Arc::new(store);
+                $crate::conformance::$case(store).await;
+            }
+        }
+    };
+}
