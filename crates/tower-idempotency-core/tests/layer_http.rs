@@ -1,0 +1,808 @@
+//! The layer over real HTTP: a server on 127.0.0.1:0 and a real client.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    response::IntoResponse,
+    routing::post,
+    Extension, Router,
+};
+use bytes::Bytes;
+use tokio::{io::AsyncWriteExt, sync::Notify};
+use tower_idempotency_core::{
+    store::BoxError, CacheDirective, CachePolicy, CachedResponse, ClaimOutcome, FencingToken,
+    Fingerprint, IdempotencyLayer, MemoryStore, Outcome, Ownership, Principal, RecordState, Store,
+    StoreError,
+};
+
+#[derive(Clone, Default)]
+struct Handler {
+    executions: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+    proceed: Arc<Notify>,
+    block: bool,
+}
+
+impl Handler {
+    fn blocking() -> Self {
+        Self {
+            block: true,
+            ..Self::default()
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
+}
+
+async fn create_order(
+    State(h): State<Handler>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    let n = h.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if h.block {
+        h.started.notify_one();
+        h.proceed.notified().await;
+    }
+    match headers.get("x-behaviour").and_then(|v| v.to_str().ok()) {
+        Some("panic-first") if n == 1 => panic!("handler exploded"),
+        Some("fail") => (StatusCode::BAD_REQUEST, "invalid order").into_response(),
+        Some("fail-but-final") => (
+            StatusCode::PAYMENT_REQUIRED,
+            Extension(CacheDirective::Complete),
+            "card declined",
+        )
+            .into_response(),
+        Some("big") => {
+            (StatusCode::CREATED, [("x-order", "big")], vec![b'x'; 3000]).into_response()
+        }
+        _ => (
+            StatusCode::CREATED,
+            [
+                ("content-type", "application/json"),
+                ("set-cookie", "session=secret-cookie"),
+            ],
+            format!(
+                r#"{{"execution":{n},"echo":{:?}}}"#,
+                String::from_utf8_lossy(&body)
+            ),
+        )
+            .into_response(),
+    }
+}
+
+struct Server {
+    base: String,
+    client: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Server {
+    async fn start(layer: IdempotencyLayer, handler: Handler) -> Self {
+        Self::start_router(
+            Router::new()
+                .route("/orders", post(create_order).get(create_order))
+                .route_layer(layer)
+                .with_state(handler),
+        )
+        .await
+    }
+
+    async fn start_router(app: Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        Self {
+            base,
+            client: reqwest::Client::new(),
+            _stop: stop,
+        }
+    }
+
+    fn post(&self, key: Option<&str>, body: &'static str) -> reqwest::RequestBuilder {
+        let request = self.client.post(format!("{}/orders", self.base)).body(body);
+        match key {
+            Some(key) => request.header("idempotency-key", key),
+            None => request,
+        }
+    }
+}
+
+async fn problem(response: reqwest::Response) -> (StatusCode, String, serde_json::Value) {
+    let status = response.status();
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json");
+    let json: serde_json::Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    let kind = json["type"].as_str().unwrap().to_owned();
+    (status, kind, json)
+}
+
+fn problem_type(slug: &str) -> String {
+    format!("urn:tower-idempotency:problem:{slug}")
+}
+
+#[tokio::test]
+async fn replay_is_byte_identical_and_marked() {
+    let handler = Handler::default();
+    let server = Server::start(
+        IdempotencyLayer::client_keys(MemoryStore::new()),
+        handler.clone(),
+    )
+    .await;
+    let first = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert!(
+        first.headers().get("set-cookie").is_some(),
+        "the first caller gets its cookie"
+    );
+    let first_body = first.bytes().await.unwrap();
+
+    let second = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.headers()["content-type"], "application/json");
+    assert!(
+        second.headers().get("set-cookie").is_none(),
+        "Set-Cookie is never replayed"
+    );
+    assert_eq!(second.bytes().await.unwrap(), first_body);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn same_key_with_another_payload_is_422() {
+    let handler = Handler::default();
+    let server = Server::start(
+        IdempotencyLayer::client_keys(MemoryStore::new()),
+        handler.clone(),
+    )
+    .await;
+    server.post(Some("k"), "{\"qty\":1}").send().await.unwrap();
+    let reused = server.post(Some("k"), "{\"qty\":2}").send().await.unwrap();
+    let (status, kind, _) = problem(reused).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(kind, problem_type("key-reused"));
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn missing_invalid_and_repeated_keys_are_400_and_never_run() {
+    let handler = Handler::default();
+    let server = Server::start(
+        IdempotencyLayer::client_keys(MemoryStore::new()),
+        handler.clone(),
+    )
+    .await;
+    let missing = server.post(None, "{}").send().await.unwrap();
+    let (status, kind, json) = problem(missing).await;
+    assert_eq!(
+        (status, kind.as_str()),
+        (
+            StatusCode::BAD_REQUEST,
+            problem_type("missing-key").as_str()
+        )
+    );
+    assert_eq!(json["status"], 400);
+
+    let long = "k".repeat(256);
+    for bad in ["", "\"\"", long.as_str(), "has space", "\"unterminated"] {
+        let response = server.post(Some(bad), "{}").send().await.unwrap();
+        let (status, kind, json) = problem(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(kind, problem_type("invalid-key"));
+        assert!(
+            !json.to_string().contains(&long),
+            "the raw key is not echoed"
+        );
+    }
+    let repeated = server
+        .post(Some("a"), "{}")
+        .header("idempotency-key", "b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(repeated).await.1, problem_type("invalid-key"));
+    assert_eq!(handler.count(), 0);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413_with_and_without_content_length() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_body_bytes(1024);
+    let server = Server::start(layer, handler.clone()).await;
+    let big = vec![b'x'; 2048];
+
+    let declared = server
+        .client
+        .post(format!("{}/orders", server.base))
+        .header("idempotency-key", "big-1")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(declared).await;
+    assert_eq!(
+        (status, kind),
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            problem_type("payload-too-large")
+        )
+    );
+
+    // Chunked: no Content-Length, the cap is enforced while reading.
+    let chunks: Vec<Result<Bytes, std::io::Error>> = big
+        .chunks(256)
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    let chunked = server
+        .client
+        .post(format!("{}/orders", server.base))
+        .header("idempotency-key", "big-2")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(chunked).await;
+    assert_eq!(
+        (status, kind),
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            problem_type("payload-too-large")
+        )
+    );
+
+    // A chunked body under the cap reaches the handler byte for byte.
+    let small: Vec<Result<Bytes, std::io::Error>> =
+        vec![Ok(Bytes::from("{\"a\":")), Ok(Bytes::from("1}"))];
+    let ok = server
+        .client
+        .post(format!("{}/orders", server.base))
+        .header("idempotency-key", "small")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            small,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::CREATED);
+    assert!(ok.text().await.unwrap().contains(r#"{\"a\":1}"#));
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn unguarded_methods_and_optional_keys_pass_through() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).optional_key();
+    let server = Server::start(layer, handler.clone()).await;
+    for _ in 0..2 {
+        let r = server.post(None, "{}").send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert!(r.headers().get("idempotent-replayed").is_none());
+        let get = server
+            .client
+            .get(format!("{}/orders", server.base))
+            .header("idempotency-key", "g")
+            .send()
+            .await
+            .unwrap();
+        assert!(get.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(handler.count(), 4, "nothing was guarded");
+}
+
+#[tokio::test]
+async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
+    let handler = Handler::default();
+    let server = Server::start(
+        IdempotencyLayer::client_keys(MemoryStore::new()),
+        handler.clone(),
+    )
+    .await;
+    for _ in 0..2 {
+        let r = server
+            .post(Some("fails"), "{}")
+            .header("x-behaviour", "fail")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(
+        handler.count(),
+        2,
+        "a 400 releases the key: the retry runs again"
+    );
+
+    for _ in 0..2 {
+        let r = server
+            .post(Some("declined"), "{}")
+            .header("x-behaviour", "fail-but-final")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
+    }
+    assert_eq!(handler.count(), 3, "CacheDirective::Complete keeps the 402");
+
+    let always = Handler::default();
+    let layer =
+        IdempotencyLayer::client_keys(MemoryStore::new()).cache_policy(CachePolicy::always());
+    let server = Server::start(layer, always.clone()).await;
+    for _ in 0..2 {
+        let r = server
+            .post(Some("fails"), "{}")
+            .header("x-behaviour", "fail")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(always.count(), 1, "CachePolicy::always stores the 400");
+}
+
+#[tokio::test]
+async fn a_response_over_the_cache_cap_completes_and_replays_without_body() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_cached_body_bytes(1000);
+    let server = Server::start(layer, handler.clone()).await;
+    let first = server
+        .post(Some("big"), "{}")
+        .header("x-behaviour", "big")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        first.bytes().await.unwrap().len(),
+        3000,
+        "the first caller gets the whole body"
+    );
+    let replay = server
+        .post(Some("big"), "{}")
+        .header("x-behaviour", "big")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-body-omitted"], "true");
+    assert_eq!(replay.headers()["x-order"], "big");
+    assert!(replay.bytes().await.unwrap().is_empty());
+    assert_eq!(handler.count(), 1, "the handler never runs twice");
+}
+
+#[tokio::test]
+async fn tenants_never_share_cached_responses() {
+    let handler = Handler::default();
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()))
+        // The application's auth layer, outside ours, sets the principal.
+        .layer(axum::middleware::from_fn(
+            |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let tenant = request
+                    .headers()
+                    .get("x-tenant")
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                request.extensions_mut().insert(Principal::new(tenant));
+                next.run(request).await
+            },
+        ))
+        .with_state(handler.clone());
+    let server = Server::start_router(app).await;
+    let a = server
+        .post(Some("same"), "{}")
+        .header("x-tenant", "a")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let b = server
+        .post(Some("same"), "{}")
+        .header("x-tenant", "b")
+        .send()
+        .await
+        .unwrap();
+    assert!(b.headers().get("idempotent-replayed").is_none());
+    assert_ne!(b.text().await.unwrap(), a);
+    assert_eq!(handler.count(), 2);
+    let a_again = server
+        .post(Some("same"), "{}")
+        .header("x-tenant", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a_again.text().await.unwrap(), a);
+}
+
+#[tokio::test]
+async fn in_flight_duplicate_gets_409_with_retry_after() {
+    let handler = Handler::blocking();
+    let layer =
+        IdempotencyLayer::client_keys(MemoryStore::new()).retry_after(Duration::from_secs(2));
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
+    handler.started.notified().await;
+    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    assert_eq!(duplicate.headers()["retry-after"], "2");
+    let (status, kind, _) = problem(duplicate).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::CONFLICT, problem_type("in-flight"))
+    );
+    handler.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn in_flight_status_is_configurable() {
+    let handler = Handler::blocking();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+        .in_flight_status(StatusCode::TOO_MANY_REQUESTS);
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
+    handler.started.notified().await;
+    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::TOO_MANY_REQUESTS);
+    handler.proceed.notify_one();
+    first.await.unwrap().unwrap();
+}
+
+/// A real store wrapped so a test can await the moment a result is recorded.
+struct Observed {
+    inner: MemoryStore,
+    completed: Notify,
+}
+
+#[async_trait::async_trait]
+impl Store for Observed {
+    async fn claim(
+        &self,
+        key: &str,
+        fp: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(key, fp, lease).await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let result = self.inner.complete(key, token, response, ttl).await;
+        self.completed.notify_one();
+        result
+    }
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.inner.get(key).await
+    }
+}
+
+#[tokio::test]
+async fn a_disconnected_caller_still_gets_its_result_stored() {
+    let handler = Handler::blocking();
+    let store = Arc::new(Observed {
+        inner: MemoryStore::new(),
+        completed: Notify::new(),
+    });
+    let server = Server::start(
+        IdempotencyLayer::client_keys(store.clone()),
+        handler.clone(),
+    )
+    .await;
+
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    socket
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: gone\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    handler.started.notified().await;
+    drop(socket); // the caller goes away mid-handler
+    handler.proceed.notify_one();
+    store.completed.notified().await;
+
+    let retry = server.post(Some("gone"), "{}").send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert!(retry.text().await.unwrap().contains("\"execution\":1"));
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn a_handler_panic_releases_the_key() {
+    let handler = Handler::default();
+    let server = Server::start(
+        IdempotencyLayer::client_keys(MemoryStore::new()),
+        handler.clone(),
+    )
+    .await;
+    let exploded = server
+        .post(Some("boom"), "{}")
+        .header("x-behaviour", "panic-first")
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(exploded).await;
+    assert_eq!(
+        (status, kind),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem_type("handler-failed")
+        )
+    );
+    let retry = server
+        .post(Some("boom"), "{}")
+        .header("x-behaviour", "panic-first")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(handler.count(), 2);
+}
+
+/// A store whose backend is down.
+struct Down;
+
+#[async_trait::async_trait]
+impl Store for Down {
+    async fn claim(
+        &self,
+        _: &str,
+        _: &Fingerprint,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        Err(StoreError::Unavailable(BoxError::from(
+            "connection refused",
+        )))
+    }
+    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
+        Err(StoreError::Unavailable(BoxError::from(
+            "connection refused",
+        )))
+    }
+    async fn complete(
+        &self,
+        _: &str,
+        _: FencingToken,
+        _: &CachedResponse,
+        _: Duration,
+    ) -> Result<Ownership, StoreError> {
+        Err(StoreError::Unavailable(BoxError::from(
+            "connection refused",
+        )))
+    }
+    async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
+        Err(StoreError::Unavailable(BoxError::from(
+            "connection refused",
+        )))
+    }
+    async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
+        Err(StoreError::Unavailable(BoxError::from(
+            "connection refused",
+        )))
+    }
+}
+
+/// A store that never answers.
+struct Hung;
+
+#[async_trait::async_trait]
+impl Store for Hung {
+    async fn claim(
+        &self,
+        _: &str,
+        _: &Fingerprint,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        std::future::pending().await
+    }
+    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
+        std::future::pending().await
+    }
+    async fn complete(
+        &self,
+        _: &str,
+        _: FencingToken,
+        _: &CachedResponse,
+        _: Duration,
+    ) -> Result<Ownership, StoreError> {
+        std::future::pending().await
+    }
+    async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
+        std::future::pending().await
+    }
+    async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_failing_or_hung_store_fails_closed_with_503() {
+    for layer in [
+        IdempotencyLayer::client_keys(Down),
+        IdempotencyLayer::client_keys(Hung).store_timeout(Duration::from_millis(100)),
+    ] {
+        let handler = Handler::default();
+        let server = Server::start(layer, handler.clone()).await;
+        let response = server.post(Some("k"), "{}").send().await.unwrap();
+        assert!(response.headers().contains_key("retry-after"));
+        let (status, kind, json) = problem(response).await;
+        assert_eq!(
+            (status, kind),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                problem_type("store-unavailable")
+            )
+        );
+        assert!(
+            !json.to_string().contains("connection refused"),
+            "backend errors stay in the logs"
+        );
+        assert_eq!(handler.count(), 0, "the handler never runs without a claim");
+    }
+}
+
+#[tokio::test]
+async fn fail_open_is_explicit_and_marked() {
+    let handler = Handler::default();
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route_layer(IdempotencyLayer::client_keys(Down).fail_open_on_store_error(true))
+        .layer(axum::middleware::map_response(
+            |response: axum::response::Response| async move {
+                let outcome = response.extensions().get::<Outcome>().copied();
+                let mut response = response;
+                response
+                    .headers_mut()
+                    .insert("x-outcome", outcome.unwrap().as_str().parse().unwrap());
+                response
+            },
+        ))
+        .with_state(handler.clone());
+    let server = Server::start_router(app).await;
+    let response = server.post(Some("k"), "{}").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.headers()["x-outcome"], "failed_open");
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn a_slow_handler_keeps_its_lease() {
+    let handler = Handler::blocking();
+    let lease = Duration::from_millis(300);
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).lease(lease);
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
+    handler.started.notified().await;
+    // Well past the original lease: without renewal the duplicate would run the handler again.
+    tokio::time::sleep(lease * 3).await;
+    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    handler.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn in_flight_bound_and_shutdown_drain() {
+    let handler = Handler::blocking();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_in_flight(1);
+    let shutdown = layer.shutdown_handle();
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("a"), "{}").send());
+    handler.started.notified().await;
+
+    let over = server.post(Some("b"), "{}").send().await.unwrap();
+    let (status, kind, _) = problem(over).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::SERVICE_UNAVAILABLE, problem_type("overloaded"))
+    );
+
+    let drain = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { shutdown.drain(Duration::from_secs(10)).await }
+    });
+    assert_eq!(shutdown.in_flight(), 1);
+    handler.proceed.notify_one();
+    assert!(
+        drain.await.unwrap(),
+        "the running handler finished within the deadline"
+    );
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(shutdown.in_flight(), 0);
+
+    let after = server.post(Some("c"), "{}").send().await.unwrap();
+    assert_eq!(
+        after.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no new guarded work after drain"
+    );
+    assert_eq!(handler.count(), 1);
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
+    let server = Server::start(layer, handler.clone()).await;
+    for _ in 0..2 {
+        server
+            .post(Some("raw-key-do-not-log"), "{}")
+            .send()
+            .await
+            .unwrap();
+    }
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("namespace=\"orders\""), "{logs}");
+    assert!(logs.contains("key_hash="), "{logs}");
+    assert!(logs.contains("outcome=\"executed\""), "{logs}");
+    assert!(logs.contains("outcome=\"replayed\""), "{logs}");
+    assert!(!logs.contains("raw-key-do-not-log"), "{logs}");
+}
