@@ -1,0 +1,102 @@
+//! Opening a store from a URL, for applications configured by environment variables.
+
+use std::sync::Arc;
+
+use tower_idempotency_core::{store::BoxError, MemoryStore, Store};
+
+/// Why [`connect_store`] could not open a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectStoreError {
+    /// The URL's scheme names no store.
+    #[error("unsupported store URL scheme (expected memory, sqlite://, postgres:// or redis://)")]
+    UnsupportedScheme,
+    /// The store exists but this build lacks its cargo feature.
+    #[error("the {0} store needs the `{0}` cargo feature of tower-idempotency")]
+    FeatureDisabled(&'static str),
+    /// Connecting or migrating failed.
+    #[error("could not open the {store} store")]
+    Connect {
+        /// Which store.
+        store: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Opens the store a URL names, creating its schema where it has one:
+///
+/// | URL | store |
+/// |---|---|
+/// | `memory` | [`MemoryStore`] |
+/// | `sqlite://PATH` | `SqliteStore` (file created if missing; feature `sqlite`) |
+/// | `postgres://...`, `postgresql://...` | `PostgresStore` (feature `postgres`) |
+/// | `redis://...` | `RedisStore`, key prefix `idempotency` (feature `redis`) |
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_idempotency::ConnectStoreError> {
+/// let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or_else(|_| "sqlite://app.db".into());
+/// let store = tower_idempotency::connect_store(&url).await?;
+/// let layer = tower_idempotency::IdempotencyLayer::client_keys(store);
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
+    match scheme {
+        "memory" => Ok(Arc::new(MemoryStore::new())),
+        "sqlite" => sqlite(url).await,
+        "postgres" | "postgresql" => postgres(url).await,
+        "redis" | "rediss" => redis(url).await,
+        _ => Err(ConnectStoreError::UnsupportedScheme),
+    }
+}
+
+fn connect_error(store: &'static str) -> impl FnOnce(BoxError) -> ConnectStoreError {
+    move |source| ConnectStoreError::Connect { store, source }
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    let fail = |e: BoxError| connect_error("sqlite")(e);
+    let store = crate::SqliteStore::connect(url)
+        .await
+        .map_err(|e| fail(e.into()))?;
+    store.migrate().await.map_err(|e| fail(e.into()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn sqlite(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    Err(ConnectStoreError::FeatureDisabled("sqlite"))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    let fail = |e: BoxError| connect_error("postgres")(e);
+    let store = crate::PostgresStore::connect(url)
+        .await
+        .map_err(|e| fail(e.into()))?;
+    store.migrate().await.map_err(|e| fail(e.into()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    Err(ConnectStoreError::FeatureDisabled("postgres"))
+}
+
+#[cfg(feature = "redis")]
+async fn redis(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    let store = crate::RedisStore::connect(url, "idempotency")
+        .await
+        .map_err(|e| connect_error("redis")(e.into()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    Err(ConnectStoreError::FeatureDisabled("redis"))
+}
