@@ -21,7 +21,9 @@ use std::{
 
 use axum::{extract::State, routing::post, Json, Router};
 use tokio::{sync::Semaphore, task::JoinSet};
-use tower_idempotency::{connect_store, webhooks::stripe, IdempotencyLayer, VerifiedWebhook, WebhookLayerExt};
+use tower_idempotency::{
+    connect_store, webhooks::stripe, IdempotencyLayer, VerifiedWebhook, WebhookLayerExt,
+};
 
 const SECRET: &str = "whsec_demo_secret_do_not_use_in_production";
 
@@ -55,8 +57,14 @@ fn parse_options() -> Result<Options, String> {
         if flag == "--help" || flag == "-h" {
             return Err(USAGE.to_owned());
         }
-        let value = args.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || value.parse::<usize>().map_err(|_| format!("{flag} takes a positive number"));
+        let value = args
+            .next()
+            .ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("{flag} takes a positive number"))
+        };
         match flag.as_str() {
             "--events" => options.events = number()?,
             "--duplicates" => options.duplicates = number()?,
@@ -73,15 +81,26 @@ fn parse_options() -> Result<Options, String> {
 #[derive(Clone, Default)]
 struct Effects(Arc<Mutex<HashMap<String, usize>>>);
 
-async fn stripe_webhook(State(effects): State<Effects>, webhook: VerifiedWebhook) -> Json<serde_json::Value> {
-    *effects.0.lock().unwrap().entry(webhook.event_id().to_owned()).or_default() += 1;
+async fn stripe_webhook(
+    State(effects): State<Effects>,
+    webhook: VerifiedWebhook,
+) -> Json<serde_json::Value> {
+    *effects
+        .0
+        .lock()
+        .unwrap()
+        .entry(webhook.event_id().to_owned())
+        .or_default() += 1;
     // Simulated work (a database write), so that concurrent duplicates meet an in-flight claim.
     tokio::time::sleep(Duration::from_millis(5)).await;
     Json(serde_json::json!({ "received": webhook.event_id() }))
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 fn event_body(index: usize) -> String {
@@ -122,7 +141,10 @@ async fn deliver(client: &reqwest::Client, url: &str, delivery: Delivery, tally:
         }
         Delivery::Tampered(i) => {
             let signature = stripe::sign(SECRET, now(), event_body(i).as_bytes());
-            (event_body(i).replace("\"amount\":", "\"amount\":9"), signature)
+            (
+                event_body(i).replace("\"amount\":", "\"amount\":9"),
+                signature,
+            )
         }
         Delivery::WrongSecret(i) => {
             let body = event_body(i);
@@ -186,7 +208,8 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let default_db = std::env::temp_dir().join(format!("tower-idempotency-demo-{}.db", std::process::id()));
+    let default_db =
+        std::env::temp_dir().join(format!("tower-idempotency-demo-{}.db", std::process::id()));
     let store_url = options
         .store
         .clone()
@@ -204,7 +227,9 @@ async fn main() {
         .route("/webhooks/stripe", post(stripe_webhook))
         .route_layer(IdempotencyLayer::stripe([SECRET], store))
         .with_state(effects.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
     let url = format!("http://{}/webhooks/stripe", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {

@@ -58,7 +58,7 @@ pub use connect::{connect_store, ConnectStoreError};
 
 /// Brings the constructor extensions into scope: `use tower_idempotency::prelude::*;`.
 pub mod prelude {
+    pub use tower_idempotency_core::{IdempotencyLayer, Store};
     #[cfg(feature = "webhooks")]
     pub use tower_idempotency_webhooks::WebhookLayerExt;
-    pub use tower_idempotency_core::{IdempotencyLayer, Store};
 }

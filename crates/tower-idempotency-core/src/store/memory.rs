@@ -244,3 +244,40 @@ impl Store for MemoryStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_store_refuses_new_claims_until_records_expire() {
+        let store = MemoryStore::new().with_max_entries(SHARDS);
+        let fp = Fingerprint([1; 32]);
+        let lease = Duration::from_millis(100);
+        let mut refused = None;
+        for i in 0..10 * SHARDS {
+            match store.claim(&format!("k:{i}"), &fp, lease).await {
+                Ok(ClaimOutcome::Claimed { .. }) => {}
+                Err(StoreError::CapacityExceeded(limit)) => {
+                    refused = Some(i);
+                    assert_eq!(limit, SHARDS);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let refused = refused.expect("a bounded store must refuse once full");
+        assert!(store.len() <= SHARDS);
+        // Live records are never evicted to make room: that would let a duplicate run twice.
+        let blocked = store.claim(&format!("k:{refused}"), &fp, lease).await;
+        assert!(matches!(blocked, Err(StoreError::CapacityExceeded(_))));
+        tokio::time::sleep(lease * 2).await;
+        let after = store.claim(&format!("k:{refused}"), &fp, lease).await;
+        assert!(
+            matches!(after, Ok(ClaimOutcome::Claimed { .. })),
+            "{after:?}"
+        );
+        store.purge_expired();
+        assert!(store.len() <= 1);
+    }
+}

@@ -1,0 +1,153 @@
+//! The public store conformance suite, and cluster-specific checks, on a throw-away 3-master
+//! Redis Cluster started by the tests themselves.
+
+mod common;
+
+use std::sync::Arc;
+
+use tower_idempotency_core::{conformance, Store};
+
+tower_idempotency_core::store_conformance_tests!(common::cluster_store());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_two_instances_over_http() {
+    let (Some(a), Some(b)) = (common::cluster_store().await, common::cluster_store().await) else {
+        return;
+    };
+    // Same prefix, separate cluster connections: two application instances.
+    let b = common::TestStore {
+        inner: tower_idempotency_redis::RedisStore::cluster(
+            common::cluster_connection(common::Cluster::shared().unwrap())
+                .await
+                .unwrap(),
+            a.inner.prefix(),
+        )
+        .unwrap(),
+        cleanup: b.cleanup,
+    };
+    let a: Arc<dyn Store> = Arc::new(a);
+    conformance::two_instances_over_http(a, Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_spread_over_all_masters_by_hash_tag() {
+    let Some(store) = common::cluster_store().await else {
+        return;
+    };
+    let cluster = common::Cluster::shared().unwrap();
+    let fp = tower_idempotency_core::Fingerprint([1; 32]);
+    let lease = std::time::Duration::from_secs(30);
+    for i in 0..60 {
+        let key = format!("spread:{:064x}", i);
+        store.claim(&key, &fp, lease).await.unwrap();
+        // The slot of the Redis key is the slot of the store key alone (the hash tag).
+        let mut con = redis::Client::open(cluster.urls()[0].as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let slot_of = |k: &str, con: &mut redis::Connection| -> i64 {
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(k)
+                .query(con)
+                .unwrap()
+        };
+        assert_eq!(
+            slot_of(&store.inner.redis_key(&key), &mut con),
+            slot_of(&key, &mut con)
+        );
+    }
+    // Every master holds some of the 60 records: the store really uses the whole cluster.
+    for url in cluster.urls() {
+        let mut con = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", store.inner.prefix()))
+            .query(&mut con)
+            .unwrap();
+        assert!(!keys.is_empty(), "master {url} holds none of the records");
+    }
+    assert_eq!(store.cleanup.count_keys(), 60);
+}
+
+/// Losing a master (no replicas) fails the calls for its slots quickly with an error the layer
+/// answers with 503, while keys on the other masters keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_master_fails_its_slots_quickly() {
+    if common::Cluster::shared().is_none() {
+        return; // Said why already.
+    }
+    let mut cluster = common::Cluster::start().expect("second cluster");
+    let connection = common::cluster_connection(&cluster).await.unwrap();
+    let store = tower_idempotency_redis::RedisStore::cluster(connection, "deadmaster")
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(3));
+    let fp = tower_idempotency_core::Fingerprint([2; 32]);
+    let lease = std::time::Duration::from_secs(30);
+    // Find which keys live on the master we are about to kill.
+    let victim = cluster.nodes[0].port;
+    let mut con = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut on_victim = None;
+    let mut elsewhere = None;
+    for i in 0..200 {
+        let key = format!("dead:{i:064x}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut con)
+            .unwrap();
+        let owners: Vec<String> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query::<Vec<redis::Value>>(&mut con)
+            .unwrap()
+            .into_iter()
+            .filter_map(|range| {
+                let redis::Value::Array(items) = range else {
+                    return None;
+                };
+                let (redis::Value::Int(lo), redis::Value::Int(hi)) = (&items[0], &items[1]) else {
+                    return None;
+                };
+                let redis::Value::Array(master) = &items[2] else {
+                    return None;
+                };
+                let redis::Value::Int(port) = master[1] else {
+                    return None;
+                };
+                ((*lo..=*hi).contains(&i64::from(slot))).then(|| port.to_string())
+            })
+            .collect();
+        if owners == [victim.to_string()] {
+            on_victim.get_or_insert(key);
+        } else {
+            elsewhere.get_or_insert(key);
+        }
+    }
+    let (on_victim, elsewhere) = (on_victim.unwrap(), elsewhere.unwrap());
+    assert!(matches!(
+        store.claim(&on_victim, &fp, lease).await.unwrap(),
+        tower_idempotency_core::ClaimOutcome::Claimed { .. }
+    ));
+    cluster.nodes[0].kill();
+    let started = std::time::Instant::now();
+    let result = store.claim(&on_victim, &fp, lease).await;
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(tower_idempotency_core::StoreError::Unavailable(_)
+                | tower_idempotency_core::StoreError::Timeout(_))
+        ),
+        "{result:?}"
+    );
+    assert!(elapsed < std::time::Duration::from_secs(4), "{elapsed:?}");
+    assert!(matches!(
+        store.claim(&elsewhere, &fp, lease).await,
+        Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
+    ));
+}

@@ -1,0 +1,243 @@
+//! Latency of the SQL stores against the floor of the same database in the same run:
+//!
+//! - `claim_complete`: a first request's store work (claim, then complete with a 1 KiB body),
+//!   against `raw_insert`, one plain `INSERT` of a key and 1 KiB blob (claim + complete are two
+//!   statements, so twice `raw_insert` is the floor).
+//! - `replay`: a duplicate's store work (one claim answering the completed record), against
+//!   `raw_select`, a plain `SELECT` of the blob by key.
+//!
+//! `cargo bench -p tower-idempotency-sqlx`. Postgres benchmarks are skipped (with a line on
+//! stderr) when `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) is unreachable.
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use tower_idempotency_core::store::{CachedResponse, ClaimOutcome, Fingerprint, Store};
+use tower_idempotency_sqlx::{PostgresStore, SqliteStore};
+
+const BODY: usize = 1024;
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(3600);
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_key() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let salt = RandomState::new().hash_one(n);
+    format!("bench:{salt:016x}{n:048x}")
+}
+
+fn cached() -> CachedResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("location", HeaderValue::from_static("/orders/ord_1"));
+    CachedResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Bytes::from(vec![b'x'; BODY]),
+        body_omitted: false,
+    }
+}
+
+async fn claim_complete(store: &dyn Store, response: &CachedResponse) {
+    let key = fresh_key();
+    let ClaimOutcome::Claimed { token } = store
+        .claim(&key, &Fingerprint([1; 32]), LEASE)
+        .await
+        .expect("claim")
+    else {
+        panic!("fresh key not claimed")
+    };
+    store
+        .complete(&key, token, response, TTL)
+        .await
+        .expect("complete");
+}
+
+async fn completed_key(store: &dyn Store, response: &CachedResponse) -> String {
+    let key = fresh_key();
+    let ClaimOutcome::Claimed { token } = store
+        .claim(&key, &Fingerprint([1; 32]), LEASE)
+        .await
+        .expect("claim")
+    else {
+        panic!("fresh key not claimed")
+    };
+    store
+        .complete(&key, token, response, TTL)
+        .await
+        .expect("complete");
+    key
+}
+
+async fn replay(store: &dyn Store, key: &str) {
+    let outcome = store
+        .claim(key, &Fingerprint([1; 32]), LEASE)
+        .await
+        .expect("claim");
+    assert!(matches!(outcome, ClaimOutcome::Completed(_)));
+}
+
+fn sqlite(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let path = std::env::temp_dir().join(format!(
+        "tower-idem-bench-{:016x}.db",
+        RandomState::new().hash_one(0)
+    ));
+    let url = format!("sqlite://{}", path.display());
+    let (store, floor_table) = rt.block_on(async {
+        let store = SqliteStore::connect_with_table(&url, "idem")
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql("CREATE TABLE floor (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+            .execute(store.pool())
+            .await
+            .expect("floor table");
+        (store, "floor")
+    });
+    let response = cached();
+    let blob = vec![b'x'; BODY + 64];
+    let replay_key = rt.block_on(completed_key(&store, &response));
+    let select_key = fresh_key();
+    rt.block_on(
+        sqlx::query(&format!("INSERT INTO {floor_table} VALUES (?1, ?2)"))
+            .bind(&select_key)
+            .bind(&blob)
+            .execute(store.pool()),
+    )
+    .expect("seed");
+
+    let mut group = c.benchmark_group("sqlite");
+    group.bench_function("claim_complete", |b| {
+        b.to_async(&rt).iter(|| claim_complete(&store, &response))
+    });
+    group.bench_function("raw_insert", |b| {
+        b.to_async(&rt).iter(|| async {
+            sqlx::query("INSERT INTO floor VALUES (?1, ?2)")
+                .bind(fresh_key())
+                .bind(&blob)
+                .execute(store.pool())
+                .await
+                .expect("insert");
+        })
+    });
+    group.bench_function("replay", |b| {
+        b.to_async(&rt).iter(|| replay(&store, &replay_key))
+    });
+    group.bench_function("raw_select", |b| {
+        b.to_async(&rt).iter(|| async {
+            let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM floor WHERE key = ?1")
+                .bind(&select_key)
+                .fetch_one(store.pool())
+                .await
+                .expect("select");
+            assert_eq!(value.len(), blob.len());
+        })
+    });
+    group.finish();
+    rt.block_on(store.pool().close());
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+fn postgres(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let suffix = format!("{:016x}", RandomState::new().hash_one(1));
+    let (table, floor) = (format!("idem_bench_{suffix}"), format!("floor_{suffix}"));
+    let connected = rt.block_on(async {
+        let pool = tokio::time::timeout(Duration::from_secs(5), sqlx::PgPool::connect(&url))
+            .await
+            .map_err(|_| "connecting timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let store = PostgresStore::new(pool, &table).expect("table name");
+        store.migrate().await.map_err(|e| e.to_string())?;
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE {floor} (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"
+        ))
+        .execute(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok::<_, String>(store)
+    });
+    let store = match connected {
+        Ok(store) => store,
+        Err(why) => {
+            eprintln!("SKIPPED postgres benchmarks: {why}");
+            return;
+        }
+    };
+    let response = cached();
+    let blob = vec![b'x'; BODY + 64];
+    let replay_key = rt.block_on(completed_key(&store, &response));
+    let select_key = fresh_key();
+    let (insert_sql, select_sql) = (
+        format!("INSERT INTO {floor} VALUES ($1, $2)"),
+        format!("SELECT value FROM {floor} WHERE key = $1"),
+    );
+    rt.block_on(
+        sqlx::query(&insert_sql)
+            .bind(&select_key)
+            .bind(&blob)
+            .execute(store.pool()),
+    )
+    .expect("seed");
+
+    let mut group = c.benchmark_group("postgres");
+    group.bench_function("claim_complete", |b| {
+        b.to_async(&rt).iter(|| claim_complete(&store, &response))
+    });
+    group.bench_function("raw_insert", |b| {
+        b.to_async(&rt).iter(|| async {
+            sqlx::query(&insert_sql)
+                .bind(fresh_key())
+                .bind(&blob)
+                .execute(store.pool())
+                .await
+                .expect("insert");
+        })
+    });
+    group.bench_function("replay", |b| {
+        b.to_async(&rt).iter(|| replay(&store, &replay_key))
+    });
+    group.bench_function("raw_select", |b| {
+        b.to_async(&rt).iter(|| async {
+            let value: Vec<u8> = sqlx::query_scalar(&select_sql)
+                .bind(&select_key)
+                .fetch_one(store.pool())
+                .await
+                .expect("select");
+            assert_eq!(value.len(), blob.len());
+        })
+    });
+    group.finish();
+    rt.block_on(async {
+        let drop = format!("DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {floor}");
+        let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+    });
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = sqlite, postgres
+}
+criterion_main!(benches);

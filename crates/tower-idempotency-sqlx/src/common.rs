@@ -1,0 +1,185 @@
+//! Pieces both backends share: decoding rows, mapping errors, purging in the background.
+
+use std::{
+    future::Future,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::StatusCode;
+use tower_idempotency_core::store::{
+    decode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord, FencingToken,
+    Fingerprint, RecordState, StoreError,
+};
+
+pub(crate) const STATE_IN_FLIGHT: i16 = 0;
+pub(crate) const STATE_COMPLETED: i16 = 1;
+
+/// Rows removed per purge statement, so a purge never holds locks on a large part of the table.
+pub(crate) const PURGE_BATCH: i64 = 1000;
+
+/// A row as both backends read it back.
+pub(crate) struct RawRecord {
+    pub token: i64,
+    pub fingerprint: Vec<u8>,
+    pub state: i16,
+    pub remaining: Duration,
+    pub status: Option<i16>,
+    pub headers: Option<Vec<u8>>,
+    pub body: Option<Vec<u8>>,
+    pub body_omitted: bool,
+}
+
+impl RawRecord {
+    pub fn into_state(self) -> Result<RecordState, StoreError> {
+        let fingerprint = Fingerprint::from_slice(&self.fingerprint)
+            .ok_or(StoreError::Corrupt(CodecError::Invalid("fingerprint")))?;
+        match self.state {
+            STATE_IN_FLIGHT => Ok(RecordState::InFlight {
+                fingerprint,
+                token: FencingToken(self.token as u64),
+                lease_remaining: self.remaining,
+            }),
+            STATE_COMPLETED => {
+                let status = self
+                    .status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .and_then(|s| StatusCode::from_u16(s).ok())
+                    .ok_or(StoreError::Corrupt(CodecError::Invalid("status")))?;
+                let headers = decode_headers(self.headers.as_deref().unwrap_or_default())
+                    .map_err(StoreError::Corrupt)?;
+                Ok(RecordState::Completed(CompletedRecord {
+                    fingerprint,
+                    response: CachedResponse {
+                        status,
+                        headers,
+                        body: self.body.map(Bytes::from).unwrap_or_default(),
+                        body_omitted: self.body_omitted,
+                    },
+                }))
+            }
+            _ => Err(StoreError::Corrupt(CodecError::Invalid("state"))),
+        }
+    }
+
+    /// The claim statement returns the row after it ran; `claimed` says whether the row is ours.
+    pub fn into_claim_outcome(self, claimed: bool) -> Result<ClaimOutcome, StoreError> {
+        if claimed {
+            return Ok(ClaimOutcome::Claimed {
+                token: FencingToken(self.token as u64),
+            });
+        }
+        Ok(match self.into_state()? {
+            RecordState::InFlight {
+                fingerprint,
+                lease_remaining,
+                ..
+            } => ClaimOutcome::InFlight {
+                fingerprint,
+                lease_remaining,
+            },
+            RecordState::Completed(record) => ClaimOutcome::Completed(record),
+        })
+    }
+}
+
+/// Milliseconds as the databases store them, saturating instead of wrapping for absurd durations.
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// Fencing tokens are handed out as non-negative `i64`s; anything else can never be current.
+pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
+    i64::try_from(token.0).ok()
+}
+
+/// Size of the data a completed row holds, as checked against the store's record limit.
+pub(crate) fn record_size(headers: &[u8], response: &CachedResponse) -> usize {
+    64 + headers.len() + response.body.len()
+}
+
+/// Maps a database error to the store error the layer acts on. `size` is the size of the record
+/// being written, when the failing statement wrote one.
+pub(crate) fn map_error(error: sqlx::Error, size: Option<usize>, limit: usize) -> StoreError {
+    match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable(Box::new(error)),
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or_default();
+            if is_too_big(code) {
+                return StoreError::RecordTooLarge {
+                    size: size.unwrap_or(0),
+                    limit,
+                };
+            }
+            let sanitized = Box::new(DatabaseError {
+                code: code.to_owned(),
+                message: db.message().to_owned(),
+            });
+            if is_unavailable(code) {
+                StoreError::Unavailable(sanitized)
+            } else {
+                StoreError::Backend(sanitized)
+            }
+        }
+        _ => StoreError::Backend(Box::new(error)),
+    }
+}
+
+/// A database error reduced to its code and primary message. The driver's error also carries
+/// the server's detail fields, which can quote the failing row (keys, cached bodies); those must
+/// not reach logs through `Debug`.
+#[derive(Debug, thiserror::Error)]
+#[error("database error {code}: {message}")]
+struct DatabaseError {
+    code: String,
+    message: String,
+}
+
+fn is_too_big(code: &str) -> bool {
+    // Postgres 54000 program_limit_exceeded (e.g. a value over 1 GB); SQLite SQLITE_TOOBIG (18).
+    code == "54000" || code.parse::<i32>().is_ok_and(|c| c & 0xff == 18)
+}
+
+fn is_unavailable(code: &str) -> bool {
+    // Postgres class 08 (connection exception), 57P01..57P03 (shutdown, cannot connect now),
+    // 53300 too many connections; SQLite SQLITE_BUSY (5) and SQLITE_LOCKED (6) after the busy
+    // timeout, and SQLITE_CANTOPEN (14).
+    code.starts_with("08")
+        || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+        || code
+            .parse::<i32>()
+            .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 14))
+}
+
+/// Runs `purge` every `every` for as long as the store behind `store` is alive.
+pub(crate) fn spawn_purger<S, F, Fut>(
+    store: Weak<S>,
+    every: Duration,
+    purge: F,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<u64, StoreError>> + Send,
+{
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            // Holding only a weak reference between runs lets the store (and its pool) drop.
+            let Some(store) = store.upgrade() else { return };
+            match purge(store).await {
+                Ok(0) => {}
+                Ok(purged) => tracing::debug!(purged, "purged expired idempotency records"),
+                Err(error) => tracing::warn!(%error, "purging expired idempotency records failed"),
+            }
+        }
+    })
+}

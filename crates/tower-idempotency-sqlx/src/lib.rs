@@ -1,0 +1,193 @@
+//! Durable [`Store`](tower_idempotency_core::store::Store)s for `tower-idempotency` on
+//! [sqlx](https://docs.rs/sqlx) 0.8: [`SqliteStore`] (feature `sqlite`) and [`PostgresStore`]
+//! (feature `postgres`). Both features are on by default.
+//!
+//! # Schema
+//!
+//! One table holds one row per scoped key; [`postgres_schema_sql`] and [`sqlite_schema_sql`]
+//! return the exact DDL for teams that run their own migrations, and `migrate()` runs it
+//! (`IF NOT EXISTS`, safe to call at every start).
+//!
+//! | column | Postgres | SQLite | meaning |
+//! |---|---|---|---|
+//! | `key` | `text COLLATE "C" PRIMARY KEY` | `TEXT PRIMARY KEY` | the scoped key; the primary key is the only arbiter of who claims it |
+//! | `fingerprint` | `bytea` | `BLOB` | 32-byte request fingerprint of the holder |
+//! | `token` | `bigint` | `INTEGER` | fencing token of the current claim |
+//! | `state` | `smallint` | `INTEGER` | `0` in flight, `1` completed |
+//! | `expires_at` | `timestamptz` | `INTEGER` (unix ms) | lease end while in flight, TTL end once completed |
+//! | `status` | `smallint` | `INTEGER` | cached status code (completed rows) |
+//! | `headers` | `bytea` | `BLOB` | cached headers, [`encode_headers`](tower_idempotency_core::store::encode_headers) format |
+//! | `body` | `bytea` | `BLOB` | cached body |
+//! | `body_omitted` | `boolean` | `INTEGER` | the body was over the cache cap and not stored |
+//!
+//! A row whose `expires_at` has passed is treated as absent by every call; `purge_expired()` (or
+//! the background task from `spawn_purger`) deletes such rows to reclaim space, but correctness
+//! never depends on it.
+//!
+//! # Round trips
+//!
+//! | request | statements |
+//! |---|---|
+//! | first request (claim, then complete or release) | 2 |
+//! | duplicate while in flight, or replay of a completed key | 1 |
+//!
+//! The claim is **one** statement whose core is `INSERT .. ON CONFLICT (key) DO UPDATE ..
+//! RETURNING` on the primary key, the only arbiter of who holds a key. Its update always fires:
+//! when the existing row is live it writes the row's own values back, which locks the newest
+//! version and returns it, so a duplicate learns the holder's state from the same statement; when
+//! the existing row has expired, the same update installs the new claim. On Postgres the
+//! statement first reads the key in its snapshot (a CTE) and, when it finds a live row, returns
+//! it without writing anything, so replays are read-only; the upsert only runs when the snapshot
+//! has no live row. Each store counts the statements it executes
+//! ([`PostgresStore::statements_executed`], [`SqliteStore::statements_executed`]); the test
+//! suite asserts the counts above over real HTTP.
+//!
+//! # Fencing tokens
+//!
+//! Postgres draws tokens from a sequence `{table}_token_seq` (owned by the table), so a token is
+//! never handed out twice while the table exists. SQLite has no sequences and cannot run a second
+//! statement inside the claim, so it uses 63 random bits from the operating system's generator;
+//! the chance that a key ever sees the same token twice is about `claims_of_that_key / 2^63`.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use tower_idempotency_core::IdempotencyLayer;
+//! use tower_idempotency_sqlx::SqliteStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::connect("sqlite://idempotency.db").await?;
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::client_keys(store);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With Postgres and a table of your own, plus a background purge:
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use tower_idempotency_core::IdempotencyLayer;
+//! use tower_idempotency_sqlx::PostgresStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+//! let store = Arc::new(PostgresStore::new(pool, "payment_idempotency")?);
+//! store.migrate().await?;
+//! let _purger = store.spawn_purger(Duration::from_secs(60));
+//! let layer = IdempotencyLayer::client_keys(store);
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod common;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "postgres")]
+pub use postgres::{schema_sql as postgres_schema_sql, PostgresStore};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{schema_sql as sqlite_schema_sql, SqliteStore, SQLITE_BUSY_TIMEOUT};
+
+/// The sqlx version this crate is built on, re-exported so pools and transactions match it.
+pub use sqlx;
+
+/// The table name `connect` uses when none is given.
+pub const DEFAULT_TABLE: &str = "idempotency_records";
+
+/// The largest record (headers plus body) a store accepts unless configured otherwise: 16 MiB.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
+
+/// The longest table name accepted: the derived sequence and index names
+/// (`{table}_token_seq`, `{table}_expires_at_idx`) must fit Postgres's 63-byte identifier limit,
+/// or two long table names could truncate to the same derived name.
+pub const MAX_TABLE_NAME_LEN: usize = 48;
+
+/// A store configuration that was rejected before any SQL ran.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The table name is not an SQL identifier of the form `[A-Za-z_][A-Za-z0-9_]*`. Table names
+    /// are spliced into SQL text, so nothing else is accepted.
+    #[error("invalid table name {0:?}: expected [A-Za-z_][A-Za-z0-9_]*")]
+    InvalidTableName(String),
+    /// The table name is longer than [`MAX_TABLE_NAME_LEN`] bytes.
+    #[error("table name is {len} bytes long, the limit is {limit}")]
+    TableNameTooLong {
+        /// Length of the rejected name.
+        len: usize,
+        /// [`MAX_TABLE_NAME_LEN`].
+        limit: usize,
+    },
+}
+
+/// Why `connect` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The table name was rejected.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened or reached.
+    #[error("could not connect to the database")]
+    Database(#[source] sqlx::Error),
+}
+
+/// Checks that `table` is a plain SQL identifier that is safe to splice into SQL text.
+///
+/// Accepts `^[A-Za-z_][A-Za-z0-9_]*$` of at most [`MAX_TABLE_NAME_LEN`] bytes.
+pub fn validate_table_name(table: &str) -> Result<(), ConfigError> {
+    let mut bytes = table.bytes();
+    let first_ok = matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_');
+    if !first_ok || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(ConfigError::InvalidTableName(table.to_owned()));
+    }
+    if table.len() > MAX_TABLE_NAME_LEN {
+        return Err(ConfigError::TableNameTooLong {
+            len: table.len(),
+            limit: MAX_TABLE_NAME_LEN,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        for ok in ["t", "_t", "idempotency_records", "T1_x", &"a".repeat(48)] {
+            assert_eq!(validate_table_name(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "1t",
+            "t-1",
+            "t;drop table x",
+            "t\"",
+            "t.x",
+            "t x",
+            "tä",
+            "t\0",
+        ] {
+            assert!(
+                matches!(
+                    validate_table_name(bad),
+                    Err(ConfigError::InvalidTableName(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            validate_table_name(&"a".repeat(49)),
+            Err(ConfigError::TableNameTooLong { len: 49, limit: 48 })
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! The Postgres store.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use sqlx::{postgres::PgPoolOptions, PgConnection, PgExecutor, PgPool, Row};
+use tower_idempotency_core::store::{
+    encode_headers, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
+    RecordState, Store, StoreError,
+};
+
+use crate::{
+    common::{self, millis, record_size, token_param, RawRecord, PURGE_BATCH},
+    validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
+};
+
+/// The DDL [`PostgresStore::migrate`] runs, for teams that run their own migrations.
+///
+/// `table` must pass [`validate_table_name`](crate::validate_table_name); this function does not
+/// check it. Creates the table, its token sequence `{table}_token_seq` (owned by the table, so
+/// dropping the table drops it) and an index on `expires_at` for purging.
+pub fn schema_sql(table: &str) -> String {
+    format!(
+        r#"CREATE TABLE IF NOT EXISTS "{table}" (
+    key          text COLLATE "C" PRIMARY KEY,
+    fingerprint  bytea NOT NULL,
+    token        bigint NOT NULL,
+    state        smallint NOT NULL CHECK (state IN (0, 1)),
+    expires_at   timestamptz NOT NULL,
+    status       smallint,
+    headers      bytea,
+    body         bytea,
+    body_omitted boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 80);
+CREATE SEQUENCE IF NOT EXISTS "{table}_token_seq" AS bigint OWNED BY "{table}".token;
+CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+"#
+    )
+}
+
+/// Columns every statement that reads a row returns, in [`decode_row`]'s order.
+const RETURNED: &str = "token, fingerprint, state, \
+     GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000))::bigint \
+     AS remaining_ms, status, headers, body, body_omitted";
+
+#[derive(Debug)]
+struct Sql {
+    claim: String,
+    complete: String,
+    renew: String,
+    release: String,
+    get: String,
+    purge: String,
+}
+
+impl Sql {
+    fn new(table: &str) -> Self {
+        let expired = "cur.expires_at <= statement_timestamp()";
+        Self {
+            // One statement, one round trip, in every case.
+            //
+            // `live`: a live row in the statement's snapshot is reported as it is, read-only, so
+            // replays and in-flight duplicates write nothing. It can only report a record, never
+            // grant a claim: the claim is always decided by the upsert on the primary key.
+            //
+            // `ins` runs when the snapshot holds no live row. Its update always fires: on a row
+            // that turns out to be live (committed by a concurrent transaction after our
+            // snapshot) it writes the row's own values back, which locks the newest version and
+            // makes RETURNING report it; a plain fallback `SELECT` would read the snapshot and
+            // find nothing. On an expired row it installs the new claim. Comparing the returned
+            // token with the one drawn for this statement tells the two apart.
+            claim: format!(
+                r#"WITH live AS (
+    SELECT false AS claimed, {RETURNED} FROM "{table}"
+    WHERE key = $1 AND expires_at > statement_timestamp()
+),
+next AS (
+    SELECT nextval('"{table}_token_seq"') AS token WHERE NOT EXISTS (SELECT 1 FROM live)
+),
+ins AS (
+    INSERT INTO "{table}" AS cur (key, fingerprint, token, state, expires_at)
+    SELECT $1, $2, next.token, 0, statement_timestamp() + $3::bigint * interval '1 millisecond'
+    FROM next
+    ON CONFLICT (key) DO UPDATE SET
+        fingerprint  = CASE WHEN {expired} THEN excluded.fingerprint ELSE cur.fingerprint END,
+        token        = CASE WHEN {expired} THEN excluded.token ELSE cur.token END,
+        state        = CASE WHEN {expired} THEN 0 ELSE cur.state END,
+        status       = CASE WHEN {expired} THEN NULL ELSE cur.status END,
+        headers      = CASE WHEN {expired} THEN NULL ELSE cur.headers END,
+        body         = CASE WHEN {expired} THEN NULL ELSE cur.body END,
+        body_omitted = CASE WHEN {expired} THEN false ELSE cur.body_omitted END,
+        expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE cur.expires_at END
+    RETURNING cur.token = (SELECT token FROM next) AS claimed, {RETURNED}
+)
+SELECT * FROM live UNION ALL SELECT * FROM ins"#
+            ),
+            complete: format!(
+                r#"UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
+    body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
+WHERE key = $1 AND token = $2 AND state = 0"#
+            ),
+            renew: format!(
+                r#"UPDATE "{table}"
+SET expires_at = statement_timestamp() + $3::bigint * interval '1 millisecond'
+WHERE key = $1 AND token = $2 AND state = 0"#
+            ),
+            release: format!(
+                r#"DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0"#
+            ),
+            get: format!(
+                r#"SELECT {RETURNED} FROM "{table}"
+WHERE key = $1 AND expires_at > statement_timestamp()"#
+            ),
+            // Batched, skipping rows a claimer holds locked, so purging never blocks requests.
+            purge: format!(
+                r#"DELETE FROM "{table}" WHERE key IN (
+    SELECT key FROM "{table}" WHERE expires_at <= statement_timestamp()
+    LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED)"#
+            ),
+        }
+    }
+}
+
+/// A [`Store`] in a Postgres table. Several application instances sharing one database
+/// coordinate through it: the table's primary key decides every race.
+///
+/// Every call is a single statement (see the [crate documentation](crate) for the SQL shape and
+/// round-trip counts). Times are taken from the database clock (`statement_timestamp()`), so
+/// application hosts need no synchronised clocks.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency_sqlx::PostgresStore;
+/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+/// let store = PostgresStore::new(pool, "idempotency_records")?;
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct PostgresStore {
+    pool: PgPool,
+    table: String,
+    sql: Sql,
+    max_record_bytes: usize,
+    statements: AtomicU64,
+}
+
+impl PostgresStore {
+    /// A store on `pool` using `table`, which must pass
+    /// [`validate_table_name`](crate::validate_table_name). Runs no SQL; call
+    /// [`migrate`](Self::migrate) or create the table with [`schema_sql`] first.
+    pub fn new(pool: PgPool, table: &str) -> Result<Self, ConfigError> {
+        validate_table_name(table)?;
+        Ok(Self {
+            pool,
+            table: table.to_owned(),
+            sql: Sql::new(table),
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            statements: AtomicU64::new(0),
+        })
+    }
+
+    /// Connects a pool to `url` (10 connections, 5 s acquire timeout) and uses the
+    /// [`DEFAULT_TABLE`].
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::connect_with_table(url, DEFAULT_TABLE).await
+    }
+
+    /// Like [`connect`](Self::connect) with a table of your choice.
+    pub async fn connect_with_table(url: &str, table: &str) -> Result<Self, ConnectError> {
+        validate_table_name(table)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(ConnectError::Database)?;
+        Ok(Self::new(pool, table)?)
+    }
+
+    /// Sets the largest record (encoded headers plus body) [`complete`](Store::complete)
+    /// accepts; larger ones fail with [`StoreError::RecordTooLarge`] without touching the
+    /// database. Defaults to [`DEFAULT_MAX_RECORD_BYTES`].
+    pub fn with_max_record_bytes(mut self, limit: usize) -> Self {
+        self.max_record_bytes = limit;
+        self
+    }
+
+    /// The pool this store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table this store uses.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// How many SQL statements this store has executed, for tests and metrics.
+    pub fn statements_executed(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Creates the table, sequence and index if they do not exist ([`schema_sql`]). Safe to run
+    /// from several instances at once: it holds a transaction-scoped advisory lock.
+    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+        // A multi-statement simple query runs as one implicit transaction, so the advisory lock
+        // serialises concurrent `CREATE .. IF NOT EXISTS`, which can otherwise race on the catalog.
+        let sql = format!(
+            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_sqlx:migrate'));\n{}",
+            schema_sql(&self.table)
+        );
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Deletes every expired record and returns how many were deleted.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            self.count();
+            let done = sqlx::query(&self.sql.purge)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| self.map_error(e, None))?
+                .rows_affected();
+            total += done;
+            if done < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs [`purge_expired`](Self::purge_expired) every `every` until the last `Arc` of the
+    /// store is dropped (or the returned handle is aborted). Failures are logged and retried at
+    /// the next tick.
+    pub fn spawn_purger(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        common::spawn_purger(Arc::downgrade(self), every, |store: Arc<Self>| async move {
+            store.purge_expired().await
+        })
+    }
+
+    /// [`Store::claim`] on a connection or transaction of the caller's, e.g. to claim the key in
+    /// the same transaction as the business write (`store.claim_in(&mut tx, ..)`).
+    pub async fn claim_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_with(conn, key, fingerprint, lease).await
+    }
+
+    /// [`Store::complete`] on a connection or transaction of the caller's.
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.complete_with(conn, key, token, response, ttl).await
+    }
+
+    /// [`Store::release`] on a connection or transaction of the caller's.
+    pub async fn release_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Ownership, StoreError> {
+        self.release_with(conn, key, token).await
+    }
+
+    fn count(&self) {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn map_error(&self, error: sqlx::Error, size: Option<usize>) -> StoreError {
+        common::map_error(error, size, self.max_record_bytes)
+    }
+
+    async fn claim_with<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.count();
+        let row = sqlx::query(&self.sql.claim)
+            .bind(key)
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(millis(lease))
+            .fetch_one(executor)
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        let claimed: bool = row
+            .try_get("claimed")
+            .map_err(|e| self.map_error(e, None))?;
+        decode_row(&row)
+            .map_err(|e| self.map_error(e, None))?
+            .into_claim_outcome(claimed)
+    }
+
+    async fn complete_with<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        let headers = encode_headers(&response.headers);
+        let size = record_size(&headers, response);
+        if size > self.max_record_bytes {
+            return Err(StoreError::RecordTooLarge {
+                size,
+                limit: self.max_record_bytes,
+            });
+        }
+        self.count();
+        let done = sqlx::query(&self.sql.complete)
+            .bind(key)
+            .bind(token)
+            .bind(response.status.as_u16() as i16)
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(response.body_omitted)
+            .bind(millis(ttl))
+            .execute(executor)
+            .await
+            .map_err(|e| self.map_error(e, Some(size)))?;
+        Ok(ownership(done.rows_affected()))
+    }
+
+    async fn release_with<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Ownership, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        self.count();
+        let done = sqlx::query(&self.sql.release)
+            .bind(key)
+            .bind(token)
+            .execute(executor)
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        Ok(ownership(done.rows_affected()))
+    }
+}
+
+fn ownership(rows_affected: u64) -> Ownership {
+    if rows_affected == 1 {
+        Ownership::Current
+    } else {
+        Ownership::Stale
+    }
+}
+
+fn decode_row(row: &sqlx::postgres::PgRow) -> Result<RawRecord, sqlx::Error> {
+    let remaining_ms: i64 = row.try_get("remaining_ms")?;
+    Ok(RawRecord {
+        token: row.try_get("token")?,
+        fingerprint: row.try_get("fingerprint")?,
+        state: row.try_get("state")?,
+        remaining: Duration::from_millis(remaining_ms.max(0) as u64),
+        status: row.try_get("status")?,
+        headers: row.try_get("headers")?,
+        body: row.try_get("body")?,
+        body_omitted: row.try_get("body_omitted")?,
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_with(&self.pool, key, fingerprint, lease).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        self.count();
+        let done = sqlx::query(&self.sql.renew)
+            .bind(key)
+            .bind(token)
+            .bind(millis(lease))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        Ok(ownership(done.rows_affected()))
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.complete_with(&self.pool, key, token, response, ttl)
+            .await
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.release_with(&self.pool, key, token).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.count();
+        let row = sqlx::query(&self.sql.get)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        match row {
+            None => Ok(None),
+            Some(row) => decode_row(&row)
+                .map_err(|e| self.map_error(e, None))?
+                .into_state()
+                .map(Some),
+        }
+    }
+}

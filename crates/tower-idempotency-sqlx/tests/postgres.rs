@@ -1,0 +1,548 @@
+//! Postgres store: the conformance suite plus the store's own guarantees, each test in its own
+//! table. Skips (saying so on stderr) when Postgres is unreachable, unless CI=true.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::*;
+use tower_idempotency_core::{
+    conformance,
+    store::{ClaimOutcome, Ownership, RecordState, Store, StoreError},
+    IdempotencyLayer,
+};
+use tower_idempotency_sqlx::{postgres_schema_sql, ConfigError, PostgresStore};
+
+mod suite {
+    tower_idempotency_core::store_conformance_tests!(crate::common::pg_store());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_with_separate_pools() {
+    let table = PgTable::new();
+    let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
+        return;
+    };
+    a.migrate().await.expect("migrate");
+    conformance::two_instances_over_http(Arc::new(a), Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_completed() {
+    let table = PgTable::new();
+    let Some(before) = table.store().await else {
+        return;
+    };
+    before.migrate().await.expect("migrate");
+    let after = table.store().await.expect("second pool");
+    conformance::restart_keeps_completed(Arc::new(before), Arc::new(after)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_takes_two_statements_and_a_replay_one() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = guarded.store.clone();
+    let server = serve(IdempotencyLayer::client_keys(store.clone())).await;
+    let client = reqwest::Client::new();
+    let key = random_suffix();
+
+    let before = store.statements_executed();
+    let (status, replayed, first) = post_order(&client, &server.url, &key).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(store.statements_executed() - before, 2, "claim + complete");
+
+    let before = store.statements_executed();
+    let (status, replayed, again) = post_order(&client, &server.url, &key).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(again, first);
+    assert_eq!(store.statements_executed() - before, 1, "one claim replays");
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}
+
+/// The claim statement is the only arbiter even across pools and on a key whose previous record
+/// expired: 100 claimers over two pools, repeated, always exactly one winner, and every loser
+/// sees the winner's fingerprint from the same statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_claimers_over_two_pools_one_winner() {
+    let table = PgTable::new();
+    let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
+        return;
+    };
+    a.migrate().await.expect("migrate");
+    let stores = [Arc::new(a), Arc::new(b)];
+    let short = Duration::from_millis(200);
+    for round in 0..4 {
+        let key = Arc::new(random_key("race"));
+        if round % 2 == 1 {
+            // An expired in-flight record: the race is over its reclaim, not an insert.
+            token_of(
+                stores[0]
+                    .claim(&key, &fingerprint(9), short)
+                    .await
+                    .expect("claim"),
+            );
+            tokio::time::sleep(short + Duration::from_millis(50)).await;
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(100));
+        let tasks: Vec<_> = (0..100u8)
+            .map(|i| {
+                let (store, key, barrier) = (
+                    stores[usize::from(i % 2)].clone(),
+                    key.clone(),
+                    barrier.clone(),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (
+                        i,
+                        store
+                            .claim(&key, &fingerprint(i), Duration::from_secs(60))
+                            .await
+                            .expect("claim"),
+                    )
+                })
+            })
+            .collect();
+        let mut winner = None;
+        let mut losers = Vec::new();
+        for task in tasks {
+            match task.await.expect("task") {
+                (i, ClaimOutcome::Claimed { .. }) => {
+                    assert!(winner.replace(i).is_none(), "two winners in round {round}")
+                }
+                (_, ClaimOutcome::InFlight { fingerprint, .. }) => losers.push(fingerprint),
+                (_, other) => panic!("unexpected {other:?}"),
+            }
+        }
+        let winner = winner.expect("one winner");
+        assert_eq!(losers.len(), 99);
+        assert!(losers.iter().all(|fp| *fp == fingerprint(winner)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_holder_blocks_until_its_lease_expires() {
+    let table = PgTable::new();
+    let Some(crashed) = table.store().await else {
+        return;
+    };
+    crashed.migrate().await.expect("migrate");
+    let key = random_key("crash");
+    let lease = Duration::from_millis(300);
+    token_of(
+        crashed
+            .claim(&key, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    // The holder's connections go away without completing or releasing.
+    crashed.pool().close().await;
+    drop(crashed);
+
+    let restarted = table.store().await.expect("reconnect");
+    match restarted
+        .claim(&key, &fingerprint(2), lease)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::InFlight {
+            fingerprint: fp,
+            lease_remaining,
+        } => {
+            assert_eq!(fp, fingerprint(1));
+            assert!(lease_remaining <= lease, "{lease_remaining:?}");
+        }
+        other => panic!("the lease must still hold, got {other:?}"),
+    }
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    token_of(
+        restarted
+            .claim(&key, &fingerprint(2), lease)
+            .await
+            .expect("claim"),
+    );
+}
+
+#[tokio::test]
+async fn invalid_table_names_are_rejected() {
+    // No database needed: a lazy pool never connects.
+    let pool = sqlx::PgPool::connect_lazy(&pg_url()).expect("url");
+    for bad in ["x; DROP TABLE y", "1abc", "", "a\"b", "public.t", "t\u{0}"] {
+        assert_eq!(
+            PostgresStore::new(pool.clone(), bad).err(),
+            Some(ConfigError::InvalidTableName(bad.to_owned())),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        PostgresStore::new(pool, &"t".repeat(49)),
+        Err(ConfigError::TableNameTooLong { len: 49, limit: 48 })
+    ));
+}
+
+#[tokio::test]
+async fn unreachable_database_is_unavailable() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .expect("url");
+    let store = PostgresStore::new(pool, "idem").expect("name");
+    let result = store
+        .claim(&random_key("down"), &fingerprint(1), Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(result, Err(StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn oversize_record_is_rejected_and_the_key_can_be_released() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let store = store.with_max_record_bytes(1024);
+    store.migrate().await.expect("migrate");
+    let key = random_key("big");
+    let lease = Duration::from_secs(60);
+    let token = token_of(
+        store
+            .claim(&key, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    let mut big = response("");
+    big.body = bytes::Bytes::from(vec![7u8; 4096]);
+    match store.complete(&key, token, &big, lease).await {
+        Err(StoreError::RecordTooLarge { size, limit }) => {
+            assert!(size > 4096, "{size}");
+            assert_eq!(limit, 1024);
+        }
+        other => panic!("expected RecordTooLarge, got {other:?}"),
+    }
+    assert_eq!(
+        store.release(&key, token).await.expect("release"),
+        Ownership::Current
+    );
+    assert_eq!(store.get(&key).await.expect("get"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = &guarded.store;
+    let lease = Duration::from_secs(60);
+
+    let rolled_back = random_key("rollback");
+    let mut tx = store.pool().begin().await.expect("begin");
+    let token = token_of(
+        store
+            .claim_in(&mut tx, &rolled_back, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    let done = store
+        .complete_in(&mut tx, &rolled_back, token, &response("x"), lease)
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    tx.rollback().await.expect("rollback");
+    assert_eq!(store.get(&rolled_back).await.expect("get"), None);
+
+    let committed = random_key("commit");
+    let mut tx = store.pool().begin().await.expect("begin");
+    let token = token_of(
+        store
+            .claim_in(&mut tx, &committed, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    // Until the transaction commits, other connections see the claim as in flight (they wait
+    // for the row lock only if they race the insert; afterwards they read the committed row).
+    let done = store
+        .complete_in(&mut tx, &committed, token, &response("kept"), lease)
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    tx.commit().await.expect("commit");
+    match store.get(&committed).await.expect("get") {
+        Some(RecordState::Completed(record)) => assert_eq!(record.response.body, "kept"),
+        other => panic!("expected the committed record, got {other:?}"),
+    }
+
+    let released = random_key("release");
+    let mut tx = store.pool().begin().await.expect("begin");
+    let token = token_of(
+        store
+            .claim_in(&mut tx, &released, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    let done = store.release_in(&mut tx, &released, token).await;
+    assert_eq!(done.expect("release"), Ownership::Current);
+    tx.commit().await.expect("commit");
+    assert_eq!(store.get(&released).await.expect("get"), None);
+}
+
+/// A claim inside an open transaction holds the row: a concurrent duplicate waits for the
+/// commit and then replays the committed result instead of running the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_waits_for_the_claiming_transaction() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = guarded.store.clone();
+    let key = random_key("tx-wait");
+    let lease = Duration::from_secs(60);
+    let mut tx = store.pool().begin().await.expect("begin");
+    let token = token_of(
+        store
+            .claim_in(&mut tx, &key, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    let mut duplicate = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim(&key, &fingerprint(1), lease)
+                .await
+                .expect("claim")
+        }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut duplicate)
+            .await
+            .is_err(),
+        "the duplicate must wait for the claiming transaction"
+    );
+    let done = store
+        .complete_in(&mut tx, &key, token, &response("committed"), lease)
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    tx.commit().await.expect("commit");
+    match duplicate.await.expect("task") {
+        ClaimOutcome::Completed(record) => assert_eq!(record.response.body, "committed"),
+        other => panic!("expected the committed record, got {other:?}"),
+    }
+}
+
+/// Replays and in-flight duplicates read the row and write nothing: the row version (`xmin`)
+/// stays the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_and_duplicates_do_not_write() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = &guarded.store;
+    let key = random_key("readonly");
+    let lease = Duration::from_secs(60);
+    let version = |key: String| async move {
+        let sql = format!(
+            r#"SELECT xmin::text FROM "{}" WHERE key = $1"#,
+            store.table()
+        );
+        sqlx::query_scalar::<_, String>(&sql)
+            .bind(key)
+            .fetch_one(store.pool())
+            .await
+            .expect("xmin")
+    };
+    let token = token_of(
+        store
+            .claim(&key, &fingerprint(1), lease)
+            .await
+            .expect("claim"),
+    );
+    let in_flight = version(key.clone()).await;
+    for _ in 0..3 {
+        let outcome = store
+            .claim(&key, &fingerprint(2), lease)
+            .await
+            .expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::InFlight { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(version(key.clone()).await, in_flight);
+    let done = store.complete(&key, token, &response("x"), lease).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    let completed = version(key.clone()).await;
+    assert_ne!(completed, in_flight);
+    for _ in 0..3 {
+        let outcome = store
+            .claim(&key, &fingerprint(1), lease)
+            .await
+            .expect("claim");
+        assert!(matches!(outcome, ClaimOutcome::Completed(_)), "{outcome:?}");
+    }
+    assert_eq!(version(key).await, completed);
+}
+
+async fn count_rows(store: &PostgresStore) -> i64 {
+    sqlx::query_scalar(&format!(r#"SELECT count(*) FROM "{}""#, store.table()))
+        .fetch_one(store.pool())
+        .await
+        .expect("count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_only_expired_records() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = &guarded.store;
+    let short = Duration::from_millis(200);
+    for i in 0..5 {
+        let key = random_key(&format!("purge{i}"));
+        let token = token_of(
+            store
+                .claim(&key, &fingerprint(1), short)
+                .await
+                .expect("claim"),
+        );
+        if i % 2 == 0 {
+            store
+                .complete(&key, token, &response("x"), short)
+                .await
+                .expect("complete");
+        }
+    }
+    let live = random_key("live");
+    token_of(
+        store
+            .claim(&live, &fingerprint(1), Duration::from_secs(60))
+            .await
+            .expect("claim"),
+    );
+    assert_eq!(
+        store.purge_expired().await.expect("purge"),
+        0,
+        "nothing expired yet"
+    );
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert_eq!(store.purge_expired().await.expect("purge"), 5);
+    assert_eq!(count_rows(store).await, 1);
+    assert!(store.get(&live).await.expect("get").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_purger_runs_and_stops_with_the_store() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let store = Arc::new(store);
+    store.migrate().await.expect("migrate");
+    let key = random_key("purger");
+    token_of(
+        store
+            .claim(&key, &fingerprint(1), Duration::from_millis(100))
+            .await
+            .expect("claim"),
+    );
+    let purger = store.spawn_purger(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count_rows(&store).await != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "purger did not run");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    drop(store);
+    tokio::time::timeout(Duration::from_secs(2), purger)
+        .await
+        .expect("the purger stops once the store is dropped")
+        .expect("purger task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_and_token_sequence() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let store = Arc::new(store);
+    let migrations: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for migration in migrations {
+        migration.await.expect("task").expect("concurrent migrate");
+    }
+    // Tokens come from the table's sequence: strictly increasing, even across release.
+    let key = random_key("tokens");
+    let lease = Duration::from_secs(60);
+    let mut last = 0;
+    for _ in 0..3 {
+        let token = token_of(
+            store
+                .claim(&key, &fingerprint(1), lease)
+                .await
+                .expect("claim"),
+        );
+        assert!(token.0 > last, "{token:?} after {last}");
+        last = token.0;
+        store.release(&key, token).await.expect("release");
+    }
+    let owned: Option<String> = sqlx::query_scalar(
+        "SELECT d.refobjid::regclass::text FROM pg_depend d \
+         WHERE d.objid = $1::regclass AND d.deptype = 'a'",
+    )
+    .bind(format!(r#""{}_token_seq""#, store.table()))
+    .fetch_optional(store.pool())
+    .await
+    .expect("pg_depend");
+    assert_eq!(
+        owned.as_deref(),
+        Some(store.table()),
+        "dropping the table drops its sequence"
+    );
+}
+
+#[test]
+fn schema_sql_names_the_table() {
+    let sql = postgres_schema_sql("orders_idem");
+    assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "orders_idem""#));
+    assert!(sql.contains(r#""orders_idem_token_seq""#));
+    assert!(sql.contains(r#"OWNED BY "orders_idem".token"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_request() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    common::client_disconnect_mid_request(Arc::new(guarded)).await;
+}
+
+#[tokio::test]
+async fn missing_table_is_a_backend_error() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let result = store
+        .claim(
+            &random_key("nomigrate"),
+            &fingerprint(1),
+            Duration::from_secs(1),
+        )
+        .await;
+    match result {
+        Err(error @ StoreError::Backend(_)) => {
+            let source = std::error::Error::source(&error)
+                .expect("source")
+                .to_string();
+            assert!(source.contains("42P01"), "{source}");
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}

@@ -1,0 +1,192 @@
+//! Constructors on [`IdempotencyLayer`] for each provider.
+
+use tower_idempotency_core::{IdempotencyLayer, Store};
+
+use crate::verifier::{Verifier, WebhookKeys};
+#[allow(unused_imports)]
+use crate::{error::ConfigError, secret::Secret};
+
+/// Adds `IdempotencyLayer::stripe(secrets, store)` and friends.
+///
+/// Each constructor verifies the provider's signature, keys by its event id, namespaces the
+/// store by the provider's name and keeps completed deliveries longer than the provider retries
+/// (see each verifier's `DEFAULT_TTL`). Tune the result with the layer's builder methods.
+///
+/// ```
+/// use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+/// use tower_idempotency_webhooks::WebhookLayerExt;
+///
+/// let layer = IdempotencyLayer::stripe(["whsec_current", "whsec_previous"], MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub trait WebhookLayerExt: Sized {
+    /// Any [`Verifier`] (e.g. an [`HmacVerifier`](crate::generic::HmacVerifier)) against the
+    /// system clock. For another clock, use [`WebhookKeys::clock`] and
+    /// [`WebhookKeys::into_layer`].
+    fn webhook<V: Verifier>(verifier: V, store: impl Store) -> Self;
+
+    /// Stripe (`Stripe-Signature`), keyed by the event `id`.
+    #[cfg(feature = "stripe")]
+    fn stripe<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// GitHub (`X-Hub-Signature-256`), keyed by `X-GitHub-Delivery`.
+    #[cfg(feature = "github")]
+    fn github<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Slack Events API (`X-Slack-Signature`), keyed by `event_id`.
+    #[cfg(feature = "slack")]
+    fn slack<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Standard Webhooks / Svix (`webhook-signature`), keyed by `webhook-id`. Secrets are
+    /// `whsec_`-prefixed base64.
+    #[cfg(feature = "standard-webhooks")]
+    fn standard_webhooks<S: AsRef<str>>(
+        secrets: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
+
+    /// Shopify (`X-Shopify-Hmac-Sha256`), keyed by `X-Shopify-Event-Id`.
+    #[cfg(feature = "shopify")]
+    fn shopify<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Paddle Billing (`Paddle-Signature`), keyed by `event_id`.
+    #[cfg(feature = "paddle")]
+    fn paddle<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Linear (`Linear-Signature`), keyed by `Linear-Delivery`.
+    #[cfg(feature = "linear")]
+    fn linear<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// GitLab (`X-Gitlab-Token`), keyed by `Idempotency-Key`.
+    #[cfg(feature = "gitlab")]
+    fn gitlab<S: Into<Secret>>(tokens: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Zoom (`x-zm-signature`), keyed by a digest of the body.
+    #[cfg(feature = "zoom")]
+    fn zoom<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Discord interactions (`X-Signature-Ed25519`), keyed by the interaction `id`; `keys` are
+    /// the application's public keys in hex.
+    #[cfg(feature = "discord")]
+    fn discord<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
+
+    /// SendGrid Event Webhook (ECDSA P-256), keyed by a digest of the batch; `keys` are the
+    /// base64 DER verification keys.
+    #[cfg(feature = "sendgrid")]
+    fn sendgrid<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
+
+    /// Mailgun (signature in the body), keyed by `event-data.id`.
+    #[cfg(feature = "mailgun")]
+    fn mailgun<S: Into<Secret>>(keys: impl IntoIterator<Item = S>, store: impl Store) -> Self;
+
+    /// Square (`x-square-hmacsha256-signature`), keyed by `event_id`; `notification_url` is
+    /// the URL exactly as registered with Square.
+    #[cfg(feature = "square")]
+    fn square<S: Into<Secret>>(
+        notification_url: impl Into<String>,
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
+}
+
+impl WebhookLayerExt for IdempotencyLayer {
+    fn webhook<V: Verifier>(verifier: V, store: impl Store) -> Self {
+        WebhookKeys::new(verifier).into_layer(store)
+    }
+
+    #[cfg(feature = "stripe")]
+    fn stripe<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::stripe::StripeVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "github")]
+    fn github<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::github::GitHubVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "slack")]
+    fn slack<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::slack::SlackVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "standard-webhooks")]
+    fn standard_webhooks<S: AsRef<str>>(
+        secrets: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::standard::StandardWebhooksVerifier::new(secrets)?,
+            store,
+        ))
+    }
+
+    #[cfg(feature = "shopify")]
+    fn shopify<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::shopify::ShopifyVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "paddle")]
+    fn paddle<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::paddle::PaddleVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "linear")]
+    fn linear<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::linear::LinearVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "gitlab")]
+    fn gitlab<S: Into<Secret>>(tokens: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::gitlab::GitLabVerifier::new(tokens), store)
+    }
+
+    #[cfg(feature = "zoom")]
+    fn zoom<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::zoom::ZoomVerifier::new(secrets), store)
+    }
+
+    #[cfg(feature = "discord")]
+    fn discord<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::discord::DiscordVerifier::new(keys)?,
+            store,
+        ))
+    }
+
+    #[cfg(feature = "sendgrid")]
+    fn sendgrid<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::sendgrid::SendGridVerifier::new(keys)?,
+            store,
+        ))
+    }
+
+    #[cfg(feature = "mailgun")]
+    fn mailgun<S: Into<Secret>>(keys: impl IntoIterator<Item = S>, store: impl Store) -> Self {
+        Self::webhook(crate::mailgun::MailgunVerifier::new(keys), store)
+    }
+
+    #[cfg(feature = "square")]
+    fn square<S: Into<Secret>>(
+        notification_url: impl Into<String>,
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::square::SquareVerifier::new(notification_url, keys)?,
+            store,
+        ))
+    }
+}

@@ -1,0 +1,331 @@
+//! A configurable HMAC verifier for providers without a dedicated module.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency_webhooks::generic::{EventId, HmacVerifier, Part};
+//! use tower_idempotency_webhooks::{Encoding, HmacAlgorithm};
+//!
+//! // `X-Acme-Signature: sha256=<hex of HMAC-SHA256("{ts}.{body}")>`, `X-Acme-Timestamp`,
+//! // keyed by the body's `/event/id`.
+//! let verifier = HmacVerifier::builder("acme")
+//!     .secrets(["s3cret"])
+//!     .signature_header("x-acme-signature")
+//!     .prefix("sha256=")
+//!     .encoding(Encoding::Hex)
+//!     .algorithm(HmacAlgorithm::Sha256)
+//!     .timestamp_header("x-acme-timestamp")
+//!     .signed_parts([Part::Timestamp, Part::Literal("."), Part::Body])
+//!     .event_id(EventId::JsonPointer("/event/id"))
+//!     .ttl(Duration::from_secs(2 * 24 * 3600))
+//!     .build()
+//!     .unwrap();
+//! # let _ = verifier;
+//! ```
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    verified::VerifiedWebhook,
+    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+};
+
+/// One piece of the signed string, concatenated in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Part {
+    /// The raw timestamp header value (requires a timestamp header).
+    Timestamp,
+    /// The event id (requires [`EventId::Header`]).
+    Id,
+    /// The exact body.
+    Body,
+    /// A fixed string, e.g. `"."` or `"v0:"`.
+    Literal(&'static str),
+}
+
+/// Where the event id comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventId {
+    /// A header (e.g. `x-acme-delivery`).
+    Header(&'static str),
+    /// A JSON pointer into the body (e.g. `/id`).
+    JsonPointer(&'static str),
+    /// `sha256:<hex>` of the body, for senders without ids whose retries resend the same bytes.
+    BodySha256,
+}
+
+/// A verifier for `header: [prefix]<hex|base64 HMAC of the signed parts>`, optionally with
+/// several space- or comma-separated signatures.
+#[derive(Clone, Debug)]
+pub struct HmacVerifier {
+    provider: &'static str,
+    secrets: Arc<[Secret]>,
+    header: &'static str,
+    prefix: &'static str,
+    encoding: Encoding,
+    algorithm: HmacAlgorithm,
+    parts: Vec<Part>,
+    timestamp_header: Option<&'static str>,
+    event_id: EventId,
+    tolerance: Option<Duration>,
+    ttl: Duration,
+}
+
+/// Builds an [`HmacVerifier`]; see the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct HmacVerifierBuilder {
+    provider: &'static str,
+    secrets: Arc<[Secret]>,
+    header: Option<&'static str>,
+    prefix: &'static str,
+    encoding: Encoding,
+    algorithm: HmacAlgorithm,
+    parts: Vec<Part>,
+    timestamp_header: Option<&'static str>,
+    event_id: Option<EventId>,
+    tolerance: Option<Duration>,
+    ttl: Duration,
+}
+
+impl HmacVerifier {
+    /// Starts a builder; `provider` is the name and namespace (`[A-Za-z0-9._-]`).
+    ///
+    /// Defaults: hex, HMAC-SHA256, signed string = body, no prefix, no timestamp, tolerance
+    /// 300 s (when a timestamp header is set), TTL one day.
+    pub fn builder(provider: &'static str) -> HmacVerifierBuilder {
+        HmacVerifierBuilder {
+            provider,
+            secrets: Arc::from([]),
+            header: None,
+            prefix: "",
+            encoding: Encoding::Hex,
+            algorithm: HmacAlgorithm::Sha256,
+            parts: vec![Part::Body],
+            timestamp_header: None,
+            event_id: None,
+            tolerance: Some(DEFAULT_TOLERANCE),
+            ttl: DEFAULT_WEBHOOK_TTL,
+        }
+    }
+}
+
+impl HmacVerifierBuilder {
+    /// The secrets (current first).
+    pub fn secrets<S: Into<Secret>>(mut self, secrets: impl IntoIterator<Item = S>) -> Self {
+        self.secrets = secret::collect(secrets);
+        self
+    }
+
+    /// The signature header (required).
+    pub fn signature_header(mut self, name: &'static str) -> Self {
+        self.header = Some(name);
+        self
+    }
+
+    /// A prefix every signature carries, e.g. `sha256=`.
+    pub fn prefix(mut self, prefix: &'static str) -> Self {
+        self.prefix = prefix;
+        self
+    }
+
+    /// Hex or base64.
+    pub fn encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// SHA-1, SHA-256 or SHA-512.
+    pub fn algorithm(mut self, algorithm: HmacAlgorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The signed string, as a sequence of parts.
+    pub fn signed_parts(mut self, parts: impl IntoIterator<Item = Part>) -> Self {
+        self.parts = parts.into_iter().collect();
+        self
+    }
+
+    /// A header holding a unix timestamp in seconds, checked against the replay window.
+    pub fn timestamp_header(mut self, name: &'static str) -> Self {
+        self.timestamp_header = Some(name);
+        self
+    }
+
+    /// Where the event id comes from (required).
+    pub fn event_id(mut self, source: EventId) -> Self {
+        self.event_id = Some(source);
+        self
+    }
+
+    /// The replay window; zero disables it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// How long completed deliveries are remembered: set it longer than the sender retries.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Checks the configuration.
+    pub fn build(self) -> Result<HmacVerifier, ConfigError> {
+        let header = self.header.ok_or(ConfigError::Missing {
+            what: "signature header",
+        })?;
+        let event_id = self
+            .event_id
+            .ok_or(ConfigError::Missing { what: "event id" })?;
+        if self.parts.contains(&Part::Timestamp) && self.timestamp_header.is_none() {
+            return Err(ConfigError::Missing {
+                what: "timestamp header (the signed parts use the timestamp)",
+            });
+        }
+        if self.parts.contains(&Part::Id) && !matches!(event_id, EventId::Header(_)) {
+            return Err(ConfigError::Missing {
+                what: "event id header (the signed parts use the id)",
+            });
+        }
+        Ok(HmacVerifier {
+            provider: self.provider,
+            secrets: self.secrets,
+            header,
+            prefix: self.prefix,
+            encoding: self.encoding,
+            algorithm: self.algorithm,
+            parts: self.parts,
+            timestamp_header: self.timestamp_header,
+            event_id,
+            tolerance: self.tolerance,
+            ttl: self.ttl,
+        })
+    }
+}
+
+impl HmacVerifier {
+    fn signed_chunks<'a>(
+        &'a self,
+        timestamp: Option<&'a str>,
+        id: Option<&'a str>,
+        body: &'a [u8],
+    ) -> Vec<&'a [u8]> {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                Part::Timestamp => timestamp.unwrap_or_default().as_bytes(),
+                Part::Id => id.unwrap_or_default().as_bytes(),
+                Part::Body => body,
+                Part::Literal(text) => text.as_bytes(),
+            })
+            .collect()
+    }
+
+    /// The signature header value this verifier accepts for the given inputs (for tests and
+    /// for signing outgoing requests to your own receivers).
+    pub fn sign(
+        &self,
+        secret: impl AsRef<[u8]>,
+        timestamp: Option<u64>,
+        id: Option<&str>,
+        body: &[u8],
+    ) -> String {
+        let ts = timestamp.map(|t| t.to_string());
+        let chunks = self.signed_chunks(ts.as_deref(), id, body);
+        let mac = util::hmac(self.algorithm, secret.as_ref(), &chunks);
+        format!("{}{}", self.prefix, self.encoding.encode(&mac))
+    }
+}
+
+impl Verifier for HmacVerifier {
+    fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    fn default_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        let name = self.header;
+        let value = util::required(&parts.headers, name)?;
+        let mut signatures = Vec::new();
+        for member in value
+            .split(|c: char| c == ',' || c.is_ascii_whitespace())
+            .filter(|m| !m.is_empty())
+        {
+            if signatures.len() == MAX_SIGNATURES {
+                return Err(VerifyError::MalformedHeader {
+                    name,
+                    reason: "too many signatures",
+                });
+            }
+            match member.strip_prefix(self.prefix) {
+                Some(signature) => signatures.push(signature),
+                None if member.contains('=') && !self.prefix.is_empty() => {}
+                None => {
+                    return Err(VerifyError::MalformedHeader {
+                        name,
+                        reason: "signature without the expected prefix",
+                    })
+                }
+            }
+        }
+        if signatures.is_empty() {
+            return Err(VerifyError::UnsupportedVersion { name });
+        }
+        let timestamp = match self.timestamp_header {
+            Some(header) => {
+                let text = util::required(&parts.headers, header)?;
+                Some((header, text, util::parse_unix(header, text)?))
+            }
+            None => None,
+        };
+        let header_id = match &self.event_id {
+            EventId::Header(header) => Some(util::header_id(&parts.headers, header)?),
+            _ => None,
+        };
+        let candidates = util::decode_all(name, &signatures, self.encoding)?;
+        let chunks = self.signed_chunks(timestamp.map(|t| t.1), header_id.as_deref(), body);
+        let index = util::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?;
+        if let Some((header, _, signed)) = timestamp {
+            util::check_window(header, signed, now, self.tolerance)?;
+        }
+        let mut json = None;
+        let id = match (&self.event_id, header_id) {
+            (_, Some(id)) => id,
+            (EventId::JsonPointer(pointer), None) => {
+                let value = util::parse_json(body)?;
+                let id = util::json_id(&value, pointer)?;
+                json = Some(value);
+                id
+            }
+            _ => util::body_digest_id(body),
+        };
+        let mut webhook =
+            VerifiedWebhook::new(self.provider, id, body.clone()).with_secret_index(index);
+        if let Some((_, _, signed)) = timestamp {
+            webhook = webhook.with_signed_at(signed);
+        }
+        if let Some(json) = json {
+            webhook = webhook.with_json(json);
+        }
+        Ok(webhook)
+    }
+}

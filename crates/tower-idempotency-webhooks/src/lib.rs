@@ -1,0 +1,82 @@
+//! Signed webhook receivers for [tower-idempotency](tower_idempotency_core): verify the
+//! provider's signature over the exact raw bytes, then key the idempotency layer by the
+//! provider's event id, so a retried or duplicated delivery runs the handler once and is
+//! answered with the cached response.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency_webhooks::{VerifiedWebhook, WebhookLayerExt};
+//!
+//! async fn stripe_events(webhook: VerifiedWebhook) -> &'static str {
+//!     let event = webhook.json().expect("Stripe events are JSON");
+//!     let _ = (webhook.event_id(), &event["type"]);
+//!     "ok"
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/webhooks/stripe", post(stripe_events))
+//!     .route_layer(IdempotencyLayer::stripe(["whsec_..."], MemoryStore::new()));
+//! # let _ = app;
+//! ```
+//!
+//! - [`Verifier`] is the trait every provider implements; [`WebhookKeys`] runs one as the
+//!   core's [`KeySource`](tower_idempotency_core::KeySource).
+//! - [`WebhookLayerExt`] adds `IdempotencyLayer::stripe(..)`, `::github(..)`, ... and
+//!   `::webhook(verifier, store)` for [`generic::HmacVerifier`] or your own verifier.
+//! - [`VerifiedWebhook`] is the verified delivery and an axum extractor.
+//! - Failures are [`VerifyError`]s, answered as RFC 9457 problems.
+//!
+//! Every verifier accepts several secrets (rotation), compares in constant time, bounds header
+//! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
+//! window in both directions (`tolerance(Duration::ZERO)` disables it explicitly).
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod clock;
+mod error;
+mod ext;
+mod secret;
+mod util;
+mod verified;
+mod verifier;
+
+pub mod batch;
+pub mod generic;
+
+mod providers;
+
+#[cfg(feature = "discord")]
+pub use providers::discord;
+#[cfg(feature = "github")]
+pub use providers::github;
+#[cfg(feature = "gitlab")]
+pub use providers::gitlab;
+#[cfg(feature = "linear")]
+pub use providers::linear;
+#[cfg(feature = "mailgun")]
+pub use providers::mailgun;
+#[cfg(feature = "paddle")]
+pub use providers::paddle;
+#[cfg(feature = "sendgrid")]
+pub use providers::sendgrid;
+#[cfg(feature = "shopify")]
+pub use providers::shopify;
+#[cfg(feature = "slack")]
+pub use providers::slack;
+#[cfg(feature = "square")]
+pub use providers::square;
+#[cfg(feature = "standard-webhooks")]
+pub use providers::standard;
+#[cfg(feature = "stripe")]
+pub use providers::stripe;
+#[cfg(feature = "zoom")]
+pub use providers::zoom;
+
+pub use clock::{Clock, SystemClock};
+pub use error::{ConfigError, VerifyError};
+pub use ext::WebhookLayerExt;
+pub use secret::Secret;
+pub use util::{Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_HEADER_LEN, MAX_SIGNATURES};
+pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
+pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};

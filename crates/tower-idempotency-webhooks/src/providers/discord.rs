@@ -1,0 +1,127 @@
+//! [Discord interactions](https://discord.com/developers/docs/interactions/overview#setting-up-an-endpoint-validating-security-request-headers):
+//! `X-Signature-Ed25519: <hex>` over `{X-Signature-Timestamp}{body}`, checked with the
+//! application's public key (hex); keyed by the interaction's `id`.
+//!
+//! Discord does not retry interactions (it expects an answer within 3 seconds), so the one-day
+//! [`DEFAULT_TTL`] only guards against accidental duplicates. `PING` (type 1) is answered with
+//! [`ping_response`].
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use axum_core::response::Response;
+use bytes::Bytes;
+use ed25519_dalek::{Signature, VerifyingKey};
+use http::request::Parts;
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    util::{self, DEFAULT_TOLERANCE},
+    verified::{ChallengeResponse, VerifiedWebhook},
+    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "discord";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-signature-ed25519";
+/// The signed timestamp header.
+pub const TIMESTAMP_HEADER: &str = "x-signature-timestamp";
+/// One day.
+pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
+
+/// Verifies Discord interactions.
+#[derive(Clone, Debug)]
+pub struct DiscordVerifier {
+    keys: Arc<[VerifyingKey]>,
+    tolerance: Option<Duration>,
+}
+
+impl DiscordVerifier {
+    /// Accepts interactions signed by any of the application public `keys` (64 hex digits).
+    pub fn new<S: AsRef<str>>(keys: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
+        let keys = keys
+            .into_iter()
+            .map(|key| {
+                let bytes: [u8; 32] = hex::decode(key.as_ref().trim())
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(ConfigError::InvalidPublicKey {
+                        reason: "not 64 hex digits",
+                    })?;
+                VerifyingKey::from_bytes(&bytes).map_err(|_| ConfigError::InvalidPublicKey {
+                    reason: "not an Ed25519 point",
+                })
+            })
+            .collect::<Result<Arc<[_]>, _>>()?;
+        Ok(Self {
+            keys,
+            tolerance: Some(DEFAULT_TOLERANCE),
+        })
+    }
+
+    /// The replay window (default 300 s); zero disables it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+}
+
+impl Verifier for DiscordVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        if self.keys.is_empty() {
+            return Err(VerifyError::MissingConfiguration { what: "public key" });
+        }
+        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
+        let timestamp = util::required(&parts.headers, TIMESTAMP_HEADER)?;
+        let signature = hex::decode(value)
+            .ok()
+            .and_then(|b| Signature::from_slice(&b).ok())
+            .ok_or(VerifyError::MalformedHeader {
+                name: SIGNATURE_HEADER,
+                reason: "not 128 hex digits",
+            })?;
+        let signed = util::parse_unix(TIMESTAMP_HEADER, timestamp)?;
+        let message = [timestamp.as_bytes(), body].concat();
+        let index = self
+            .keys
+            .iter()
+            .position(|key| key.verify_strict(&message, &signature).is_ok())
+            .ok_or(VerifyError::SignatureMismatch)?;
+        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        let json = util::parse_json(body)?;
+        let id = util::json_id(&json, "/id")?;
+        let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone());
+        if json.get("type").and_then(|t| t.as_u64()) == Some(1) {
+            webhook =
+                webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({ "type": 1 })));
+        }
+        Ok(webhook
+            .with_signed_at(signed)
+            .with_secret_index(index)
+            .with_json(json))
+    }
+}
+
+/// The `PONG` answer (`{"type":1}`) to a `PING` interaction, or `None` for other interactions.
+pub fn ping_response(webhook: &VerifiedWebhook) -> Option<Response> {
+    (webhook.provider() == PROVIDER)
+        .then(|| webhook.challenge())
+        .flatten()
+        .map(ChallengeResponse::to_response)
+}

@@ -1,0 +1,103 @@
+//! [GitHub](https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries):
+//! `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the body; keyed by `X-GitHub-Delivery`.
+//!
+//! GitHub does not retry failed deliveries by itself; they can be redelivered (by hand or via
+//! the API) for three days, and a redelivery carries the original `X-GitHub-Delivery`. So
+//! [`DEFAULT_TTL`] is four days. GitHub signs no timestamp: there is no replay window, the
+//! idempotency record is the replay protection. A delivery with only the legacy SHA-1
+//! `X-Hub-Signature` is [`VerifyError::UnsupportedVersion`].
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::{
+    error::VerifyError,
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm},
+    verified::VerifiedWebhook,
+    verifier::Verifier,
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "github";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
+/// The legacy SHA-1 signature header, not accepted.
+pub const LEGACY_SIGNATURE_HEADER: &str = "x-hub-signature";
+/// The delivery id header: the key.
+pub const DELIVERY_HEADER: &str = "x-github-delivery";
+/// Four days: longer than the three days in which deliveries can be redelivered.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
+
+/// Verifies GitHub deliveries.
+#[derive(Clone, Debug)]
+pub struct GitHubVerifier {
+    secrets: Arc<[Secret]>,
+}
+
+impl GitHubVerifier {
+    /// Accepts deliveries signed with any of `secrets`.
+    pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            secrets: secret::collect(secrets),
+        }
+    }
+}
+
+impl Verifier for GitHubVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        _now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        const NAME: &str = SIGNATURE_HEADER;
+        let value = match util::header(&parts.headers, NAME)? {
+            Some(value) => value,
+            None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
+                return Err(VerifyError::UnsupportedVersion { name: NAME })
+            }
+            None => return Err(VerifyError::MissingHeader { name: NAME }),
+        };
+        let signature = prefixed(NAME, value, "sha256=")?;
+        let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
+        let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
+        let id = util::header_id(&parts.headers, DELIVERY_HEADER)?;
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+    }
+}
+
+/// Strips a `scheme=` prefix; another `x=` prefix is an unsupported version.
+pub(crate) fn prefixed<'a>(
+    name: &'static str,
+    value: &'a str,
+    prefix: &str,
+) -> Result<&'a str, VerifyError> {
+    match value.strip_prefix(prefix) {
+        Some(rest) => Ok(rest),
+        None if value.contains('=') => Err(VerifyError::UnsupportedVersion { name }),
+        None => Err(VerifyError::MalformedHeader {
+            name,
+            reason: "missing scheme prefix",
+        }),
+    }
+}
+
+/// The `X-Hub-Signature-256` value GitHub would send for `body`.
+pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
+    let mac = util::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]);
+    format!("sha256={}", hex::encode(mac))
+}

@@ -1,0 +1,134 @@
+//! [SendGrid signed Event Webhook](https://www.twilio.com/docs/sendgrid/for-developers/tracking-events/getting-started-event-webhook-security-features):
+//! `X-Twilio-Email-Event-Webhook-Signature: <base64 DER ECDSA P-256/SHA-256>` over
+//! `{X-Twilio-Email-Event-Webhook-Timestamp}{body}`, checked with the verification key (base64
+//! DER SubjectPublicKeyInfo).
+//!
+//! A delivery is a batch (a JSON array) of events, each with its own `sg_event_id`. The layer's
+//! key is `sha256:<hex>` of the body (a retried batch is resent as is); use [`event_ids`] to get
+//! the per-event ids for deduplication inside the handler. SendGrid retries failed batches for
+//! up to 24 hours, so [`DEFAULT_TTL`] is two days.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+use p256::{
+    ecdsa::{signature::Verifier as _, Signature, VerifyingKey},
+    pkcs8::DecodePublicKey,
+};
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    util::{self, Encoding, DEFAULT_TOLERANCE},
+    verified::VerifiedWebhook,
+    verifier::Verifier,
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "sendgrid";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-twilio-email-event-webhook-signature";
+/// The signed timestamp header.
+pub const TIMESTAMP_HEADER: &str = "x-twilio-email-event-webhook-timestamp";
+/// Two days: longer than SendGrid's 24 hours of retries.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 24 * 60 * 60);
+
+/// Verifies SendGrid Event Webhook batches.
+#[derive(Clone, Debug)]
+pub struct SendGridVerifier {
+    keys: Arc<[VerifyingKey]>,
+    tolerance: Option<Duration>,
+}
+
+impl SendGridVerifier {
+    /// Accepts batches signed for any of the verification `keys` (base64 DER, as shown in the
+    /// SendGrid console).
+    pub fn new<S: AsRef<str>>(keys: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
+        let keys = keys
+            .into_iter()
+            .map(|key| {
+                let der = Encoding::Base64.decode(key.as_ref().trim()).ok_or(
+                    ConfigError::InvalidPublicKey {
+                        reason: "not base64",
+                    },
+                )?;
+                VerifyingKey::from_public_key_der(&der).map_err(|_| ConfigError::InvalidPublicKey {
+                    reason: "not a P-256 SubjectPublicKeyInfo",
+                })
+            })
+            .collect::<Result<Arc<[_]>, _>>()?;
+        Ok(Self {
+            keys,
+            tolerance: Some(DEFAULT_TOLERANCE),
+        })
+    }
+
+    /// The replay window (default 300 s); zero disables it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+}
+
+impl Verifier for SendGridVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        if self.keys.is_empty() {
+            return Err(VerifyError::MissingConfiguration {
+                what: "verification key",
+            });
+        }
+        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
+        let timestamp = util::required(&parts.headers, TIMESTAMP_HEADER)?;
+        let signature = Encoding::Base64
+            .decode(value)
+            .and_then(|der| Signature::from_der(&der).ok())
+            .ok_or(VerifyError::MalformedHeader {
+                name: SIGNATURE_HEADER,
+                reason: "not a base64 DER ECDSA signature",
+            })?;
+        let signed = util::parse_unix(TIMESTAMP_HEADER, timestamp)?;
+        let message = [timestamp.as_bytes(), body].concat();
+        let index = self
+            .keys
+            .iter()
+            .position(|key| key.verify(&message, &signature).is_ok())
+            .ok_or(VerifyError::SignatureMismatch)?;
+        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        Ok(
+            VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
+                .with_signed_at(signed)
+                .with_secret_index(index),
+        )
+    }
+}
+
+/// The `sg_event_id` of every event in a verified batch, in order.
+pub fn event_ids(webhook: &VerifiedWebhook) -> Result<Vec<String>, VerifyError> {
+    let events = webhook
+        .json()
+        .map_err(|_| VerifyError::BodyNotJson)?
+        .as_array()
+        .ok_or(VerifyError::MalformedBody {
+            reason: "not an array of events",
+        })?;
+    events
+        .iter()
+        .map(|event| util::json_id(event, "/sg_event_id"))
+        .collect()
+}

@@ -1,0 +1,163 @@
+//! [Slack](https://api.slack.com/authentication/verifying-requests-from-slack):
+//! `X-Slack-Signature: v0=<hex>` = HMAC-SHA256 of `v0:{X-Slack-Request-Timestamp}:{body}`;
+//! keyed by the Events API body's `event_id`.
+//!
+//! Slack retries an Events API delivery three times (almost immediately, after 1 minute, after
+//! 5 minutes), so the one-day [`DEFAULT_TTL`] is ample. Slash commands and interactivity
+//! payloads are form-encoded and carry no event id: use this verifier for the Events API
+//! endpoint only.
+//!
+//! The `url_verification` handshake is authenticated like any delivery and keyed by its
+//! challenge; answer it with [`url_verification_response`].
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use axum_core::response::Response;
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::{
+    error::VerifyError,
+    providers::github::prefixed,
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE},
+    verified::{ChallengeResponse, VerifiedWebhook},
+    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "slack";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-slack-signature";
+/// The signed timestamp header.
+pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
+/// One day: Slack's retries end within ten minutes.
+pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
+
+/// Verifies Slack Events API deliveries.
+#[derive(Clone, Debug)]
+pub struct SlackVerifier {
+    secrets: Arc<[Secret]>,
+    tolerance: Option<Duration>,
+}
+
+impl SlackVerifier {
+    /// Accepts deliveries signed with any of the app's signing `secrets`.
+    pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            secrets: secret::collect(secrets),
+            tolerance: Some(DEFAULT_TOLERANCE),
+        }
+    }
+
+    /// The replay window (default 300 s, Slack's recommendation); zero disables it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+}
+
+impl Verifier for SlackVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        let (signed, index) = verify_v0(
+            parts,
+            body,
+            &self.secrets,
+            SIGNATURE_HEADER,
+            TIMESTAMP_HEADER,
+        )?;
+        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        let json = util::parse_json(body)?;
+        let webhook = if json.get("type").and_then(|t| t.as_str()) == Some("url_verification") {
+            let challenge = json
+                .get("challenge")
+                .and_then(|c| c.as_str())
+                .ok_or(VerifyError::MalformedBody {
+                    reason: "url_verification without a challenge",
+                })?
+                .to_owned();
+            let id = util::check_id(format!("url_verification:{challenge}"), "/challenge")?;
+            VerifiedWebhook::new(PROVIDER, id, body.clone()).with_challenge(
+                ChallengeResponse::json(&serde_json::json!({ "challenge": challenge })),
+            )
+        } else {
+            VerifiedWebhook::new(PROVIDER, util::json_id(&json, "/event_id")?, body.clone())
+        };
+        Ok(webhook
+            .with_signed_at(signed)
+            .with_secret_index(index)
+            .with_json(json))
+    }
+}
+
+/// The `v0` scheme shared by Slack and Zoom: returns the signed time and the matching secret.
+pub(crate) fn verify_v0(
+    parts: &Parts,
+    body: &[u8],
+    secrets: &[Secret],
+    signature_header: &'static str,
+    timestamp_header: &'static str,
+) -> Result<(u64, usize), VerifyError> {
+    let timestamp = util::required(&parts.headers, timestamp_header)?;
+    let value = util::required(&parts.headers, signature_header)?;
+    let signature = prefixed(signature_header, value, "v0=")?;
+    let signed = util::parse_unix(timestamp_header, timestamp)?;
+    let candidates = util::decode_all(signature_header, &[signature], Encoding::Hex)?;
+    let index = util::match_hmac(
+        HmacAlgorithm::Sha256,
+        secrets,
+        &[b"v0:", timestamp.as_bytes(), b":", body],
+        &candidates,
+    )?;
+    Ok((signed, index))
+}
+
+/// The `v0=<hex>` signature for `body` at `timestamp` (Slack and Zoom).
+pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let mac = util::hmac(
+        HmacAlgorithm::Sha256,
+        secret.as_ref(),
+        &[b"v0:", ts.as_bytes(), b":", body],
+    );
+    format!("v0={}", hex::encode(mac))
+}
+
+/// The answer to Slack's `url_verification` handshake (`200 {"challenge": ...}`), or `None`
+/// when `webhook` is an ordinary event.
+///
+/// ```
+/// use axum::response::{IntoResponse, Response};
+/// use tower_idempotency_webhooks::{slack, VerifiedWebhook};
+///
+/// async fn events(webhook: VerifiedWebhook) -> Response {
+///     if let Some(answer) = slack::url_verification_response(&webhook) {
+///         return answer;
+///     }
+///     // ... handle webhook.json() ...
+///     "ok".into_response()
+/// }
+/// # let _ = events;
+/// ```
+pub fn url_verification_response(webhook: &VerifiedWebhook) -> Option<Response> {
+    (webhook.provider() == PROVIDER)
+        .then(|| webhook.challenge())
+        .flatten()
+        .map(ChallengeResponse::to_response)
+}

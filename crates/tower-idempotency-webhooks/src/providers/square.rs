@@ -1,0 +1,116 @@
+//! [Square](https://developer.squareup.com/docs/webhooks/step3validate):
+//! `x-square-hmacsha256-signature: <base64>`, HMAC-SHA256 keyed by the subscription's signature
+//! key over `{notification URL}{body}`; keyed by the body's `event_id`.
+//!
+//! **Gotcha:** the URL is the notification URL exactly as registered with Square (scheme, host,
+//! path and query), not what the application sees behind a proxy, so it is configured, not
+//! read from the request. Square retries failed deliveries for up to 24 hours, so
+//! [`DEFAULT_TTL`] is two days. No timestamp is signed. The legacy SHA-1
+//! `x-square-signature` alone is [`VerifyError::UnsupportedVersion`].
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm},
+    verified::VerifiedWebhook,
+    verifier::Verifier,
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "square";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-square-hmacsha256-signature";
+/// The legacy SHA-1 signature header, not accepted.
+pub const LEGACY_SIGNATURE_HEADER: &str = "x-square-signature";
+/// Two days: longer than Square's 24 hours of retries.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 24 * 60 * 60);
+
+/// Verifies Square deliveries.
+#[derive(Clone, Debug)]
+pub struct SquareVerifier {
+    secrets: Arc<[Secret]>,
+    url: Arc<str>,
+}
+
+impl SquareVerifier {
+    /// Accepts deliveries to `notification_url` (as registered) signed with any of the
+    /// subscription's signature `keys`.
+    pub fn new<S: Into<Secret>>(
+        notification_url: impl Into<String>,
+        keys: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ConfigError> {
+        let url = notification_url.into();
+        let parsed: http::Uri = url.parse().map_err(|_| ConfigError::InvalidUrl {
+            reason: "not a URI",
+        })?;
+        if !matches!(parsed.scheme_str(), Some("https" | "http")) || parsed.host().is_none() {
+            return Err(ConfigError::InvalidUrl {
+                reason: "not an absolute http(s) URL",
+            });
+        }
+        Ok(Self {
+            secrets: secret::collect(keys),
+            url: url.into(),
+        })
+    }
+}
+
+impl Verifier for SquareVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        _now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        let value = match util::header(&parts.headers, SIGNATURE_HEADER)? {
+            Some(value) => value,
+            None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
+                return Err(VerifyError::UnsupportedVersion {
+                    name: SIGNATURE_HEADER,
+                })
+            }
+            None => {
+                return Err(VerifyError::MissingHeader {
+                    name: SIGNATURE_HEADER,
+                })
+            }
+        };
+        let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        let index = util::match_hmac(
+            HmacAlgorithm::Sha256,
+            &self.secrets,
+            &[self.url.as_bytes(), body],
+            &candidates,
+        )?;
+        let json = util::parse_json(body)?;
+        let id = util::json_id(&json, "/event_id")?;
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_json(json))
+    }
+}
+
+/// The `x-square-hmacsha256-signature` value for `body` sent to `notification_url`.
+pub fn sign(key: impl AsRef<[u8]>, notification_url: &str, body: &[u8]) -> String {
+    Encoding::Base64.encode(&util::hmac(
+        HmacAlgorithm::Sha256,
+        key.as_ref(),
+        &[notification_url.as_bytes(), body],
+    ))
+}

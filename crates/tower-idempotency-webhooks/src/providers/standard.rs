@@ -1,0 +1,259 @@
+//! [Standard Webhooks](https://github.com/standard-webhooks/standard-webhooks/blob/main/spec/standard-webhooks.md)
+//! (and [Svix](https://docs.svix.com/receiving/verifying-payloads/how-manual), which sends the
+//! same scheme under `svix-*` headers): `webhook-signature: v1,<base64> [v1,<base64> ..]`, HMAC-SHA256
+//! keyed by the base64 part of a `whsec_` secret over `{webhook-id}.{webhook-timestamp}.{body}`;
+//! `v1a,<base64>` is the Ed25519 variant (public keys `whpk_` + base64). Keyed by `webhook-id`.
+//!
+//! Svix retries on a schedule of 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and 10 h (about 27.5 h in
+//! all), so [`DEFAULT_TTL`] is three days.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use ed25519_dalek::{Signature, VerifyingKey};
+use http::{request::Parts, HeaderMap};
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    secret::Secret,
+    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    verified::VerifiedWebhook,
+    verifier::Verifier,
+};
+
+/// The default provider name and store namespace.
+pub const PROVIDER: &str = "standard-webhooks";
+/// Three days: longer than Svix's ~27.5 h retry schedule.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3 * 24 * 60 * 60);
+/// Prefix of symmetric secrets.
+pub const SECRET_PREFIX: &str = "whsec_";
+/// Prefix of Ed25519 public keys.
+pub const PUBLIC_KEY_PREFIX: &str = "whpk_";
+
+struct Family {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
+
+const WEBHOOK: Family = Family {
+    id: "webhook-id",
+    timestamp: "webhook-timestamp",
+    signature: "webhook-signature",
+};
+const SVIX: Family = Family {
+    id: "svix-id",
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+};
+
+/// Verifies Standard Webhooks / Svix deliveries.
+#[derive(Clone, Debug)]
+pub struct StandardWebhooksVerifier {
+    provider: &'static str,
+    secrets: Arc<[Secret]>,
+    public_keys: Arc<[VerifyingKey]>,
+    tolerance: Option<Duration>,
+    ttl: Duration,
+}
+
+/// Decodes a `whsec_<base64>` secret (the prefix is optional) into its key bytes.
+pub fn decode_secret(secret: &str) -> Result<Vec<u8>, ConfigError> {
+    let encoded = secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret);
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| ConfigError::InvalidSecret {
+            reason: "not `whsec_` followed by base64",
+        })?;
+    if key.is_empty() {
+        return Err(ConfigError::InvalidSecret {
+            reason: "empty key",
+        });
+    }
+    Ok(key)
+}
+
+impl StandardWebhooksVerifier {
+    /// Accepts `v1` signatures made with any of `secrets` (`whsec_...`).
+    pub fn new<S: AsRef<str>>(secrets: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
+        let secrets = secrets
+            .into_iter()
+            .map(|s| decode_secret(s.as_ref()).map(Secret::from))
+            .collect::<Result<Arc<[Secret]>, _>>()?;
+        Ok(Self {
+            provider: PROVIDER,
+            secrets,
+            public_keys: Arc::from([]),
+            tolerance: Some(DEFAULT_TOLERANCE),
+            ttl: DEFAULT_TTL,
+        })
+    }
+
+    /// Also accepts `v1a` (Ed25519) signatures by any of `keys` (`whpk_<base64>`, prefix
+    /// optional).
+    pub fn public_keys<S: AsRef<str>>(
+        mut self,
+        keys: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ConfigError> {
+        let keys = keys
+            .into_iter()
+            .map(|key| {
+                let key = key.as_ref();
+                let encoded = key.strip_prefix(PUBLIC_KEY_PREFIX).unwrap_or(key);
+                let bytes: [u8; 32] = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(ConfigError::InvalidPublicKey {
+                        reason: "not `whpk_` followed by 32 bytes of base64",
+                    })?;
+                VerifyingKey::from_bytes(&bytes).map_err(|_| ConfigError::InvalidPublicKey {
+                    reason: "not an Ed25519 point",
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.public_keys = keys.into();
+        Ok(self)
+    }
+
+    /// The provider name and namespace (default `standard-webhooks`), e.g. `"svix"` or the name
+    /// of the service that sends Standard Webhooks.
+    pub fn provider_name(mut self, name: &'static str) -> Self {
+        self.provider = name;
+        self
+    }
+
+    /// The TTL of completed deliveries (default three days), for senders with other schedules.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The replay window (default 300 s, the specification's); zero disables it.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+}
+
+fn family(headers: &HeaderMap) -> &'static Family {
+    if !headers.contains_key(WEBHOOK.signature) && headers.contains_key(SVIX.signature) {
+        &SVIX
+    } else {
+        &WEBHOOK
+    }
+}
+
+impl Verifier for StandardWebhooksVerifier {
+    fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    fn default_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        if self.secrets.is_empty() && self.public_keys.is_empty() {
+            return Err(VerifyError::MissingConfiguration {
+                what: "secret or public key",
+            });
+        }
+        let names = family(&parts.headers);
+        let value = util::required(&parts.headers, names.signature)?;
+        let id = util::required(&parts.headers, names.id)?;
+        let timestamp = util::required(&parts.headers, names.timestamp)?;
+        let (mut symmetric, mut asymmetric) = (Vec::new(), Vec::new());
+        for (count, member) in value.split_ascii_whitespace().enumerate() {
+            if count == MAX_SIGNATURES {
+                return Err(VerifyError::MalformedHeader {
+                    name: names.signature,
+                    reason: "too many signatures",
+                });
+            }
+            let (version, signature) =
+                member.split_once(',').ok_or(VerifyError::MalformedHeader {
+                    name: names.signature,
+                    reason: "signature without `version,` prefix",
+                })?;
+            match version {
+                "v1" => symmetric.push(signature),
+                "v1a" => asymmetric.push(signature),
+                _ => {}
+            }
+        }
+        let usable_v1 = !symmetric.is_empty() && !self.secrets.is_empty();
+        let usable_v1a = !asymmetric.is_empty() && !self.public_keys.is_empty();
+        if !usable_v1 && !usable_v1a {
+            return Err(VerifyError::UnsupportedVersion {
+                name: names.signature,
+            });
+        }
+        let signed = util::parse_unix(names.timestamp, timestamp)?;
+        let id = util::check_id(id.to_owned(), names.id)?;
+        let chunks: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
+        let mut malformed = true;
+        let mut matched = None;
+        if usable_v1 {
+            let candidates: Vec<Vec<u8>> = symmetric
+                .iter()
+                .filter_map(|s| Encoding::Base64.decode(s))
+                .collect();
+            malformed &= candidates.is_empty();
+            if !candidates.is_empty() {
+                matched =
+                    util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &chunks, &candidates)
+                        .ok();
+            }
+        }
+        if matched.is_none() && usable_v1a {
+            let signatures: Vec<Signature> = asymmetric
+                .iter()
+                .filter_map(|s| Encoding::Base64.decode(s))
+                .filter_map(|b| Signature::from_slice(&b).ok())
+                .collect();
+            malformed &= signatures.is_empty();
+            let message = chunks.concat();
+            matched = self.public_keys.iter().position(|key| {
+                signatures
+                    .iter()
+                    .any(|sig| key.verify_strict(&message, sig).is_ok())
+            });
+        }
+        let Some(index) = matched else {
+            return Err(if malformed {
+                VerifyError::MalformedHeader {
+                    name: names.signature,
+                    reason: "signature is not base64",
+                }
+            } else {
+                VerifyError::SignatureMismatch
+            });
+        };
+        util::check_window(names.timestamp, signed, now, self.tolerance)?;
+        Ok(VerifiedWebhook::new(self.provider, id, body.clone())
+            .with_signed_at(signed)
+            .with_secret_index(index))
+    }
+}
+
+/// The `webhook-signature` member (`v1,<base64>`) for a delivery, `key` being the decoded
+/// secret (see [`decode_secret`]).
+pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let mac = util::hmac(
+        HmacAlgorithm::Sha256,
+        key,
+        &[id.as_bytes(), b".", ts.as_bytes(), b".", body],
+    );
+    format!("v1,{}", Encoding::Base64.encode(&mac))
+}

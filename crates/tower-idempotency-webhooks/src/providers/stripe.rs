@@ -1,0 +1,165 @@
+//! [Stripe](https://docs.stripe.com/webhooks#verify-manually): `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>..]`,
+//! HMAC-SHA256 keyed by the endpoint secret used verbatim (`whsec_...` included) over
+//! `{t}.{body}`; keyed by the event's `id`.
+//!
+//! Stripe retries failed live-mode deliveries with exponential back-off for up to three days,
+//! so [`DEFAULT_TTL`] is four days. During a secret roll Stripe sends one `v1` per active secret;
+//! any match is accepted. `v0` (test-mode legacy) and unknown schemes are ignored; a header with
+//! only those is [`VerifyError::UnsupportedVersion`].
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+
+use crate::{
+    error::VerifyError,
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    verified::VerifiedWebhook,
+    verifier::Verifier,
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "stripe";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "stripe-signature";
+/// Four days: longer than Stripe's three days of retries.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
+
+/// Verifies Stripe deliveries.
+#[derive(Clone, Debug)]
+pub struct StripeVerifier {
+    secrets: Arc<[Secret]>,
+    tolerance: Option<Duration>,
+    api_version: Option<String>,
+}
+
+impl StripeVerifier {
+    /// Accepts deliveries signed with any of `secrets` (the endpoint's `whsec_...` secrets).
+    pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            secrets: secret::collect(secrets),
+            tolerance: Some(DEFAULT_TOLERANCE),
+            api_version: None,
+        }
+    }
+
+    /// The replay window around the signed `t` (default 300 s, Stripe's own); `Duration::ZERO`
+    /// disables the check.
+    pub fn tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Rejects correctly signed events rendered for another API version (the body's
+    /// `api_version`) with [`VerifyError::ApiVersionMismatch`], so a version drift between the
+    /// endpoint's settings and the code shows up as such instead of as parse errors.
+    pub fn expected_api_version(mut self, version: impl Into<String>) -> Self {
+        self.api_version = Some(version.into());
+        self
+    }
+}
+
+impl Verifier for StripeVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        const NAME: &str = SIGNATURE_HEADER;
+        let value = util::required(&parts.headers, NAME)?;
+        let mut timestamp = None;
+        let mut signatures = Vec::new();
+        let mut other_schemes = false;
+        for (key, val) in util::kv_pairs(NAME, value, ',')? {
+            match key {
+                "t" => {
+                    if timestamp.replace(val).is_some() {
+                        return Err(VerifyError::MalformedHeader {
+                            name: NAME,
+                            reason: "timestamp appears twice",
+                        });
+                    }
+                }
+                "v1" => signatures.push(val),
+                _ => other_schemes = true,
+            }
+        }
+        let timestamp = timestamp.ok_or(VerifyError::MalformedHeader {
+            name: NAME,
+            reason: "no timestamp",
+        })?;
+        if signatures.is_empty() {
+            return Err(if other_schemes {
+                VerifyError::UnsupportedVersion { name: NAME }
+            } else {
+                VerifyError::MalformedHeader {
+                    name: NAME,
+                    reason: "no signature",
+                }
+            });
+        }
+        if signatures.len() > MAX_SIGNATURES {
+            return Err(VerifyError::MalformedHeader {
+                name: NAME,
+                reason: "too many signatures",
+            });
+        }
+        let signed = util::parse_unix(NAME, timestamp)?;
+        let candidates = util::decode_all(NAME, &signatures, Encoding::Hex)?;
+        let index = util::match_hmac(
+            HmacAlgorithm::Sha256,
+            &self.secrets,
+            &[timestamp.as_bytes(), b".", body],
+            &candidates,
+        )?;
+        util::check_window(NAME, signed, now, self.tolerance)?;
+        let json = util::parse_json(body)?;
+        let id = util::json_id(&json, "/id")?;
+        if let Some(expected) = &self.api_version {
+            let received = json
+                .get("api_version")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            if received != expected {
+                return Err(VerifyError::ApiVersionMismatch {
+                    expected: expected.clone(),
+                    received: received.to_owned(),
+                });
+            }
+        }
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_signed_at(signed)
+            .with_secret_index(index)
+            .with_json(json))
+    }
+}
+
+/// The `Stripe-Signature` value Stripe would send for `body` at `timestamp` (unix seconds).
+///
+/// ```
+/// let header = tower_idempotency_webhooks::stripe::sign("whsec_test", 1_700_000_000, b"{}");
+/// assert!(header.starts_with("t=1700000000,v1="));
+/// ```
+pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let mac = util::hmac(
+        HmacAlgorithm::Sha256,
+        secret.as_ref(),
+        &[ts.as_bytes(), b".", body],
+    );
+    format!("t={ts},v1={}", hex::encode(mac))
+}

@@ -1,0 +1,246 @@
+//! The verified delivery handed to handlers, and its axum extractor.
+
+use std::{
+    fmt,
+    sync::{Arc, OnceLock},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use axum_core::{
+    extract::FromRequestParts,
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use http::{header, request::Parts, HeaderValue, StatusCode};
+use tower_idempotency_core::Problem;
+
+/// A delivery whose signature was checked over its exact bytes.
+///
+/// The layer inserts it into the request extensions; handlers take it with the axum extractor
+/// (`async fn handler(webhook: VerifiedWebhook)`). Cheap to clone.
+#[derive(Clone)]
+pub struct VerifiedWebhook {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    provider: &'static str,
+    event_id: String,
+    signed_at: Option<SystemTime>,
+    body: Bytes,
+    secret_index: Option<usize>,
+    json: OnceLock<Option<serde_json::Value>>,
+    challenge: Option<ChallengeResponse>,
+}
+
+/// The answer a provider expects to an endpoint-validation request (Slack `url_verification`,
+/// Zoom `endpoint.url_validation`, Discord `PING`), computed by the verifier because it may
+/// need the secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChallengeResponse {
+    /// The `Content-Type` of the answer.
+    pub content_type: &'static str,
+    /// The body of the answer.
+    pub body: Bytes,
+}
+
+impl ChallengeResponse {
+    /// A `200` JSON response.
+    pub fn json(value: &serde_json::Value) -> Self {
+        Self {
+            content_type: "application/json",
+            body: Bytes::from(value.to_string()),
+        }
+    }
+
+    /// Renders the `200` response.
+    pub fn to_response(&self) -> Response {
+        let mut response = Response::new(axum_core::body::Body::from(self.body.clone()));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(self.content_type),
+        );
+        response
+    }
+}
+
+/// The body is not JSON; returned by [`VerifiedWebhook::json`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("webhook body is not valid JSON")]
+pub struct NotJson;
+
+impl VerifiedWebhook {
+    /// A verified delivery. Custom [`Verifier`](crate::Verifier)s build one after checking the
+    /// signature.
+    pub fn new(provider: &'static str, event_id: impl Into<String>, body: Bytes) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                provider,
+                event_id: event_id.into(),
+                signed_at: None,
+                body,
+                secret_index: None,
+                json: OnceLock::new(),
+                challenge: None,
+            }),
+        }
+    }
+
+    fn inner_mut(&mut self) -> &mut Inner {
+        Arc::get_mut(&mut self.inner).expect("only called while building")
+    }
+
+    /// Records the signed timestamp (unix seconds).
+    pub fn with_signed_at(mut self, secs: u64) -> Self {
+        self.inner_mut().signed_at = UNIX_EPOCH.checked_add(Duration::from_secs(secs));
+        self
+    }
+
+    /// Records which configured secret (0 = the first) matched.
+    pub fn with_secret_index(mut self, index: usize) -> Self {
+        self.inner_mut().secret_index = Some(index);
+        self
+    }
+
+    /// Hands over the JSON the verifier already parsed, so [`json`](Self::json) does not parse
+    /// twice. It must be the parse of the body.
+    pub fn with_json(mut self, value: serde_json::Value) -> Self {
+        let _ = self.inner_mut().json.set(Some(value));
+        self
+    }
+
+    /// Attaches the answer to an endpoint-validation request.
+    pub fn with_challenge(mut self, challenge: ChallengeResponse) -> Self {
+        self.inner_mut().challenge = Some(challenge);
+        self
+    }
+
+    /// The provider's name (also the layer's namespace), e.g. `"stripe"`.
+    pub fn provider(&self) -> &'static str {
+        self.inner.provider
+    }
+
+    /// The provider's event (or delivery) id: the idempotency key.
+    pub fn event_id(&self) -> &str {
+        &self.inner.event_id
+    }
+
+    /// When the sender signed the delivery, for schemes that sign a timestamp.
+    pub fn signed_at(&self) -> Option<SystemTime> {
+        self.inner.signed_at
+    }
+
+    /// Which configured secret matched (0 = the first), for schemes with secrets. A match on a
+    /// later secret means the sender still uses an old one: finish the rotation.
+    pub fn secret_index(&self) -> Option<usize> {
+        self.inner.secret_index
+    }
+
+    /// The exact bytes that were verified.
+    pub fn body(&self) -> &Bytes {
+        &self.inner.body
+    }
+
+    /// The body parsed as JSON, parsed at most once.
+    pub fn json(&self) -> Result<&serde_json::Value, NotJson> {
+        self.inner
+            .json
+            .get_or_init(|| serde_json::from_slice(&self.inner.body).ok())
+            .as_ref()
+            .ok_or(NotJson)
+    }
+
+    /// The answer to an endpoint-validation request, if this delivery is one.
+    pub fn challenge(&self) -> Option<&ChallengeResponse> {
+        self.inner.challenge.as_ref()
+    }
+}
+
+impl fmt::Debug for VerifiedWebhook {
+    // The body can hold personal data; keep it out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerifiedWebhook")
+            .field("provider", &self.inner.provider)
+            .field("event_id", &self.inner.event_id)
+            .field("signed_at", &self.inner.signed_at)
+            .field("body_len", &self.inner.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The [`VerifiedWebhook`] extractor ran on a route without the webhook layer.
+///
+/// Answered `500` with a `webhook-layer-missing` problem: a wiring bug, never the sender's fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("VerifiedWebhook extractor used on a route without a webhook IdempotencyLayer")]
+pub struct WebhookLayerMissing;
+
+impl From<WebhookLayerMissing> for Problem {
+    fn from(error: WebhookLayerMissing) -> Self {
+        Problem {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            slug: "webhook-layer-missing",
+            title: "Webhook layer not installed",
+            detail: format!(
+                "{error}; add e.g. `IdempotencyLayer::stripe(secrets, store)` (trait \
+                 `tower_idempotency_webhooks::WebhookLayerExt`) as a route layer"
+            )
+            .into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl IntoResponse for WebhookLayerMissing {
+    fn into_response(self) -> Response {
+        Problem::from(self).into_response()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for VerifiedWebhook {
+    type Rejection = WebhookLayerMissing;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<VerifiedWebhook>()
+            .cloned()
+            .ok_or(WebhookLayerMissing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_parsed_lazily_once_and_reports_non_json() {
+        let webhook = VerifiedWebhook::new("t", "evt_1", Bytes::from_static(b"{\"a\":1}"));
+        let first = webhook.json().unwrap() as *const _;
+        assert_eq!(webhook.json().unwrap()["a"], 1);
+        assert_eq!(first, webhook.json().unwrap() as *const _);
+        let not = VerifiedWebhook::new("t", "evt_1", Bytes::from_static(b"a=1"));
+        assert_eq!(not.json(), Err(NotJson));
+    }
+
+    #[tokio::test]
+    async fn extractor_without_layer_is_a_500_problem() {
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        let rejection = VerifiedWebhook::from_request_parts(&mut parts, &())
+            .await
+            .unwrap_err();
+        let response = rejection.into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let webhook = VerifiedWebhook::new("t", "evt_1", Bytes::new()).with_signed_at(5);
+        parts.extensions.insert(webhook);
+        let got = VerifiedWebhook::from_request_parts(&mut parts, &())
+            .await
+            .unwrap();
+        assert_eq!(got.event_id(), "evt_1");
+        assert_eq!(got.signed_at(), Some(UNIX_EPOCH + Duration::from_secs(5)));
+    }
+}

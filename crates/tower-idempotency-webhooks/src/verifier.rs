@@ -1,0 +1,130 @@
+//! The [`Verifier`] trait and [`WebhookKeys`], the [`KeySource`] that runs a verifier.
+
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+use tower_idempotency_core::{
+    Fingerprint, FingerprintMode, IdempotencyLayer, KeySource, Problem, Store,
+};
+
+use crate::{
+    clock::{Clock, SystemClock},
+    error::VerifyError,
+    util,
+    verified::VerifiedWebhook,
+};
+
+/// TTL used by verifiers that do not set their own: one day.
+pub const DEFAULT_WEBHOOK_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Checks one provider's signature over the exact raw body and names the delivery.
+///
+/// Verification is synchronous because the core's [`KeySource::derive`] is: it is pure CPU
+/// work (an HMAC or a signature check over at most the layer's body cap).
+pub trait Verifier: Send + Sync + 'static {
+    /// The provider's name, used as the layer's namespace (`[A-Za-z0-9._-]`).
+    fn provider(&self) -> &'static str;
+
+    /// How long completed deliveries are remembered: longer than the provider's retry schedule.
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_WEBHOOK_TTL
+    }
+
+    /// Verifies `body` (the exact bytes received) against the request's headers and URI at
+    /// `now`, and returns the delivery with its event id.
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError>;
+}
+
+impl<V: Verifier + ?Sized> Verifier for Arc<V> {
+    fn provider(&self) -> &'static str {
+        (**self).provider()
+    }
+
+    fn default_ttl(&self) -> Duration {
+        (**self).default_ttl()
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        (**self).verify(parts, body, now)
+    }
+}
+
+/// A [`KeySource`] that verifies each delivery with a [`Verifier`] before anything is parsed or
+/// stored, inserts the [`VerifiedWebhook`] into the request extensions and keys the request by
+/// the provider's event id.
+pub struct WebhookKeys<V> {
+    verifier: V,
+    clock: Arc<dyn Clock>,
+}
+
+impl<V: fmt::Debug> fmt::Debug for WebhookKeys<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookKeys")
+            .field("verifier", &self.verifier)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: Verifier> WebhookKeys<V> {
+    /// Verifies with `verifier` against the system clock.
+    pub fn new(verifier: V) -> Self {
+        Self {
+            verifier,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Checks timestamps against `clock` instead (tests, or a monotonic-corrected clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The verifier.
+    pub fn verifier(&self) -> &V {
+        &self.verifier
+    }
+
+    /// An [`IdempotencyLayer`] keyed by this source, namespaced by the provider's name, with the
+    /// provider's TTL and a fingerprint that is the same for every delivery of this provider.
+    ///
+    /// The fingerprint is constant on purpose: the signature already authenticates the body,
+    /// and providers re-render a retried event (Stripe's `pending_webhooks`, a fresh Mailgun
+    /// token), so a differing body under the same event id is still the same event and must be
+    /// replayed, not answered `422`.
+    pub fn into_layer(self, store: impl Store) -> IdempotencyLayer {
+        let provider = self.verifier.provider();
+        let ttl = self.verifier.default_ttl();
+        let fingerprint = Fingerprint(Sha256::digest(provider.as_bytes()).into());
+        IdempotencyLayer::new(self, store)
+            .namespace(provider)
+            .ttl(ttl)
+            .fingerprint(FingerprintMode::Custom(Arc::new(move |_, _| fingerprint)))
+    }
+}
+
+impl<V: Verifier> KeySource for WebhookKeys<V> {
+    fn derive(&self, parts: &mut Parts, body: &Bytes) -> Result<Option<String>, Problem> {
+        let webhook = self.verifier.verify(parts, body, self.clock.now())?;
+        // Custom verifiers may skip the checks the built-in ones make.
+        let key = util::check_id(webhook.event_id().to_owned(), "event id")?;
+        parts.extensions.insert(webhook);
+        Ok(Some(key))
+    }
+}

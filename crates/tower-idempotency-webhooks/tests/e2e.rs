@@ -1,0 +1,222 @@
+//! Through the layer over real HTTP: axum on 127.0.0.1:0, core's MemoryStore, reqwest.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{extract::State, routing::post, Router};
+use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_webhooks::{
+    github, slack, stripe, VerifiedWebhook, WebhookKeys, WebhookLayerExt,
+};
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+async fn count(State(calls): State<Arc<AtomicUsize>>, webhook: VerifiedWebhook) -> String {
+    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+    format!(
+        "{} handled {} (call {n})",
+        webhook.provider(),
+        webhook.event_id()
+    )
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/stripe", post(count))
+        .route_layer(IdempotencyLayer::stripe(["whsec_e2e"], MemoryStore::new()))
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let body = r#"{"id":"evt_e2e_1","object":"event","type":"invoice.paid","pending_webhooks":2}"#;
+    let send = |signature: String, body: &'static str| {
+        client
+            .post(format!("{base}/stripe"))
+            .header("stripe-signature", signature)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    let first = send(stripe::sign("whsec_e2e", now(), body.as_bytes()), body)
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_text = first.text().await.unwrap();
+    assert_eq!(first_text, "stripe handled evt_e2e_1 (call 1)");
+
+    // Stripe's retry: a fresh signature, and `pending_webhooks` re-rendered.
+    let retry_body =
+        r#"{"id":"evt_e2e_1","object":"event","type":"invoice.paid","pending_webhooks":1}"#;
+    let second = send(
+        stripe::sign("whsec_e2e", now(), retry_body.as_bytes()),
+        retry_body,
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.text().await.unwrap(), first_text);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Forged: signed with another secret.
+    let forged = send(stripe::sign("whsec_attacker", now(), body.as_bytes()), body)
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    assert_eq!(forged.headers()["content-type"], "application/problem+json");
+    let problem: serde_json::Value =
+        serde_json::from_slice(&forged.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        problem["type"],
+        "urn:tower-idempotency:problem:webhook-signature-mismatch"
+    );
+    assert!(!problem.to_string().contains("whsec"));
+
+    // Tampered body with a genuine signature of another body; and a replay from an hour ago.
+    let other = r#"{"id":"evt_e2e_2","object":"event","type":"invoice.paid"}"#;
+    let tampered = send(stripe::sign("whsec_e2e", now(), body.as_bytes()), other)
+        .await
+        .unwrap();
+    assert_eq!(tampered.status(), 401);
+    let stale = send(
+        stripe::sign("whsec_e2e", now() - 3600, other.as_bytes()),
+        other,
+    )
+    .await
+    .unwrap();
+    assert_eq!(stale.status(), 401);
+    let problem: serde_json::Value = serde_json::from_slice(&stale.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        problem["type"],
+        "urn:tower-idempotency:problem:webhook-timestamp-outside-tolerance"
+    );
+    let unsigned = client
+        .post(format!("{base}/stripe"))
+        .body(other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), 400);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "no forged delivery ran the handler"
+    );
+
+    // A new event runs the handler.
+    let fresh = send(stripe::sign("whsec_e2e", now(), other.as_bytes()), other)
+        .await
+        .unwrap();
+    assert_eq!(
+        fresh.text().await.unwrap(),
+        "stripe handled evt_e2e_2 (call 2)"
+    );
+}
+
+#[tokio::test]
+async fn injected_clock_github_and_slack_challenge_over_http() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    // A clock pinned in 2001: a delivery signed "now" is in its future.
+    let pinned = UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    let slack_layer = WebhookKeys::new(slack::SlackVerifier::new(["slack-secret"]))
+        .clock(move || pinned)
+        .into_layer(MemoryStore::new());
+    let app = Router::new()
+        .route("/github", post(count))
+        .route_layer(IdempotencyLayer::github(["gh-secret"], MemoryStore::new()))
+        .merge(
+            Router::new()
+                .route(
+                    "/slack",
+                    post(|webhook: VerifiedWebhook| async move {
+                        slack::url_verification_response(&webhook)
+                            .unwrap_or_else(|| axum::response::IntoResponse::into_response("ok"))
+                    }),
+                )
+                .route_layer(slack_layer),
+        )
+        .route("/unguarded", post(count))
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+
+    let body = r#"{"action":"opened","number":1}"#;
+    for round in 0..3 {
+        let response = client
+            .post(format!("{base}/github"))
+            .header(
+                "x-hub-signature-256",
+                github::sign("gh-secret", body.as_bytes()),
+            )
+            .header("x-github-delivery", "b3c5a2f0-0000-11ef-8000-000000000001")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers().get("idempotent-replayed").is_some(),
+            round > 0
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let challenge = r#"{"token":"t","challenge":"c-123","type":"url_verification"}"#;
+    let signed = |at: u64| {
+        client
+            .post(format!("{base}/slack"))
+            .header("x-slack-request-timestamp", at.to_string())
+            .header(
+                "x-slack-signature",
+                slack::sign("slack-secret", at, challenge.as_bytes()),
+            )
+            .body(challenge)
+            .send()
+    };
+    let response = signed(1_000_000_000).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert_eq!(response.text().await.unwrap(), r#"{"challenge":"c-123"}"#);
+    let response = signed(now()).await.unwrap();
+    assert_eq!(
+        response.status(),
+        401,
+        "the injected clock is the one checked"
+    );
+
+    // The extractor without the layer: a 500 problem naming the missing layer.
+    let response = client
+        .post(format!("{base}/unguarded"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let problem: serde_json::Value =
+        serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        problem["type"],
+        "urn:tower-idempotency:problem:webhook-layer-missing"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

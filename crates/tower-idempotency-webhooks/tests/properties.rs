@@ -1,0 +1,243 @@
+//! Sign-then-verify properties and parser robustness against arbitrary header bytes.
+
+mod common;
+
+use bytes::Bytes;
+use common::at;
+use http::{request::Parts, HeaderValue};
+use proptest::prelude::*;
+use tower_idempotency_webhooks::{
+    generic::{EventId, HmacVerifier, Part},
+    *,
+};
+
+fn parts(headers: &[(&str, String)]) -> Parts {
+    let mut builder = http::Request::post("/hook");
+    for (name, value) in headers {
+        builder = builder.header(*name, value.as_str());
+    }
+    builder.body(()).unwrap().into_parts().0
+}
+
+fn json_body(id: &str, filler: &str) -> Vec<u8> {
+    serde_json::json!({ "id": id, "event_id": id, "filler": filler, "webhookTimestamp": 1_700_000_000_000u64 })
+        .to_string()
+        .into_bytes()
+}
+
+/// Every shipped verifier with a delivery signed for `body` at `ts` under `secret`.
+fn deliveries(secret: &str, ts: u64, id: &str, body: &[u8]) -> Vec<(Box<dyn Verifier>, Parts)> {
+    let sw_key = secret.as_bytes().to_vec();
+    use base64::Engine as _;
+    let sw_secret = format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(&sw_key)
+    );
+    let generic = HmacVerifier::builder("acme")
+        .secrets([secret])
+        .signature_header("x-acme-signature")
+        .prefix("sha512=")
+        .encoding(Encoding::Base64)
+        .algorithm(HmacAlgorithm::Sha512)
+        .timestamp_header("x-acme-timestamp")
+        .signed_parts([
+            Part::Id,
+            Part::Literal(":"),
+            Part::Timestamp,
+            Part::Literal(":"),
+            Part::Body,
+        ])
+        .event_id(EventId::Header("x-acme-id"))
+        .build()
+        .unwrap();
+    let generic_sig = generic.sign(secret, Some(ts), Some(id), body);
+    let t = ts.to_string();
+    vec![
+        (
+            Box::new(stripe::StripeVerifier::new([secret])) as Box<dyn Verifier>,
+            parts(&[("stripe-signature", stripe::sign(secret, ts, body))]),
+        ),
+        (
+            Box::new(github::GitHubVerifier::new([secret])),
+            parts(&[
+                ("x-hub-signature-256", github::sign(secret, body)),
+                ("x-github-delivery", id.into()),
+            ]),
+        ),
+        (
+            Box::new(slack::SlackVerifier::new([secret])),
+            parts(&[
+                ("x-slack-signature", slack::sign(secret, ts, body)),
+                ("x-slack-request-timestamp", t.clone()),
+            ]),
+        ),
+        (
+            Box::new(standard::StandardWebhooksVerifier::new([sw_secret]).unwrap()),
+            parts(&[
+                ("webhook-signature", standard::sign(&sw_key, id, ts, body)),
+                ("webhook-id", id.into()),
+                ("webhook-timestamp", t.clone()),
+            ]),
+        ),
+        (
+            Box::new(shopify::ShopifyVerifier::new([secret])),
+            parts(&[
+                ("x-shopify-hmac-sha256", shopify::sign(secret, body)),
+                ("x-shopify-event-id", id.into()),
+            ]),
+        ),
+        (
+            Box::new(paddle::PaddleVerifier::new([secret])),
+            parts(&[("paddle-signature", paddle::sign(secret, ts, body))]),
+        ),
+        (
+            Box::new(linear::LinearVerifier::new([secret])),
+            parts(&[
+                ("linear-signature", linear::sign(secret, body)),
+                ("linear-delivery", id.into()),
+            ]),
+        ),
+        (
+            Box::new(zoom::ZoomVerifier::new([secret])),
+            parts(&[
+                ("x-zm-signature", zoom::sign(secret, ts, body)),
+                ("x-zm-request-timestamp", t.clone()),
+            ]),
+        ),
+        (
+            Box::new(generic),
+            parts(&[
+                ("x-acme-signature", generic_sig),
+                ("x-acme-timestamp", t),
+                ("x-acme-id", id.into()),
+            ]),
+        ),
+    ]
+}
+
+const TS: u64 = 1_700_000_000;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn sign_then_verify_accepts_and_any_flip_rejects(
+        secret in "[ -~]{1,64}",
+        id in "[A-Za-z0-9_-]{1,40}",
+        filler in ".{0,200}",
+        skew in -300i64..=300,
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let body = json_body(&id, &filler);
+        let now = at(TS.checked_add_signed(skew).unwrap());
+        for (verifier, parts) in deliveries(&secret, TS, &id, &body) {
+            let name = verifier.provider();
+            let hook = verifier.verify(&parts, &Bytes::from(body.clone()), now);
+            let hook = hook.unwrap_or_else(|e| panic!("{name}: {e}"));
+            prop_assert_eq!(hook.body().as_ref(), body.as_slice());
+            if !matches!(name, "zoom") {
+                prop_assert_eq!(hook.event_id(), id.as_str(), "{}", name);
+            }
+            let mut tampered = body.clone();
+            let i = flip.index(tampered.len());
+            tampered[i] ^= 0x01;
+            let err = verifier.verify(&parts, &Bytes::from(tampered), now).unwrap_err();
+            prop_assert_eq!(err, VerifyError::SignatureMismatch, "{}", name);
+        }
+    }
+
+    #[test]
+    fn wrong_secret_never_verifies(secret in "[a-z]{8}", other in "[A-Z]{8}") {
+        let body = json_body("evt", "x");
+        for (_, parts) in deliveries(&other, TS, "evt", &body) {
+            for (verifier, _) in deliveries(&secret, TS, "evt", &body) {
+                let result = verifier.verify(&parts, &Bytes::from(body.clone()), at(TS));
+                prop_assert!(result.is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn header_parsers_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..600), which in 0usize..20) {
+        let Ok(value) = HeaderValue::from_bytes(&raw) else { return Ok(()); };
+        let names = [
+            "stripe-signature", "x-hub-signature-256", "x-github-delivery", "x-slack-signature",
+            "x-slack-request-timestamp", "webhook-signature", "webhook-id", "webhook-timestamp",
+            "svix-signature", "x-shopify-hmac-sha256", "x-shopify-event-id", "paddle-signature",
+            "linear-signature", "linear-delivery", "x-gitlab-token", "idempotency-key",
+            "x-zm-signature", "x-zm-request-timestamp", "x-acme-signature", "x-acme-timestamp",
+        ];
+        let body = json_body("evt", "x");
+        let gitlab = gitlab::GitLabVerifier::new(["tok"]);
+        for (verifier, mut parts) in deliveries("s", TS, "evt", &body) {
+            // Replace one header (or add it) with arbitrary bytes, keep the others valid.
+            parts.headers.insert(names[which], value.clone());
+            let _ = verifier.verify(&parts, &Bytes::from(body.clone()), at(TS));
+            let _ = verifier.verify(&parts, &Bytes::from(raw.clone()), at(TS));
+            let _ = gitlab.verify(&parts, &Bytes::from(raw.clone()), at(TS));
+            // And the value repeated.
+            parts.headers.append(names[which], value.clone());
+            let _ = verifier.verify(&parts, &Bytes::from(body.clone()), at(TS));
+        }
+        // The asymmetric schemes' and Mailgun's parsers, with every header arbitrary.
+        let discord = discord::DiscordVerifier::new(["d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"]).unwrap();
+        let sendgrid = sendgrid::SendGridVerifier::new(["MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA=="]).unwrap();
+        let mailgun = mailgun::MailgunVerifier::new(["k"]);
+        let mut parts = parts(&[]);
+        for name in ["x-signature-ed25519", "x-signature-timestamp", "x-twilio-email-event-webhook-signature", "x-twilio-email-event-webhook-timestamp"] {
+            parts.headers.insert(name, value.clone());
+        }
+        for verifier in [&discord as &dyn Verifier, &sendgrid, &mailgun] {
+            let _ = verifier.verify(&parts, &Bytes::from(raw.clone()), at(TS));
+            let _ = verifier.verify(&parts, &Bytes::from(body.clone()), at(TS));
+        }
+    }
+
+    #[test]
+    fn mailgun_body_parser_never_panics(ts in ".{0,30}", token in ".{0,30}", sig in ".{0,80}", id in proptest::option::of(".{0,300}")) {
+        let body = serde_json::json!({
+            "signature": { "timestamp": ts, "token": token, "signature": sig },
+            "event-data": { "id": id },
+        }).to_string();
+        let result = mailgun::MailgunVerifier::new(["k"]).verify(&parts(&[]), &Bytes::from(body), at(TS));
+        prop_assert!(result.is_err());
+    }
+}
+
+#[test]
+fn generic_builder_requires_its_settings() {
+    assert!(HmacVerifier::builder("x")
+        .event_id(EventId::BodySha256)
+        .build()
+        .is_err());
+    assert!(HmacVerifier::builder("x")
+        .signature_header("h")
+        .build()
+        .is_err());
+    assert!(HmacVerifier::builder("x")
+        .signature_header("h")
+        .event_id(EventId::BodySha256)
+        .signed_parts([Part::Timestamp, Part::Body])
+        .build()
+        .is_err());
+    let v = HmacVerifier::builder("x")
+        .secrets(["k"])
+        .signature_header("h")
+        .event_id(EventId::JsonPointer("/id"))
+        .build()
+        .unwrap();
+    let body = br#"{"id":42}"#;
+    let p = parts(&[("h", v.sign("k", None, None, body))]);
+    assert_eq!(
+        v.verify(&p, &Bytes::from_static(body), at(TS))
+            .unwrap()
+            .event_id(),
+        "42"
+    );
+    let body = br#"{"no":1}"#;
+    let p = parts(&[("h", v.sign("k", None, None, body))]);
+    assert_eq!(
+        v.verify(&p, &Bytes::from_static(body), at(TS)).unwrap_err(),
+        VerifyError::MissingEventId { location: "/id" }
+    );
+}
