@@ -401,7 +401,10 @@ async fn round(client: &reqwest::Client, urls: &[String], executions: &AtomicUsi
         1,
         "the handler runs exactly once per round"
     );
-    assert_eq!(executed, 1, "exactly one caller is served by the handler itself");
+    assert_eq!(
+        executed, 1,
+        "exactly one caller is served by the handler itself"
+    );
     // A later retry is a byte-identical replay.
     let retry = client
         .post(&urls[0])

@@ -93,6 +93,15 @@ pub trait WebhookLayerExt: Sized {
         keys: impl IntoIterator<Item = S>,
         store: impl Store,
     ) -> Result<Self, ConfigError>;
+
+    /// Twilio (`X-Twilio-Signature`), keyed by `I-Twilio-Idempotency-Token`, else the resource
+    /// Sid; `public_url` is the base URL Twilio calls (the request's path and query are appended).
+    #[cfg(feature = "twilio")]
+    fn twilio<S: Into<Secret>>(
+        public_url: &str,
+        auth_tokens: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
 }
 
 impl WebhookLayerExt for IdempotencyLayer {
@@ -186,6 +195,18 @@ impl WebhookLayerExt for IdempotencyLayer {
     ) -> Result<Self, ConfigError> {
         Ok(Self::webhook(
             crate::square::SquareVerifier::new(notification_url, keys)?,
+            store,
+        ))
+    }
+
+    #[cfg(feature = "twilio")]
+    fn twilio<S: Into<Secret>>(
+        public_url: &str,
+        auth_tokens: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::twilio::TwilioVerifier::new(public_url, auth_tokens)?,
             store,
         ))
     }

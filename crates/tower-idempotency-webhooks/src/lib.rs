@@ -70,6 +70,8 @@ pub use providers::square;
 pub use providers::standard;
 #[cfg(feature = "stripe")]
 pub use providers::stripe;
+#[cfg(feature = "twilio")]
+pub use providers::twilio;
 #[cfg(feature = "zoom")]
 pub use providers::zoom;
 
@@ -80,3 +82,49 @@ pub use secret::Secret;
 pub use util::{Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_HEADER_LEN, MAX_SIGNATURES};
 pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
 pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
+
+/// Internal parsers, exposed for the fuzz targets in the repository's `fuzz/` directory only.
+/// Not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod __fuzz {
+    pub use crate::util::{MAX_HEADER_LEN, MAX_SIGNATURES};
+    use crate::VerifyError;
+
+    /// `k=v<sep>k=v` (Stripe `,`, Paddle `;`).
+    pub fn kv_pairs(value: &str, separator: char) -> Result<Vec<(&str, &str)>, VerifyError> {
+        crate::util::kv_pairs("fuzz", value, separator)
+    }
+
+    /// Strict unix seconds.
+    pub fn parse_unix(text: &str) -> Result<u64, VerifyError> {
+        crate::util::parse_unix("fuzz", text)
+    }
+
+    /// The signature decoders.
+    pub fn decode(text: &str, encoding: crate::Encoding) -> Option<Vec<u8>> {
+        encoding.decode(text)
+    }
+
+    /// The bounded single-header accessor every verifier uses.
+    pub fn header<'a>(
+        headers: &'a http::HeaderMap,
+        name: &'static str,
+    ) -> Result<Option<&'a str>, VerifyError> {
+        crate::util::header(headers, name)
+    }
+
+    /// Event-id validation.
+    pub fn check_id(id: String) -> Result<String, VerifyError> {
+        crate::util::check_id(id, "fuzz")
+    }
+
+    /// Twilio's sorted form parameters.
+    #[cfg(feature = "twilio")]
+    pub fn twilio_sorted_params(body: &[u8]) -> Vec<(String, String)> {
+        crate::providers::twilio::sorted_params(body)
+            .into_iter()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect()
+    }
+}

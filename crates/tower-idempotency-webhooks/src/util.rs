@@ -257,6 +257,234 @@ pub(crate) fn parse_json(body: &Bytes) -> Result<serde_json::Value, VerifyError>
     serde_json::from_slice(body).map_err(|_| VerifyError::BodyNotJson)
 }
 
+/// A scalar read by [`json_fields`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Scalar {
+    /// A string.
+    Str(String),
+    /// A non-negative integer.
+    U64(u64),
+    /// A negative integer.
+    I64(i64),
+    /// Anything else (float, bool, null, object, array).
+    Other,
+}
+
+impl Scalar {
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_u64(&self) -> Option<u64> {
+        match self {
+            Self::U64(n) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the scalars at `pointers` (object keys only, e.g. `/event-data/id`) from the JSON
+/// `body` in one pass, without building the document: on large bodies, building a
+/// `serde_json::Value` costs many times the HMAC. Handlers that want the document parse it
+/// lazily ([`VerifiedWebhook::json`](crate::VerifiedWebhook::json)).
+///
+/// Parsing stops as soon as every pointer was found, so only the body up to the last needed
+/// field is validated (the body is authenticated; a later syntax error surfaces in `json()`),
+/// and the first of repeated keys wins. A body that ends before all are found must be one
+/// complete JSON document, else [`VerifyError::BodyNotJson`].
+pub(crate) fn json_fields<const N: usize>(
+    body: &[u8],
+    pointers: [&'static str; N],
+) -> Result<[Option<Scalar>; N], VerifyError> {
+    json_fields_until(body, pointers, |found| found.iter().all(Option::is_some))
+}
+
+/// [`json_fields`], stopping as soon as `done` holds for what was found so far (for fields
+/// that are only needed depending on others).
+pub(crate) fn json_fields_until<const N: usize>(
+    body: &[u8],
+    pointers: [&'static str; N],
+    done: impl Fn(&[Option<Scalar>]) -> bool,
+) -> Result<[Option<Scalar>; N], VerifyError> {
+    use serde::de::DeserializeSeed as _;
+    let paths: Vec<(usize, Vec<&str>)> = pointers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, p.split('/').skip(1).collect()))
+        .collect();
+    let all: Vec<&(usize, Vec<&str>)> = paths.iter().collect();
+    let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
+    let stopped = std::cell::Cell::new(false);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let result = json_seed::Seed {
+        depth: 0,
+        paths: &all,
+        out: &mut out,
+        done: &done,
+        stopped: &stopped,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    match result {
+        Ok(()) => Ok(out),
+        Err(_) if stopped.get() => Ok(out),
+        Err(_) => Err(VerifyError::BodyNotJson),
+    }
+}
+
+mod json_seed {
+    use std::{borrow::Cow, cell::Cell, fmt};
+
+    use serde::de::{self, DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    use super::Scalar;
+
+    pub(super) struct Seed<'s, 'p> {
+        pub(super) depth: usize,
+        pub(super) paths: &'s [&'p (usize, Vec<&'p str>)],
+        pub(super) out: &'s mut [Option<Scalar>],
+        pub(super) done: &'s dyn Fn(&[Option<Scalar>]) -> bool,
+        pub(super) stopped: &'s Cell<bool>,
+    }
+
+    impl Seed<'_, '_> {
+        fn set(&mut self, value: Scalar) {
+            for (index, segments) in self.paths {
+                if segments.len() == self.depth && self.out[*index].is_none() {
+                    self.out[*index] = Some(value.clone());
+                }
+            }
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Seed<'_, '_> {
+        type Value = ();
+
+        fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+
+    struct Key<'de>(Cow<'de, str>);
+
+    impl<'de> de::Deserialize<'de> for Key<'de> {
+        fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct KeyVisitor;
+            impl<'de> Visitor<'de> for KeyVisitor {
+                type Value = Key<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("an object key")
+                }
+                fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                    Ok(Key(Cow::Borrowed(v)))
+                }
+                fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                    Ok(Key(Cow::Owned(v.to_owned())))
+                }
+            }
+            deserializer.deserialize_str(KeyVisitor)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Seed<'_, '_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_str<E>(mut self, v: &str) -> Result<(), E> {
+            self.set(Scalar::Str(v.to_owned()));
+            Ok(())
+        }
+
+        fn visit_u64<E>(mut self, v: u64) -> Result<(), E> {
+            self.set(Scalar::U64(v));
+            Ok(())
+        }
+
+        fn visit_i64<E>(mut self, v: i64) -> Result<(), E> {
+            self.set(if v >= 0 {
+                Scalar::U64(v.unsigned_abs())
+            } else {
+                Scalar::I64(v)
+            });
+            Ok(())
+        }
+
+        fn visit_f64<E>(mut self, _: f64) -> Result<(), E> {
+            self.set(Scalar::Other);
+            Ok(())
+        }
+
+        fn visit_bool<E>(mut self, _: bool) -> Result<(), E> {
+            self.set(Scalar::Other);
+            Ok(())
+        }
+
+        fn visit_unit<E>(mut self) -> Result<(), E> {
+            self.set(Scalar::Other);
+            Ok(())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            self.set(Scalar::Other);
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+            self.set(Scalar::Other);
+            let depth = self.depth;
+            let mut children = Vec::new();
+            while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                children.clear();
+                children.extend(
+                    self.paths
+                        .iter()
+                        .copied()
+                        .filter(|(_, segments)| segments.get(depth) == Some(&key.as_ref())),
+                );
+                if children.is_empty() {
+                    map.next_value::<IgnoredAny>()?;
+                } else {
+                    map.next_value_seed(Seed {
+                        depth: depth + 1,
+                        paths: &children,
+                        out: self.out,
+                        done: self.done,
+                        stopped: self.stopped,
+                    })?;
+                    if self.stopped.get() || (self.done)(self.out) {
+                        // Everything needed is read: abandon the parse (the caller maps this
+                        // error back to success).
+                        self.stopped.set(true);
+                        return Err(A::Error::custom("all fields read"));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// An event id from a [`json_fields`] result: a string or an integer, like [`json_id`].
+pub(crate) fn scalar_id(
+    value: Option<Scalar>,
+    pointer: &'static str,
+) -> Result<String, VerifyError> {
+    let id = match value {
+        Some(Scalar::Str(s)) => s,
+        Some(Scalar::U64(n)) => n.to_string(),
+        Some(Scalar::I64(n)) => n.to_string(),
+        _ => return Err(VerifyError::MissingEventId { location: pointer }),
+    };
+    check_id(id, pointer)
+}
+
 /// Reads an event id (a string or an integer) at `pointer` in `json`.
 pub(crate) fn json_id(
     json: &serde_json::Value,
@@ -352,6 +580,66 @@ mod tests {
         assert!(kv_pairs("h", "=1", ',').is_err());
         let many = vec!["v1=00"; MAX_ITEMS + 1].join(",");
         assert!(kv_pairs("h", &many, ',').is_err());
+    }
+
+    #[test]
+    fn json_fields_agree_with_value_pointers() {
+        let body = br#"{"id":"evt_1","n":-3,"big":18446744073709551615,"f":1.5,"deep":{"a":{"b":"x\"y"}},
+            "arr":[{"id":"no"}],"dup":"first","dup":"last","esc\u0061ped":"k","deep":{"a":{"c":1}}}"#;
+        // `/none` is never found, so the whole body is read.
+        let [id, n, big, f, b, c, dup, escaped, missing, arr] = json_fields(
+            body,
+            [
+                "/id",
+                "/n",
+                "/big",
+                "/f",
+                "/deep/a/b",
+                "/deep/a/c",
+                "/dup",
+                "/escaped",
+                "/none",
+                "/arr",
+            ],
+        )
+        .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(id, Some(Scalar::Str("evt_1".into())));
+        assert_eq!(n, Some(Scalar::I64(-3)));
+        assert_eq!(big, Some(Scalar::U64(u64::MAX)));
+        assert_eq!(f, Some(Scalar::Other));
+        // Fields of repeated objects are all seen; the first of repeated keys wins (a Value keeps
+        // the last: the signed body is the provider's, which does not repeat keys).
+        assert_eq!(value.pointer("/deep/a/b"), None);
+        assert_eq!(b, Some(Scalar::Str("x\"y".into())));
+        assert_eq!(c, Some(Scalar::U64(1)));
+        assert_eq!(dup, Some(Scalar::Str("first".into())));
+        assert_eq!(value["dup"], "last");
+        assert_eq!(escaped, Some(Scalar::Str("k".into())));
+        assert_eq!(missing, None);
+        assert_eq!(arr, Some(Scalar::Other));
+        for bad in [&b"{"[..], b"{} x", b"", b"{\"a\":}", b"nul"] {
+            assert_eq!(json_fields(bad, ["/a"]), Err(VerifyError::BodyNotJson));
+        }
+        assert_eq!(json_fields(b" [1] ", ["/a"]).unwrap(), [None]);
+        // Found everything: the rest is not parsed.
+        let [a] = json_fields(br#"{"a":"x","b":[1,2"#, ["/a"]).unwrap();
+        assert_eq!(a, Some(Scalar::Str("x".into())));
+        let [a, b] = json_fields_until(br#"{"a":"x","b":{"c":1}} trailing"#, ["/a", "/b/c"], |f| {
+            f[0].as_ref().and_then(Scalar::as_str) == Some("x")
+        })
+        .unwrap();
+        assert_eq!((a.is_some(), b), (true, None));
+        assert_eq!(
+            json_fields(br#"{"b":1} x"#, ["/a"]),
+            Err(VerifyError::BodyNotJson)
+        );
+        // Skipped values are walked without recursion: deep nesting cannot overflow the stack.
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(
+            json_fields(deep.as_bytes(), ["/a"]).unwrap(),
+            [Some(Scalar::Other)]
+        );
     }
 
     #[test]

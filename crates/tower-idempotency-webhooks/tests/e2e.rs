@@ -220,3 +220,54 @@ async fn injected_clock_github_and_slack_challenge_over_http() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn twilio_behind_a_proxy_replays_retries_and_keeps_status_callbacks_apart() {
+    use tower_idempotency_webhooks::twilio;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    // The public URL Twilio calls is not the loopback address the test connects to, as behind
+    // a TLS-terminating proxy.
+    let public = "https://sms.example.com";
+    let app = Router::new()
+        .route("/twilio/status", post(count))
+        .route_layer(
+            IdempotencyLayer::twilio(public, ["twilio-auth-token"], MemoryStore::new()).unwrap(),
+        )
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |params: Vec<(&'static str, &'static str)>, token: &'static str| {
+        let signature = twilio::sign(token, &format!("{public}/twilio/status?account=7"), &params);
+        client
+            .post(format!("{base}/twilio/status?account=7"))
+            .header("x-twilio-signature", signature)
+            .form(&params)
+            .send()
+    };
+    let sent = vec![
+        ("MessageSid", "SM123"),
+        ("MessageStatus", "sent"),
+        ("To", "+15551230000"),
+    ];
+    let first = send(sent.clone(), "twilio-auth-token").await.unwrap();
+    assert_eq!(first.status(), 200);
+    let first_text = first.text().await.unwrap();
+    assert_eq!(first_text, "twilio handled SM123:sent (call 1)");
+    let retry = send(sent.clone(), "twilio-auth-token").await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), first_text);
+    // The next status of the same message is another event.
+    let delivered = vec![("MessageSid", "SM123"), ("MessageStatus", "delivered")];
+    let response = send(delivered, "twilio-auth-token").await.unwrap();
+    assert_eq!(
+        response.text().await.unwrap(),
+        "twilio handled SM123:delivered (call 2)"
+    );
+    // Forged with another token: 401 problem, handler untouched.
+    let forged = send(sent, "not-the-token").await.unwrap();
+    assert_eq!(forged.status(), 401);
+    assert_eq!(forged.headers()["content-type"], "application/problem+json");
+    assert!(!forged.text().await.unwrap().contains("twilio-auth-token"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -104,17 +104,14 @@ impl Verifier for DiscordVerifier {
             .position(|key| key.verify_strict(&message, &signature).is_ok())
             .ok_or(VerifyError::SignatureMismatch)?;
         util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
-        let json = util::parse_json(body)?;
-        let id = util::json_id(&json, "/id")?;
+        let [id, kind] = util::json_fields(body, ["/id", "/type"])?;
+        let id = util::scalar_id(id, "/id")?;
         let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone());
-        if json.get("type").and_then(|t| t.as_u64()) == Some(1) {
+        if kind.as_ref().and_then(util::Scalar::as_u64) == Some(1) {
             webhook =
                 webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({ "type": 1 })));
         }
-        Ok(webhook
-            .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+        Ok(webhook.with_signed_at(signed).with_secret_index(index))
     }
 }
 

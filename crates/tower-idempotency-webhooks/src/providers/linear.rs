@@ -73,8 +73,8 @@ impl Verifier for LinearVerifier {
         let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
         let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
-        let json = util::parse_json(body)?;
-        let millis = json.get(TIMESTAMP_FIELD).and_then(|t| t.as_u64()).ok_or(
+        let [millis] = util::json_fields(body, ["/webhookTimestamp"])?;
+        let millis = millis.as_ref().and_then(util::Scalar::as_u64).ok_or(
             VerifyError::InvalidTimestamp {
                 name: TIMESTAMP_FIELD,
             },
@@ -84,8 +84,7 @@ impl Verifier for LinearVerifier {
         let id = util::header_id(&parts.headers, DELIVERY_HEADER)?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+            .with_secret_index(index))
     }
 }
 

@@ -69,17 +69,26 @@ impl Verifier for MailgunVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let json = util::parse_json(body)?;
-        let field = |name: &str| {
-            json.pointer(&format!("/signature/{name}"))
-                .and_then(|v| v.as_str())
+        let [timestamp, token, signature, id] = util::json_fields(
+            body,
+            [
+                "/signature/timestamp",
+                "/signature/token",
+                "/signature/signature",
+                "/event-data/id",
+            ],
+        )?;
+        fn field(value: &Option<util::Scalar>) -> Result<&str, VerifyError> {
+            value
+                .as_ref()
+                .and_then(util::Scalar::as_str)
                 .filter(|v| !v.is_empty() && v.len() <= 1024)
                 .ok_or(VerifyError::MalformedBody {
                     reason: "no signature.timestamp, signature.token and signature.signature",
                 })
-        };
+        }
         let (timestamp, token, signature) =
-            (field("timestamp")?, field("token")?, field("signature")?);
+            (field(&timestamp)?, field(&token)?, field(&signature)?);
         let signed = util::parse_unix(FIELD, timestamp)?;
         let candidate = hex::decode(signature).map_err(|_| VerifyError::MalformedBody {
             reason: "signature.signature is not hexadecimal",
@@ -91,11 +100,10 @@ impl Verifier for MailgunVerifier {
             &[candidate],
         )?;
         util::check_window(FIELD, signed, now, self.tolerance)?;
-        let id = util::json_id(&json, "/event-data/id")?;
+        let id = util::scalar_id(id, "/event-data/id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+            .with_secret_index(index))
     }
 }
 

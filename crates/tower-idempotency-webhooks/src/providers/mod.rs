@@ -27,5 +27,7 @@ pub mod square;
 pub mod standard;
 #[cfg(feature = "stripe")]
 pub mod stripe;
+#[cfg(feature = "twilio")]
+pub mod twilio;
 #[cfg(feature = "zoom")]
 pub mod zoom;

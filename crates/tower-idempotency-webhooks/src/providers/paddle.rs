@@ -115,12 +115,11 @@ impl Verifier for PaddleVerifier {
             &candidates,
         )?;
         util::check_window(NAME, signed, now, self.tolerance)?;
-        let json = util::parse_json(body)?;
-        let id = util::json_id(&json, "/event_id")?;
+        let [id] = util::json_fields(body, ["/event_id"])?;
+        let id = util::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+            .with_secret_index(index))
     }
 }
 

@@ -16,9 +16,10 @@ use std::{
 use bytes::Bytes;
 use http::request::Parts;
 use p256::{
-    ecdsa::{signature::Verifier as _, Signature, VerifyingKey},
+    ecdsa::{signature::hazmat::PrehashVerifier as _, Signature, VerifyingKey},
     pkcs8::DecodePublicKey,
 };
+use sha2::{Digest as _, Sha256};
 
 use crate::{
     error::{ConfigError, VerifyError},
@@ -103,11 +104,16 @@ impl Verifier for SendGridVerifier {
                 reason: "not a base64 DER ECDSA signature",
             })?;
         let signed = util::parse_unix(TIMESTAMP_HEADER, timestamp)?;
-        let message = [timestamp.as_bytes(), body].concat();
+        // ECDSA-SHA256 signs the digest of the message: hash `{timestamp}{body}` once, without
+        // copying the body, and check that digest against every key.
+        let digest = Sha256::new()
+            .chain_update(timestamp.as_bytes())
+            .chain_update(body)
+            .finalize();
         let index = self
             .keys
             .iter()
-            .position(|key| key.verify(&message, &signature).is_ok())
+            .position(|key| key.verify_prehash(&digest, &signature).is_ok())
             .ok_or(VerifyError::SignatureMismatch)?;
         util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
         Ok(

@@ -83,11 +83,18 @@ impl Verifier for SlackVerifier {
             TIMESTAMP_HEADER,
         )?;
         util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
-        let json = util::parse_json(body)?;
-        let webhook = if json.get("type").and_then(|t| t.as_str()) == Some("url_verification") {
-            let challenge = json
-                .get("challenge")
-                .and_then(|c| c.as_str())
+        let [kind, challenge, event_id] =
+            util::json_fields_until(body, ["/type", "/challenge", "/event_id"], |f| {
+                match f[0].as_ref().and_then(util::Scalar::as_str) {
+                    Some("url_verification") => f[1].is_some(),
+                    Some(_) => f[2].is_some(),
+                    None => false,
+                }
+            })?;
+        let webhook = if kind.as_ref().and_then(util::Scalar::as_str) == Some("url_verification") {
+            let challenge = challenge
+                .as_ref()
+                .and_then(util::Scalar::as_str)
                 .ok_or(VerifyError::MalformedBody {
                     reason: "url_verification without a challenge",
                 })?
@@ -97,12 +104,13 @@ impl Verifier for SlackVerifier {
                 ChallengeResponse::json(&serde_json::json!({ "challenge": challenge })),
             )
         } else {
-            VerifiedWebhook::new(PROVIDER, util::json_id(&json, "/event_id")?, body.clone())
+            VerifiedWebhook::new(
+                PROVIDER,
+                util::scalar_id(event_id, "/event_id")?,
+                body.clone(),
+            )
         };
-        Ok(webhook
-            .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+        Ok(webhook.with_signed_at(signed).with_secret_index(index))
     }
 }
 

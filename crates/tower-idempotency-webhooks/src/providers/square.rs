@@ -98,11 +98,9 @@ impl Verifier for SquareVerifier {
             &[self.url.as_bytes(), body],
             &candidates,
         )?;
-        let json = util::parse_json(body)?;
-        let id = util::json_id(&json, "/event_id")?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
-            .with_secret_index(index)
-            .with_json(json))
+        let [id] = util::json_fields(body, ["/event_id"])?;
+        let id = util::scalar_id(id, "/event_id")?;
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
 }
 

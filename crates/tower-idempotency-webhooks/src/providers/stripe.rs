@@ -127,12 +127,15 @@ impl Verifier for StripeVerifier {
             &candidates,
         )?;
         util::check_window(NAME, signed, now, self.tolerance)?;
-        let json = util::parse_json(body)?;
-        let id = util::json_id(&json, "/id")?;
+        let pinned = self.api_version.is_some();
+        let [id, api_version] = util::json_fields_until(body, ["/id", "/api_version"], |f| {
+            f[0].is_some() && (!pinned || f[1].is_some())
+        })?;
+        let id = util::scalar_id(id, "/id")?;
         if let Some(expected) = &self.api_version {
-            let received = json
-                .get("api_version")
-                .and_then(|v| v.as_str())
+            let received = api_version
+                .as_ref()
+                .and_then(util::Scalar::as_str)
                 .unwrap_or_default();
             if received != expected {
                 return Err(VerifyError::ApiVersionMismatch {
@@ -143,8 +146,7 @@ impl Verifier for StripeVerifier {
         }
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index)
-            .with_json(json))
+            .with_secret_index(index))
     }
 }
 

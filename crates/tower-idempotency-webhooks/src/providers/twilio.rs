@@ -1,0 +1,395 @@
+//! [Twilio](https://www.twilio.com/docs/usage/webhooks/webhooks-security):
+//! `X-Twilio-Signature: <base64>`, HMAC-SHA1 keyed by the account's auth token over the full URL
+//! Twilio requested, followed, for `application/x-www-form-urlencoded` POSTs, by every POST
+//! parameter sorted by name (then value) with name and value concatenated. JSON bodies are not
+//! signed directly: the URL carries a `bodySHA256` query parameter (hex SHA-256 of the body),
+//! which is checked against the body, and the signature covers the URL only.
+//!
+//! # The URL
+//!
+//! Twilio signs the URL it requested, which the application behind a proxy or load balancer
+//! does not see. So the verifier is configured with the **public base URL** (scheme, host,
+//! optional port, optional path prefix a proxy strips) and reconstructs the signed URL as that
+//! base followed by the request's path and query exactly as received (raw, not re-encoded).
+//! Inside `Router::nest`, axum strips the nest prefix from the path: put it in the base URL.
+//!
+//! Twilio's own validators (twilio-python's `RequestValidator.validate`, twilio-node's
+//! `validateRequest`) accept the URL both with and without an explicit port, because the
+//! signature is sometimes computed with `:443` / `:80` and sometimes without; so does this
+//! verifier: the port-less form first, then the form with the configured or the default port.
+//!
+//! # The key
+//!
+//! The `I-Twilio-Idempotency-Token` header Twilio sends with its webhooks for deduplicating
+//! retries, else the resource Sid from the signed parameters (the form body, the
+//! query of a `GET` webhook, or the top level of a `bodySHA256` JSON body), in this order:
+//! [`SID_PARAMS`] (first present wins), qualified by the first present of [`STATUS_PARAMS`] and
+//! by `SequenceNumber`, because one resource produces several distinct callbacks (a message
+//! goes `queued`, `sent`, `delivered`; a call `ringing`, `in-progress`, `completed`), and these
+//! must not be answered with each other's cached response. Neither present: `400`
+//! ([`VerifyError::MissingEventId`]).
+//!
+//! Twilio signs no timestamp: there is no replay window, the idempotency record is the replay
+//! protection. Requests signed under a Webhooks Rule (`X-Twilio-Webhooks-Signature-Settings`
+//! present: a shared key, possibly HMAC-SHA256) are [`VerifyError::UnsupportedVersion`].
+
+use std::{
+    borrow::Cow,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::{
+    error::{ConfigError, VerifyError},
+    secret::{self, Secret},
+    util::{self, Encoding, HmacAlgorithm},
+    verified::VerifiedWebhook,
+    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+};
+
+/// The provider name and store namespace.
+pub const PROVIDER: &str = "twilio";
+/// The signature header.
+pub const SIGNATURE_HEADER: &str = "x-twilio-signature";
+/// Twilio's per-event idempotency token: the key when present.
+pub const IDEMPOTENCY_TOKEN_HEADER: &str = "i-twilio-idempotency-token";
+/// Present when a Webhooks Rule signs with a shared key instead of the auth token.
+pub const SIGNATURE_SETTINGS_HEADER: &str = "x-twilio-webhooks-signature-settings";
+/// The query parameter carrying the hex SHA-256 of a JSON body.
+pub const BODY_SHA256_PARAM: &str = "bodySHA256";
+/// One day: Twilio retries a failed webhook only within its connection-override budget
+/// (at most 5 retries within 15 s).
+pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
+/// The resource Sids tried, in order, when no `I-Twilio-Idempotency-Token` is present.
+/// `MessageSid` precedes the legacy `SmsSid`/`SmsMessageSid` (same value); `AccountSid` is not
+/// a resource id and never used.
+pub const SID_PARAMS: &[&str] = &[
+    "MessageSid",
+    "SmsMessageSid",
+    "SmsSid",
+    "CallSid",
+    "RecordingSid",
+    "TranscriptionSid",
+    "ConferenceSid",
+    "ParticipantSid",
+    "FaxSid",
+    "EventSid",
+    "Sid",
+];
+/// Status parameters that qualify a Sid (first present wins), so each status callback of one
+/// resource is its own event.
+pub const STATUS_PARAMS: &[&str] = &[
+    "MessageStatus",
+    "SmsStatus",
+    "CallStatus",
+    "RecordingStatus",
+    "TranscriptionStatus",
+    "StatusCallbackEvent",
+    "EventType",
+];
+const SEQUENCE_PARAM: &str = "SequenceNumber";
+/// [`SID_PARAMS`], [`STATUS_PARAMS`] and `SequenceNumber` as JSON pointers, read in one pass.
+const JSON_KEY_FIELDS: [&str; 19] = [
+    "/MessageSid",
+    "/SmsMessageSid",
+    "/SmsSid",
+    "/CallSid",
+    "/RecordingSid",
+    "/TranscriptionSid",
+    "/ConferenceSid",
+    "/ParticipantSid",
+    "/FaxSid",
+    "/EventSid",
+    "/Sid",
+    "/MessageStatus",
+    "/SmsStatus",
+    "/CallStatus",
+    "/RecordingStatus",
+    "/TranscriptionStatus",
+    "/StatusCallbackEvent",
+    "/EventType",
+    "/SequenceNumber",
+];
+const FORM: &str = "application/x-www-form-urlencoded";
+const KEY_LOCATION: &str = "i-twilio-idempotency-token or a resource Sid parameter";
+
+/// Verifies Twilio webhooks (Messaging, Voice, Studio, ... status callbacks and requests).
+#[derive(Clone, Debug)]
+pub struct TwilioVerifier {
+    secrets: Arc<[Secret]>,
+    /// `scheme://host` (no port).
+    origin: Arc<str>,
+    /// `scheme://host:port` (the configured port, else the scheme's default).
+    origin_with_port: Arc<str>,
+    /// The base URL's path without its trailing `/` (often empty).
+    prefix: Arc<str>,
+}
+
+impl TwilioVerifier {
+    /// Accepts requests to `public_url` (the base URL Twilio calls: `https://example.com`, or
+    /// with a path prefix a proxy strips) signed with any of the account's `auth_tokens`.
+    ///
+    /// Fails with [`ConfigError::InvalidUrl`] unless `public_url` is an absolute `http(s)` URL
+    /// with a host and without credentials, query or fragment.
+    pub fn new<S: Into<Secret>>(
+        public_url: &str,
+        auth_tokens: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ConfigError> {
+        let url = url::Url::parse(public_url).map_err(|_| ConfigError::InvalidUrl {
+            reason: "not an absolute URL",
+        })?;
+        if !matches!(url.scheme(), "https" | "http") {
+            return Err(ConfigError::InvalidUrl {
+                reason: "not an http(s) URL",
+            });
+        }
+        let host = url
+            .host_str()
+            .ok_or(ConfigError::InvalidUrl { reason: "no host" })?;
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ConfigError::InvalidUrl {
+                reason: "credentials in the base URL",
+            });
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(ConfigError::InvalidUrl {
+                reason: "the base URL must not have a query or fragment",
+            });
+        }
+        let port = url
+            .port_or_known_default()
+            .ok_or(ConfigError::InvalidUrl { reason: "no port" })?;
+        let scheme = url.scheme();
+        Ok(Self {
+            secrets: secret::collect(auth_tokens),
+            origin: format!("{scheme}://{host}").into(),
+            origin_with_port: format!("{scheme}://{host}:{port}").into(),
+            prefix: url.path().trim_end_matches('/').into(),
+        })
+    }
+
+    /// The URL Twilio signed for a request with `path_and_query` (as received), in its
+    /// port-less form.
+    pub fn signed_url(&self, path_and_query: &str) -> String {
+        format!("{}{}{}", self.origin, self.prefix, path_and_query)
+    }
+}
+
+/// The parameters whose names and values are signed after the URL.
+enum Signed<'a> {
+    /// URL only (`GET`, or an empty POST).
+    Nothing,
+    /// A form body, decoded and sorted.
+    Form(Vec<(Cow<'a, str>, Cow<'a, str>)>),
+    /// URL only; the body must hash to this.
+    BodyHash(Vec<u8>),
+}
+
+fn is_form(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case(FORM))
+}
+
+/// The first value of `name` in a query string, undecoded names compared after decoding.
+fn query_param<'a>(query: &'a str, name: &str) -> Option<Cow<'a, str>> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value)
+}
+
+/// Sorted by name, then value (byte order = Unix-style case-sensitive order), as Twilio's
+/// libraries do for repeated names.
+pub(crate) fn sorted_params(body: &[u8]) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
+    let mut params: Vec<_> = form_urlencoded::parse(body).collect();
+    params.sort_unstable();
+    params
+}
+
+/// The key from `I-Twilio-Idempotency-Token`, else from the Sid and status parameters found by
+/// `lookup`.
+fn event_key<'a>(
+    parts: &Parts,
+    lookup: impl Fn(&str) -> Option<Cow<'a, str>>,
+) -> Result<String, VerifyError> {
+    if let Some(token) = util::header(&parts.headers, IDEMPOTENCY_TOKEN_HEADER)? {
+        return util::check_id(token.to_owned(), IDEMPOTENCY_TOKEN_HEADER);
+    }
+    let present = |names: &[&str]| {
+        names
+            .iter()
+            .find_map(|name| lookup(name).filter(|v| !v.is_empty()))
+    };
+    let sid = present(SID_PARAMS).ok_or(VerifyError::MissingEventId {
+        location: KEY_LOCATION,
+    })?;
+    let mut key = sid.into_owned();
+    if let Some(status) = present(STATUS_PARAMS) {
+        key.push(':');
+        key.push_str(&status);
+    }
+    if let Some(sequence) = present(&[SEQUENCE_PARAM]) {
+        key.push(':');
+        key.push_str(&sequence);
+    }
+    util::check_id(key, KEY_LOCATION)
+}
+
+impl Verifier for TwilioVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn default_ttl(&self) -> Duration {
+        DEFAULT_TTL
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        _now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        if self.secrets.is_empty() {
+            return Err(VerifyError::MissingConfiguration { what: "auth token" });
+        }
+        if parts.headers.contains_key(SIGNATURE_SETTINGS_HEADER) {
+            return Err(VerifyError::UnsupportedVersion {
+                name: SIGNATURE_HEADER,
+            });
+        }
+        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
+        let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let query = parts.uri.query().unwrap_or_default();
+
+        let signed = if let Some(hash) = query_param(query, BODY_SHA256_PARAM) {
+            // A malformed hash cannot match the body; the signature check below decides first.
+            Signed::BodyHash(hex::decode(hash.as_bytes()).unwrap_or_default())
+        } else if is_form(parts) {
+            Signed::Form(sorted_params(body))
+        } else if body.is_empty() {
+            Signed::Nothing
+        } else {
+            return Err(VerifyError::MalformedBody {
+                reason: "neither form-encoded nor covered by a bodySHA256 query parameter",
+            });
+        };
+
+        let mut chunks: Vec<&[u8]> = vec![b"", self.prefix.as_bytes(), path_and_query.as_bytes()];
+        if let Signed::Form(params) = &signed {
+            chunks.reserve(params.len() * 2);
+            for (name, value) in params {
+                chunks.push(name.as_bytes());
+                chunks.push(value.as_bytes());
+            }
+        }
+        // The port-less form is what Twilio usually signs: try it first, and the explicit-port
+        // form only when it fails. Which form matched is not secret.
+        let mut matched = Err(VerifyError::SignatureMismatch);
+        for origin in [&self.origin, &self.origin_with_port] {
+            chunks[0] = origin.as_bytes();
+            matched = util::match_hmac(HmacAlgorithm::Sha1, &self.secrets, &chunks, &candidates);
+            if matched.is_ok() {
+                break;
+            }
+        }
+        let index = matched?;
+
+        let id = match &signed {
+            Signed::BodyHash(expected) => {
+                let actual = Sha256::digest(body);
+                if !bool::from(actual.as_slice().ct_eq(expected.as_slice())) {
+                    return Err(VerifyError::SignatureMismatch);
+                }
+                // Only parsed when the header does not name the event.
+                if parts.headers.contains_key(IDEMPOTENCY_TOKEN_HEADER) {
+                    event_key(parts, |_| None)?
+                } else {
+                    let fields = util::json_fields(body, JSON_KEY_FIELDS)?;
+                    let id = event_key(parts, |name| {
+                        JSON_KEY_FIELDS
+                            .iter()
+                            .position(|field| &field[1..] == name)
+                            .and_then(|i| fields[i].as_ref())
+                            .and_then(util::Scalar::as_str)
+                            .map(|s| Cow::Owned(s.to_owned()))
+                    })?;
+                    id
+                }
+            }
+            Signed::Form(params) => event_key(parts, |name| {
+                params
+                    .iter()
+                    .find(|(key, _)| key == name)
+                    .map(|(_, value)| Cow::Owned(value.to_string()))
+            })?,
+            Signed::Nothing => event_key(parts, |name| query_param(query, name))?,
+        };
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+    }
+}
+
+/// The `X-Twilio-Signature` value for a request to `url` (the full URL, as Twilio requests it)
+/// with form `params` (unsorted; pass none for a `GET` or a `bodySHA256` URL).
+///
+/// ```
+/// use tower_idempotency_webhooks::twilio;
+/// // twilio-python's published test vector (tests/unit/test_request_validator.py).
+/// let signature = twilio::sign(
+///     "12345",
+///     "https://mycompany.com/myapp.php?foo=1&bar=2",
+///     &[("CallSid", "CA1234567890ABCDE"), ("Caller", "+14158675309"), ("Digits", "1234"),
+///       ("From", "+14158675309"), ("To", "+18005551212")],
+/// );
+/// assert_eq!(signature, "RSOYDt4T1cUTdK1PDd93/VVr8B8=");
+/// ```
+pub fn sign(auth_token: impl AsRef<[u8]>, url: &str, params: &[(&str, &str)]) -> String {
+    let mut sorted = params.to_vec();
+    sorted.sort_unstable();
+    let mut chunks: Vec<&[u8]> = vec![url.as_bytes()];
+    for (name, value) in &sorted {
+        chunks.push(name.as_bytes());
+        chunks.push(value.as_bytes());
+    }
+    Encoding::Base64.encode(&util::hmac(
+        HmacAlgorithm::Sha1,
+        auth_token.as_ref(),
+        &chunks,
+    ))
+}
+
+/// `url` with the `bodySHA256` query parameter Twilio adds for a JSON `body`; sign the result
+/// with [`sign`] and no parameters.
+pub fn url_with_body_sha256(url: &str, body: &[u8]) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!(
+        "{url}{separator}{BODY_SHA256_PARAM}={}",
+        hex::encode(Sha256::digest(body))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_key_fields_are_the_key_params() {
+        let names: Vec<&str> = SID_PARAMS
+            .iter()
+            .chain(STATUS_PARAMS)
+            .chain(&[SEQUENCE_PARAM])
+            .copied()
+            .collect();
+        let fields: Vec<&str> = JSON_KEY_FIELDS.iter().map(|f| &f[1..]).collect();
+        assert_eq!(names, fields);
+    }
+}

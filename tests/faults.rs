@@ -1,0 +1,592 @@
+//! Fault injection over real HTTP: the store behind a TCP proxy that drops, stalls and cuts
+//! connections, a `redis-server` killed mid-load and restarted, and a stale lease holder that
+//! outlives its lease. The layer must fail closed (`503 store-unavailable`, no handler run),
+//! never run a key twice, and run every retried key exactly once once the store is back.
+#![cfg(all(feature = "postgres", feature = "redis", feature = "sqlite"))]
+
+mod support;
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{routing::post, Router};
+use bytes::Bytes;
+use http::StatusCode;
+use support::*;
+use tokio::sync::Notify;
+use tower_idempotency::{IdempotencyLayer, PostgresStore, RedisStore, Store};
+use tower_idempotency_sqlx::sqlx::postgres::PgPoolOptions;
+
+/// Every request is bounded by this; a store fault must be answered well before it.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+/// A 503 must arrive within this (store timeout plus scheduling slack).
+const FAST_503: Duration = Duration::from_millis(2000);
+
+struct Reply {
+    status: StatusCode,
+    outcome: String,
+    replayed: bool,
+    body: Bytes,
+    elapsed: Duration,
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(CLIENT_TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+async fn send(client: &reqwest::Client, base: &str, key: &str) -> Reply {
+    let start = Instant::now();
+    let response = client
+        .post(format!("{base}/op"))
+        .header("idempotency-key", key)
+        .body(format!("payload of {key}"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request for {key} failed (client timeout?): {e:?}"));
+    let status = response.status();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let outcome = header(OUTCOME_HEADER);
+    let replayed = header("idempotent-replayed") == "true";
+    let body = response.bytes().await.unwrap();
+    Reply {
+        status,
+        outcome,
+        replayed,
+        body,
+        elapsed: start.elapsed(),
+    }
+}
+
+fn assert_unavailable(reply: &Reply, what: &str) {
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{what}");
+    assert_eq!(problem_type(&reply.body), STORE_UNAVAILABLE, "{what}");
+    assert!(
+        reply.elapsed < FAST_503,
+        "{what}: 503 took {:?}",
+        reply.elapsed
+    );
+}
+
+/// Retries like a client would until the answer is not `503`, and returns that answer.
+async fn retry_until_served(client: &reqwest::Client, base: &str, key: &str) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let reply = send(client, base, key).await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            return reply;
+        }
+        assert_eq!(problem_type(&reply.body), STORE_UNAVAILABLE);
+        assert!(Instant::now() < deadline, "{key}: store did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Drives one store behind a proxy through drop, cut and stall faults.
+async fn unreachable_and_slow_store(store: impl Store, proxy: &Proxy, label: &str) {
+    let executions = Executions::new();
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("faults")
+        .store_timeout(STORE_TIMEOUT);
+    let base = serve(counted_app(layer, executions.clone())).await;
+    let client = client();
+    let key = |n: usize| format!("{label}-{n}");
+
+    let healthy = send(&client, &base, &key(0)).await;
+    assert_eq!(healthy.status, StatusCode::OK, "{label}: healthy store");
+    assert_eq!(executions.total(), 1);
+
+    // Unreachable: existing connections cut, new ones refused.
+    proxy.set(Mode::Drop);
+    proxy.cut();
+    for n in 1..=5 {
+        let reply = send(&client, &base, &key(n)).await;
+        assert_unavailable(&reply, &format!("{label}: unreachable, key {n}"));
+    }
+    assert_eq!(executions.total(), 1, "{label}: no handler ran unguarded");
+
+    proxy.set(Mode::Pass);
+    for n in 1..=5 {
+        let reply = retry_until_served(&client, &base, &key(n)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{label}: retry of key {n}");
+        assert_eq!(reply.outcome, "executed");
+    }
+    for n in 1..=5 {
+        let reply = send(&client, &base, &key(n)).await;
+        assert!(reply.replayed, "{label}: second retry of key {n} replays");
+        assert_eq!(executions.of(&key(n)), 1, "{label}: key {n} ran once");
+    }
+
+    // Slow: connections accepted but no byte forwarded; the store timeout must answer.
+    proxy.set(Mode::Stall);
+    for n in 6..=8 {
+        let reply = send(&client, &base, &key(n)).await;
+        assert_unavailable(&reply, &format!("{label}: stalled, key {n}"));
+    }
+    assert_eq!(executions.total(), 6, "{label}: nothing ran while stalled");
+    proxy.cut();
+    proxy.set(Mode::Pass);
+    for n in 6..=8 {
+        let reply = retry_until_served(&client, &base, &key(n)).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(executions.of(&key(n)), 1, "{label}: key {n} ran once");
+    }
+    assert_eq!(executions.total(), 9);
+    assert_eq!(executions.max_concurrent_same_key(), 1);
+}
+
+async fn postgres_reachable(test: &str) -> bool {
+    let ok = reachable(&host_port(&database_url()));
+    if !ok {
+        skip(test, "Postgres is not reachable at DATABASE_URL");
+    }
+    ok
+}
+
+async fn redis_reachable(test: &str) -> bool {
+    let ok = reachable(&host_port(&redis_url()));
+    if !ok {
+        skip(test, "Redis is not reachable at REDIS_URL");
+    }
+    ok
+}
+
+async fn postgres_store_via(url: &str, table: &str) -> PostgresStore {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_millis(400))
+        .connect(url)
+        .await
+        .expect("connect postgres");
+    let store = PostgresStore::new(pool, table).expect("table name");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+fn proxied_url(url: &str, proxy: &Proxy) -> String {
+    url.replacen(&host_port(url), &proxy.addr.to_string(), 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unreachable_or_slow_fails_closed_then_recovers() {
+    if !postgres_reachable("postgres fault injection").await {
+        return;
+    }
+    let url = database_url();
+    let proxy = Proxy::start(host_port(&url)).await;
+    let guard = PgTableGuard {
+        table: format!("tidem_faults_{}", random_suffix()),
+    };
+    let store = postgres_store_via(&proxied_url(&url, &proxy), &guard.table).await;
+    unreachable_and_slow_store(store, &proxy, "pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_or_slow_fails_closed_then_recovers() {
+    if !redis_reachable("redis fault injection").await {
+        return;
+    }
+    let url = redis_url();
+    let proxy = Proxy::start(host_port(&url)).await;
+    let guard = RedisPrefixGuard {
+        url: url.clone(),
+        prefix: format!("tidem-faults-{}", random_suffix()),
+    };
+    let store = RedisStore::connect(&proxied_url(&url, &proxy), &guard.prefix)
+        .await
+        .expect("connect redis")
+        .with_timeout(STORE_TIMEOUT);
+    unreachable_and_slow_store(store, &proxy, "redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_load_then_restarted_runs_each_key_once() {
+    let Some(mut server) = RedisProcess::start() else {
+        skip("redis kill/restart", "redis-server is not installed");
+        return;
+    };
+    let store = RedisStore::connect(&server.url(), "tidem-kill")
+        .await
+        .expect("connect")
+        .with_timeout(STORE_TIMEOUT);
+    let executions = Executions::new();
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("faults")
+        .store_timeout(STORE_TIMEOUT);
+    let base = serve(counted_app(layer, executions.clone())).await;
+    let client = client();
+
+    // Ten handlers claimed and running when the server dies.
+    executions.hold.send_replace(true);
+    let in_flight: Vec<_> = (0..10)
+        .map(|n| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move { send(&client, &base, &format!("held-a{n}")).await })
+        })
+        .collect();
+    executions.wait_started(10, Duration::from_secs(5)).await;
+    server.kill();
+
+    // Arriving while it is down: refused before anything runs.
+    for n in 0..5 {
+        let reply = send(&client, &base, &format!("b{n}")).await;
+        assert_unavailable(&reply, &format!("server down, key b{n}"));
+    }
+    assert_eq!(executions.total(), 10);
+
+    // Back on the same port, with the append-only file it wrote before the kill.
+    server.restart();
+    let probe = retry_until_served(&client, &base, "probe").await;
+    assert_eq!(probe.status, StatusCode::OK);
+
+    executions.hold.send_replace(false);
+    for task in in_flight {
+        let reply = task.await.unwrap();
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "in-flight request got its result"
+        );
+        assert_eq!(reply.outcome, "executed", "and its result was recorded");
+    }
+    for n in 0..10 {
+        let reply = send(&client, &base, &format!("held-a{n}")).await;
+        assert!(reply.replayed, "held-a{n} replays after the restart");
+    }
+    for n in 0..5 {
+        let reply = retry_until_served(&client, &base, &format!("b{n}")).await;
+        assert_eq!(reply.outcome, "executed");
+        assert!(send(&client, &base, &format!("b{n}")).await.replayed);
+    }
+    let counts = executions.snapshot();
+    assert_eq!(counts.len(), 16);
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "a key ran twice: {counts:?}"
+    );
+    assert_eq!(executions.max_concurrent_same_key(), 1);
+}
+
+/// The first holder blocks past its (unrenewed) lease; the second claims and completes with
+/// `B`; when the first finally finishes, its completion is fenced off and `B` stands.
+async fn stale_holder_cannot_overwrite(store: impl Store, label: &str) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release_first = Arc::new(Notify::new());
+    let first_started = Arc::new(Notify::new());
+    let handler = {
+        let (calls, release_first, first_started) =
+            (calls.clone(), release_first.clone(), first_started.clone());
+        move || {
+            let (calls, release_first, first_started) =
+                (calls.clone(), release_first.clone(), first_started.clone());
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    first_started.notify_one();
+                    release_first.notified().await;
+                    "A"
+                } else {
+                    "B"
+                }
+            }
+        }
+    };
+    let lease = Duration::from_millis(300);
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("faults")
+        .lease(lease)
+        .max_lease_renewal(Duration::ZERO)
+        .store_timeout(STORE_TIMEOUT);
+    let app = Router::new()
+        .route("/op", post(handler))
+        .route_layer(layer)
+        .layer(axum::middleware::map_response(outcome_header));
+    let base = serve(app).await;
+    let client = client();
+    let key = format!("stale-{label}");
+
+    let first = {
+        let (client, base, key) = (client.clone(), base.clone(), key.clone());
+        tokio::spawn(async move { send(&client, &base, &key).await })
+    };
+    first_started.notified().await;
+    // Waiting out the lease is the thing under test.
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+
+    let second = send(&client, &base, &key).await;
+    assert_eq!(second.status, StatusCode::OK, "{label}");
+    assert_eq!(&second.body[..], b"B", "{label}: the newer holder ran");
+    assert_eq!(second.outcome, "executed");
+
+    release_first.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(
+        &first.body[..],
+        b"A",
+        "{label}: the stale holder answers its own caller"
+    );
+    assert_eq!(first.outcome, "executed_unrecorded", "{label}: fenced off");
+
+    let third = send(&client, &base, &key).await;
+    assert!(third.replayed, "{label}");
+    assert_eq!(&third.body[..], b"B", "{label}: the newer result stands");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_holder_is_fenced_postgres() {
+    if !postgres_reachable("stale holder (postgres)").await {
+        return;
+    }
+    let guard = PgTableGuard {
+        table: format!("tidem_faults_{}", random_suffix()),
+    };
+    let store = postgres_store_via(&database_url(), &guard.table).await;
+    stale_holder_cannot_overwrite(store, "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_holder_is_fenced_redis() {
+    if !redis_reachable("stale holder (redis)").await {
+        return;
+    }
+    let guard = RedisPrefixGuard {
+        url: redis_url(),
+        prefix: format!("tidem-faults-{}", random_suffix()),
+    };
+    let store = RedisStore::connect(&redis_url(), &guard.prefix)
+        .await
+        .expect("connect redis");
+    stale_holder_cannot_overwrite(store, "redis").await;
+}
+
+/// The reference receiver (`examples/receiver.rs`) as a child process, SIGKILLed on drop.
+struct Receiver {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Receiver {
+    /// The example binary next to this test binary, when it has been built.
+    fn binary() -> Option<std::path::PathBuf> {
+        let exe = std::env::current_exe().ok()?;
+        let path = exe.parent()?.parent()?.join("examples").join("receiver");
+        path.exists().then_some(path)
+    }
+
+    fn start(store: &str, handler_delay_ms: u64, lease_ms: u64) -> Self {
+        use std::io::BufRead;
+        let binary = Self::binary().expect("receiver binary");
+        let mut child = std::process::Command::new(binary)
+            .env("RECEIVER_ADDR", "127.0.0.1:0")
+            .env("IDEMPOTENCY_STORE", store)
+            .env("STRIPE_WEBHOOK_SECRET", CRASH_SECRET)
+            .env("HANDLER_DELAY_MS", handler_delay_ms.to_string())
+            .env("IDEMPOTENCY_LEASE_MS", lease_ms.to_string())
+            .env("IDEMPOTENCY_TTL_SECS", "60")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn receiver");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, base }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL: no drain, no destructors.
+        let _ = self.child.wait();
+    }
+
+    async fn effects(&self, client: &reqwest::Client) -> std::collections::HashMap<String, u64> {
+        let body = client
+            .get(format!("{}/effects", self.base))
+            .send()
+            .await
+            .expect("GET /effects")
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).expect("effects JSON")
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+const CRASH_SECRET: &str = "whsec_crash_test_secret";
+
+async fn deliver(
+    client: &reqwest::Client,
+    base: &str,
+    event: &str,
+) -> Result<Reply, reqwest::Error> {
+    let body = format!(r#"{{"id":"{event}","object":"event","type":"invoice.paid"}}"#);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signature = tower_idempotency::webhooks::stripe::sign(CRASH_SECRET, now, body.as_bytes());
+    let start = Instant::now();
+    let response = client
+        .post(format!("{base}/webhooks/stripe"))
+        .header("stripe-signature", signature)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body = response.bytes().await?;
+    Ok(Reply {
+        status,
+        outcome: String::new(),
+        replayed,
+        body,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Completed keys replay after a crash; keys whose handler was killed mid-run execute exactly
+/// once more after the lease expires, in the new process; no key stays stuck.
+async fn receiver_crash_mid_handler(store: &str, label: &str) {
+    let client = client();
+    let lease_ms = 600;
+    let run = random_suffix();
+    let completed: Vec<String> = (0..4).map(|n| format!("evt_{run}_done{n}")).collect();
+    let interrupted: Vec<String> = (0..4).map(|n| format!("evt_{run}_cut{n}")).collect();
+
+    let mut first = Receiver::start(store, 300, lease_ms);
+    for event in &completed {
+        let reply = deliver(&client, &first.base, event).await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{label}: {event}");
+    }
+    // Now handlers that take far longer than the test.
+    first.kill();
+    let mut first = Receiver::start(store, 60_000, lease_ms);
+    let in_flight: Vec<_> = interrupted
+        .iter()
+        .map(|event| {
+            let (client, base, event) = (client.clone(), first.base.clone(), event.clone());
+            tokio::spawn(async move { deliver(&client, &base, &event).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first.effects(&client).await.len() < interrupted.len() {
+        assert!(Instant::now() < deadline, "{label}: handlers did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill();
+    for task in in_flight {
+        assert!(
+            task.await.unwrap().is_err(),
+            "{label}: the crash cut the request"
+        );
+    }
+
+    let second = Receiver::start(store, 0, lease_ms);
+    for event in &completed {
+        let reply = deliver(&client, &second.base, event).await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{label}: {event}");
+        assert!(
+            reply.replayed,
+            "{label}: completed {event} replays after the crash"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_millis(lease_ms) + Duration::from_secs(10);
+    for event in &interrupted {
+        loop {
+            let reply = deliver(&client, &second.base, event).await.unwrap();
+            if reply.status == StatusCode::OK {
+                assert!(!reply.replayed, "{label}: {event} ran in the new process");
+                break;
+            }
+            // Until the dead holder's lease expires.
+            assert_eq!(reply.status, StatusCode::CONFLICT, "{label}: {event}");
+            assert!(Instant::now() < deadline, "{label}: {event} is stuck");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let again = deliver(&client, &second.base, event).await.unwrap();
+        assert!(again.replayed, "{label}: {event} replays once recovered");
+    }
+    let effects = second.effects(&client).await;
+    for event in &interrupted {
+        assert_eq!(
+            effects.get(&format!("stripe:{event}")),
+            Some(&1),
+            "{label}: {event}"
+        );
+    }
+    for event in &completed {
+        assert_eq!(
+            effects.get(&format!("stripe:{event}")),
+            None,
+            "{label}: {event}"
+        );
+    }
+    assert_eq!(effects.len(), interrupted.len(), "{label}: {effects:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_killed_mid_handler_recovers_sqlite_and_redis() {
+    if Receiver::binary().is_none() {
+        skip(
+            "receiver crash test",
+            "target/debug/examples/receiver is not built (cargo test --workspace builds it)",
+        );
+        return;
+    }
+    let dir = TempDir::new();
+    let sqlite = format!("sqlite://{}/crash.db", dir.0.display());
+    receiver_crash_mid_handler(&sqlite, "sqlite").await;
+    if redis_reachable("receiver crash test (redis)").await {
+        // The receiver's Redis prefix is fixed; the keys are unique and expire after the TTL.
+        receiver_crash_mid_handler(&redis_url(), "redis").await;
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("tidem-crash-{}", random_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

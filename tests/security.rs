@@ -1,0 +1,522 @@
+//! Security properties over real HTTP: secrets, expected signatures and raw keys never appear
+//! in a response or a log line; secret-holding types print redacted; tenants never share a
+//! cached response; credentials are never replayed; a captured delivery cannot be replayed
+//! once the clock has moved past the tolerance.
+#![cfg(feature = "webhooks")]
+
+mod support;
+
+use std::{
+    io::Write,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{
+    extract::{Request, State},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::post,
+    Router,
+};
+use http::{HeaderMap, StatusCode};
+use support::{problem_type, serve};
+use tower_idempotency::{
+    webhooks::{
+        github, gitlab::GitLabVerifier, linear::LinearVerifier, paddle::PaddleVerifier,
+        shopify::ShopifyVerifier, slack::SlackVerifier, standard::StandardWebhooksVerifier, stripe,
+        stripe::StripeVerifier, zoom::ZoomVerifier, Secret, WebhookKeys,
+    },
+    IdempotencyLayer, MemoryStore, Principal, WebhookLayerExt,
+};
+
+/// Everything every test in this binary logs, at TRACE, in one buffer.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || LogWriter(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        logs
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn count(State(calls): State<Arc<AtomicUsize>>) -> &'static str {
+    calls.fetch_add(1, Ordering::SeqCst);
+    "handled"
+}
+
+/// Status line, headers and body of a response, as one string to search.
+async fn everything(response: reqwest::Response) -> (StatusCode, String) {
+    let status = response.status();
+    let mut text = format!("{status}\n");
+    for (name, value) in response.headers() {
+        text.push_str(&format!(
+            "{name}: {}\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    text.push_str(&String::from_utf8_lossy(&response.bytes().await.unwrap()));
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
+    let logs = captured_logs();
+    const STRIPE_SECRET: &str = "whsec_LEAKCHECK_stripe_9f2c1e";
+    const GITHUB_SECRET: &str = "LEAKCHECK_github_secret_77aa";
+    const GITLAB_TOKEN: &str = "LEAKCHECK_gitlab_token_5b5b";
+    const RAW_KEY: &str = "LEAKCHECK-raw-client-key-3c3c";
+    const BODY_MARKER: &str = "LEAKCHECK_body_marker_d00d";
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(MemoryStore::new());
+    let app = Router::new()
+        .merge(
+            Router::new()
+                .route("/stripe", post(count))
+                .route_layer(IdempotencyLayer::stripe([STRIPE_SECRET], store.clone())),
+        )
+        .merge(
+            Router::new()
+                .route("/github", post(count))
+                .route_layer(IdempotencyLayer::github([GITHUB_SECRET], store.clone())),
+        )
+        .merge(
+            Router::new()
+                .route("/gitlab", post(count))
+                .route_layer(IdempotencyLayer::gitlab([GITLAB_TOKEN], store.clone())),
+        )
+        .merge(
+            Router::new()
+                .route("/orders", post(count))
+                .route_layer(IdempotencyLayer::client_keys(store.clone())),
+        )
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let t = now();
+    let mut forbidden: Vec<String> = vec![
+        STRIPE_SECRET.into(),
+        GITHUB_SECRET.into(),
+        GITLAB_TOKEN.into(),
+        RAW_KEY.into(),
+    ];
+    let mut responses = Vec::new();
+    let mut problems = Vec::new();
+
+    // Stripe: good, duplicate, wrong secret, tampered body.
+    let body = format!(r#"{{"id":"evt_leak","type":"x","note":"{BODY_MARKER}"}}"#);
+    let good = stripe::sign(STRIPE_SECRET, t, body.as_bytes());
+    let tampered = body.replace("\"x\"", "\"y\"");
+    let wrong = stripe::sign("whsec_other", t, body.as_bytes());
+    // What the verifier computes for each refused request: it must not be disclosed.
+    forbidden.push(good.split_once("v1=").unwrap().1.to_owned());
+    forbidden.push(
+        stripe::sign(STRIPE_SECRET, t, tampered.as_bytes())
+            .split_once("v1=")
+            .unwrap()
+            .1
+            .to_owned(),
+    );
+    for (sig, body) in [
+        (good.clone(), body.clone()),
+        (good.clone(), body.clone()),
+        (wrong, body.clone()),
+        (good.clone(), tampered),
+    ] {
+        let response = client
+            .post(format!("{base}/stripe"))
+            .header("stripe-signature", sig)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        responses.push(everything(response).await);
+    }
+
+    // GitHub: wrong secret.
+    let gh_body = format!(r#"{{"note":"{BODY_MARKER}"}}"#);
+    forbidden.push(github::sign(GITHUB_SECRET, gh_body.as_bytes()));
+    let response = client
+        .post(format!("{base}/github"))
+        .header(
+            "x-hub-signature-256",
+            github::sign("other", gh_body.as_bytes()),
+        )
+        .header("x-github-delivery", "d-leak")
+        .body(gh_body)
+        .send()
+        .await
+        .unwrap();
+    responses.push(everything(response).await);
+
+    // GitLab: a token that shares a prefix with the real one.
+    let response = client
+        .post(format!("{base}/gitlab"))
+        .header("x-gitlab-token", &GITLAB_TOKEN[..20])
+        .header("idempotency-key", "gl-leak")
+        .body(BODY_MARKER)
+        .send()
+        .await
+        .unwrap();
+    responses.push(everything(response).await);
+
+    // Client keys: run, replay, reuse with another body, and an invalid key carrying the raw key.
+    for (key, body) in [
+        (RAW_KEY.to_owned(), "first".to_owned()),
+        (RAW_KEY.to_owned(), "first".to_owned()),
+        (RAW_KEY.to_owned(), BODY_MARKER.to_owned()),
+        (format!("{RAW_KEY} with a space"), BODY_MARKER.to_owned()),
+        (format!("\"{RAW_KEY}"), BODY_MARKER.to_owned()),
+    ] {
+        let response = client
+            .post(format!("{base}/orders"))
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        responses.push(everything(response).await);
+    }
+
+    let statuses: Vec<u16> = responses.iter().map(|(s, _)| s.as_u16()).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 401, 401, 401, 401, 200, 200, 422, 400, 400],
+        "the requests did what the test intends"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    for (status, text) in &responses {
+        if !status.is_success() {
+            problems.push(text.clone());
+        }
+    }
+    let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("key_hash") && logs.contains("idempotency outcome"),
+        "the capture saw the layer's TRACE/DEBUG output"
+    );
+    for secret in &forbidden {
+        assert!(!logs.contains(secret.as_str()), "a log line holds {secret}");
+        for (_, text) in &responses {
+            assert!(!text.contains(secret.as_str()), "a response holds {secret}");
+        }
+    }
+    assert!(!logs.contains(BODY_MARKER), "a log line holds body content");
+    for text in &problems {
+        assert!(!text.contains(BODY_MARKER), "a problem holds body content");
+    }
+}
+
+#[test]
+fn debug_of_secret_holding_types_is_redacted() {
+    const S: &str = "whsec_REDACTCHECK_0123456789";
+    // A valid Standard Webhooks secret; its decoded bytes must not show either.
+    const STANDARD: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let standard_bytes = format!(
+        "{:?}",
+        tower_idempotency::webhooks::standard::decode_secret(STANDARD).unwrap()
+    );
+    let standard_bytes = standard_bytes.trim_matches(|c| c == '[' || c == ']');
+    let printed = [
+        format!("{:?}", Secret::new(S)),
+        format!("{:?}", StripeVerifier::new([S])),
+        format!("{:?}", SlackVerifier::new([S])),
+        format!("{:?}", github::GitHubVerifier::new([S])),
+        format!("{:?}", ShopifyVerifier::new([S])),
+        format!("{:?}", PaddleVerifier::new([S])),
+        format!("{:?}", LinearVerifier::new([S])),
+        format!("{:?}", GitLabVerifier::new([S])),
+        format!("{:?}", ZoomVerifier::new([S])),
+        format!(
+            "{:?}",
+            tower_idempotency::webhooks::mailgun::MailgunVerifier::new([S])
+        ),
+        format!("{:?}", StandardWebhooksVerifier::new([STANDARD]).unwrap()),
+        format!("{:?}", WebhookKeys::new(StripeVerifier::new([S]))),
+        format!("{:?}", IdempotencyLayer::stripe([S], MemoryStore::new())),
+        format!("{:?}", Principal::new("tenant-REDACTCHECK")),
+    ];
+    for text in &printed {
+        assert!(!text.contains("REDACTCHECK"), "leaks a secret: {text}");
+        assert!(!text.contains(&STANDARD[6..]), "leaks a secret: {text}");
+        assert!(!text.contains(standard_bytes), "leaks key bytes: {text}");
+    }
+    assert!(printed[0].contains("redacted"));
+}
+
+async fn set_principal(mut request: Request, next: Next) -> Response {
+    if let Some(tenant) = request
+        .headers()
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    {
+        request.extensions_mut().insert(Principal::new(tenant));
+    }
+    next.run(request).await
+}
+
+async fn per_tenant(State(calls): State<Arc<AtomicUsize>>, headers: HeaderMap) -> String {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    let tenant = headers
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("nobody");
+    format!("private data of {tenant} #{n}")
+}
+
+#[tokio::test]
+async fn tenants_never_receive_each_others_cached_response() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/orders", post(per_tenant))
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()))
+        .layer(middleware::from_fn(set_principal))
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |tenant: Option<&'static str>| {
+        let mut request = client
+            .post(format!("{base}/orders"))
+            .header("idempotency-key", "shared-key-1")
+            .body("same body");
+        if let Some(tenant) = tenant {
+            request = request.header("x-tenant", tenant);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            (response.text().await.unwrap(), replayed)
+        }
+    };
+    let (a, replayed) = send(Some("alice")).await;
+    assert!(a.starts_with("private data of alice") && !replayed);
+    let (b, replayed) = send(Some("bob")).await;
+    assert!(b.starts_with("private data of bob") && !replayed, "{b}");
+    let (anon, replayed) = send(None).await;
+    assert!(anon.starts_with("private data of nobody") && !replayed);
+    for _ in 0..3 {
+        assert_eq!(send(Some("alice")).await, (a.clone(), true));
+        assert_eq!(send(Some("bob")).await, (b.clone(), true));
+        assert_eq!(send(None).await, (anon.clone(), true));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+async fn with_credentials() -> Response {
+    (
+        StatusCode::CREATED,
+        [
+            ("set-cookie", "session=SESSIONSECRET; HttpOnly"),
+            ("authorization", "Bearer RESPONSETOKEN"),
+            ("proxy-authorization", "Basic UFJPWFk="),
+            ("x-order", "42"),
+        ],
+        "created",
+    )
+        .into_response()
+}
+
+#[tokio::test]
+async fn set_cookie_and_authorization_are_never_replayed() {
+    let app = Router::new()
+        .route("/orders", post(with_credentials))
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()));
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("{base}/orders"))
+            .header("idempotency-key", "cred-1")
+            .body("x")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert!(first.headers().contains_key("set-cookie"));
+    assert!(first.headers().contains_key("authorization"));
+    for _ in 0..2 {
+        let replay = send().await.unwrap();
+        assert_eq!(replay.status(), StatusCode::CREATED);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.headers()["x-order"], "42");
+        for name in ["set-cookie", "authorization", "proxy-authorization"] {
+            assert!(!replay.headers().contains_key(name), "{name} was replayed");
+        }
+        let (_, text) = everything(replay).await;
+        assert!(!text.contains("SESSIONSECRET") && !text.contains("RESPONSETOKEN"));
+    }
+}
+
+#[tokio::test]
+async fn captured_delivery_is_refused_once_the_clock_moves_past_the_tolerance() {
+    const SECRET: &str = "whsec_replay_window";
+    let t0 = SystemTime::now();
+    let clock = Arc::new(Mutex::new(t0));
+    let layer = {
+        let clock = clock.clone();
+        WebhookKeys::new(StripeVerifier::new([SECRET]))
+            .clock(move || *clock.lock().unwrap())
+            .into_layer(MemoryStore::new())
+            .ttl(Duration::from_millis(300))
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route("/stripe", post(count))
+        .route_layer(layer)
+        .with_state(calls.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let ts = t0.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let body = r#"{"id":"evt_captured","type":"charge.succeeded"}"#;
+    let captured = stripe::sign(SECRET, ts, body.as_bytes());
+    let replay = |signature: String, body: String| {
+        let request = client
+            .post(format!("{base}/stripe"))
+            .header("stripe-signature", signature)
+            .body(body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, problem_type(&response.bytes().await.unwrap()))
+        }
+    };
+    let outside = "urn:tower-idempotency:problem:webhook-timestamp-outside-tolerance";
+    let set = |offset: i64| {
+        let at = if offset >= 0 {
+            t0 + Duration::from_secs(offset as u64)
+        } else {
+            t0 - Duration::from_secs(offset.unsigned_abs())
+        };
+        *clock.lock().unwrap() = at;
+    };
+
+    assert_eq!(
+        replay(captured.clone(), body.into()).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Past the 300 s tolerance: refused even though its record still exists.
+    set(301);
+    let (status, problem) = replay(captured.clone(), body.into()).await;
+    assert_eq!(
+        (status, problem.as_str()),
+        (StatusCode::UNAUTHORIZED, outside)
+    );
+    // Or with the clock behind it (captured "from the future").
+    set(-301);
+    let (status, problem) = replay(captured.clone(), body.into()).await;
+    assert_eq!(
+        (status, problem.as_str()),
+        (StatusCode::UNAUTHORIZED, outside)
+    );
+
+    // After the record expired as well: still refused, the window alone protects.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    set(301);
+    let (status, problem) = replay(captured.clone(), body.into()).await;
+    assert_eq!(
+        (status, problem.as_str()),
+        (StatusCode::UNAUTHORIZED, outside)
+    );
+
+    // A new event id under the captured signature: the signature covers the id.
+    let renamed = body.replace("evt_captured", "evt_renamed");
+    set(0);
+    let (status, problem) = replay(captured.clone(), renamed).await;
+    assert_eq!(
+        (status, problem.as_str()),
+        (
+            StatusCode::UNAUTHORIZED,
+            "urn:tower-idempotency:problem:webhook-signature-mismatch"
+        )
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no replay ran the handler");
+
+    // Inside the window and after the record expired, the same bytes run again: the record
+    // TTL must outlast the tolerance (providers' default TTLs are days, the tolerance 300 s).
+    let (status, _) = replay(captured, body.into()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn store_debug_and_connect_errors_do_not_print_passwords() {
+    const PASSWORD: &str = "PWCHECK_pg_password_41";
+    // Nothing listens on port 1: connecting fails, and the error must not carry the password.
+    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test");
+    let error = tower_idempotency::connect_store(&url)
+        .await
+        .err()
+        .expect("fails");
+    let text = format!("{error} {error:?}");
+    assert!(
+        !text.contains(PASSWORD),
+        "connect error leaks the password: {text}"
+    );
+
+    let url = support::database_url();
+    if !support::reachable(&support::host_port(&url)) {
+        support::skip("store Debug with a password", "Postgres is not reachable");
+        return;
+    }
+    // Trust authentication accepts any password, so the URL can carry one.
+    let with_password = url.replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1);
+    if with_password == url {
+        return; // A DATABASE_URL of another shape: nothing to check.
+    }
+    let store = tower_idempotency::PostgresStore::connect(&with_password)
+        .await
+        .expect("connect");
+    let text = format!("{store:?}");
+    assert!(
+        !text.contains(PASSWORD),
+        "PostgresStore Debug leaks the password: {text}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_connect_errors_do_not_print_passwords() {
+    const PASSWORD: &str = "PWCHECK_redis_password_42";
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:1/0");
+    let error = tower_idempotency::connect_store(&url)
+        .await
+        .err()
+        .expect("fails");
+    let text = format!("{error} {error:?}");
+    assert!(
+        !text.contains(PASSWORD),
+        "connect error leaks the password: {text}"
+    );
+}
