@@ -31,8 +31,9 @@ fn request(key: &str, body: &Bytes) -> Request<Body> {
 }
 
 fn layer_vs_bare(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // Current-thread: criterion drives each iteration with `block_on` from outside the runtime,
+    // so a multi-threaded runtime would add two cross-thread hand-offs per spawned handler.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();

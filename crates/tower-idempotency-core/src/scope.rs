@@ -127,11 +127,12 @@ impl Scope {
             hasher.update(part.as_bytes());
         }
         hasher.update([u8::from(principal.is_some())]);
-        let digest = hasher.finalize();
+        let mut digest_hex = [0u8; 64];
+        hex::encode_to_slice(hasher.finalize(), &mut digest_hex).expect("64 bytes for 32");
         let mut out = String::with_capacity(self.namespace.len() + 65);
         out.push_str(&self.namespace);
         out.push(':');
-        out.push_str(&hex::encode(digest));
+        out.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
         out
     }
 }

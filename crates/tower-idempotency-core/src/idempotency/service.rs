@@ -214,7 +214,15 @@ where
         }
         ClaimOutcome::Claimed { token } => {
             let request = Request::from_parts(parts, ReqBody::from(body));
-            let run = execute(config.clone(), inner, request, store_key, token, permit);
+            // Boxed once here rather than moved by value through `instrument` and `spawn`.
+            let run = Box::pin(execute(
+                config.clone(),
+                inner,
+                request,
+                store_key,
+                token,
+                permit,
+            ));
             // Spawned so that a caller's disconnect cannot cancel the handler halfway: the result
             // is recorded either way. The span follows the task.
             match config.tasks.spawn(run.instrument(span)).await {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs every benchmark of the workspace and collects the outputs in one directory:
+#   - the criterion micro benchmarks (core layer, webhook verification, sqlx stores, Redis store);
+#   - the load harness (crates/tower-idempotency-loadtest), which also redraws
+#     docs/benchmarks/throughput.svg.
+#
+# Usage: scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
+#   e.g. scripts/bench.sh -- --duration-ms 3000
+#        scripts/bench.sh --skip-criterion -- --quick
+# Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test),
+#              REDIS_URL (default redis://127.0.0.1:6379). Benchmarks that need an unreachable
+#              service print a SKIPPED line and the rest still run.
+# Outputs: target/bench-results/<UTC timestamp>/ (criterion-*.txt, loadtest-latest.{json,csv,md},
+#          machine.txt); criterion's own HTML reports stay under target/criterion/.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+criterion=1
+load=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --skip-criterion) criterion=0 ;;
+        --skip-load) load=0 ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        *) echo "unknown flag $1 (loadtest flags go after --)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+out="target/bench-results/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$out"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "cpus: $(nproc)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    echo "memory: $(free -m | awk '/Mem:/ {print $2 " MiB"}')"
+    echo "kernel: $(uname -r)"
+    echo "rustc: $(rustc -V)"
+    echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+} > "$out/machine.txt"
+cat "$out/machine.txt"
+
+if [[ $criterion == 1 ]]; then
+    run_bench() {
+        local name=$1; shift
+        echo "== cargo bench $* (-> $out/criterion-$name.txt)"
+        # A missing service makes a bench print SKIPPED; a failing bench should not stop the rest.
+        cargo bench "$@" 2>&1 | tee "$out/criterion-$name.txt" || echo "bench $name FAILED" | tee -a "$out/failures.txt"
+    }
+    run_bench layer -p tower-idempotency-core --bench layer
+    run_bench verify -p tower-idempotency-webhooks --bench verify
+    run_bench stores -p tower-idempotency-sqlx --bench stores
+    run_bench redis_store -p tower-idempotency-redis --bench redis_store
+fi
+
+if [[ $load == 1 ]]; then
+    echo "== load harness (-> $out/loadtest-latest.*, docs/benchmarks/throughput.svg)"
+    cargo run --release -p tower-idempotency-loadtest -- \
+        --out "$out" --chart docs/benchmarks/throughput.svg "$@" 2> >(tee "$out/loadtest-progress.txt" >&2)
+fi
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
+echo "results in $out"
