@@ -1,15 +1,25 @@
 //! Traffic generator for `scripts/soak.sh`: mixed traffic against the reference receiver
 //! (`examples/receiver.rs`) for a bounded time, then a check that every valid key ran exactly
-//! once (`GET /effects`) and that no request was answered `5xx`.
+//! once (`GET /effects`) and that no request was answered `5xx`; then, optionally, a "flat"
+//! phase that creates no key at all, to show the receiver's memory stays flat.
 //!
 //! ```text
-//! cargo run --example soak_client -- http://127.0.0.1:3000 60 whsec_soak
+//! cargo run --example soak_client -- http://127.0.0.1:3000 60 whsec_soak [FLAT_SECONDS]
 //! ```
 //!
 //! Arguments: the receiver's base URL (loopback only), the duration in seconds (at most 3600)
 //! and its `STRIPE_WEBHOOK_SECRET`. Traffic: new client keys on `POST /orders`, duplicates of
 //! earlier keys, new and duplicate Stripe deliveries, and bad input (forged signatures, missing,
-//! invalid and reused keys). Prints one summary line; exits non-zero when a check fails.
+//! invalid and reused keys).
+//!
+//! With `FLAT_SECONDS` (at most 3600), a second phase of that length follows with only
+//! duplicates of the keys the first phase completed (each must be a replay) and bad input. The
+//! receiver keeps one `/effects` entry per executed key by design, so its memory grows with new
+//! keys; with none, it must stay flat. The flat phase must not add a single execution.
+//!
+//! Prints `phase mixed`, `phase flat` (after the first phase's check) and `phase done` (before
+//! the final check) as they begin, so a script can attribute memory samples to a phase, then one
+//! summary line; exits non-zero when a check fails.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -71,12 +81,25 @@ impl Rng {
 struct Tally {
     requests: u64,
     by_status: HashMap<u16, u64>,
+    /// Requests and answers of the flat phase.
+    flat_requests: u64,
+    flat_by_status: HashMap<u16, u64>,
+    /// Duplicates answered as a replay in the flat phase.
+    flat_replays: u64,
     /// `<route>:<key>` of every valid key that was answered 2xx at least once.
     accepted: HashSet<String>,
     /// Keys sent so far, to pick duplicates from.
     orders: Vec<String>,
     events: Vec<String>,
     unexpected: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// New keys, duplicates and bad input.
+    Mixed,
+    /// Duplicates of completed keys and bad input only: no new key.
+    Flat,
 }
 
 enum Kind {
@@ -97,8 +120,11 @@ async fn worker(
     secret: String,
     deadline: Instant,
     tally: Arc<Mutex<Tally>>,
+    phase: Phase,
 ) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id + 1).wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let flat = phase == Phase::Flat;
+    let seed = (id + 1 + if flat { WORKERS as u64 } else { 0 }).wrapping_mul(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
     let mut n = 0u64;
     while Instant::now() < deadline {
         {
@@ -107,9 +133,12 @@ async fn worker(
                 return;
             }
             t.requests += 1;
+            if flat {
+                t.flat_requests += 1;
+            }
         }
         n += 1;
-        if rng.below(100) < 5 {
+        if !flat && rng.below(100) < 5 {
             // Three identical requests with a new key at once: one runs, the others wait or replay.
             let key = format!("soak-burst-{id}-{n}");
             let send = || {
@@ -134,14 +163,19 @@ async fn worker(
             }
             continue;
         }
-        let kind = match rng.below(100) {
-            0..=29 => Kind::NewOrder,
-            30..=54 => Kind::DuplicateOrder,
-            55..=64 => Kind::NewEvent,
-            65..=74 => Kind::DuplicateEvent,
-            75..=81 => Kind::ForgedEvent,
-            82..=87 => Kind::MissingKey,
-            88..=93 => Kind::InvalidKey,
+        let kind = match (phase, rng.below(100)) {
+            (Phase::Mixed, 0..=29) => Kind::NewOrder,
+            (Phase::Mixed, 30..=54) => Kind::DuplicateOrder,
+            (Phase::Mixed, 55..=64) => Kind::NewEvent,
+            (Phase::Mixed, 65..=74) => Kind::DuplicateEvent,
+            (Phase::Mixed, 75..=81) => Kind::ForgedEvent,
+            (Phase::Mixed, 82..=87) => Kind::MissingKey,
+            (Phase::Mixed, 88..=93) => Kind::InvalidKey,
+            (Phase::Flat, 0..=39) => Kind::DuplicateOrder,
+            (Phase::Flat, 40..=64) => Kind::DuplicateEvent,
+            (Phase::Flat, 65..=74) => Kind::ForgedEvent,
+            (Phase::Flat, 75..=82) => Kind::MissingKey,
+            (Phase::Flat, 83..=90) => Kind::InvalidKey,
             _ => Kind::ReusedKey,
         };
         let pick = |list: &Vec<String>, rng: &mut Rng| {
@@ -156,25 +190,33 @@ async fn worker(
                     };
                     // New keys join the duplicate pool only once answered, so that a "reused"
                     // request never races ahead of its key's first request.
+                    if flat && existing.is_none() {
+                        continue;
+                    }
                     let key = existing.unwrap_or_else(|| format!("soak-{id}-{n}"));
                     let request = client
                         .post(format!("{base}/orders"))
                         .header("idempotency-key", &key)
                         .body(format!("{{\"sku\":\"{key}\"}}"));
-                    (request, Some(format!("orders:{key}")), &[201, 409])
+                    let expect: &[u16] = if flat { &[201] } else { &[201, 409] };
+                    (request, Some(format!("orders:{key}")), expect)
                 }
                 Kind::NewEvent | Kind::DuplicateEvent => {
                     let existing = match kind {
                         Kind::DuplicateEvent => pick(&tally.lock().unwrap().events, &mut rng),
                         _ => None,
                     };
+                    if flat && existing.is_none() {
+                        continue;
+                    }
                     let event = existing.unwrap_or_else(|| format!("evt_soak_{id}_{n}"));
                     let body = format!(r#"{{"id":"{event}","object":"event","type":"soak"}}"#);
                     let request = client
                         .post(format!("{base}/webhooks/stripe"))
                         .header("stripe-signature", stripe_signature(&secret, &body))
                         .body(body);
-                    (request, Some(format!("stripe:{event}")), &[200, 409])
+                    let expect: &[u16] = if flat { &[200] } else { &[200, 409] };
+                    (request, Some(format!("stripe:{event}")), expect)
                 }
                 Kind::ForgedEvent => {
                     let body = format!(r#"{{"id":"evt_forged_{id}_{n}","type":"soak"}}"#);
@@ -205,27 +247,46 @@ async fn worker(
                             .header("idempotency-key", key)
                             .body("{\"sku\":\"something else\"}"),
                         None,
-                        &[422, 409],
+                        if flat { &[422] } else { &[422, 409] },
                     ),
                     None => continue,
                 },
             };
-        let status = match request.send().await {
+        let (status, replayed) = match request.send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
+                let replayed = response
+                    .headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true");
                 let _ = response.bytes().await;
-                status
+                (status, replayed)
             }
             Err(error) => {
                 let mut t = tally.lock().unwrap();
-                t.unexpected.push(format!("transport error: {error}"));
+                if t.unexpected.len() < 20 {
+                    t.unexpected.push(format!("transport error: {error}"));
+                }
                 continue;
             }
         };
         let mut t = tally.lock().unwrap();
-        *t.by_status.entry(status).or_default() += 1;
+        let by_status = if flat {
+            &mut t.flat_by_status
+        } else {
+            &mut t.by_status
+        };
+        *by_status.entry(status).or_default() += 1;
         if !expect.contains(&status) && t.unexpected.len() < 20 {
             t.unexpected.push(format!("status {status}"));
+        }
+        if flat && valid_key.is_some() {
+            if replayed {
+                t.flat_replays += 1;
+            } else if t.unexpected.len() < 20 {
+                t.unexpected
+                    .push(format!("flat phase: status {status} without replay"));
+            }
         }
         if let (Some(key), true) = (valid_key, (200..300).contains(&status)) {
             if t.accepted.insert(key.clone()) {
@@ -239,64 +300,131 @@ async fn worker(
     }
 }
 
-async fn run(base: String, seconds: u64, secret: String) -> Result<String, String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| e.to_string())?;
+/// Runs `WORKERS` workers in `phase` for `seconds`.
+async fn run_phase(
+    phase: Phase,
+    seconds: u64,
+    client: &reqwest::Client,
+    base: &str,
+    secret: &str,
+    tally: &Arc<Mutex<Tally>>,
+) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(seconds);
-    let tally = Arc::new(Mutex::new(Tally::default()));
     let workers: Vec<_> = (0..WORKERS as u64)
         .map(|id| {
-            let (client, base, secret, tally) =
-                (client.clone(), base.clone(), secret.clone(), tally.clone());
-            tokio::spawn(worker(id, client, base, secret, deadline, tally))
+            let (client, base, secret, tally) = (
+                client.clone(),
+                base.to_owned(),
+                secret.to_owned(),
+                tally.clone(),
+            );
+            tokio::spawn(worker(id, client, base, secret, deadline, tally, phase))
         })
         .collect();
     for worker in workers {
         worker.await.map_err(|e| e.to_string())?;
     }
-    let effects: HashMap<String, u64> = serde_json::from_slice(
-        &client
-            .get(format!("{base}/effects"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .bytes()
-            .await
-            .map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
+    Ok(())
+}
 
-    let t = tally.lock().unwrap();
-    let executions: u64 = effects.values().sum();
-    let twice = effects.values().filter(|&&n| n > 1).count();
-    let unknown = effects.keys().filter(|k| !t.accepted.contains(*k)).count();
-    let server_errors: u64 = t
-        .by_status
+async fn effects(client: &reqwest::Client, base: &str) -> Result<HashMap<String, u64>, String> {
+    let body = client
+        .get(format!("{base}/effects"))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .bytes()
+        .await
+        .map_err(|e| e.to_string())?;
+    serde_json::from_slice(&body).map_err(|e| e.to_string())
+}
+
+fn server_errors(by_status: &HashMap<u16, u64>) -> u64 {
+    by_status
         .iter()
         .filter(|(s, _)| **s >= 500)
         .map(|(_, n)| n)
-        .sum();
-    let mut statuses: Vec<_> = t.by_status.iter().collect();
+        .sum()
+}
+
+fn sorted(by_status: &HashMap<u16, u64>) -> Vec<(u16, u64)> {
+    let mut statuses: Vec<_> = by_status.iter().map(|(s, n)| (*s, *n)).collect();
     statuses.sort();
-    let summary = format!(
-        "requests={} unique_valid_keys={} executions={} keys_run_twice={} unexpected_effects={} \
-         5xx={} unexpected_answers={} statuses={:?}",
-        t.requests,
-        t.accepted.len(),
-        executions,
-        twice,
-        unknown,
-        server_errors,
-        t.unexpected.len(),
-        statuses
-    );
-    let ok = executions == t.accepted.len() as u64
-        && twice == 0
-        && unknown == 0
-        && server_errors == 0
-        && t.unexpected.is_empty();
+    statuses
+}
+
+async fn run(
+    base: String,
+    seconds: u64,
+    flat_seconds: u64,
+    secret: String,
+) -> Result<String, String> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    println!("phase mixed");
+    run_phase(Phase::Mixed, seconds, &client, &base, &secret, &tally).await?;
+    let after_mixed = effects(&client, &base).await?;
+
+    let (mut summary, mut ok) = {
+        let t = tally.lock().unwrap();
+        let executions: u64 = after_mixed.values().sum();
+        let twice = after_mixed.values().filter(|&&n| n > 1).count();
+        let unknown = after_mixed
+            .keys()
+            .filter(|k| !t.accepted.contains(*k))
+            .count();
+        let server_errors = server_errors(&t.by_status);
+        let summary = format!(
+            "requests={} unique_valid_keys={} executions={} keys_run_twice={} \
+             unexpected_effects={} 5xx={} unexpected_answers={} statuses={:?}",
+            t.requests,
+            t.accepted.len(),
+            executions,
+            twice,
+            unknown,
+            server_errors,
+            t.unexpected.len(),
+            sorted(&t.by_status)
+        );
+        let ok = executions == t.accepted.len() as u64
+            && twice == 0
+            && unknown == 0
+            && server_errors == 0
+            && t.unexpected.is_empty();
+        (summary, ok)
+    };
+
+    if flat_seconds > 0 {
+        {
+            let t = tally.lock().unwrap();
+            if t.orders.is_empty() || t.events.is_empty() {
+                return Err(format!("{summary} flat: no completed keys to replay"));
+            }
+        }
+        println!("phase flat");
+        run_phase(Phase::Flat, flat_seconds, &client, &base, &secret, &tally).await?;
+        println!("phase done");
+        let after_flat = effects(&client, &base).await?;
+        let t = tally.lock().unwrap();
+        let added = after_flat.values().sum::<u64>() - after_mixed.values().sum::<u64>();
+        let changed = after_flat != after_mixed;
+        let server_errors = server_errors(&t.flat_by_status);
+        summary = format!(
+            "{summary} | flat: requests={} replays={} executions_added={added} \
+             effects_changed={changed} 5xx={server_errors} statuses={:?}",
+            t.flat_requests,
+            t.flat_replays,
+            sorted(&t.flat_by_status)
+        );
+        ok &= !changed && server_errors == 0 && t.unexpected.is_empty();
+    } else {
+        println!("phase done");
+    }
+
+    let t = tally.lock().unwrap();
     if ok {
         Ok(summary)
     } else {
@@ -310,21 +438,26 @@ async fn run(base: String, seconds: u64, secret: String) -> Result<String, Strin
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [base, seconds, secret] = args.as_slice() else {
-        eprintln!("usage: soak_client BASE_URL SECONDS STRIPE_SECRET");
-        return ExitCode::from(2);
+    let (base, seconds, secret, flat) = match args.as_slice() {
+        [base, seconds, secret] => (base, seconds, secret, "0"),
+        [base, seconds, secret, flat] => (base, seconds, secret, flat.as_str()),
+        _ => {
+            eprintln!("usage: soak_client BASE_URL SECONDS STRIPE_SECRET [FLAT_SECONDS]");
+            return ExitCode::from(2);
+        }
     };
     if !base.starts_with("http://127.0.0.1:") {
         eprintln!("soak_client only targets http://127.0.0.1");
         return ExitCode::from(2);
     }
-    let Ok(seconds) = seconds.parse::<u64>() else {
-        eprintln!("SECONDS must be a whole number");
+    let (Ok(seconds), Ok(flat)) = (seconds.parse::<u64>(), flat.parse::<u64>()) else {
+        eprintln!("SECONDS and FLAT_SECONDS must be whole numbers");
         return ExitCode::from(2);
     };
     match run(
         base.trim_end_matches('/').to_owned(),
         seconds.min(3600),
+        flat.min(3600),
         secret.clone(),
     )
     .await

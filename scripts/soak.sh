@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # Soak test: mixed traffic (new keys, duplicates, bad input) against the reference receiver
-# (examples/receiver.rs) with Postgres and with Redis, for SOAK_SECONDS per store (default 600).
+# (examples/receiver.rs) with Postgres and with Redis, for SOAK_SECONDS per store (default 600),
+# then a "flat" phase of SOAK_FLAT_SECONDS (default 300; 0 skips it) with only duplicates of the
+# keys already completed and bad input: no new key.
 #
-#   SOAK_SECONDS=60 scripts/soak.sh
+#   SOAK_SECONDS=60 SOAK_FLAT_SECONDS=60 scripts/soak.sh
+#   SOAK_STORES=redis scripts/soak.sh & SOAK_STORES=postgres scripts/soak.sh   # in parallel
 #
 # Checks, per store: handler executions == unique valid keys (via GET /effects), no key ran
-# twice, no 5xx (none are injected here), and the receiver's RSS sampled every
-# SOAK_SAMPLE_SECONDS (default 5) stays flat (first/last/max are printed; the run fails if
-# last > 2 x first + 20 MiB). Postgres runs in a throw-away schema of DATABASE_URL's database
-# (default postgres://postgres@127.0.0.1:5432/test); Redis is a throw-away redis-server on a
-# free loopback port. Everything started here is stopped and removed on exit.
+# twice, no 5xx (none are injected here), the flat phase adds no execution and every duplicate
+# in it is a replay. The receiver's RSS is sampled every SOAK_SAMPLE_SECONDS (default 5) and
+# reported per phase (first/last/max). In the mixed phase it grows by design: the receiver keeps
+# one GET /effects entry per executed key, so the growth per unique key is printed. In the flat
+# phase nothing may grow: the run fails if any of its samples exceeds its first by more than
+# SOAK_FLAT_TOLERANCE_KIB (default 2048). Postgres runs in a throw-away schema of DATABASE_URL's
+# database (default postgres://postgres@127.0.0.1:5432/test); Redis is a throw-away redis-server
+# on a free loopback port. Everything started here is stopped and removed on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 SOAK_SECONDS=${SOAK_SECONDS:-600}
 SAMPLE=${SOAK_SAMPLE_SECONDS:-5}
+FLAT_SECONDS=${SOAK_FLAT_SECONDS:-300}
+FLAT_TOLERANCE=${SOAK_FLAT_TOLERANCE_KIB:-2048}
 DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 SECRET=whsec_soak_$RANDOM$RANDOM
 STORES=${SOAK_STORES:-"postgres redis"}
@@ -44,6 +52,13 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+# Prints "first last max" of its arguments.
+stats() {
+    [ "$#" -gt 0 ] || { echo "0 0 0"; return; }
+    local max=0 s
+    for s in "$@"; do [ "$s" -gt "$max" ] && max=$s; done
+    echo "${1:-0} ${!#:-0} $max"
+}
 
 soak_one() {
     local name=$1 store=$2
@@ -62,27 +77,54 @@ soak_one() {
     done
     [ -n "$base" ] || { echo "$name: receiver did not start"; return 1; }
 
-    "$client" "$base" "$SOAK_SECONDS" "$SECRET" >"$work/$name.result" &
+    local started=$SECONDS
+    # The idle receiver's RSS is where the mixed phase starts from.
+    local mixed=("$(rss_kib "$pid")") flat=() before after rss load_mixed="" load_flat=""
+    "$client" "$base" "$SOAK_SECONDS" "$SECRET" "$FLAT_SECONDS" >"$work/$name.result" &
     local client_pid=$!
     pids+=("$client_pid")
-    local samples=()
+    # A sample counts for a phase only when the phase is the same just before and after it.
+    phase() { sed -n 's/^phase //p' "$work/$name.result" | tail -n1; }
     while kill -0 "$client_pid" 2>/dev/null; do
-        samples+=("$(rss_kib "$pid")")
+        before=$(phase)
+        rss=$(rss_kib "$pid")
+        after=$(phase)
+        if [ "$before" = "$after" ]; then
+            case $after in
+                mixed) mixed+=("$rss"); load_mixed=$(cut -d' ' -f1-3 /proc/loadavg) ;;
+                flat) flat+=("$rss"); load_flat=$(cut -d' ' -f1-3 /proc/loadavg) ;;
+            esac
+        fi
         sleep "$SAMPLE"
     done
     local status=0
     wait "$client_pid" || status=$?
-    local first=${samples[0]} last=${samples[-1]} max=0
-    for s in "${samples[@]}"; do [ "$s" -gt "$max" ] && max=$s; done
     local warn_5xx
     warn_5xx=$(grep -c 'status=5' "$log" || true)
-    echo "$name: $(cat "$work/$name.result")"
-    echo "$name: rss_kib first=$first last=$last max=$max samples=${#samples[@]} every=${SAMPLE}s; receiver 5xx log lines=$warn_5xx"
-    echo "$name: rss_kib series: ${samples[*]}"
+    local summary
+    summary=$(grep -E '^(PASS|FAIL)' "$work/$name.result" || echo "FAIL no summary")
+    echo "$name: $summary"
+    echo "$name: ran $((SECONDS - started))s (${SOAK_SECONDS}s mixed + ${FLAT_SECONDS}s flat + checks); receiver 5xx log lines=$warn_5xx"
+    local m_first m_last m_max f_first f_last f_max keys
+    read -r m_first m_last m_max <<<"$(stats "${mixed[@]}")"
+    keys=$(sed -n 's/.*unique_valid_keys=\([0-9]*\).*/\1/p' <<<"$summary")
+    echo "$name: mixed rss_kib first=$m_first last=$m_last max=$m_max samples=${#mixed[@]} every=${SAMPLE}s;" \
+        "growth per unique key=$(( keys > 0 ? (m_last - m_first) * 1024 / keys : 0 )) bytes" \
+        "over ${keys:-0} keys (the receiver's /effects map); load average at end: $load_mixed"
+    echo "$name: mixed rss_kib series: ${mixed[*]}"
+    if [ "$FLAT_SECONDS" -gt 0 ]; then
+        read -r f_first f_last f_max <<<"$(stats "${flat[@]}")"
+        echo "$name: flat rss_kib first=$f_first last=$f_last max=$f_max samples=${#flat[@]};" \
+            "last-first=$((f_last - f_first)) KiB, max-first=$((f_max - f_first)) KiB (tolerance ${FLAT_TOLERANCE}); load average at end: $load_flat"
+        echo "$name: flat rss_kib series: ${flat[*]}"
+    fi
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     [ "$status" -eq 0 ] || return 1
-    [ "$last" -le $((first * 2 + 20480)) ] || { echo "$name: RSS grew"; return 1; }
+    if [ "$FLAT_SECONDS" -gt 0 ]; then
+        [ "${#flat[@]}" -ge 2 ] || { echo "$name: too few flat-phase RSS samples"; return 1; }
+        [ "$((f_max - f_first))" -le "$FLAT_TOLERANCE" ] || { echo "$name: RSS grew without new keys"; return 1; }
+    fi
 }
 
 failed=0
@@ -105,4 +147,4 @@ for store in $STORES; do
         *) echo "unknown store $store" >&2; failed=1 ;;
     esac
 done
-[ "$failed" -eq 0 ] && echo "soak: PASS (${SOAK_SECONDS}s per store)" || { echo "soak: FAIL"; exit 1; }
+[ "$failed" -eq 0 ] && echo "soak: PASS (${SOAK_SECONDS}s mixed + ${FLAT_SECONDS}s flat per store)" || { echo "soak: FAIL"; exit 1; }

@@ -575,6 +575,78 @@ async fn receiver_killed_mid_handler_recovers_sqlite_and_redis() {
     }
 }
 
+/// A database of its own on the Postgres server of `DATABASE_URL`, dropped (with any
+/// connection a killed receiver left behind) when the test ends, even when it panics.
+struct PgDatabaseGuard {
+    name: String,
+}
+
+impl PgDatabaseGuard {
+    async fn create() -> Self {
+        let name = format!("tidem_crash_{}", random_suffix());
+        admin_execute(&format!("CREATE DATABASE {name}")).await;
+        Self { name }
+    }
+
+    /// `DATABASE_URL` with this database in place of its own.
+    fn url(&self) -> String {
+        let url = database_url();
+        let (url, query) = url
+            .split_once('?')
+            .map_or((url.as_str(), None), |(u, q)| (u, Some(q)));
+        let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+        format!("{scheme}://{authority}/{}{query}", self.name)
+    }
+}
+
+async fn admin_execute(sql: &str) {
+    use tower_idempotency_sqlx::sqlx::Executor;
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .expect("connect postgres");
+    pool.execute(sql).await.expect(sql);
+    pool.close().await;
+}
+
+impl Drop for PgDatabaseGuard {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        // Drop runs inside the test's runtime, which cannot be blocked on: use a runtime of its own.
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(admin_execute(&sql));
+        })
+        .join();
+        if dropped.is_err() && !std::thread::panicking() {
+            panic!("could not drop the test database {}", self.name);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_killed_mid_handler_recovers_postgres() {
+    if Receiver::binary().is_none() {
+        skip(
+            "receiver crash test (postgres)",
+            "target/debug/examples/receiver is not built (cargo test --workspace builds it)",
+        );
+        return;
+    }
+    if !postgres_reachable("receiver crash test (postgres)").await {
+        return;
+    }
+    // The receiver always uses the default table: a database of its own keeps the shared one clean.
+    let database = PgDatabaseGuard::create().await;
+    receiver_crash_mid_handler(&database.url(), "postgres").await;
+}
+
 struct TempDir(std::path::PathBuf);
 
 impl TempDir {
