@@ -17,7 +17,7 @@ use http::request::Parts;
 use crate::{
     error::VerifyError,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    util::{self, TimestampedScheme, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -28,6 +28,14 @@ pub const PROVIDER: &str = "paddle";
 pub const SIGNATURE_HEADER: &str = "paddle-signature";
 /// Four days: longer than Paddle's three days of retries.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
+
+const SCHEME: TimestampedScheme = TimestampedScheme {
+    header: SIGNATURE_HEADER,
+    separator: ';',
+    timestamp_key: "ts",
+    signature_key: "h1",
+    joiner: b":",
+};
 
 /// Verifies Paddle Billing deliveries.
 #[derive(Clone, Debug)]
@@ -67,54 +75,8 @@ impl Verifier for PaddleVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        const NAME: &str = SIGNATURE_HEADER;
-        let value = util::required(&parts.headers, NAME)?;
-        let mut timestamp = None;
-        let mut signatures = Vec::new();
-        let mut other_schemes = false;
-        for (key, val) in util::kv_pairs(NAME, value, ';')? {
-            match key {
-                "ts" => {
-                    if timestamp.replace(val).is_some() {
-                        return Err(VerifyError::MalformedHeader {
-                            name: NAME,
-                            reason: "timestamp appears twice",
-                        });
-                    }
-                }
-                "h1" => signatures.push(val),
-                _ => other_schemes = true,
-            }
-        }
-        let timestamp = timestamp.ok_or(VerifyError::MalformedHeader {
-            name: NAME,
-            reason: "no timestamp",
-        })?;
-        if signatures.is_empty() {
-            return Err(if other_schemes {
-                VerifyError::UnsupportedVersion { name: NAME }
-            } else {
-                VerifyError::MalformedHeader {
-                    name: NAME,
-                    reason: "no signature",
-                }
-            });
-        }
-        if signatures.len() > MAX_SIGNATURES {
-            return Err(VerifyError::MalformedHeader {
-                name: NAME,
-                reason: "too many signatures",
-            });
-        }
-        let signed = util::parse_unix(NAME, timestamp)?;
-        let candidates = util::decode_all(NAME, &signatures, Encoding::Hex)?;
-        let index = util::match_hmac(
-            HmacAlgorithm::Sha256,
-            &self.secrets,
-            &[timestamp.as_bytes(), b":", body],
-            &candidates,
-        )?;
-        util::check_window(NAME, signed, now, self.tolerance)?;
+        let (signed, index) =
+            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
         let [id] = util::json_fields(body, ["/event_id"])?;
         let id = util::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
@@ -125,11 +87,5 @@ impl Verifier for PaddleVerifier {
 
 /// The `Paddle-Signature` value for `body` at `timestamp`.
 pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
-    let ts = timestamp.to_string();
-    let mac = util::hmac(
-        HmacAlgorithm::Sha256,
-        secret.as_ref(),
-        &[ts.as_bytes(), b":", body],
-    );
-    format!("ts={ts};h1={}", hex::encode(mac))
+    SCHEME.sign(secret.as_ref(), timestamp, body)
 }

@@ -37,6 +37,11 @@ pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
 /// One day: Slack's retries end within ten minutes.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 
+const SCHEME: V0Scheme = V0Scheme {
+    signature_header: SIGNATURE_HEADER,
+    timestamp_header: TIMESTAMP_HEADER,
+};
+
 /// Verifies Slack Events API deliveries.
 #[derive(Clone, Debug)]
 pub struct SlackVerifier {
@@ -75,14 +80,7 @@ impl Verifier for SlackVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) = verify_v0(
-            parts,
-            body,
-            &self.secrets,
-            SIGNATURE_HEADER,
-            TIMESTAMP_HEADER,
-        )?;
-        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(parts, body, &self.secrets, now, self.tolerance)?;
         let [kind, challenge, event_id] =
             util::json_fields_until(body, ["/type", "/challenge", "/event_id"], |f| {
                 match f[0].as_ref().and_then(util::Scalar::as_str) {
@@ -114,26 +112,41 @@ impl Verifier for SlackVerifier {
     }
 }
 
-/// The `v0` scheme shared by Slack and Zoom: returns the signed time and the matching secret.
-pub(crate) fn verify_v0(
-    parts: &Parts,
-    body: &[u8],
-    secrets: &[Secret],
-    signature_header: &'static str,
-    timestamp_header: &'static str,
-) -> Result<(u64, usize), VerifyError> {
-    let timestamp = util::required(&parts.headers, timestamp_header)?;
-    let value = util::required(&parts.headers, signature_header)?;
-    let signature = prefixed(signature_header, value, "v0=")?;
-    let signed = util::parse_unix(timestamp_header, timestamp)?;
-    let candidates = util::decode_all(signature_header, &[signature], Encoding::Hex)?;
-    let index = util::match_hmac(
-        HmacAlgorithm::Sha256,
-        secrets,
-        &[b"v0:", timestamp.as_bytes(), b":", body],
-        &candidates,
-    )?;
-    Ok((signed, index))
+/// The `v0` scheme shared by Slack and Zoom: `v0=<hex>` in one header, the signed unix time in
+/// another, HMAC-SHA256 over `v0:{timestamp}:{body}`.
+pub(crate) struct V0Scheme {
+    /// The signature header.
+    pub(crate) signature_header: &'static str,
+    /// The signed timestamp header.
+    pub(crate) timestamp_header: &'static str,
+}
+
+impl V0Scheme {
+    /// Verifies the headers against `body`, replay window included: returns the signed time and
+    /// the matching secret.
+    pub(crate) fn verify(
+        &self,
+        parts: &Parts,
+        body: &[u8],
+        secrets: &[Secret],
+        now: SystemTime,
+        tolerance: Option<Duration>,
+    ) -> Result<(u64, usize), VerifyError> {
+        let (signature_header, timestamp_header) = (self.signature_header, self.timestamp_header);
+        let timestamp = util::required(&parts.headers, timestamp_header)?;
+        let value = util::required(&parts.headers, signature_header)?;
+        let signature = prefixed(signature_header, value, "v0=")?;
+        let signed = util::parse_unix(timestamp_header, timestamp)?;
+        let candidates = util::decode_all(signature_header, &[signature], Encoding::Hex)?;
+        let index = util::match_hmac(
+            HmacAlgorithm::Sha256,
+            secrets,
+            &[b"v0:", timestamp.as_bytes(), b":", body],
+            &candidates,
+        )?;
+        util::check_window(timestamp_header, signed, now, tolerance)?;
+        Ok((signed, index))
+    }
 }
 
 /// The `v0=<hex>` signature for `body` at `timestamp` (Slack and Zoom).

@@ -18,7 +18,7 @@ use http::request::Parts;
 use crate::{
     error::VerifyError,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    util::{self, TimestampedScheme, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -29,6 +29,14 @@ pub const PROVIDER: &str = "stripe";
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 /// Four days: longer than Stripe's three days of retries.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
+
+const SCHEME: TimestampedScheme = TimestampedScheme {
+    header: SIGNATURE_HEADER,
+    separator: ',',
+    timestamp_key: "t",
+    signature_key: "v1",
+    joiner: b".",
+};
 
 /// Verifies Stripe deliveries.
 #[derive(Clone, Debug)]
@@ -79,54 +87,8 @@ impl Verifier for StripeVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        const NAME: &str = SIGNATURE_HEADER;
-        let value = util::required(&parts.headers, NAME)?;
-        let mut timestamp = None;
-        let mut signatures = Vec::new();
-        let mut other_schemes = false;
-        for (key, val) in util::kv_pairs(NAME, value, ',')? {
-            match key {
-                "t" => {
-                    if timestamp.replace(val).is_some() {
-                        return Err(VerifyError::MalformedHeader {
-                            name: NAME,
-                            reason: "timestamp appears twice",
-                        });
-                    }
-                }
-                "v1" => signatures.push(val),
-                _ => other_schemes = true,
-            }
-        }
-        let timestamp = timestamp.ok_or(VerifyError::MalformedHeader {
-            name: NAME,
-            reason: "no timestamp",
-        })?;
-        if signatures.is_empty() {
-            return Err(if other_schemes {
-                VerifyError::UnsupportedVersion { name: NAME }
-            } else {
-                VerifyError::MalformedHeader {
-                    name: NAME,
-                    reason: "no signature",
-                }
-            });
-        }
-        if signatures.len() > MAX_SIGNATURES {
-            return Err(VerifyError::MalformedHeader {
-                name: NAME,
-                reason: "too many signatures",
-            });
-        }
-        let signed = util::parse_unix(NAME, timestamp)?;
-        let candidates = util::decode_all(NAME, &signatures, Encoding::Hex)?;
-        let index = util::match_hmac(
-            HmacAlgorithm::Sha256,
-            &self.secrets,
-            &[timestamp.as_bytes(), b".", body],
-            &candidates,
-        )?;
-        util::check_window(NAME, signed, now, self.tolerance)?;
+        let (signed, index) =
+            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
         let pinned = self.api_version.is_some();
         let [id, api_version] = util::json_fields_until(body, ["/id", "/api_version"], |f| {
             f[0].is_some() && (!pinned || f[1].is_some())
@@ -157,11 +119,5 @@ impl Verifier for StripeVerifier {
 /// assert!(header.starts_with("t=1700000000,v1="));
 /// ```
 pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
-    let ts = timestamp.to_string();
-    let mac = util::hmac(
-        HmacAlgorithm::Sha256,
-        secret.as_ref(),
-        &[ts.as_bytes(), b".", body],
-    );
-    format!("t={ts},v1={}", hex::encode(mac))
+    SCHEME.sign(secret.as_ref(), timestamp, body)
 }

@@ -21,7 +21,7 @@ use http::request::Parts;
 
 use crate::{
     error::VerifyError,
-    providers::slack::verify_v0,
+    providers::slack::V0Scheme,
     secret::{self, Secret},
     util::{self, HmacAlgorithm, DEFAULT_TOLERANCE},
     verified::{ChallengeResponse, VerifiedWebhook},
@@ -38,6 +38,11 @@ pub const SIGNATURE_HEADER: &str = "x-zm-signature";
 pub const TIMESTAMP_HEADER: &str = "x-zm-request-timestamp";
 /// One day: longer than Zoom's ~2 hours of retries.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
+
+const SCHEME: V0Scheme = V0Scheme {
+    signature_header: SIGNATURE_HEADER,
+    timestamp_header: TIMESTAMP_HEADER,
+};
 
 /// Verifies Zoom deliveries.
 #[derive(Clone, Debug)]
@@ -77,14 +82,7 @@ impl Verifier for ZoomVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) = verify_v0(
-            parts,
-            body,
-            &self.secrets,
-            SIGNATURE_HEADER,
-            TIMESTAMP_HEADER,
-        )?;
-        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(parts, body, &self.secrets, now, self.tolerance)?;
         let [event, plain] =
             util::json_fields_until(body, ["/event", "/payload/plainToken"], |f| {
                 match f[0].as_ref().and_then(util::Scalar::as_str) {
