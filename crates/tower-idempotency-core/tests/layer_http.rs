@@ -585,64 +585,37 @@ async fn a_handler_panic_releases_the_key() {
     assert_eq!(handler.count(), 2);
 }
 
-/// A store whose backend is down.
-struct Down;
+/// A store in trouble: its backend refuses connections, or never answers.
+#[derive(Clone, Copy)]
+enum Broken {
+    Down,
+    Hung,
+}
+use Broken::{Down, Hung};
 
-#[async_trait::async_trait]
-impl Store for Down {
-    async fn claim(
-        &self,
-        _: &str,
-        _: &Fingerprint,
-        _: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        Err(StoreError::Unavailable(BoxError::from(
-            "connection refused",
-        )))
-    }
-    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
-        Err(StoreError::Unavailable(BoxError::from(
-            "connection refused",
-        )))
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: FencingToken,
-        _: &CachedResponse,
-        _: Duration,
-    ) -> Result<Ownership, StoreError> {
-        Err(StoreError::Unavailable(BoxError::from(
-            "connection refused",
-        )))
-    }
-    async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
-        Err(StoreError::Unavailable(BoxError::from(
-            "connection refused",
-        )))
-    }
-    async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
-        Err(StoreError::Unavailable(BoxError::from(
-            "connection refused",
-        )))
+impl Broken {
+    async fn fail<T>(&self) -> Result<T, StoreError> {
+        match self {
+            Down => Err(StoreError::Unavailable(BoxError::from(
+                "connection refused",
+            ))),
+            Hung => std::future::pending().await,
+        }
     }
 }
 
-/// A store that never answers.
-struct Hung;
-
 #[async_trait::async_trait]
-impl Store for Hung {
+impl Store for Broken {
     async fn claim(
         &self,
         _: &str,
         _: &Fingerprint,
         _: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        std::future::pending().await
+        self.fail().await
     }
     async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
-        std::future::pending().await
+        self.fail().await
     }
     async fn complete(
         &self,
@@ -651,13 +624,13 @@ impl Store for Hung {
         _: &CachedResponse,
         _: Duration,
     ) -> Result<Ownership, StoreError> {
-        std::future::pending().await
+        self.fail().await
     }
     async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
-        std::future::pending().await
+        self.fail().await
     }
     async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
-        std::future::pending().await
+        self.fail().await
     }
 }
 
