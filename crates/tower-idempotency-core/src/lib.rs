@@ -34,8 +34,8 @@ pub use problem::{Problem, Rejection};
 pub use scope::{Principal, PrincipalSource};
 pub use shutdown::ShutdownHandle;
 pub use store::{
-    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, MemoryStore,
-    Ownership, RecordState, Store, StoreError,
+    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,
+    MemoryStore, Ownership, RecordState, Store, StoreError,
 };
 
 use http::HeaderName;

@@ -90,19 +90,20 @@ pub const UNCACHED_HEADERS: [HeaderName; 12] = [
 
 /// The subset of `headers` worth replaying.
 pub fn cacheable_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut kept = headers.clone();
-    for name in &UNCACHED_HEADERS {
-        kept.remove(name);
-    }
-    // Headers the response itself declared hop-by-hop via `Connection` (already removed above,
-    // so read them from the original).
-    for value in headers.get_all(header::CONNECTION) {
-        if let Ok(list) = value.to_str() {
-            for name in list.split(',') {
-                if let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) {
-                    kept.remove(name);
-                }
-            }
+    // Headers the response itself declared hop-by-hop via `Connection`; almost never present.
+    let declared: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    // Copying the kept entries is cheaper than cloning the map and removing twelve names from it
+    // (one hash lookup each), which showed up in the profile of every first request.
+    let mut kept = HeaderMap::with_capacity(headers.keys_len());
+    for (name, value) in headers {
+        if !UNCACHED_HEADERS.contains(name) && !declared.contains(name) {
+            kept.append(name.clone(), value.clone());
         }
     }
     kept
@@ -132,9 +133,17 @@ mod tests {
         headers.insert("x-hop", "1".parse().unwrap());
         headers.insert("content-type", "application/json".parse().unwrap());
         headers.insert("location", "/orders/1".parse().unwrap());
+        headers.append("link", "</a>; rel=a".parse().unwrap());
+        headers.append("link", "</b>; rel=b".parse().unwrap());
         let kept = cacheable_headers(&headers);
         let names: Vec<_> = kept.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(names.len(), 3, "{names:?}");
         assert!(kept.contains_key("content-type") && kept.contains_key("location"));
+        let links: Vec<_> = kept.get_all("link").iter().collect();
+        assert_eq!(
+            links,
+            ["</a>; rel=a", "</b>; rel=b"],
+            "every value of a repeated header"
+        );
     }
 }

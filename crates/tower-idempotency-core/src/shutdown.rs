@@ -1,4 +1,4 @@
-//! Graceful shutdown: wait, under a deadline, for spawned handlers to finish and record results.
+//! Graceful shutdown: wait, under a deadline, for running handlers to finish and record results.
 
 use std::{
     sync::{
@@ -10,13 +10,14 @@ use std::{
 
 use tokio_util::task::TaskTracker;
 
-/// Drains the handlers an [`IdempotencyLayer`](crate::IdempotencyLayer) spawned.
+/// Drains the handlers an [`IdempotencyLayer`](crate::IdempotencyLayer) is running.
 ///
-/// Handlers run in spawned tasks so that a caller's disconnect cannot cancel them halfway. On
-/// deploy, call [`drain`](Self::drain) after the server stopped accepting connections: new guarded
-/// requests are answered `503` with `Retry-After` (the sender retries elsewhere), and running
-/// handlers get until the deadline to finish and store their results, so an interrupted request is
-/// not executed a second time by its retry.
+/// A caller's disconnect cannot cancel a handler halfway: it runs on the caller's task, and moves
+/// to a task of its own if the caller goes away. On deploy, call [`drain`](Self::drain) after the
+/// server stopped accepting connections: new guarded requests are answered `503` with
+/// `Retry-After` (the sender retries elsewhere), and running handlers get until the deadline to
+/// finish and store their results, so an interrupted request is not executed a second time by its
+/// retry.
 ///
 /// ```no_run
 /// # async fn run(layer: tower_idempotency_core::IdempotencyLayer) {
@@ -49,7 +50,7 @@ impl ShutdownHandle {
             .is_ok()
     }
 
-    /// Number of spawned handlers still running.
+    /// Number of handlers still running (those of waiting callers and those whose caller left).
     pub fn in_flight(&self) -> usize {
         self.tasks.len()
     }

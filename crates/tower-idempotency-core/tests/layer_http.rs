@@ -528,11 +528,29 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
         inner: MemoryStore::new(),
         completed: Notify::new(),
     });
-    let server = Server::start(
-        IdempotencyLayer::client_keys(store.clone()),
-        handler.clone(),
-    )
-    .await;
+    // Signals when the server drops the request's future, i.e. has noticed the caller is gone.
+    struct NotifyOnDrop(Arc<Notify>);
+    impl Drop for NotifyOnDrop {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    let request_dropped = Arc::new(Notify::new());
+    let on_drop = request_dropped.clone();
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route_layer(IdempotencyLayer::client_keys(store.clone()))
+        .with_state(handler.clone())
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let guard = NotifyOnDrop(on_drop.clone());
+                async move {
+                    let _guard = guard;
+                    next.run(request).await
+                }
+            },
+        ));
+    let server = Server::start_router(app).await;
 
     let address = server.base.trim_start_matches("http://").to_owned();
     let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
@@ -542,8 +560,11 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
         .unwrap();
     handler.started.notified().await;
     drop(socket); // the caller goes away mid-handler
+    request_dropped.notified().await; // the caller's future is gone; the handler has not finished
     handler.proceed.notify_one();
-    store.completed.notified().await;
+    tokio::time::timeout(Duration::from_secs(10), store.completed.notified())
+        .await
+        .expect("the handler was cancelled with its caller instead of finishing");
 
     let retry = server.post(Some("gone"), "{}").send().await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);

@@ -17,6 +17,15 @@ mod suite {
     tower_idempotency_core::store_conformance_tests!(crate::common::pg_store());
 }
 
+/// The same suite through a `LocalReplayCache`: the wrapper must not weaken any rule.
+mod suite_with_local_cache {
+    tower_idempotency_core::store_conformance_tests!(async {
+        crate::common::pg_store()
+            .await
+            .map(tower_idempotency_core::LocalReplayCache::new)
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_with_separate_pools() {
     let table = PgTable::new();

@@ -18,6 +18,15 @@ mod suite {
     });
 }
 
+/// The same suite through a `LocalReplayCache`: the wrapper must not weaken any rule.
+mod suite_with_local_cache {
+    tower_idempotency_core::store_conformance_tests!(async {
+        Some(tower_idempotency_core::LocalReplayCache::new(
+            crate::common::sqlite_store().await,
+        ))
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_one_file() {
     let file = SqliteFile::new();

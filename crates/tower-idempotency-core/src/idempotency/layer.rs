@@ -213,7 +213,7 @@ impl IdempotencyLayer {
         self.with(|c| c.in_flight_limit = Some(Arc::new(Semaphore::new(limit))))
     }
 
-    /// A handle to drain spawned handlers on shutdown. Shared by every service of this layer.
+    /// A handle to drain running handlers on shutdown. Shared by every service of this layer.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle::new(self.config.tasks.clone(), self.config.accepting.clone())
     }

@@ -6,7 +6,8 @@
 //! 2. derives the key through its [`KeySource`](crate::KeySource) (`400` for a missing or invalid
 //!    `Idempotency-Key`, a provider's own problem for a bad signature);
 //! 3. scopes it by namespace, method, path and principal, and fingerprints the request;
-//! 4. claims it in the [`Store`](crate::Store): a claim runs the handler in a spawned task, an
+//! 4. claims it in the [`Store`](crate::Store): a claim runs the handler (to completion even if the caller
+//!    disconnects), an
 //!    in-flight duplicate gets `409`, a completed key is replayed with `Idempotent-Replayed: true`,
 //!    a reused key with another fingerprint gets `422`, a failing store gets `503`;
 //! 5. completes or releases the key according to the [`CachePolicy`](crate::CachePolicy).
@@ -28,6 +29,7 @@
 //! ```
 
 mod body;
+mod detach;
 mod future;
 mod layer;
 mod service;

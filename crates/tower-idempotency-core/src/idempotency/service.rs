@@ -16,7 +16,7 @@ use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
-use super::{layer::Config, ResponseBody, ResponseFuture};
+use super::{detach::DetachOnDrop, layer::Config, ResponseBody, ResponseFuture};
 use crate::{
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
@@ -214,21 +214,26 @@ where
         }
         ClaimOutcome::Claimed { token } => {
             let request = Request::from_parts(parts, ReqBody::from(body));
-            // Boxed once here rather than moved by value through `instrument` and `spawn`.
-            let run = Box::pin(execute(
-                config.clone(),
-                inner,
-                request,
-                store_key,
-                token,
-                permit,
-            ));
-            // Spawned so that a caller's disconnect cannot cancel the handler halfway: the result
-            // is recorded either way. The span follows the task.
-            match config.tasks.spawn(run.instrument(span)).await {
+            // Runs here on the caller's task; if the caller goes away first, the rest is spawned
+            // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
+            // waits for it in both cases; instrumented so the span follows a detached handler.
+            let run = config.tasks.track_future(
+                AssertUnwindSafe(execute(
+                    config.clone(),
+                    inner,
+                    request,
+                    store_key,
+                    token,
+                    permit,
+                ))
+                .catch_unwind()
+                .instrument(span),
+            );
+            match DetachOnDrop::new(Box::pin(run)).await {
                 Ok(answer) => answer,
-                // Only when the runtime shuts down under the task; the lease frees the key.
-                Err(_) => Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed)),
+                // A panic outside the handler itself (the handler's own is caught in `execute`):
+                // the lease frees the key.
+                Err(_panic) => Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed)),
             }
         }
     }
@@ -372,6 +377,11 @@ async fn renewing_lease<F: Future>(
     work: F,
 ) -> F::Output {
     let mut work = pin!(work);
+    // A handler that finishes on its first poll never needs a renewal; the ticker (an allocation
+    // and a timer registration) is set up only for one that waits on something.
+    if let Poll::Ready(output) = futures_util::poll!(&mut work) {
+        return output;
+    }
     let period = (config.lease / 3).max(Duration::from_millis(10));
     let stop_renewing = Instant::now() + config.max_lease_renewal;
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);

@@ -34,9 +34,11 @@
 //! (`tower_idempotency_core::conformance`, feature `conformance`) unchanged; so should yours.
 
 mod codec;
+mod local_cache;
 mod memory;
 
 pub use codec::{decode_headers, encode_headers, CodecError};
+pub use local_cache::{LocalReplayCache, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL};
 pub use memory::MemoryStore;
 
 use std::{fmt, sync::Arc, time::Duration};

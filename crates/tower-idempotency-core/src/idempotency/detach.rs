@@ -1,0 +1,77 @@
+//! Runs the handler on the caller's task, and moves it to a task of its own only if the caller
+//! goes away first.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use tokio::runtime::Handle;
+
+/// A future polled in place while its caller waits for it; dropped unfinished (the client
+/// disconnected, a timeout layer gave up), it is spawned on the runtime it started on, so a
+/// claimed handler is never cancelled halfway and its result is still recorded.
+///
+/// Spawning every handler up front gives the same guarantee, but costs a task allocation, a
+/// scheduler round and a cross-task wake-up on every request; measured by the load harness, that
+/// was the largest fixed cost of a first request. Only requests whose caller gives up pay it here.
+pub(crate) struct DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    future: Option<Pin<Box<F>>>,
+    runtime: Option<Handle>,
+}
+
+impl<F> DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    pub(crate) fn new(future: Pin<Box<F>>) -> Self {
+        Self {
+            future: Some(future),
+            runtime: Handle::try_current().ok(),
+        }
+    }
+}
+
+impl<F> Future for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let future = self
+            .future
+            .as_mut()
+            .expect("DetachOnDrop polled after completion");
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F> Drop for DetachOnDrop<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else {
+            return;
+        };
+        match &self.runtime {
+            Some(runtime) => {
+                runtime.spawn(future);
+            }
+            // Not reachable through the layer (it is always polled inside a runtime); the lease
+            // frees the key if it ever happens.
+            None => tracing::error!("caller dropped a running handler outside a Tokio runtime; the key stays in flight until its lease expires"),
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! `LocalReplayCache`: the conformance suite over a wrapped memory store, plus what the cache adds
+//! (replays without a store call, local expiry, the byte bound, never caching in-flight records).
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use tower_idempotency_core::{
+    conformance::fresh_key, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
+    LocalReplayCache, MemoryStore, Ownership, RecordState, Store, StoreError,
+};
+
+mod suite {
+    tower_idempotency_core::store_conformance_tests!(async {
+        Some(tower_idempotency_core::LocalReplayCache::new(
+            tower_idempotency_core::MemoryStore::new(),
+        ))
+    });
+}
+
+/// A memory store that counts the claims reaching it.
+#[derive(Debug, Default)]
+struct CountingStore {
+    inner: MemoryStore,
+    claims: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for CountingStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(key, fingerprint, lease).await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.complete(key, token, response, ttl).await
+    }
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.inner.get(key).await
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(3600);
+
+fn response(body: &[u8]) -> CachedResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    CachedResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Bytes::copy_from_slice(body),
+        body_omitted: false,
+    }
+}
+
+/// Claims and completes `key` through `cache`, returning the stored response.
+async fn complete(cache: &LocalReplayCache<CountingStore>, key: &str, body: &[u8]) {
+    let fp = Fingerprint([1; 32]);
+    let ClaimOutcome::Claimed { token } = cache.claim(key, &fp, LEASE).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    let done = cache.complete(key, token, &response(body), TTL).await;
+    assert_eq!(done.unwrap(), Ownership::Current);
+}
+
+async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> Bytes {
+    match cache
+        .claim(key, &Fingerprint([1; 32]), LEASE)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed(record) => record.response.body,
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn replays_after_the_first_skip_the_store() {
+    let cache = LocalReplayCache::new(CountingStore::default());
+    let key = fresh_key("local-hit");
+    complete(&cache, &key, b"{\"id\":1}").await;
+    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 1);
+
+    for _ in 0..10 {
+        assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
+    }
+    assert_eq!(
+        cache.inner().claims.load(Ordering::SeqCst),
+        2,
+        "only the first replay asks the store"
+    );
+    assert_eq!(cache.hits(), 9);
+}
+
+#[tokio::test]
+async fn in_flight_records_are_never_cached() {
+    let cache = LocalReplayCache::new(CountingStore::default());
+    let key = fresh_key("local-in-flight");
+    let fp = Fingerprint([2; 32]);
+    assert!(matches!(
+        cache.claim(&key, &fp, LEASE).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    for _ in 0..3 {
+        assert!(matches!(
+            cache.claim(&key, &fp, LEASE).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ));
+    }
+    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 4);
+    assert_eq!(cache.hits(), 0);
+    assert!(cache.is_empty());
+}
+
+#[tokio::test]
+async fn a_cached_record_is_served_only_for_the_local_ttl() {
+    let ttl = Duration::from_millis(100);
+    let cache = LocalReplayCache::new(CountingStore::default()).ttl(ttl);
+    let key = fresh_key("local-ttl");
+    complete(&cache, &key, b"x").await;
+    replayed_body(&cache, &key).await; // cached now
+    replayed_body(&cache, &key).await;
+    assert_eq!(cache.hits(), 1);
+    // Waiting out the local TTL is what is under test here; there is no event to await.
+    tokio::time::sleep(ttl * 2).await;
+    replayed_body(&cache, &key).await;
+    assert_eq!(
+        cache.hits(),
+        1,
+        "after the local TTL the store is asked again"
+    );
+    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
+    let max_bytes = 64 * 1024;
+    let cache = LocalReplayCache::new(CountingStore::default()).max_bytes(max_bytes);
+    let body = vec![b'a'; 1024];
+    for i in 0..200 {
+        let key = fresh_key(&format!("local-bound-{i}"));
+        complete(&cache, &key, &body).await;
+        replayed_body(&cache, &key).await;
+    }
+    // Each entry weighs more than its 1 KiB body, so at most max_bytes / 1 KiB of them fit.
+    assert!(!cache.is_empty(), "small records are cached");
+    assert!(
+        cache.len() as u64 <= max_bytes / 1024,
+        "{} entries exceed the bound",
+        cache.len()
+    );
+
+    let big = fresh_key("local-big");
+    complete(&cache, &big, &vec![b'b'; (max_bytes / 8) as usize]).await;
+    let hits = cache.hits();
+    replayed_body(&cache, &big).await;
+    replayed_body(&cache, &big).await;
+    assert_eq!(
+        cache.hits(),
+        hits,
+        "a record above a sixteenth of the bound is not cached"
+    );
+}
+
+#[tokio::test]
+async fn a_local_replay_still_reports_the_original_fingerprint() {
+    let cache = LocalReplayCache::new(CountingStore::default());
+    let key = fresh_key("local-fingerprint");
+    complete(&cache, &key, b"x").await;
+    replayed_body(&cache, &key).await;
+    match cache
+        .claim(&key, &Fingerprint([9; 32]), LEASE)
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed(record) => assert_eq!(record.fingerprint, Fingerprint([1; 32])),
+        other => panic!("expected the completed record, got {other:?}"),
+    }
+    assert_eq!(
+        cache.hits(),
+        1,
+        "served locally; the layer answers 422 on the mismatch"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cached_instances_over_http_run_each_key_once() {
+    let shared = Arc::new(MemoryStore::new());
+    let a: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared.clone()));
+    let b: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared));
+    tower_idempotency_core::conformance::two_instances_over_http(a, b).await;
+}
