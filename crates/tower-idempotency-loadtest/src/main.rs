@@ -12,7 +12,6 @@
 #![warn(missing_docs)]
 
 mod alloc;
-mod copystore;
 mod load;
 mod proxy;
 mod report;
@@ -34,11 +33,12 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::{Handle, Runtime};
-use tower_idempotency_core::{scope::Scope, IdempotencyLayer, MemoryStore, PrincipalSource};
+use tower_idempotency_core::{
+    scope::Scope, IdempotencyLayer, LocalReplayCache, MemoryStore, PrincipalSource,
+};
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore, SqliteStore};
 
-use copystore::CopyingMemoryStore;
 use load::{drive, Keys, LoadResult, Plan, Stop, Workload, REPLAY_KEYS};
 use server::{router, serve, App, Gate};
 
@@ -81,8 +81,8 @@ USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
   --duration-ms N      measured window per cell (default 2000)
   --warmup-ms N        unrecorded lead-in per cell (default 500)
   --concurrency LIST   comma-separated worker counts (default 1,16,64)
-  --stores LIST        memory,memory-copy,sqlite,postgres,redis (default all); memory-copy is
-                       the memory store storing an exact-size copy of each body (an experiment)
+  --stores LIST        memory,sqlite,postgres,redis,postgres+cache,redis+cache (default all);
+                       +cache wraps the store in a LocalReplayCache (local replays)
   --runtime MODE       split: server and client on separate 1-worker runtimes (default);
                        shared: one 2-worker runtime for both
   --out DIR            results directory (default <workspace>/target/bench-results)
@@ -114,9 +114,16 @@ fn parse_args(raw: &[String]) -> Result<Args> {
         duration: Duration::from_millis(2000),
         warmup: Duration::from_millis(500),
         concurrency: vec![1, 16, 64],
-        stores: ["memory", "memory-copy", "sqlite", "postgres", "redis"]
-            .map(String::from)
-            .to_vec(),
+        stores: [
+            "memory",
+            "sqlite",
+            "postgres",
+            "redis",
+            "postgres+cache",
+            "redis+cache",
+        ]
+        .map(String::from)
+        .to_vec(),
         shared_runtime: false,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-results"),
         chart: None,
@@ -213,10 +220,13 @@ fn runtimes(shared: bool) -> Result<Runtimes> {
 enum Target {
     Bare,
     Memory,
-    MemoryCopy,
     Sqlite(Arc<SqliteStore>),
     Postgres(Arc<PostgresStore>),
     Redis(RedisStore),
+    /// The Postgres store behind a `LocalReplayCache`.
+    PostgresCached(Arc<PostgresStore>),
+    /// The Redis store behind a `LocalReplayCache`.
+    RedisCached(RedisStore),
 }
 
 impl Target {
@@ -224,26 +234,31 @@ impl Target {
         match self {
             Target::Bare => "bare",
             Target::Memory => "memory",
-            Target::MemoryCopy => "memory-copy",
             Target::Sqlite(_) => "sqlite",
             Target::Postgres(_) => "postgres",
             Target::Redis(_) => "redis",
+            Target::PostgresCached(_) => "postgres+cache",
+            Target::RedisCached(_) => "redis+cache",
         }
     }
 
-    /// A fresh layer; the memory store is new each time so a cell's records are freed after it.
+    /// A fresh layer; the memory store (and a local cache) is new each time so a cell's records
+    /// are freed after it.
     fn layer(&self) -> Option<IdempotencyLayer> {
         Some(match self {
             Target::Bare => return None,
             Target::Memory => {
                 IdempotencyLayer::client_keys(MemoryStore::new().with_max_entries(50_000_000))
             }
-            Target::MemoryCopy => IdempotencyLayer::client_keys(CopyingMemoryStore(
-                MemoryStore::new().with_max_entries(50_000_000),
-            )),
             Target::Sqlite(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Postgres(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Redis(s) => IdempotencyLayer::client_keys(s.clone()),
+            Target::PostgresCached(s) => {
+                IdempotencyLayer::client_keys(LocalReplayCache::new(s.clone()))
+            }
+            Target::RedisCached(s) => {
+                IdempotencyLayer::client_keys(LocalReplayCache::new(s.clone()))
+            }
         })
     }
 
@@ -263,15 +278,6 @@ impl Target {
                     Some(store),
                 )
             }
-            Target::MemoryCopy => {
-                let store = Arc::new(CopyingMemoryStore(
-                    MemoryStore::new().with_max_entries(50_000_000),
-                ));
-                (
-                    Some(IdempotencyLayer::client_keys(store.clone())),
-                    Some(store),
-                )
-            }
             _ => (self.layer(), None),
         }
     }
@@ -280,7 +286,7 @@ impl Target {
     fn statements(&self) -> Option<u64> {
         match self {
             Target::Sqlite(s) => Some(s.statements_executed()),
-            Target::Postgres(s) => Some(s.statements_executed()),
+            Target::Postgres(s) | Target::PostgresCached(s) => Some(s.statements_executed()),
             _ => None,
         }
     }
@@ -557,7 +563,6 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
     };
     match name {
         "memory" => Ok(Target::Memory),
-        "memory-copy" => Ok(Target::MemoryCopy),
         "sqlite" => {
             let url = format!("sqlite://{}", b.sqlite_path.display());
             let store = SqliteStore::connect(&url).await.map_err(|e| describe(&e))?;
@@ -574,6 +579,15 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
         "redis" => RedisStore::connect(&b.redis_url, &b.redis_prefix)
             .await
             .map(Target::Redis)
+            .map_err(|e| describe(&e)),
+        // Same table / prefix as the uncached targets: each cell uses keys of its own run.
+        "postgres+cache" => PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
+            .await
+            .map_err(|e| describe(&e))
+            .map(|store| Target::PostgresCached(Arc::new(store))),
+        "redis+cache" => RedisStore::connect(&b.redis_url, &b.redis_prefix)
+            .await
+            .map(Target::RedisCached)
             .map_err(|e| describe(&e)),
         other => Err(format!("unknown store {other:?}")),
     }
@@ -655,9 +669,7 @@ fn measure_all(
             let mut group: Vec<&Target> = targets.iter().collect();
             group.extend(targets.iter().filter(|t| matches!(t, Target::Bare)));
             for target in group {
-                if size > 1024
-                    && !matches!(target, Target::Bare | Target::Memory | Target::MemoryCopy)
-                {
+                if size > 1024 && !matches!(target, Target::Bare | Target::Memory) {
                     continue;
                 }
                 let workloads: &[Workload] = match target {
@@ -832,9 +844,11 @@ fn count_round_trips(
 ) -> Result<Vec<RoundTrips>> {
     // The Redis store under count connects through the proxy, with the same prefix.
     let (counted, proxy, unit) = match target {
-        Target::Bare | Target::Memory | Target::MemoryCopy => return Ok(Vec::new()),
-        Target::Sqlite(_) | Target::Postgres(_) => (target.clone(), None, "statements"),
-        Target::Redis(_) => {
+        Target::Bare | Target::Memory => return Ok(Vec::new()),
+        Target::Sqlite(_) | Target::Postgres(_) | Target::PostgresCached(_) => {
+            (target.clone(), None, "statements")
+        }
+        Target::Redis(_) | Target::RedisCached(_) => {
             let upstream = redis_addr(&b.redis_url)?;
             let proxy = rts.server.block_on(proxy::start(upstream))?;
             let url = format!("redis://{}", proxy.addr);
@@ -842,7 +856,11 @@ fn count_round_trips(
                 .server
                 .block_on(RedisStore::connect(&url, &b.redis_prefix))
                 .map_err(|_| HarnessError::Child("redis through the counting proxy"))?;
-            (Target::Redis(store), Some(proxy), "commands")
+            let counted = match target {
+                Target::RedisCached(_) => Target::RedisCached(store),
+                _ => Target::Redis(store),
+            };
+            (counted, Some(proxy), "commands")
         }
     };
     let counter = || match (&proxy, &counted) {
@@ -1159,7 +1177,7 @@ fn memory_children(args: &Args) -> Result<Vec<ChildReport>> {
         (20_000, 5_000, 1_000, 2_000)
     };
     let mut jobs: Vec<Vec<String>> = Vec::new();
-    for target in ["bare", "memory", "memory-copy"] {
+    for target in ["bare", "memory"] {
         jobs.push(vec![
             "rss".into(),
             target.into(),
@@ -1250,9 +1268,6 @@ fn child(raw: &[String]) -> Result<()> {
     let run = run_id();
     let layer = || match target.as_str() {
         "bare" => None,
-        "memory-copy" => Some(IdempotencyLayer::client_keys(CopyingMemoryStore(
-            MemoryStore::new().with_max_entries(50_000_000),
-        ))),
         _ => Some(IdempotencyLayer::client_keys(
             MemoryStore::new().with_max_entries(50_000_000),
         )),

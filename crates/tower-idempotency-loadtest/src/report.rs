@@ -92,10 +92,11 @@ fn markdown(results: &Results) -> String {
         [
             "bare",
             "memory",
-            "memory-copy",
             "sqlite",
             "postgres",
+            "postgres+cache",
             "redis",
+            "redis+cache",
         ]
         .iter()
         .position(|x| *x == t)
@@ -157,7 +158,12 @@ fn markdown(results: &Results) -> String {
     if !results.floors.is_empty() {
         md.push_str("\n#### Replay p99 against a raw store round trip\n\n");
         md.push_str("| store | conc. | raw operation | raw p50 µs | raw p99 µs | bare HTTP p99 µs | replay p99 µs | replay p99 / raw p99 | (replay − bare) p99 / raw p99 |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
-        for f in &results.floors {
+        // Each raw floor is compared with the plain store and with the same store behind a
+        // LocalReplayCache, when both were measured.
+        let rows = results.floors.iter().flat_map(|f| {
+            [f.store.clone(), format!("{}+cache", f.store)].map(move |target| (f, target))
+        });
+        for (f, target) in rows {
             let find = |target: &str, workload: Workload| {
                 results.cells.iter().find(|c| {
                     c.target == target
@@ -166,22 +172,22 @@ fn markdown(results: &Results) -> String {
                         && c.body_bytes == 1024
                 })
             };
-            let replay = find(&f.store, Workload::Replay).map(|c| c.result.p99_us);
+            let Some(replay) = find(&target, Workload::Replay).map(|c| c.result.p99_us) else {
+                continue;
+            };
             let bare = find("bare", Workload::New).map(|c| c.result.p99_us);
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
-                f.store,
+                "| {} | {} | {} | {:.0} | {:.0} | {} | {:.0} | {:.2}x | {} |",
+                target,
                 f.concurrency,
                 f.operation,
                 f.p50_us,
                 f.p99_us,
                 bare.map_or("-".into(), |v| format!("{v:.0}")),
-                replay.map_or("-".into(), |v| format!("{v:.0}")),
-                replay.map_or("-".into(), |v| format!("{:.2}x", v / f.p99_us)),
-                replay
-                    .zip(bare)
-                    .map_or("-".into(), |(r, b)| format!("{:.2}x", (r - b) / f.p99_us)),
+                replay,
+                replay / f.p99_us,
+                bare.map_or("-".into(), |b| format!("{:.2}x", (replay - b) / f.p99_us)),
             );
         }
     }
@@ -282,7 +288,14 @@ fn svg(results: &Results) -> String {
     levels.sort_unstable();
     levels.dedup();
     for body in [1024usize, 64 * 1024] {
-        for target in ["memory", "memory-copy", "sqlite", "postgres", "redis"] {
+        for target in [
+            "memory",
+            "sqlite",
+            "postgres",
+            "postgres+cache",
+            "redis",
+            "redis+cache",
+        ] {
             for workload in Workload::ALL {
                 let bars: Vec<(usize, f64)> = results
                     .cells
