@@ -34,7 +34,8 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::{Handle, Runtime};
 use tower_idempotency_core::{
-    scope::Scope, IdempotencyLayer, LocalReplayCache, MemoryStore, PrincipalSource,
+    scope::Scope, Fingerprint, FingerprintMode, IdempotencyLayer, LocalReplayCache, MemoryStore,
+    PrincipalSource,
 };
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore, SqliteStore};
@@ -81,8 +82,10 @@ USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
   --duration-ms N      measured window per cell (default 2000)
   --warmup-ms N        unrecorded lead-in per cell (default 500)
   --concurrency LIST   comma-separated worker counts (default 1,16,64)
-  --stores LIST        memory,sqlite,postgres,redis,postgres+cache,redis+cache (default all);
-                       +cache wraps the store in a LocalReplayCache (local replays)
+  --stores LIST        memory,memory-constfp,sqlite,postgres,redis,postgres+cache,redis+cache
+                       (default all); +cache wraps the store in a LocalReplayCache (local
+                       replays); memory-constfp is an experiment: the memory store with a
+                       constant fingerprint, to isolate the cost of SHA-256 over the body
   --runtime MODE       split: server and client on separate 1-worker runtimes (default);
                        shared: one 2-worker runtime for both
   --out DIR            results directory (default <workspace>/target/bench-results)
@@ -116,6 +119,7 @@ fn parse_args(raw: &[String]) -> Result<Args> {
         concurrency: vec![1, 16, 64],
         stores: [
             "memory",
+            "memory-constfp",
             "sqlite",
             "postgres",
             "redis",
@@ -220,6 +224,9 @@ fn runtimes(shared: bool) -> Result<Runtimes> {
 enum Target {
     Bare,
     Memory,
+    /// An experiment, not a configuration to ship: the memory store with the request fingerprint
+    /// replaced by a constant, to show how much of the layer's cost is the SHA-256 of the body.
+    MemoryConstantFingerprint,
     Sqlite(Arc<SqliteStore>),
     Postgres(Arc<PostgresStore>),
     Redis(RedisStore),
@@ -234,6 +241,7 @@ impl Target {
         match self {
             Target::Bare => "bare",
             Target::Memory => "memory",
+            Target::MemoryConstantFingerprint => "memory-constfp",
             Target::Sqlite(_) => "sqlite",
             Target::Postgres(_) => "postgres",
             Target::Redis(_) => "redis",
@@ -249,6 +257,12 @@ impl Target {
             Target::Bare => return None,
             Target::Memory => {
                 IdempotencyLayer::client_keys(MemoryStore::new().with_max_entries(50_000_000))
+            }
+            Target::MemoryConstantFingerprint => {
+                IdempotencyLayer::client_keys(MemoryStore::new().with_max_entries(50_000_000))
+                    .fingerprint(FingerprintMode::Custom(Arc::new(|_, _| {
+                        Fingerprint([0; 32])
+                    })))
             }
             Target::Sqlite(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Postgres(s) => IdempotencyLayer::client_keys(s.clone()),
@@ -563,6 +577,7 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
     };
     match name {
         "memory" => Ok(Target::Memory),
+        "memory-constfp" => Ok(Target::MemoryConstantFingerprint),
         "sqlite" => {
             let url = format!("sqlite://{}", b.sqlite_path.display());
             let store = SqliteStore::connect(&url).await.map_err(|e| describe(&e))?;
@@ -669,7 +684,12 @@ fn measure_all(
             let mut group: Vec<&Target> = targets.iter().collect();
             group.extend(targets.iter().filter(|t| matches!(t, Target::Bare)));
             for target in group {
-                if size > 1024 && !matches!(target, Target::Bare | Target::Memory) {
+                if size > 1024
+                    && !matches!(
+                        target,
+                        Target::Bare | Target::Memory | Target::MemoryConstantFingerprint
+                    )
+                {
                     continue;
                 }
                 let workloads: &[Workload] = match target {
@@ -844,7 +864,7 @@ fn count_round_trips(
 ) -> Result<Vec<RoundTrips>> {
     // The Redis store under count connects through the proxy, with the same prefix.
     let (counted, proxy, unit) = match target {
-        Target::Bare | Target::Memory => return Ok(Vec::new()),
+        Target::Bare | Target::Memory | Target::MemoryConstantFingerprint => return Ok(Vec::new()),
         Target::Sqlite(_) | Target::Postgres(_) | Target::PostgresCached(_) => {
             (target.clone(), None, "statements")
         }

@@ -92,6 +92,7 @@ fn markdown(results: &Results) -> String {
         [
             "bare",
             "memory",
+            "memory-constfp",
             "sqlite",
             "postgres",
             "postgres+cache",
@@ -290,6 +291,7 @@ fn svg(results: &Results) -> String {
     for body in [1024usize, 64 * 1024] {
         for target in [
             "memory",
+            "memory-constfp",
             "sqlite",
             "postgres",
             "postgres+cache",

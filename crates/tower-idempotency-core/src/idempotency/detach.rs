@@ -18,19 +18,21 @@ use tokio::runtime::Handle;
 /// was the largest fixed cost of a first request. Only requests whose caller gives up pay it here.
 pub(crate) struct DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
-    future: Option<Pin<Box<F>>>,
+    future: Option<F>,
     runtime: Option<Handle>,
 }
 
 impl<F> DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
-    pub(crate) fn new(future: Pin<Box<F>>) -> Self {
+    /// `future` is `Unpin` (boxed by the caller where needed) so that it can be moved into a
+    /// task of its own after it has been polled.
+    pub(crate) fn new(future: F) -> Self {
         Self {
             future: Some(future),
             runtime: Handle::try_current().ok(),
@@ -40,7 +42,7 @@ where
 
 impl<F> Future for DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     type Output = F::Output;
@@ -50,7 +52,7 @@ where
             .future
             .as_mut()
             .expect("DetachOnDrop polled after completion");
-        let output = std::task::ready!(future.as_mut().poll(cx));
+        let output = std::task::ready!(Pin::new(future).poll(cx));
         self.future = None;
         Poll::Ready(output)
     }
@@ -58,7 +60,7 @@ where
 
 impl<F> Drop for DetachOnDrop<F>
 where
-    F: Future + Send + 'static,
+    F: Future + Unpin + Send + 'static,
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {

@@ -217,19 +217,19 @@ where
             // Runs here on the caller's task; if the caller goes away first, the rest is spawned
             // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
             // waits for it in both cases; instrumented so the span follows a detached handler.
-            let run = config.tasks.track_future(
-                AssertUnwindSafe(execute(
-                    config.clone(),
-                    inner,
-                    request,
-                    store_key,
-                    token,
-                    permit,
-                ))
-                .catch_unwind()
-                .instrument(span),
-            );
-            match DetachOnDrop::new(Box::pin(run)).await {
+            // Boxed first, so the wrappers around it move a pointer, not the whole future.
+            let execute = Box::pin(execute(
+                config.clone(),
+                inner,
+                request,
+                store_key,
+                token,
+                permit,
+            ));
+            let run = config
+                .tasks
+                .track_future(AssertUnwindSafe(execute).catch_unwind().instrument(span));
+            match DetachOnDrop::new(run).await {
                 Ok(answer) => answer,
                 // A panic outside the handler itself (the handler's own is caught in `execute`):
                 // the lease frees the key.
