@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark of the workspace and collects the outputs in one directory:
-#   - the criterion micro benchmarks (core layer, webhook verification, sqlx stores, Redis store);
+#   - the criterion micro benchmarks (core layer, webhook verification and its paired ratios,
+#     sqlx stores, Redis store);
 #   - the load harness (crates/tower-idempotency-loadtest), which also redraws
 #     docs/benchmarks/throughput.svg.
 #
@@ -50,6 +51,7 @@ if [[ $criterion == 1 ]]; then
     }
     run_bench layer -p tower-idempotency-core --bench layer
     run_bench verify -p tower-idempotency-webhooks --bench verify
+    run_bench ratios -p tower-idempotency-webhooks --bench ratios
     run_bench stores -p tower-idempotency-sqlx --bench stores
     run_bench redis_store -p tower-idempotency-redis --bench redis_store
 fi

@@ -1,0 +1,77 @@
+//! A loop of in-process requests through the layer (memory store, current-thread runtime), for
+//! profilers: `perf record`, `perf stat`, `valgrind --tool=callgrind`. No criterion, no network,
+//! so a profile shows the layer and the handler and little else.
+//!
+//! ```sh
+//! cargo build --release -p tower-idempotency-core --example profile_loop
+//! perf stat -e task-clock target/release/examples/profile_loop replay 1024 200000
+//! perf record -g target/release/examples/profile_loop new 1024 200000
+//! ```
+//!
+//! Arguments: `bare|new|replay`, the body size in bytes, the number of requests.
+
+use axum::{body::Body, routing::post, Router};
+use bytes::Bytes;
+use http::Request;
+use tower::ServiceExt;
+use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+
+async fn handler(body: Bytes) -> (http::StatusCode, Bytes) {
+    (http::StatusCode::CREATED, body)
+}
+
+fn request(key: &str, body: &Bytes) -> Request<Body> {
+    Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.clone()))
+        .expect("valid request")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: profile_loop bare|new|replay BODY_BYTES REQUESTS";
+    let [mode, size, requests] = args.as_slice() else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let (Ok(size), Ok(requests)) = (size.parse::<usize>(), requests.parse::<usize>()) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let bare = Router::new().route("/orders", post(handler));
+    let guarded =
+        Router::new()
+            .route("/orders", post(handler))
+            .route_layer(IdempotencyLayer::client_keys(
+                MemoryStore::new().with_max_entries(100_000_000),
+            ));
+    let body = Bytes::from(vec![b'x'; size]);
+    runtime.block_on(async {
+        let first = guarded.clone().oneshot(request("replayed", &body)).await;
+        assert_eq!(first.expect("infallible").status(), 201);
+        for i in 0..requests {
+            let response = match mode.as_str() {
+                "bare" => bare.clone().oneshot(request("k", &body)).await,
+                "new" => {
+                    guarded
+                        .clone()
+                        .oneshot(request(&format!("new-{i}"), &body))
+                        .await
+                }
+                "replay" => guarded.clone().oneshot(request("replayed", &body)).await,
+                _ => {
+                    eprintln!("{usage}");
+                    std::process::exit(2);
+                }
+            };
+            let response = response.expect("infallible");
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            assert_eq!(bytes.expect("body").len(), size);
+        }
+    });
+}
