@@ -103,7 +103,7 @@ async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> By
 }
 
 #[tokio::test]
-async fn replays_after_the_first_skip_the_store() {
+async fn the_completing_instance_replays_without_the_store() {
     let cache = LocalReplayCache::new(CountingStore::default());
     let key = fresh_key("local-hit");
     complete(&cache, &key, b"{\"id\":1}").await;
@@ -114,10 +114,77 @@ async fn replays_after_the_first_skip_the_store() {
     }
     assert_eq!(
         cache.inner().claims.load(Ordering::SeqCst),
-        2,
-        "only the first replay asks the store"
+        1,
+        "the completion filled the cache"
     );
-    assert_eq!(cache.hits(), 9);
+    assert_eq!(cache.hits(), 10);
+}
+
+#[tokio::test]
+async fn another_instance_asks_the_store_once_then_replays_locally() {
+    let shared = Arc::new(CountingStore::default());
+    let writer = LocalReplayCache::new(shared.clone());
+    let reader = LocalReplayCache::new(shared.clone());
+    let key = fresh_key("local-other-instance");
+    let fp = Fingerprint([1; 32]);
+    let ClaimOutcome::Claimed { token } = writer.claim(&key, &fp, LEASE).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    let done = writer.complete(&key, token, &response(b"x"), TTL).await;
+    assert_eq!(done.unwrap(), Ownership::Current);
+
+    for _ in 0..5 {
+        match reader.claim(&key, &fp, LEASE).await.unwrap() {
+            ClaimOutcome::Completed(record) => assert_eq!(record.response.body, &b"x"[..]),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        shared.claims.load(Ordering::SeqCst),
+        2,
+        "writer's claim + reader's first"
+    );
+    assert_eq!(reader.hits(), 4);
+}
+
+#[tokio::test]
+async fn released_and_stale_completions_are_not_cached() {
+    let cache = LocalReplayCache::new(CountingStore::default());
+    let fp = Fingerprint([4; 32]);
+    let released = fresh_key("local-released");
+    let ClaimOutcome::Claimed { token } = cache.claim(&released, &fp, LEASE).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    cache.release(&released, token).await.unwrap();
+    assert!(matches!(
+        cache.claim(&released, &fp, LEASE).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+
+    let stale = fresh_key("local-stale");
+    let short = Duration::from_millis(50);
+    let ClaimOutcome::Claimed { token: old } = cache.claim(&stale, &fp, short).await.unwrap()
+    else {
+        panic!("a fresh key is claimed");
+    };
+    // Waiting out the lease is what is under test; there is no event to await.
+    tokio::time::sleep(short * 3).await;
+    let ClaimOutcome::Claimed { token: new } = cache.claim(&stale, &fp, LEASE).await.unwrap()
+    else {
+        panic!("an expired lease is reclaimed");
+    };
+    let done = cache.complete(&stale, old, &response(b"stale"), TTL).await;
+    assert_eq!(done.unwrap(), Ownership::Stale);
+    assert!(
+        matches!(
+            cache.claim(&stale, &fp, LEASE).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ),
+        "a refused completion must not be replayed from the cache"
+    );
+    assert_eq!(cache.hits(), 0);
+    let done = cache.complete(&stale, new, &response(b"new"), TTL).await;
+    assert_eq!(done.unwrap(), Ownership::Current);
 }
 
 #[tokio::test]
@@ -145,8 +212,7 @@ async fn a_cached_record_is_served_only_for_the_local_ttl() {
     let ttl = Duration::from_millis(100);
     let cache = LocalReplayCache::new(CountingStore::default()).ttl(ttl);
     let key = fresh_key("local-ttl");
-    complete(&cache, &key, b"x").await;
-    replayed_body(&cache, &key).await; // cached now
+    complete(&cache, &key, b"x").await; // cached now
     replayed_body(&cache, &key).await;
     assert_eq!(cache.hits(), 1);
     // Waiting out the local TTL is what is under test here; there is no event to await.
@@ -157,7 +223,7 @@ async fn a_cached_record_is_served_only_for_the_local_ttl() {
         1,
         "after the local TTL the store is asked again"
     );
-    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 3);
+    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
@@ -195,7 +261,6 @@ async fn a_local_replay_still_reports_the_original_fingerprint() {
     let cache = LocalReplayCache::new(CountingStore::default());
     let key = fresh_key("local-fingerprint");
     complete(&cache, &key, b"x").await;
-    replayed_body(&cache, &key).await;
     match cache
         .claim(&key, &Fingerprint([9; 32]), LEASE)
         .await
@@ -217,4 +282,32 @@ async fn two_cached_instances_over_http_run_each_key_once() {
     let a: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared.clone()));
     let b: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared));
     tower_idempotency_core::conformance::two_instances_over_http(a, b).await;
+}
+
+#[tokio::test]
+async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
+    let cache = LocalReplayCache::new(CountingStore::default());
+    let key = fresh_key("local-record-ttl");
+    let fp = Fingerprint([5; 32]);
+    let record_ttl = Duration::from_millis(80);
+    let ClaimOutcome::Claimed { token } = cache.claim(&key, &fp, LEASE).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    let done = cache
+        .complete(&key, token, &response(b"x"), record_ttl)
+        .await;
+    assert_eq!(done.unwrap(), Ownership::Current);
+    assert!(matches!(
+        cache.claim(&key, &fp, LEASE).await.unwrap(),
+        ClaimOutcome::Completed(_)
+    ));
+    // Waiting out the record's TTL is what is under test; there is no event to await.
+    tokio::time::sleep(record_ttl * 2).await;
+    assert!(
+        matches!(
+            cache.claim(&key, &fp, LEASE).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ),
+        "the record expired in the store, so the key is new again"
+    );
 }

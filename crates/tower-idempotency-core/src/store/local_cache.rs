@@ -23,9 +23,10 @@ pub const DEFAULT_LOCAL_CACHE_TTL: Duration = Duration::from_secs(5);
 /// store round trip per instance instead of one per duplicate.
 ///
 /// Wraps any [`Store`]; every call except a replay goes to that store unchanged. A record enters
-/// the cache when the store answers a claim with [`ClaimOutcome::Completed`], and is served locally
-/// for at most [`ttl`](Self::ttl) (default 5 s) or until the byte bound
-/// ([`max_bytes`](Self::max_bytes), default 64 MiB) evicts it. In-flight records are never cached:
+/// the cache when this instance completes it (the store accepted the completion), or when the
+/// store answers a claim with [`ClaimOutcome::Completed`], and is served locally for at most
+/// [`ttl`](Self::ttl) (default 5 s, never past the record's own TTL when this instance wrote it)
+/// or until the byte bound ([`max_bytes`](Self::max_bytes), default 64 MiB) evicts it. In-flight records are never cached:
 /// only the store decides who runs the handler, so the exactly-once guarantee does not depend on
 /// the cache.
 ///
@@ -50,6 +51,10 @@ pub const DEFAULT_LOCAL_CACHE_TTL: Duration = Duration::from_secs(5);
 pub struct LocalReplayCache<S> {
     inner: S,
     entries: Cache<String, Entry, RecordWeight>,
+    /// Keys this instance claimed and may complete: the fingerprint a completed record needs is
+    /// only known at claim time. Bounded; losing an entry only means that record is not cached
+    /// on completion.
+    claimed: Cache<String, (FencingToken, Fingerprint)>,
     max_bytes: u64,
     ttl: Duration,
     hits: AtomicU64,
@@ -83,6 +88,7 @@ impl<S: Store> LocalReplayCache<S> {
         Self {
             inner,
             entries: new_cache(DEFAULT_LOCAL_CACHE_BYTES),
+            claimed: Cache::new(CLAIMED_CAPACITY),
             max_bytes: DEFAULT_LOCAL_CACHE_BYTES,
             ttl: DEFAULT_LOCAL_CACHE_TTL,
             hits: AtomicU64::new(0),
@@ -124,6 +130,9 @@ impl<S: Store> LocalReplayCache<S> {
     }
 }
 
+/// Claims remembered for filling the cache on completion (about 100 bytes each).
+const CLAIMED_CAPACITY: usize = 16 * 1024;
+
 fn new_cache(max_bytes: u64) -> Cache<String, Entry, RecordWeight> {
     let estimated_items = (max_bytes / 2048).max(16) as usize;
     let options = quick_cache::OptionsBuilder::new()
@@ -137,6 +146,20 @@ fn new_cache(max_bytes: u64) -> Cache<String, Entry, RecordWeight> {
         Default::default(),
         Default::default(),
     )
+}
+
+impl<S> LocalReplayCache<S> {
+    fn remember(&self, key: &str, record: CompletedRecord, served_until: Instant) {
+        let key = key.to_owned();
+        let entry = Entry {
+            record,
+            served_until,
+        };
+        // One large response must not flush hundreds of small ones.
+        if RecordWeight.weight(&key, &entry) <= self.max_bytes / 16 {
+            self.entries.insert(key, entry);
+        }
+    }
 }
 
 impl<S: fmt::Debug> fmt::Debug for LocalReplayCache<S> {
@@ -168,16 +191,12 @@ impl<S: Store> Store for LocalReplayCache<S> {
             self.entries.remove(key);
         }
         let outcome = self.inner.claim(key, fingerprint, lease).await?;
-        if let ClaimOutcome::Completed(record) = &outcome {
-            let key = key.to_owned();
-            let entry = Entry {
-                record: record.clone(),
-                served_until: now + self.ttl,
-            };
-            // One large response must not flush hundreds of small ones.
-            if RecordWeight.weight(&key, &entry) <= self.max_bytes / 16 {
-                self.entries.insert(key, entry);
+        match &outcome {
+            ClaimOutcome::Completed(record) => self.remember(key, record.clone(), now + self.ttl),
+            ClaimOutcome::Claimed { token } => {
+                self.claimed.insert(key.to_owned(), (*token, *fingerprint));
             }
+            ClaimOutcome::InFlight { .. } => {}
         }
         Ok(outcome)
     }
@@ -198,10 +217,26 @@ impl<S: Store> Store for LocalReplayCache<S> {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
+        let outcome = self.inner.complete(key, token, response, ttl).await;
+        let claim = self.claimed.remove(key).map(|(_, claim)| claim);
+        if let (Ok(Ownership::Current), Some((claimed, fingerprint))) = (&outcome, claim) {
+            if claimed == token {
+                let record = CompletedRecord {
+                    fingerprint,
+                    // A copy, so the cache never pins the buffer the body was sliced from.
+                    response: CachedResponse {
+                        body: bytes::Bytes::copy_from_slice(&response.body),
+                        ..response.clone()
+                    },
+                };
+                self.remember(key, record, Instant::now() + self.ttl.min(ttl));
+            }
+        }
+        outcome
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.claimed.remove(key);
         self.inner.release(key, token).await
     }
 
