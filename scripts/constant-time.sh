@@ -29,7 +29,7 @@ esac
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 
 cargo build --release --quiet -p tower-idempotency-webhooks --example ct_probe
-probe=target/release/examples/ct_probe
+probe="${CARGO_TARGET_DIR:-target}/release/examples/ct_probe"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
