@@ -34,10 +34,79 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::{
     store::{
-        CachedResponse, ClaimOutcome, CompletedRecord, Fingerprint, Ownership, RecordState, Store,
+        CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership,
+        RecordState, Store, StoreError,
     },
-    IdempotencyLayer,
+    IdempotencyLayer, MemoryStore,
 };
+
+/// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did
+/// not) touch the store: a rejected request must not claim, a locally cached replay must not.
+#[derive(Debug, Default)]
+pub struct CountingStore<S = MemoryStore> {
+    inner: S,
+    claims: AtomicUsize,
+}
+
+impl<S> CountingStore<S> {
+    /// Counts the claims reaching `inner`.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            claims: AtomicUsize::new(0),
+        }
+    }
+
+    /// Claims that reached the wrapped store so far.
+    pub fn claims(&self) -> usize {
+        self.claims.load(Ordering::SeqCst)
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for CountingStore<S> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(key, fingerprint, lease).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.complete(key, token, response, ttl).await
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.inner.release(key, token).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.inner.get(key).await
+    }
+}
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(60);

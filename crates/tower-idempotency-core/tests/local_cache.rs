@@ -1,19 +1,13 @@
 //! `LocalReplayCache`: the conformance suite over a wrapped memory store, plus what the cache adds
 //! (replays without a store call, local expiry, the byte bound, never caching in-flight records).
 
-use std::{
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tower_idempotency_core::{
-    conformance::fresh_key, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
-    LocalReplayCache, MemoryStore, Ownership, RecordState, Store, StoreError,
+    conformance::{fresh_key, CountingStore},
+    CachedResponse, ClaimOutcome, Fingerprint, LocalReplayCache, MemoryStore, Ownership, Store,
 };
 
 mod suite {
@@ -22,49 +16,6 @@ mod suite {
             tower_idempotency_core::MemoryStore::new(),
         ))
     });
-}
-
-/// A memory store that counts the claims reaching it.
-#[derive(Debug, Default)]
-struct CountingStore {
-    inner: MemoryStore,
-    claims: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Store for CountingStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, fingerprint, lease).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
 }
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -104,25 +55,21 @@ async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> By
 
 #[tokio::test]
 async fn the_completing_instance_replays_without_the_store() {
-    let cache = LocalReplayCache::new(CountingStore::default());
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-hit");
     complete(&cache, &key, b"{\"id\":1}").await;
-    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 1);
+    assert_eq!(cache.inner().claims(), 1);
 
     for _ in 0..10 {
         assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
     }
-    assert_eq!(
-        cache.inner().claims.load(Ordering::SeqCst),
-        1,
-        "the completion filled the cache"
-    );
+    assert_eq!(cache.inner().claims(), 1, "the completion filled the cache");
     assert_eq!(cache.hits(), 10);
 }
 
 #[tokio::test]
 async fn another_instance_asks_the_store_once_then_replays_locally() {
-    let shared = Arc::new(CountingStore::default());
+    let shared = Arc::new(CountingStore::new(MemoryStore::new()));
     let writer = LocalReplayCache::new(shared.clone());
     let reader = LocalReplayCache::new(shared.clone());
     let key = fresh_key("local-other-instance");
@@ -139,17 +86,13 @@ async fn another_instance_asks_the_store_once_then_replays_locally() {
             other => panic!("expected a replay, got {other:?}"),
         }
     }
-    assert_eq!(
-        shared.claims.load(Ordering::SeqCst),
-        2,
-        "writer's claim + reader's first"
-    );
+    assert_eq!(shared.claims(), 2, "writer's claim + reader's first");
     assert_eq!(reader.hits(), 4);
 }
 
 #[tokio::test]
 async fn released_and_stale_completions_are_not_cached() {
-    let cache = LocalReplayCache::new(CountingStore::default());
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let fp = Fingerprint([4; 32]);
     let released = fresh_key("local-released");
     let ClaimOutcome::Claimed { token } = cache.claim(&released, &fp, LEASE).await.unwrap() else {
@@ -189,7 +132,7 @@ async fn released_and_stale_completions_are_not_cached() {
 
 #[tokio::test]
 async fn in_flight_records_are_never_cached() {
-    let cache = LocalReplayCache::new(CountingStore::default());
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-in-flight");
     let fp = Fingerprint([2; 32]);
     assert!(matches!(
@@ -202,7 +145,7 @@ async fn in_flight_records_are_never_cached() {
             ClaimOutcome::InFlight { .. }
         ));
     }
-    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 4);
+    assert_eq!(cache.inner().claims(), 4);
     assert_eq!(cache.hits(), 0);
     assert!(cache.is_empty());
 }
@@ -210,7 +153,7 @@ async fn in_flight_records_are_never_cached() {
 #[tokio::test]
 async fn a_cached_record_is_served_only_for_the_local_ttl() {
     let ttl = Duration::from_millis(100);
-    let cache = LocalReplayCache::new(CountingStore::default()).ttl(ttl);
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new())).ttl(ttl);
     let key = fresh_key("local-ttl");
     complete(&cache, &key, b"x").await; // cached now
     replayed_body(&cache, &key).await;
@@ -223,13 +166,13 @@ async fn a_cached_record_is_served_only_for_the_local_ttl() {
         1,
         "after the local TTL the store is asked again"
     );
-    assert_eq!(cache.inner().claims.load(Ordering::SeqCst), 2);
+    assert_eq!(cache.inner().claims(), 2);
 }
 
 #[tokio::test]
 async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
     let max_bytes = 64 * 1024;
-    let cache = LocalReplayCache::new(CountingStore::default()).max_bytes(max_bytes);
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new())).max_bytes(max_bytes);
     let body = vec![b'a'; 1024];
     for i in 0..200 {
         let key = fresh_key(&format!("local-bound-{i}"));
@@ -258,7 +201,7 @@ async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
 
 #[tokio::test]
 async fn a_local_replay_still_reports_the_original_fingerprint() {
-    let cache = LocalReplayCache::new(CountingStore::default());
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-fingerprint");
     complete(&cache, &key, b"x").await;
     match cache
@@ -286,7 +229,7 @@ async fn two_cached_instances_over_http_run_each_key_once() {
 
 #[tokio::test]
 async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
-    let cache = LocalReplayCache::new(CountingStore::default());
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-record-ttl");
     let fp = Fingerprint([5; 32]);
     let record_ttl = Duration::from_millis(80);
