@@ -12,7 +12,8 @@ use std::{
 
 use bytes::Bytes;
 // The layer's keys are SHA-256 digests, which nobody can steer into colliding buckets, so the
-// keyed-but-fast foldhash replaces SipHash (a quarter of the store's instructions per claim).
+// seeded-but-fast foldhash replaces SipHash (callgrind: SipHash of the ~75-byte key, three to four
+// times per first request, was ~2 400 of its ~30 000 instructions outside the SHA-256 passes).
 use foldhash::fast::RandomState;
 
 use super::{
