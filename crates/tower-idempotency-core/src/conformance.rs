@@ -40,6 +40,55 @@ use crate::{
     IdempotencyLayer, MemoryStore,
 };
 
+/// A store together with a guard that lives as long as it: tests hand the pair to the suite, and
+/// the guard's `Drop` removes the table, file or keys the store used. Every call goes to `store`.
+#[derive(Clone, Debug)]
+pub struct Guarded<S, G> {
+    /// The store under test.
+    pub store: S,
+    /// Dropped with the store (cleanup).
+    pub guard: G,
+}
+
+#[async_trait::async_trait]
+impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.store.claim(key, fingerprint, lease).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.store.renew(key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.store.complete(key, token, response, ttl).await
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.store.release(key, token).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.store.get(key).await
+    }
+}
+
 /// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did
 /// not) touch the store: a rejected request must not claim, a locally cached replay must not.
 #[derive(Debug, Default)]

@@ -16,14 +16,14 @@ async fn cluster_two_instances_over_http() {
     };
     // Same prefix, separate cluster connections: two application instances.
     let b = common::TestStore {
-        inner: tower_idempotency_redis::RedisStore::cluster(
+        store: tower_idempotency_redis::RedisStore::cluster(
             common::cluster_connection(common::Cluster::shared().unwrap())
                 .await
                 .unwrap(),
-            a.inner.prefix(),
+            a.store.prefix(),
         )
         .unwrap(),
-        cleanup: b.cleanup,
+        guard: b.guard,
     };
     let a: Arc<dyn Store> = Arc::new(a);
     conformance::two_instances_over_http(a, Arc::new(b)).await;
@@ -53,7 +53,7 @@ async fn records_spread_over_all_masters_by_hash_tag() {
                 .unwrap()
         };
         assert_eq!(
-            slot_of(&store.inner.redis_key(&key), &mut con),
+            slot_of(&store.store.redis_key(&key), &mut con),
             slot_of(&key, &mut con)
         );
     }
@@ -64,12 +64,12 @@ async fn records_spread_over_all_masters_by_hash_tag() {
             .get_connection()
             .unwrap();
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", store.inner.prefix()))
+            .arg(format!("{}:*", store.store.prefix()))
             .query(&mut con)
             .unwrap();
         assert!(!keys.is_empty(), "master {url} holds none of the records");
     }
-    assert_eq!(store.cleanup.count_keys(), 60);
+    assert_eq!(store.guard.count_keys(), 60);
 }
 
 /// Losing a master (no replicas) fails the calls for its slots quickly with an error the layer

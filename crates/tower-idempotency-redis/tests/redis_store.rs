@@ -58,7 +58,7 @@ async fn two_instances_with_separate_connection_managers() {
         return;
     };
     let manager = common::manager(&common::redis_url()).await.unwrap();
-    let b = RedisStore::new(manager, a.inner.prefix()).unwrap();
+    let b = RedisStore::new(manager, a.store.prefix()).unwrap();
     conformance::two_instances_over_http(Arc::new(a), Arc::new(b)).await;
 }
 
@@ -67,8 +67,8 @@ async fn restart_keeps_completed_keys() {
     let Some(before) = common::standalone_store().await else {
         return;
     };
-    let cleanup = before.cleanup.clone();
-    let after = RedisStore::connect(&common::redis_url(), before.inner.prefix())
+    let cleanup = before.guard.clone();
+    let after = RedisStore::connect(&common::redis_url(), before.store.prefix())
         .await
         .unwrap();
     conformance::restart_keeps_completed(Arc::new(before), Arc::new(after)).await;
@@ -312,7 +312,7 @@ async fn oversize_records_are_refused_and_the_claim_stays_usable() {
     let Some(store) = common::standalone_store().await else {
         return;
     };
-    assert_eq!(store.inner.max_record_bytes(), DEFAULT_MAX_RECORD_BYTES);
+    assert_eq!(store.store.max_record_bytes(), DEFAULT_MAX_RECORD_BYTES);
     let ttl = Duration::from_secs(30);
 
     // The default limit: 16 MiB of body is more than 16 MiB of record.
@@ -328,7 +328,7 @@ async fn oversize_records_are_refused_and_the_claim_stays_usable() {
     }
 
     // A configured limit, and the record just under it still fits.
-    let small = store.inner.clone().with_max_record_bytes(1024);
+    let small = store.store.clone().with_max_record_bytes(1024);
     let key_b = key("small");
     let token = claimed(&small, &key_b, ttl).await;
     match small
@@ -365,7 +365,7 @@ async fn records_expire_with_redis_key_expiry_and_nothing_else_is_written() {
     };
     let k = key("layout");
     let token = claimed(&store, &k, Duration::from_secs(30)).await;
-    assert_eq!(store.cleanup.count_keys(), 1, "one Redis key per record");
+    assert_eq!(store.guard.count_keys(), 1, "one Redis key per record");
     store
         .complete(&k, token, &response("done"), Duration::from_millis(300))
         .await
@@ -375,7 +375,7 @@ async fn records_expire_with_redis_key_expiry_and_nothing_else_is_written() {
         .get_connection()
         .unwrap();
     let pttl: i64 = redis::cmd("PTTL")
-        .arg(store.inner.redis_key(&k))
+        .arg(store.store.redis_key(&k))
         .query(&mut con)
         .unwrap();
     assert!(
@@ -383,7 +383,7 @@ async fn records_expire_with_redis_key_expiry_and_nothing_else_is_written() {
         "completed record expires with its TTL: {pttl}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(store.cleanup.count_keys(), 0, "nothing outlives the record");
+    assert_eq!(store.guard.count_keys(), 0, "nothing outlives the record");
     assert_eq!(store.get(&k).await.unwrap(), None);
 }
 
@@ -403,7 +403,7 @@ async fn stale_large_completion_leaves_no_staged_value_behind() {
         Ownership::Stale
     );
     assert_eq!(
-        store.cleanup.count_keys(),
+        store.guard.count_keys(),
         1,
         "the stale staged value is gone"
     );
@@ -416,7 +416,7 @@ async fn stale_large_completion_leaves_no_staged_value_behind() {
         Ownership::Current
     );
     assert_eq!(
-        store.cleanup.count_keys(),
+        store.guard.count_keys(),
         1,
         "the staged value became the record"
     );

@@ -13,10 +13,6 @@ use std::{
 };
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tower_idempotency_core::store::{
-    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
-    StoreError,
-};
 use tower_idempotency_redis::RedisStore;
 
 pub fn redis_url() -> String {
@@ -108,46 +104,7 @@ impl Drop for Cleanup {
 }
 
 /// A store that deletes its keys when the last clone is dropped.
-#[derive(Clone)]
-pub struct TestStore {
-    pub inner: RedisStore,
-    pub cleanup: Arc<Cleanup>,
-}
-
-#[async_trait::async_trait]
-impl Store for TestStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fingerprint, lease).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-}
+pub type TestStore = tower_idempotency_core::conformance::Guarded<RedisStore, Arc<Cleanup>>;
 
 /// A store on the shared standalone Redis with its own prefix, or `None` (after saying why) when
 /// Redis is unreachable outside CI.
@@ -168,8 +125,8 @@ pub async fn standalone_store_with_prefix(prefix: &str) -> Option<TestStore> {
     let store = RedisStore::new(manager, prefix).expect("valid prefix");
     store.preload_scripts().await.expect("script load");
     Some(TestStore {
-        inner: store,
-        cleanup: Cleanup::new(vec![url], prefix),
+        store,
+        guard: Cleanup::new(vec![url], prefix),
     })
 }
 
@@ -396,7 +353,7 @@ pub async fn cluster_store() -> Option<TestStore> {
     let store = RedisStore::cluster(connection, &prefix).expect("valid prefix");
     store.preload_scripts().await.expect("script load");
     Some(TestStore {
-        inner: store,
-        cleanup: Cleanup::new(cluster.urls(), &prefix),
+        store,
+        guard: Cleanup::new(cluster.urls(), &prefix),
     })
 }
