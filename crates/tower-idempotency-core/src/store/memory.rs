@@ -25,6 +25,36 @@ const SHARDS: usize = 16;
 
 type Map = HashMap<String, Entry, RandomState>;
 
+/// One lock's worth of records.
+#[derive(Debug, Default)]
+struct Shard {
+    map: Map,
+    /// No record in `map` expires before this (a lower bound: renewals only move deadlines
+    /// later). A full shard whose bound lies ahead has nothing to purge, so a claim refused for
+    /// capacity costs a comparison instead of a scan of the whole shard under its lock.
+    earliest_deadline: Option<Instant>,
+}
+
+impl Shard {
+    fn note_deadline(&mut self, deadline: Instant) {
+        self.earliest_deadline = Some(match self.earliest_deadline {
+            Some(earliest) => earliest.min(deadline),
+            None => deadline,
+        });
+    }
+
+    /// Drops expired records, if any can have expired by `now`; returns how many.
+    fn purge(&mut self, now: Instant) -> usize {
+        if self.earliest_deadline.is_none_or(|earliest| earliest > now) {
+            return 0;
+        }
+        let before = self.map.len();
+        self.map.retain(|_, entry| entry.is_live(now));
+        self.earliest_deadline = self.map.values().map(Entry::deadline).min();
+        before - self.map.len()
+    }
+}
+
 /// An in-memory [`Store`]: a sharded hash map with a bound on live records.
 ///
 /// **Single process only.** It forgets everything on restart and cannot coordinate two instances
@@ -41,7 +71,7 @@ type Map = HashMap<String, Entry, RandomState>;
 /// ```
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<Map>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     max_per_shard: usize,
     next_token: AtomicU64,
@@ -61,11 +91,15 @@ enum Entry {
 }
 
 impl Entry {
-    fn is_live(&self, now: Instant) -> bool {
+    fn deadline(&self) -> Instant {
         match self {
-            Entry::InFlight { lease_until, .. } => *lease_until > now,
-            Entry::Completed { expires_at, .. } => *expires_at > now,
+            Entry::InFlight { lease_until, .. } => *lease_until,
+            Entry::Completed { expires_at, .. } => *expires_at,
         }
+    }
+
+    fn is_live(&self, now: Instant) -> bool {
+        self.deadline() > now
     }
 }
 
@@ -79,7 +113,7 @@ impl MemoryStore {
     /// A store holding up to 100 000 live records.
     pub fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
             max_per_shard: 100_000usize.div_ceil(SHARDS),
             next_token: AtomicU64::new(1),
@@ -94,7 +128,7 @@ impl MemoryStore {
 
     /// Number of records held, live or expired but not yet purged.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// Whether the store holds no records.
@@ -105,18 +139,10 @@ impl MemoryStore {
     /// Drops every expired record and returns how many were dropped.
     pub fn purge_expired(&self) -> usize {
         let now = Instant::now();
-        self.shards
-            .iter()
-            .map(|shard| {
-                let mut map = lock(shard);
-                let before = map.len();
-                map.retain(|_, entry| entry.is_live(now));
-                before - map.len()
-            })
-            .sum()
+        self.shards.iter().map(|shard| lock(shard).purge(now)).sum()
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Map> {
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
         let index = self.hasher.hash_one(key) as usize % SHARDS;
         &self.shards[index]
     }
@@ -125,12 +151,12 @@ impl MemoryStore {
         &self,
         key: &str,
         token: FencingToken,
-        apply: impl FnOnce(&mut Map) -> T,
+        apply: impl FnOnce(&mut Shard) -> T,
     ) -> Ownership {
-        let mut map = lock(self.shard(key));
-        match map.get(key) {
+        let mut shard = lock(self.shard(key));
+        match shard.map.get(key) {
             Some(Entry::InFlight { token: current, .. }) if *current == token => {
-                apply(&mut map);
+                apply(&mut shard);
                 Ownership::Current
             }
             _ => Ownership::Stale,
@@ -155,8 +181,8 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let now = Instant::now();
-        let mut map = lock(self.shard(key));
-        match map.get(key) {
+        let mut shard = lock(self.shard(key));
+        match shard.map.get(key) {
             Some(Entry::InFlight {
                 fingerprint,
                 lease_until,
@@ -172,21 +198,23 @@ impl Store for MemoryStore {
             }
             Some(_) => {}
             None => {
-                if map.len() >= self.max_per_shard {
-                    map.retain(|_, entry| entry.is_live(now));
-                    if map.len() >= self.max_per_shard {
+                if shard.map.len() >= self.max_per_shard {
+                    shard.purge(now);
+                    if shard.map.len() >= self.max_per_shard {
                         return Err(StoreError::CapacityExceeded(self.max_per_shard * SHARDS));
                     }
                 }
             }
         }
         let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
-        map.insert(
+        let lease_until = now + lease;
+        shard.note_deadline(lease_until);
+        shard.map.insert(
             key.to_owned(),
             Entry::InFlight {
                 fingerprint: *fingerprint,
                 token,
-                lease_until: now + lease,
+                lease_until,
             },
         );
         Ok(ClaimOutcome::Claimed { token })
@@ -199,8 +227,8 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
         let new_until = Instant::now() + lease;
-        Ok(self.fenced(key, token, |map| {
-            if let Some(Entry::InFlight { lease_until, .. }) = map.get_mut(key) {
+        Ok(self.fenced(key, token, |shard| {
+            if let Some(Entry::InFlight { lease_until, .. }) = shard.map.get_mut(key) {
                 *lease_until = new_until;
             }
         }))
@@ -214,8 +242,9 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
         let expires_at = Instant::now() + ttl;
-        Ok(self.fenced(key, token, |map| {
-            if let Some(entry) = map.get_mut(key) {
+        Ok(self.fenced(key, token, |shard| {
+            shard.note_deadline(expires_at);
+            if let Some(entry) = shard.map.get_mut(key) {
                 if let Entry::InFlight { fingerprint, .. } = *entry {
                     // Copy the body: the caller's `Bytes` is often a slice of a larger buffer
                     // (hyper's read buffer), which a shallow clone would keep alive for the
@@ -240,13 +269,13 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        Ok(self.fenced(key, token, |map| map.remove(key)))
+        Ok(self.fenced(key, token, |shard| shard.map.remove(key)))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         let now = Instant::now();
-        let map = lock(self.shard(key));
-        Ok(match map.get(key) {
+        let shard = lock(self.shard(key));
+        Ok(match shard.map.get(key) {
             Some(entry) if !entry.is_live(now) => None,
             Some(Entry::InFlight {
                 fingerprint,
@@ -303,6 +332,50 @@ mod tests {
             kept.as_ptr(),
             small.as_ptr(),
             "copied: the 8 KiB buffer is not pinned"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_completion_with_a_short_ttl_frees_its_place_when_it_expires() {
+        // One record per shard; the only record is completed with a TTL far shorter than the
+        // lease it was claimed with, so the shard's expiry bound must follow the completion.
+        let store = MemoryStore::new().with_max_entries(1);
+        let fp = Fingerprint([1; 32]);
+        let long = Duration::from_secs(60);
+        let Ok(ClaimOutcome::Claimed { token }) = store.claim("a", &fp, long).await else {
+            panic!("fresh key");
+        };
+        let response = CachedResponse {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: Bytes::from_static(b"done"),
+            body_omitted: false,
+        };
+        let ttl = Duration::from_millis(50);
+        let done = store.complete("a", token, &response, ttl).await;
+        assert_eq!(done.unwrap(), Ownership::Current);
+        // A key that lands in the shard of "a" (every other shard is empty again at once).
+        let mut same_shard = None;
+        for i in 0..10_000 {
+            let key = format!("b:{i}");
+            match store.claim(&key, &fp, long).await {
+                Ok(ClaimOutcome::Claimed { token }) => {
+                    store.release(&key, token).await.unwrap();
+                }
+                Err(StoreError::CapacityExceeded(_)) => {
+                    same_shard = Some(key);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let key = same_shard.expect("some key shares the shard of `a`");
+        // Waiting for the TTL to pass is the point of the test; there is no event to await.
+        tokio::time::sleep(ttl * 2).await;
+        let after = store.claim(&key, &fp, long).await;
+        assert!(
+            matches!(after, Ok(ClaimOutcome::Claimed { .. })),
+            "the expired completion must be purged to make room: {after:?}"
         );
     }
 
