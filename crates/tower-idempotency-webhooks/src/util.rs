@@ -48,7 +48,12 @@ pub enum Encoding {
 }
 
 impl Encoding {
+    /// The signature bytes; `None` when `text` is not in this encoding or is empty (an empty
+    /// signature is malformed input, whatever the provider, not a signature that fails to match).
     pub(crate) fn decode(self, text: &str) -> Option<Vec<u8>> {
+        if text.is_empty() {
+            return None;
+        }
         match self {
             // `decode_to_slice` is a plain loop; `hex::decode` collects through an iterator of
             // `Result`s, which the verify profile showed at ~0.25 µs for one 64-digit signature.
@@ -143,6 +148,7 @@ pub(crate) fn decode_all(
         return Err(VerifyError::MalformedHeader {
             name,
             reason: match encoding {
+                _ if encoded.iter().all(|text| text.is_empty()) => "empty signature",
                 Encoding::Hex => "signature is not hexadecimal",
                 Encoding::Base64 => "signature is not base64",
             },

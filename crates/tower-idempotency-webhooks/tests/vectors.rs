@@ -274,6 +274,14 @@ fn github_negative_cases() {
         err(&[(h, "sha256=xyz"), d], body),
         VerifyError::MalformedHeader { .. }
     ));
+    // An empty signature is malformed (400), as Stripe's empty `v1=` is, not a mismatch (401).
+    assert_eq!(
+        err(&[(h, "sha256="), d], body),
+        VerifyError::MalformedHeader {
+            name: h,
+            reason: "empty signature"
+        }
+    );
     assert_eq!(
         err(&[(h, &sig), (h, &sig), d], body),
         VerifyError::DuplicateHeader { name: h }
@@ -468,6 +476,10 @@ fn standard_webhooks_rotation_versions_ed25519_and_negatives() {
     );
     assert!(matches!(
         err(&[(i, SW_ID), (t, &ts), (s, "v1,@@@")], SW_BODY, SW_TS),
+        VerifyError::MalformedHeader { .. }
+    ));
+    assert!(matches!(
+        err(&[(i, SW_ID), (t, &ts), (s, "v1,")], SW_BODY, SW_TS),
         VerifyError::MalformedHeader { .. }
     ));
     assert!(matches!(
