@@ -152,6 +152,20 @@ pub enum LoadError {
     /// A worker task panicked.
     #[error("a load worker panicked")]
     Worker(#[from] tokio::task::JoinError),
+    /// Some answers were neither `201`, a replay nor `409` (e.g. `503` from a store that is
+    /// unreachable or not migrated), or the connection failed: cheap error answers would make
+    /// the numbers meaningless, so the run stops instead of reporting them.
+    #[error("{other_status} answers with an unexpected status and {errors} connection errors out of {total} requests to {target}")]
+    Unexpected {
+        /// The first target of the plan.
+        target: SocketAddr,
+        /// Answers that were not `201`, a replay or `409`.
+        other_status: u64,
+        /// Connection or protocol errors.
+        errors: u64,
+        /// Every request sent, warm-up included.
+        total: u64,
+    },
 }
 
 struct WorkerOut {
@@ -233,6 +247,14 @@ pub async fn drive(plan: Plan) -> Result<LoadResult, LoadError> {
     total.p99_us = us(merged.value_at_quantile(0.99));
     total.p999_us = us(merged.value_at_quantile(0.999));
     total.mean_us = merged.mean() / 1000.0;
+    if total.other_status > 0 || total.errors > 0 {
+        return Err(LoadError::Unexpected {
+            target: plan.targets[0],
+            other_status: total.other_status,
+            errors: total.errors,
+            total: total.total_requests,
+        });
+    }
     Ok(total)
 }
 

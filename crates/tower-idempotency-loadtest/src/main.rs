@@ -595,11 +595,15 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
             .await
             .map(Target::Redis)
             .map_err(|e| describe(&e)),
-        // Same table / prefix as the uncached targets: each cell uses keys of its own run.
-        "postgres+cache" => PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
-            .await
-            .map_err(|e| describe(&e))
-            .map(|store| Target::PostgresCached(Arc::new(store))),
+        // Same table / prefix as the uncached targets: each cell uses keys of its own run. The
+        // migration is idempotent, and needed when `postgres+cache` is run without `postgres`.
+        "postgres+cache" => {
+            let store = PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
+                .await
+                .map_err(|e| describe(&e))?;
+            store.migrate().await.map_err(|e| describe(&e))?;
+            Ok(Target::PostgresCached(Arc::new(store)))
+        }
         "redis+cache" => RedisStore::connect(&b.redis_url, &b.redis_prefix)
             .await
             .map(Target::RedisCached)
