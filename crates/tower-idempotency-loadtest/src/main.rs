@@ -584,30 +584,31 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
             store.migrate().await.map_err(|e| describe(&e))?;
             Ok(Target::Sqlite(Arc::new(store)))
         }
-        "postgres" => {
+        // Both Postgres targets share the table (each cell uses keys of its own run); the
+        // migration is idempotent, and needed by whichever of them runs first.
+        "postgres" | "postgres+cache" => {
             let store = PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
                 .await
                 .map_err(|e| describe(&e))?;
             store.migrate().await.map_err(|e| describe(&e))?;
-            Ok(Target::Postgres(Arc::new(store)))
+            let store = Arc::new(store);
+            Ok(if name == "postgres" {
+                Target::Postgres(store)
+            } else {
+                Target::PostgresCached(store)
+            })
         }
-        "redis" => RedisStore::connect(&b.redis_url, &b.redis_prefix)
-            .await
-            .map(Target::Redis)
-            .map_err(|e| describe(&e)),
-        // Same table / prefix as the uncached targets: each cell uses keys of its own run. The
-        // migration is idempotent, and needed when `postgres+cache` is run without `postgres`.
-        "postgres+cache" => {
-            let store = PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
+        // Both Redis targets share the prefix too.
+        "redis" | "redis+cache" => {
+            let store = RedisStore::connect(&b.redis_url, &b.redis_prefix)
                 .await
                 .map_err(|e| describe(&e))?;
-            store.migrate().await.map_err(|e| describe(&e))?;
-            Ok(Target::PostgresCached(Arc::new(store)))
+            Ok(if name == "redis" {
+                Target::Redis(store)
+            } else {
+                Target::RedisCached(store)
+            })
         }
-        "redis+cache" => RedisStore::connect(&b.redis_url, &b.redis_prefix)
-            .await
-            .map(Target::RedisCached)
-            .map_err(|e| describe(&e)),
         other => Err(format!("unknown store {other:?}")),
     }
 }
