@@ -45,6 +45,16 @@ pub trait WebhookLayerExt: Sized {
         store: impl Store,
     ) -> Result<Self, ConfigError>;
 
+    /// Standard Webhooks signed asymmetrically (`v1a`, Ed25519) only, keyed by `webhook-id`.
+    /// Keys are `whpk_`-prefixed base64. For both kinds at once, use
+    /// [`StandardWebhooksVerifier::public_keys`](crate::standard::StandardWebhooksVerifier::public_keys)
+    /// and [`webhook`](Self::webhook).
+    #[cfg(feature = "standard-webhooks")]
+    fn standard_webhooks_public_keys<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError>;
+
     /// Shopify (`X-Shopify-Hmac-Sha256`), keyed by `X-Shopify-Event-Id`.
     #[cfg(feature = "shopify")]
     fn shopify<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
@@ -131,6 +141,17 @@ impl WebhookLayerExt for IdempotencyLayer {
     ) -> Result<Self, ConfigError> {
         Ok(Self::webhook(
             crate::standard::StandardWebhooksVerifier::new(secrets)?,
+            store,
+        ))
+    }
+
+    #[cfg(feature = "standard-webhooks")]
+    fn standard_webhooks_public_keys<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+        store: impl Store,
+    ) -> Result<Self, ConfigError> {
+        Ok(Self::webhook(
+            crate::standard::StandardWebhooksVerifier::from_public_keys(keys)?,
             store,
         ))
     }

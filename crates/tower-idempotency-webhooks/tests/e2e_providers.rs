@@ -273,10 +273,6 @@ async fn standard_webhooks_v1a_ed25519() {
         SigningKey::from_bytes(&seed()),
     );
     let public = format!("whpk_{}", BASE64.encode(real.verifying_key().as_bytes()));
-    let verifier = standard::StandardWebhooksVerifier::new::<&str>([])
-        .unwrap()
-        .public_keys([public])
-        .unwrap();
     let make: Make = Box::new(move |genuine, signed, sent| {
         let ts = now().to_string();
         let message = format!("{}.{ts}.{}", signed.id, signed.body);
@@ -293,7 +289,8 @@ async fn standard_webhooks_v1a_ed25519() {
     });
     exercise(Case {
         provider: standard::PROVIDER,
-        layer: IdempotencyLayer::webhook(verifier, MemoryStore::new()),
+        layer: IdempotencyLayer::standard_webhooks_public_keys([public], MemoryStore::new())
+            .unwrap(),
         body: json_event,
         make,
         digest_key: false,

@@ -93,6 +93,21 @@ impl StandardWebhooksVerifier {
         })
     }
 
+    /// Accepts only `v1a` (Ed25519) signatures by any of `keys` (`whpk_<base64>`, prefix
+    /// optional): for senders that sign asymmetrically and share no secret. An empty list is
+    /// [`ConfigError::InvalidPublicKey`], as such a verifier could accept nothing.
+    pub fn from_public_keys<S: AsRef<str>>(
+        keys: impl IntoIterator<Item = S>,
+    ) -> Result<Self, ConfigError> {
+        let verifier = Self::new::<&str>([])?.public_keys(keys)?;
+        if verifier.public_keys.is_empty() {
+            return Err(ConfigError::InvalidPublicKey {
+                reason: "no public key given",
+            });
+        }
+        Ok(verifier)
+    }
+
     /// Also accepts `v1a` (Ed25519) signatures by any of `keys` (`whpk_<base64>`, prefix
     /// optional).
     pub fn public_keys<S: AsRef<str>>(
