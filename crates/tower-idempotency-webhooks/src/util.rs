@@ -454,7 +454,12 @@ pub(crate) fn json_fields_until<const N: usize>(
     done: impl Fn(&[Option<Scalar>]) -> bool,
 ) -> Result<[Option<Scalar>; N], VerifyError> {
     use serde::de::DeserializeSeed as _;
-    const { assert!(N >= 1 && N <= 32, "json_fields reads 1 to 32 pointers (a u32 bit set)") };
+    const {
+        assert!(
+            N >= 1 && N <= 32,
+            "json_fields reads 1 to 32 pointers (a u32 bit set)"
+        )
+    };
     let paths: [json_seed::Path; N] = pointers.map(json_seed::Path::new);
     let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
     let stopped = std::cell::Cell::new(false);
