@@ -358,6 +358,29 @@ pub fn cases(size: usize) -> (Vec<Case>, Vec<(&'static str, Run)>) {
         floor: "floor_hmac_sha256",
         run: Box::new(move || stripe_last.verify(&last_parts, &id_last, now).is_ok()),
     });
+    // Best case, and how Stripe sends events: `id` is the first member, so the scan stops there.
+    let id_first = {
+        let text = std::str::from_utf8(&body).unwrap();
+        let rest = text.replacen(r#""id":"evt_1","#, "", 1);
+        Bytes::from(format!(r#"{{"id":"evt_1",{}"#, &rest[1..]))
+    };
+    let stripe_first = stripe::StripeVerifier::new([SECRET]);
+    let first_parts = parts(
+        "/",
+        &[("stripe-signature", stripe::sign(SECRET, TS, &id_first))],
+    );
+    assert_eq!(
+        stripe_first
+            .verify(&first_parts, &id_first, now)
+            .unwrap()
+            .event_id(),
+        "evt_1"
+    );
+    cases.push(Case {
+        name: "stripe_id_first",
+        floor: "floor_hmac_sha256",
+        run: Box::new(move || stripe_first.verify(&first_parts, &id_first, now).is_ok()),
+    });
     // The verify-only cost: a wrong secret fails right after the MAC.
     let wrong = stripe::StripeVerifier::new(["whsec_other"]);
     let wrong_parts = parts(
