@@ -19,7 +19,7 @@ use http::request::Parts;
 use crate::{
     error::VerifyError,
     secret::{self, Secret},
-    util::{self, HmacAlgorithm, DEFAULT_TOLERANCE},
+    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -90,9 +90,12 @@ impl Verifier for MailgunVerifier {
         let (timestamp, token, signature) =
             (field(&timestamp)?, field(&token)?, field(&signature)?);
         let signed = util::parse_unix(FIELD, timestamp)?;
-        let candidate = hex::decode(signature).map_err(|_| VerifyError::MalformedBody {
-            reason: "signature.signature is not hexadecimal",
-        })?;
+        let candidate =
+            Encoding::Hex
+                .decode_candidate(signature)
+                .ok_or(VerifyError::MalformedBody {
+                    reason: "signature.signature is not hexadecimal",
+                })?;
         let index = util::match_hmac(
             HmacAlgorithm::Sha256,
             &self.secrets,

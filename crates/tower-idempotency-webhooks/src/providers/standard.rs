@@ -219,9 +219,9 @@ impl Verifier for StandardWebhooksVerifier {
         let mut malformed = true;
         let mut matched = None;
         if usable_v1 {
-            let candidates: Vec<Vec<u8>> = symmetric
+            let candidates: util::Candidates = symmetric
                 .iter()
-                .filter_map(|s| Encoding::Base64.decode(s))
+                .filter_map(|s| Encoding::Base64.decode_candidate(s))
                 .collect();
             malformed &= candidates.is_empty();
             if !candidates.is_empty() {
