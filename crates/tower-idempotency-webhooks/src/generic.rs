@@ -298,7 +298,7 @@ impl Verifier for HmacVerifier {
             None => None,
         };
         let header_id = match &self.event_id {
-            EventId::Header(header) => Some(util::header_id(&parts.headers, header)?),
+            EventId::Header(header) => Some(util::header_id(&parts.headers, *header)?),
             _ => None,
         };
         let candidates = util::decode_all(name, &signatures, self.encoding)?;

@@ -13,7 +13,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -31,6 +31,10 @@ pub const SIGNATURE_HEADER: &str = "x-hub-signature-256";
 pub const LEGACY_SIGNATURE_HEADER: &str = "x-hub-signature";
 /// The delivery id header: the key.
 pub const DELIVERY_HEADER: &str = "x-github-delivery";
+// Parsed once: a name given as text is parsed on every lookup.
+static SIGNATURE: HeaderName = HeaderName::from_static(SIGNATURE_HEADER);
+static DELIVERY: HeaderName = HeaderName::from_static(DELIVERY_HEADER);
+
 /// Four days: longer than the three days in which deliveries can be redelivered.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
 
@@ -65,7 +69,7 @@ impl Verifier for GitHubVerifier {
         _now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
         const NAME: &str = SIGNATURE_HEADER;
-        let value = match util::header(&parts.headers, NAME)? {
+        let value = match util::header(&parts.headers, &SIGNATURE)? {
             Some(value) => value,
             None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
                 return Err(VerifyError::UnsupportedVersion { name: NAME })
@@ -75,7 +79,7 @@ impl Verifier for GitHubVerifier {
         let signature = prefixed(NAME, value, "sha256=")?;
         let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
-        let id = util::header_id(&parts.headers, DELIVERY_HEADER)?;
+        let id = util::header_id(&parts.headers, &DELIVERY)?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -27,6 +27,10 @@ pub const PROVIDER: &str = "linear";
 pub const SIGNATURE_HEADER: &str = "linear-signature";
 /// The delivery id header: the key.
 pub const DELIVERY_HEADER: &str = "linear-delivery";
+
+// Parsed once: a name given as text is parsed on every lookup.
+static SIGNATURE: HeaderName = HeaderName::from_static(SIGNATURE_HEADER);
+static DELIVERY: HeaderName = HeaderName::from_static(DELIVERY_HEADER);
 /// One day: longer than Linear's ~7 hours of retries.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 const TIMESTAMP_FIELD: &str = "webhookTimestamp";
@@ -70,7 +74,7 @@ impl Verifier for LinearVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
+        let value = util::required(&parts.headers, &SIGNATURE)?;
         let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let [millis] = util::json_fields(body, ["/webhookTimestamp"])?;
@@ -81,7 +85,7 @@ impl Verifier for LinearVerifier {
         )?;
         let signed = millis / 1000;
         util::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
-        let id = util::header_id(&parts.headers, DELIVERY_HEADER)?;
+        let id = util::header_id(&parts.headers, &DELIVERY)?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index))

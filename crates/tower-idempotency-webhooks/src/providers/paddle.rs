@@ -12,7 +12,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -29,8 +29,8 @@ pub const SIGNATURE_HEADER: &str = "paddle-signature";
 /// Four days: longer than Paddle's three days of retries.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
 
-const SCHEME: TimestampedScheme = TimestampedScheme {
-    header: SIGNATURE_HEADER,
+static SCHEME: TimestampedScheme = TimestampedScheme {
+    header: HeaderName::from_static(SIGNATURE_HEADER),
     separator: ';',
     timestamp_key: "ts",
     signature_key: "h1",

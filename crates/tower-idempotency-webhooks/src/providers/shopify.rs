@@ -12,7 +12,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{request::Parts, HeaderMap};
+use http::{request::Parts, HeaderMap, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -48,16 +48,28 @@ impl ShopifyVerifier {
     }
 }
 
-/// The value of `x-shopify-<name>` or, failing that, `shopify-<name>`.
+/// `x-shopify-<name>` and `shopify-<name>`, parsed once (a name given as text is parsed on
+/// every lookup).
+const fn names(prefixed: &'static str) -> [HeaderName; 2] {
+    [
+        HeaderName::from_static(prefixed),
+        HeaderName::from_static(prefixed.split_at(2).1),
+    ]
+}
+
+static SIGNATURE: [HeaderName; 2] = names(SIGNATURE_HEADER);
+static EVENT_ID: [HeaderName; 2] = names(EVENT_ID_HEADER);
+static WEBHOOK_ID: [HeaderName; 2] = names(WEBHOOK_ID_HEADER);
+
+/// The value of `x-shopify-<name>` or, failing that, `shopify-<name>`, with the name found.
 fn either<'a>(
     headers: &'a HeaderMap,
-    prefixed: &'static str,
+    [prefixed, bare]: &'static [HeaderName; 2],
 ) -> Result<Option<(&'static str, &'a str)>, VerifyError> {
-    let bare: &'static str = &prefixed[2..];
     if let Some(value) = util::header(headers, prefixed)? {
-        return Ok(Some((prefixed, value)));
+        return Ok(Some((prefixed.as_str(), value)));
     }
-    Ok(util::header(headers, bare)?.map(|value| (bare, value)))
+    Ok(util::header(headers, bare)?.map(|value| (bare.as_str(), value)))
 }
 
 impl Verifier for ShopifyVerifier {
@@ -76,18 +88,16 @@ impl Verifier for ShopifyVerifier {
         _now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
         let (name, value) =
-            either(&parts.headers, SIGNATURE_HEADER)?.ok_or(VerifyError::MissingHeader {
+            either(&parts.headers, &SIGNATURE)?.ok_or(VerifyError::MissingHeader {
                 name: SIGNATURE_HEADER,
             })?;
         let candidates = util::decode_all(name, &[value], Encoding::Base64)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
-        let (location, id) = match either(&parts.headers, EVENT_ID_HEADER)? {
+        let (location, id) = match either(&parts.headers, &EVENT_ID)? {
             Some(found) => found,
-            None => {
-                either(&parts.headers, WEBHOOK_ID_HEADER)?.ok_or(VerifyError::MissingEventId {
-                    location: EVENT_ID_HEADER,
-                })?
-            }
+            None => either(&parts.headers, &WEBHOOK_ID)?.ok_or(VerifyError::MissingEventId {
+                location: EVENT_ID_HEADER,
+            })?,
         };
         let id = util::check_id(id.to_owned(), location)?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))

@@ -17,7 +17,7 @@ use std::{
 
 use axum_core::response::Response;
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -37,9 +37,9 @@ pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
 /// One day: Slack's retries end within ten minutes.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 
-const SCHEME: V0Scheme = V0Scheme {
-    signature_header: SIGNATURE_HEADER,
-    timestamp_header: TIMESTAMP_HEADER,
+static SCHEME: V0Scheme = V0Scheme {
+    signature_header: HeaderName::from_static(SIGNATURE_HEADER),
+    timestamp_header: HeaderName::from_static(TIMESTAMP_HEADER),
 };
 
 /// Verifies Slack Events API deliveries.
@@ -116,25 +116,28 @@ impl Verifier for SlackVerifier {
 /// another, HMAC-SHA256 over `v0:{timestamp}:{body}`.
 pub(crate) struct V0Scheme {
     /// The signature header.
-    pub(crate) signature_header: &'static str,
+    pub(crate) signature_header: HeaderName,
     /// The signed timestamp header.
-    pub(crate) timestamp_header: &'static str,
+    pub(crate) timestamp_header: HeaderName,
 }
 
 impl V0Scheme {
     /// Verifies the headers against `body`, replay window included: returns the signed time and
     /// the matching secret.
     pub(crate) fn verify(
-        &self,
+        &'static self,
         parts: &Parts,
         body: &[u8],
         secrets: &[Secret],
         now: SystemTime,
         tolerance: Option<Duration>,
     ) -> Result<(u64, usize), VerifyError> {
-        let (signature_header, timestamp_header) = (self.signature_header, self.timestamp_header);
-        let timestamp = util::required(&parts.headers, timestamp_header)?;
-        let value = util::required(&parts.headers, signature_header)?;
+        let timestamp = util::required(&parts.headers, &self.timestamp_header)?;
+        let value = util::required(&parts.headers, &self.signature_header)?;
+        let (signature_header, timestamp_header) = (
+            self.signature_header.as_str(),
+            self.timestamp_header.as_str(),
+        );
         let signature = prefixed(signature_header, value, "v0=")?;
         let signed = util::parse_unix(timestamp_header, timestamp)?;
         let candidates = util::decode_all(signature_header, &[signature], Encoding::Hex)?;

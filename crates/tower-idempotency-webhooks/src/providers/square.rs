@@ -14,7 +14,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::{ConfigError, VerifyError},
@@ -30,6 +30,9 @@ pub const PROVIDER: &str = "square";
 pub const SIGNATURE_HEADER: &str = "x-square-hmacsha256-signature";
 /// The legacy SHA-1 signature header, not accepted.
 pub const LEGACY_SIGNATURE_HEADER: &str = "x-square-signature";
+
+// Parsed once: a name given as text is parsed on every lookup.
+static SIGNATURE: HeaderName = HeaderName::from_static(SIGNATURE_HEADER);
 /// Two days: longer than Square's 24 hours of retries.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 24 * 60 * 60);
 
@@ -78,7 +81,7 @@ impl Verifier for SquareVerifier {
         body: &Bytes,
         _now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = match util::header(&parts.headers, SIGNATURE_HEADER)? {
+        let value = match util::header(&parts.headers, &SIGNATURE)? {
             Some(value) => value,
             None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
                 return Err(VerifyError::UnsupportedVersion {

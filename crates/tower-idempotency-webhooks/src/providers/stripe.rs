@@ -13,7 +13,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -30,8 +30,8 @@ pub const SIGNATURE_HEADER: &str = "stripe-signature";
 /// Four days: longer than Stripe's three days of retries.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(4 * 24 * 60 * 60);
 
-const SCHEME: TimestampedScheme = TimestampedScheme {
-    header: SIGNATURE_HEADER,
+static SCHEME: TimestampedScheme = TimestampedScheme {
+    header: HeaderName::from_static(SIGNATURE_HEADER),
     separator: ',',
     timestamp_key: "t",
     signature_key: "v1",

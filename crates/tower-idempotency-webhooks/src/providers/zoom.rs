@@ -17,7 +17,7 @@ use std::{
 
 use axum_core::response::Response;
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
@@ -39,9 +39,9 @@ pub const TIMESTAMP_HEADER: &str = "x-zm-request-timestamp";
 /// One day: longer than Zoom's ~2 hours of retries.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 
-const SCHEME: V0Scheme = V0Scheme {
-    signature_header: SIGNATURE_HEADER,
-    timestamp_header: TIMESTAMP_HEADER,
+static SCHEME: V0Scheme = V0Scheme {
+    signature_header: HeaderName::from_static(SIGNATURE_HEADER),
+    timestamp_header: HeaderName::from_static(TIMESTAMP_HEADER),
 };
 
 /// Verifies Zoom deliveries.
