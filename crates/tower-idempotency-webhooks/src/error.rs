@@ -222,6 +222,12 @@ pub enum ConfigError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A configured header name is not a valid HTTP header name.
+    #[error("invalid header name `{name}`")]
+    InvalidHeaderName {
+        /// The name as configured.
+        name: &'static str,
+    },
     /// A builder was finished without a required setting.
     #[error("missing setting: {what}")]
     Missing {

@@ -29,11 +29,15 @@ use std::{
 
 use bytes::Bytes;
 use http::request::Parts;
+use smallvec::SmallVec;
 
 use crate::{
     error::{ConfigError, VerifyError},
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    util::{
+        self, Encoding, HeaderKey as _, HmacAlgorithm, ParsedName, DEFAULT_TOLERANCE,
+        MAX_SIGNATURES,
+    },
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -70,13 +74,16 @@ pub enum EventId {
 pub struct HmacVerifier {
     provider: &'static str,
     secrets: Arc<[Secret]>,
-    header: &'static str,
+    // Header names are parsed once, here, not on every lookup.
+    header: ParsedName,
     prefix: &'static str,
     encoding: Encoding,
     algorithm: HmacAlgorithm,
     parts: Vec<Part>,
-    timestamp_header: Option<&'static str>,
+    timestamp_header: Option<ParsedName>,
     event_id: EventId,
+    /// The header of [`EventId::Header`].
+    id_header: Option<ParsedName>,
     tolerance: Option<Duration>,
     ttl: Duration,
 }
@@ -180,7 +187,8 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// Checks the configuration.
+    /// Checks the configuration: the required settings are there, and every header name is a
+    /// valid HTTP header name (any case), else [`ConfigError::InvalidHeaderName`].
     pub fn build(self) -> Result<HmacVerifier, ConfigError> {
         let header = self.header.ok_or(ConfigError::Missing {
             what: "signature header",
@@ -198,16 +206,21 @@ impl HmacVerifierBuilder {
                 what: "event id header (the signed parts use the id)",
             });
         }
+        let id_header = match event_id {
+            EventId::Header(name) => Some(ParsedName::new(name)?),
+            _ => None,
+        };
         Ok(HmacVerifier {
             provider: self.provider,
             secrets: self.secrets,
-            header,
+            header: ParsedName::new(header)?,
             prefix: self.prefix,
             encoding: self.encoding,
             algorithm: self.algorithm,
             parts: self.parts,
-            timestamp_header: self.timestamp_header,
+            timestamp_header: self.timestamp_header.map(ParsedName::new).transpose()?,
             event_id,
+            id_header,
             tolerance: self.tolerance,
             ttl: self.ttl,
         })
@@ -220,7 +233,7 @@ impl HmacVerifier {
         timestamp: Option<&'a str>,
         id: Option<&'a str>,
         body: &'a [u8],
-    ) -> Vec<&'a [u8]> {
+    ) -> SmallVec<[&'a [u8]; 8]> {
         self.parts
             .iter()
             .map(|part| match part {
@@ -263,9 +276,9 @@ impl Verifier for HmacVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let name = self.header;
-        let value = util::required(&parts.headers, name)?;
-        let mut signatures = Vec::new();
+        let value = util::required(&parts.headers, &self.header)?;
+        let name = (&self.header).label();
+        let mut signatures: SmallVec<[&str; 2]> = SmallVec::new();
         for member in value
             .split(|c: char| c == ',' || c.is_ascii_whitespace())
             .filter(|m| !m.is_empty())
@@ -290,20 +303,23 @@ impl Verifier for HmacVerifier {
         if signatures.is_empty() {
             return Err(VerifyError::UnsupportedVersion { name });
         }
-        let timestamp = match self.timestamp_header {
+        let timestamp = match &self.timestamp_header {
             Some(header) => {
                 let text = util::required(&parts.headers, header)?;
-                Some((header, text, util::parse_unix(header, text)?))
+                let name = header.label();
+                Some((name, text, util::parse_unix(name, text)?))
             }
             None => None,
         };
-        let header_id = match &self.event_id {
-            EventId::Header(header) => Some(util::header_id(&parts.headers, *header)?),
-            _ => None,
+        let header_id = match &self.id_header {
+            Some(header) => Some(util::header_id(&parts.headers, header)?),
+            None => None,
         };
         let candidates = util::decode_all(name, &signatures, self.encoding)?;
-        let chunks = self.signed_chunks(timestamp.map(|t| t.1), header_id.as_deref(), body);
-        let index = util::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?;
+        let index = {
+            let chunks = self.signed_chunks(timestamp.map(|t| t.1), header_id.as_deref(), body);
+            util::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?
+        };
         if let Some((header, _, signed)) = timestamp {
             util::check_window(header, signed, now, self.tolerance)?;
         }

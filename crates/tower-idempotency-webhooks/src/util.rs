@@ -248,6 +248,32 @@ impl HeaderKey for &'static HeaderName {
     }
 }
 
+/// A header name configured at run time (the generic verifier's), parsed once when the
+/// verifier is built, with its text for errors.
+#[derive(Clone, Debug)]
+pub(crate) struct ParsedName {
+    name: HeaderName,
+    label: &'static str,
+}
+
+impl ParsedName {
+    pub(crate) fn new(label: &'static str) -> Result<Self, crate::ConfigError> {
+        let name = HeaderName::from_bytes(label.as_bytes())
+            .map_err(|_| crate::ConfigError::InvalidHeaderName { name: label })?;
+        Ok(Self { name, label })
+    }
+}
+
+impl<'n> HeaderKey for &'n ParsedName {
+    fn label(self) -> &'static str {
+        self.label
+    }
+
+    fn get_all(self, headers: &HeaderMap) -> GetAll<'_, HeaderValue> {
+        headers.get_all(&self.name)
+    }
+}
+
 /// The single value of a header, bounded and visible ASCII; `None` when absent.
 pub(crate) fn header(
     headers: &HeaderMap,

@@ -241,3 +241,51 @@ fn generic_builder_requires_its_settings() {
         VerifyError::MissingEventId { location: "/id" }
     );
 }
+
+#[test]
+fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
+    for (signature, id) in [("bad header", "x-id"), ("x-sig", "x\nid")] {
+        let built = HmacVerifier::builder("x")
+            .secrets(["k"])
+            .signature_header(signature)
+            .event_id(EventId::Header(id))
+            .build();
+        let bad = if signature.contains(' ') {
+            signature
+        } else {
+            id
+        };
+        assert_eq!(
+            built.unwrap_err(),
+            ConfigError::InvalidHeaderName { name: bad }
+        );
+    }
+    assert_eq!(
+        HmacVerifier::builder("x")
+            .secrets(["k"])
+            .signature_header("x-sig")
+            .timestamp_header("x ts")
+            .event_id(EventId::BodySha256)
+            .build()
+            .unwrap_err(),
+        ConfigError::InvalidHeaderName { name: "x ts" }
+    );
+    // Names are matched case-insensitively, as before they were parsed at build time.
+    let v = HmacVerifier::builder("x")
+        .secrets(["k"])
+        .signature_header("X-Sig")
+        .event_id(EventId::Header("X-Id"))
+        .build()
+        .unwrap();
+    let body = b"{}";
+    let p = parts(&[
+        ("x-sig", v.sign("k", None, None, body)),
+        ("x-id", "e1".into()),
+    ]);
+    assert_eq!(
+        v.verify(&p, &Bytes::from_static(body), at(TS))
+            .unwrap()
+            .event_id(),
+        "e1"
+    );
+}
