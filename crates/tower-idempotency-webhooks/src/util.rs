@@ -264,7 +264,7 @@ impl ParsedName {
     }
 }
 
-impl<'n> HeaderKey for &'n ParsedName {
+impl HeaderKey for &ParsedName {
     fn label(self) -> &'static str {
         self.label
     }
