@@ -366,9 +366,11 @@ async fn release(config: &Config, key: &str, token: FencingToken) {
     }
 }
 
-/// `tokio::time::timeout(limit, future)`, `None` when it elapses, but without arming the timer
-/// when `future` is ready on its first poll (the memory store, a local-cache hit): arming reads
-/// the clock and builds a timer entry, a few percent of an in-process replay in the profile.
+/// Like `tokio::time::timeout(limit, future)` (`None` when it elapses), but without arming the
+/// timer when `future` is ready on its first poll (the memory store, a local-cache hit): arming
+/// reads the clock and builds a timer entry, a few percent of an in-process replay in the
+/// profile. The limit therefore runs from the end of the first poll, which for a store that
+/// returns `Pending` promptly, as an async store must, is the same moment.
 async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
     let mut future = pin!(future);
     if let Poll::Ready(output) = futures_util::poll!(&mut future) {
