@@ -1,7 +1,7 @@
 use std::{
     future::Future,
     panic::AssertUnwindSafe,
-    pin::{pin, Pin},
+    pin::pin,
     sync::{atomic::Ordering, Arc},
     task::{Context, Poll},
     time::Duration,
@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{header, HeaderValue, Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tower_service::Service;
 use tracing::{field, Instrument, Span};
@@ -148,12 +148,10 @@ where
         return Ok(reject(too_large, Outcome::Rejected));
     }
     let (mut parts, body) = request.into_parts();
-    let body = match Limited::new(body, config.max_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Ok(reject(too_large, Outcome::Rejected))
-        }
-        Err(_) => return Ok(reject(Rejection::BodyUnreadable, Outcome::Rejected)),
+    let body = match read_body(pin!(body), config.max_body).await {
+        Capped::Whole(bytes) => bytes,
+        Capped::Over(..) => return Ok(reject(too_large, Outcome::Rejected)),
+        Capped::Failed => return Ok(reject(Rejection::BodyUnreadable, Outcome::Rejected)),
     };
 
     let key = match config.key_source.derive(&mut parts, &body) {
@@ -291,7 +289,7 @@ where
             return Produced::Release(Response::from_parts(parts, ResponseBody::inner(body)));
         }
         let (body, answer_body, body_omitted) =
-            match read_capped(Box::pin(body), config.max_cached_body).await {
+            match read_body(Box::pin(body), config.max_cached_body).await {
                 Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
                 Capped::Over(prefix, rest) => {
                     (Bytes::new(), ResponseBody::prefixed(prefix, rest), true)
@@ -421,11 +419,12 @@ enum Capped<B> {
     Failed,
 }
 
-/// Reads a response body until it ends or exceeds `cap`. A single-frame body (the common case)
-/// is kept as it is, without a copy.
-async fn read_capped<B>(mut body: Pin<Box<B>>, cap: usize) -> Capped<Pin<Box<B>>>
+/// Reads a body until it ends or exceeds `cap` (then `Over` with what was read and the rest of
+/// the body). A single-frame body (the common case) is kept as it is, without a copy and without
+/// the frame queue that `http_body_util`'s `collect` allocates per request.
+async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
 {
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
@@ -435,7 +434,7 @@ where
             return Capped::Failed;
         };
         let Ok(data) = frame.into_data() else {
-            continue; // trailers are not cached
+            continue; // trailers are not kept
         };
         len += data.len();
         match first.take() {
