@@ -279,10 +279,11 @@ impl Verifier for HmacVerifier {
         let value = util::required(&parts.headers, &self.header)?;
         let name = (&self.header).label();
         let mut signatures: SmallVec<[&str; 2]> = SmallVec::new();
-        for member in value
-            .split(|c: char| c == ',' || c.is_ascii_whitespace())
-            .filter(|m| !m.is_empty())
-        {
+        // Members are separated by commas and/or ASCII whitespace. Splitting on `,` first (a
+        // memchr search) and then on whitespace (byte tests) gives the same members as one
+        // `char` predicate, which decoded each character of the signatures (~600 instructions
+        // per delivery in the verify profile).
+        for member in value.split(',').flat_map(str::split_ascii_whitespace) {
             if signatures.len() == MAX_SIGNATURES {
                 return Err(VerifyError::MalformedHeader {
                     name,

@@ -243,6 +243,57 @@ fn generic_builder_requires_its_settings() {
 }
 
 #[test]
+fn generic_signatures_are_separated_by_commas_and_or_whitespace() {
+    let v = HmacVerifier::builder("x")
+        .secrets(["k"])
+        .signature_header("x-sig")
+        .prefix("v1=")
+        .event_id(EventId::BodySha256)
+        .build()
+        .unwrap();
+    let body = b"{}";
+    let good = v.sign("k", None, None, body);
+    let bad = v.sign("other", None, None, body);
+    let verify = |value: String| {
+        v.verify(
+            &parts(&[("x-sig", value)]),
+            &Bytes::from_static(body),
+            at(TS),
+        )
+        .map(|_| ())
+    };
+    for value in [
+        format!("{bad},{good}"),
+        format!("{bad}, {good}"),
+        format!("{bad} {good}"),
+        format!("{bad}\t{good}"),
+        format!(",,{bad} ,, {good},"),
+        format!("v0=abc {good}"),
+    ] {
+        assert_eq!(verify(value.clone()), Ok(()), "{value}");
+    }
+    assert_eq!(
+        verify(format!("{bad} {bad}")),
+        Err(VerifyError::SignatureMismatch)
+    );
+    assert_eq!(
+        verify(format!("{bad} abc")),
+        Err(VerifyError::MalformedHeader {
+            name: "x-sig",
+            reason: "signature without the expected prefix",
+        })
+    );
+    let many = vec![bad.as_str(); 17].join(",");
+    assert_eq!(
+        verify(many),
+        Err(VerifyError::MalformedHeader {
+            name: "x-sig",
+            reason: "too many signatures",
+        })
+    );
+}
+
+#[test]
 fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
     for (signature, id) in [("bad header", "x-id"), ("x-sig", "x\nid")] {
         let built = HmacVerifier::builder("x")
