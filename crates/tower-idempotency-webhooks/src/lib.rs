@@ -127,6 +127,24 @@ pub mod __fuzz {
         crate::util::check_id(id, "fuzz")
     }
 
+    /// The two scans of the JSON field reader for the pointers `/id`, `/data/id`, `/type`
+    /// and `/n` (a value's `Debug` text per pointer): the fast scan's answer (`None` where it
+    /// defers to serde_json) and serde_json's (`None` for a body it refuses). With `stop_early`
+    /// the scans stop once all four are found, else they read the whole body.
+    pub fn json_fields_both(
+        body: &[u8],
+        stop_early: bool,
+    ) -> (Option<Vec<String>>, Option<Vec<String>>) {
+        let done =
+            |found: &[Option<crate::util::Scalar>]| stop_early && found.iter().all(Option::is_some);
+        let (fast, serde) =
+            crate::util::json_fields_both(body, ["/id", "/data/id", "/type", "/n"], &done);
+        let show = |found: [Option<crate::util::Scalar>; 4]| {
+            found.iter().map(|value| format!("{value:?}")).collect()
+        };
+        (fast.map(show), serde.ok().map(show))
+    }
+
     /// Twilio's sorted form parameters.
     #[cfg(feature = "twilio")]
     pub fn twilio_sorted_params(body: &[u8]) -> Vec<(String, String)> {
