@@ -35,7 +35,7 @@ verifier_of() {
         github) echo GitHubVerifier ;;
         shopify) echo ShopifyVerifier ;;
         standard_webhooks) echo StandardWebhooksVerifier ;;
-        generic_hmac) echo HmacVerifier ;;
+        generic_hmac | generic_json_pointer) echo HmacVerifier ;;
         square) echo SquareVerifier ;;
         paddle) echo PaddleVerifier ;;
         slack) echo SlackVerifier ;;

@@ -564,7 +564,7 @@ impl Scalar {
 /// complete JSON document, else [`VerifyError::BodyNotJson`].
 pub(crate) fn json_fields<const N: usize>(
     body: &[u8],
-    pointers: [&'static str; N],
+    pointers: [&str; N],
 ) -> Result<[Option<Scalar>; N], VerifyError> {
     json_fields_until(body, pointers, |found| found.iter().all(Option::is_some))
 }
@@ -582,7 +582,7 @@ pub(crate) fn json_fields<const N: usize>(
 /// much as the scan.
 pub(crate) fn json_fields_until<const N: usize>(
     body: &[u8],
-    pointers: [&'static str; N],
+    pointers: [&str; N],
     done: impl Fn(&[Option<Scalar>]) -> bool,
 ) -> Result<[Option<Scalar>; N], VerifyError> {
     const {
@@ -591,7 +591,7 @@ pub(crate) fn json_fields_until<const N: usize>(
             "json_fields reads 1 to 32 pointers (a u32 bit set)"
         )
     };
-    let paths: [json_seed::Path; N] = pointers.map(json_seed::Path::new);
+    let paths: [json_seed::Path<'_>; N] = pointers.map(json_seed::Path::new);
     let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
     if json_fast::scan(body, &paths, &mut out, &done).is_ok() {
         return Ok(out);
@@ -602,7 +602,7 @@ pub(crate) fn json_fields_until<const N: usize>(
 /// The serde_json scan of [`json_fields_until`], which answers for every body.
 fn json_fields_serde<const N: usize>(
     body: &[u8],
-    paths: &[json_seed::Path; N],
+    paths: &[json_seed::Path<'_>; N],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
 ) -> Result<[Option<Scalar>; N], VerifyError> {
     use serde::de::DeserializeSeed as _;
@@ -626,6 +626,20 @@ fn json_fields_serde<const N: usize>(
     }
 }
 
+/// Whether [`json_fields`] reads `pointer` as [`serde_json::Value::pointer`] does: object keys
+/// only (no segment that could index an array, no `~` escape), at most four deep.
+pub(crate) fn scannable_pointer(pointer: &str) -> bool {
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return false;
+    };
+    let mut depth = 0;
+    rest.split('/').all(|segment| {
+        depth += 1;
+        let index = !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit());
+        depth <= json_seed::MAX_DEPTH && !index && !segment.contains('~')
+    })
+}
+
 /// What [`json_fields`] reads: one value per pointer.
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) type Fields<const N: usize> = [Option<Scalar>; N];
@@ -638,7 +652,7 @@ pub(crate) fn json_fields_both<const N: usize>(
     pointers: [&'static str; N],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
 ) -> (Option<Fields<N>>, Result<Fields<N>, VerifyError>) {
-    let paths: [json_seed::Path; N] = pointers.map(json_seed::Path::new);
+    let paths: [json_seed::Path<'_>; N] = pointers.map(json_seed::Path::new);
     let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
     let fast = json_fast::scan(body, &paths, &mut out, done)
         .ok()
@@ -656,16 +670,16 @@ mod json_seed {
     use super::Scalar;
 
     /// Deepest pointer the scan reads (the providers' go three levels down).
-    const MAX_DEPTH: usize = 4;
+    pub(super) const MAX_DEPTH: usize = 4;
 
     /// A JSON pointer of object keys, split into its segments.
-    pub(super) struct Path {
-        pub(super) segments: [&'static str; MAX_DEPTH],
+    pub(super) struct Path<'p> {
+        pub(super) segments: [&'p str; MAX_DEPTH],
         pub(super) len: usize,
     }
 
-    impl Path {
-        pub(super) fn new(pointer: &'static str) -> Self {
+    impl<'p> Path<'p> {
+        pub(super) fn new(pointer: &'p str) -> Self {
             let mut path = Self {
                 segments: [""; MAX_DEPTH],
                 len: 0,
@@ -701,9 +715,9 @@ mod json_seed {
         })
     }
 
-    pub(super) struct Seed<'s> {
+    pub(super) struct Seed<'s, 'p> {
         pub(super) depth: usize,
-        pub(super) paths: &'s [Path],
+        pub(super) paths: &'s [Path<'p>],
         /// The paths whose first `depth` segments led here.
         pub(super) candidates: u32,
         pub(super) out: &'s mut [Option<Scalar>],
@@ -714,7 +728,7 @@ mod json_seed {
     /// Records `value()` for every path among `candidates` that ends at `depth` and has no
     /// value yet (the first of repeated keys wins); `value` runs only if one does.
     pub(super) fn record(
-        paths: &[Path],
+        paths: &[Path<'_>],
         depth: usize,
         candidates: u32,
         out: &mut [Option<Scalar>],
@@ -735,13 +749,13 @@ mod json_seed {
         out[last] = Some(value);
     }
 
-    impl Seed<'_> {
+    impl Seed<'_, '_> {
         fn set(&mut self, value: Scalar) {
             record(self.paths, self.depth, self.candidates, self.out, || value);
         }
     }
 
-    impl<'de> DeserializeSeed<'de> for Seed<'_> {
+    impl<'de> DeserializeSeed<'de> for Seed<'_, '_> {
         type Value = ();
 
         fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -770,7 +784,7 @@ mod json_seed {
         }
     }
 
-    impl<'de> Visitor<'de> for Seed<'_> {
+    impl<'de> Visitor<'de> for Seed<'_, '_> {
         type Value = ();
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

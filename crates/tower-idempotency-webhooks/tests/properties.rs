@@ -242,6 +242,50 @@ fn generic_builder_requires_its_settings() {
     );
 }
 
+/// JSON pointer ids: object-key pointers are read by the field scan, pointers into arrays or
+/// with `~` escapes by building the document; both give the ids `Value::pointer` gives, and the
+/// handler's `json()` is the whole document either way.
+#[test]
+fn generic_json_pointer_ids_through_the_scan_and_the_document() {
+    let body =
+        br#"{"data":{"object":{"id":"obj_1"}},"items":[{"id":"item_0"}],"a/b":{"c~d":7},"n":-3}"#;
+    let document: serde_json::Value = serde_json::from_slice(body).unwrap();
+    for pointer in [
+        "/data/object/id",
+        "/items/0/id",
+        "/a~1b/c~0d",
+        "/n",
+        "/data/object/missing",
+        "/data/object",
+        "/items/x",
+    ] {
+        let v = HmacVerifier::builder("x")
+            .secrets(["k"])
+            .signature_header("h")
+            .event_id(EventId::JsonPointer(pointer))
+            .build()
+            .unwrap();
+        let p = parts(&[("h", v.sign("k", None, None, body))]);
+        let expected = match document.pointer(pointer) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+            _ => Err(VerifyError::MissingEventId { location: pointer }),
+        };
+        let verified = v.verify(&p, &Bytes::from_static(body), at(TS));
+        assert_eq!(
+            verified
+                .as_ref()
+                .map(|w| w.event_id().to_owned())
+                .map_err(Clone::clone),
+            expected,
+            "{pointer}"
+        );
+        if let Ok(webhook) = verified {
+            assert_eq!(webhook.json().ok(), Some(&document), "{pointer}");
+        }
+    }
+}
+
 #[test]
 fn generic_signatures_are_separated_by_commas_and_or_whitespace() {
     let v = HmacVerifier::builder("x")

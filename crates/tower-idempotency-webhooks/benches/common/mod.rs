@@ -103,6 +103,12 @@ fn verifier_cases(size: usize) -> (Vec<VerifierCase>, Bytes, Bytes) {
         .build()
         .unwrap();
     let generic_sig = generic.sign(SECRET, None, None, &body);
+    let generic_json = HmacVerifier::builder("acme")
+        .secrets([SECRET])
+        .signature_header("x-acme-signature")
+        .event_id(EventId::JsonPointer("/event-data/id"))
+        .build()
+        .unwrap();
     let twilio_url = "https://example.com/twilio?x=1";
     let form_params: Vec<(String, String)> = form_urlencoded::parse(&form).into_owned().collect();
     let form_refs: Vec<(&str, &str)> = form_params
@@ -270,8 +276,17 @@ fn verifier_cases(size: usize) -> (Vec<VerifierCase>, Bytes, Bytes) {
             Box::new(generic),
             parts(
                 "/",
-                &[("x-acme-signature", generic_sig), ("x-acme-id", "e".into())],
+                &[
+                    ("x-acme-signature", generic_sig.clone()),
+                    ("x-acme-id", "e".into()),
+                ],
             ),
+            body.clone(),
+        ),
+        (
+            "generic_json_pointer",
+            Box::new(generic_json),
+            parts("/", &[("x-acme-signature", generic_sig)]),
             body.clone(),
         ),
         (

@@ -47,7 +47,7 @@ static STRING_SPECIAL: [bool; 256] = {
 /// partly filled: the caller clears it).
 pub(super) fn scan(
     body: &[u8],
-    paths: &[Path],
+    paths: &[Path<'_>],
     out: &mut [Option<Scalar>],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
 ) -> Result<(), Unsure> {
@@ -82,15 +82,15 @@ enum Flow {
     Stop,
 }
 
-struct Scanner<'b, 's> {
+struct Scanner<'b, 's, 'p> {
     body: &'b [u8],
     pos: usize,
-    paths: &'s [Path],
+    paths: &'s [Path<'p>],
     out: &'s mut [Option<Scalar>],
     done: &'s dyn Fn(&[Option<Scalar>]) -> bool,
 }
 
-impl<'b> Scanner<'b, '_> {
+impl<'b> Scanner<'b, '_, '_> {
     fn peek(&self) -> Option<u8> {
         self.body.get(self.pos).copied()
     }
