@@ -62,7 +62,12 @@ pub enum Part {
 pub enum EventId {
     /// A header (e.g. `x-acme-delivery`).
     Header(&'static str),
-    /// A JSON pointer into the body (e.g. `/id`).
+    /// A JSON pointer into the body (e.g. `/id`): a string or an integer.
+    ///
+    /// A pointer made of object keys (no array index, no `~` escape, at most four deep) is read
+    /// by scanning the body for that one field, as the built-in providers do: the first of
+    /// repeated keys wins, and the body is validated only up to the field. Other pointers
+    /// build the whole document.
     JsonPointer(&'static str),
     /// `sha256:<hex>` of the body, for senders without ids whose retries resend the same bytes.
     BodySha256,
