@@ -652,6 +652,7 @@ pub(crate) fn json_fields_both<const N: usize>(
     pointers: [&'static str; N],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
 ) -> (Option<Fields<N>>, Result<Fields<N>, VerifyError>) {
+    const { assert!(N >= 1 && N <= 32, "as json_fields_until: 1 to 32 pointers") };
     let paths: [json_seed::Path<'_>; N] = pointers.map(json_seed::Path::new);
     let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
     let fast = json_fast::scan(body, &paths, &mut out, done)
