@@ -139,7 +139,7 @@ pub mod __fuzz {
             |found: &[Option<crate::util::Scalar>]| stop_early && found.iter().all(Option::is_some);
         let (fast, serde) =
             crate::util::json_fields_both(body, ["/id", "/data/id", "/type", "/n"], &done);
-        let show = |found: [Option<crate::util::Scalar>; 4]| {
+        let show = |found: crate::util::Fields<4>| {
             found.iter().map(|value| format!("{value:?}")).collect()
         };
         (fast.map(show), serde.ok().map(show))

@@ -565,7 +565,7 @@ impl Scalar {
 pub(crate) fn json_fields<const N: usize>(
     body: &[u8],
     pointers: [&str; N],
-) -> Result<[Option<Scalar>; N], VerifyError> {
+) -> Result<Fields<N>, VerifyError> {
     json_fields_until(body, pointers, |found| found.iter().all(Option::is_some))
 }
 
@@ -584,19 +584,37 @@ pub(crate) fn json_fields_until<const N: usize>(
     body: &[u8],
     pointers: [&str; N],
     done: impl Fn(&[Option<Scalar>]) -> bool,
-) -> Result<[Option<Scalar>; N], VerifyError> {
+) -> Result<Fields<N>, VerifyError> {
+    let paths = json_paths(pointers);
+    match json_fields_fast(body, &paths, &done) {
+        Some(found) => Ok(found),
+        None => json_fields_serde(body, &paths, &done),
+    }
+}
+
+/// What [`json_fields`] reads: one value per pointer.
+pub(crate) type Fields<const N: usize> = [Option<Scalar>; N];
+
+fn json_paths<const N: usize>(pointers: [&str; N]) -> [json_seed::Path<'_>; N] {
     const {
         assert!(
             N >= 1 && N <= 32,
             "json_fields reads 1 to 32 pointers (a u32 bit set)"
         )
     };
-    let paths: [json_seed::Path<'_>; N] = pointers.map(json_seed::Path::new);
-    let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
-    if json_fast::scan(body, &paths, &mut out, &done).is_ok() {
-        return Ok(out);
-    }
-    json_fields_serde(body, &paths, &done)
+    pointers.map(json_seed::Path::new)
+}
+
+/// The fast scan of [`json_fields_until`]: `None` where it is unsure.
+fn json_fields_fast<const N: usize>(
+    body: &[u8],
+    paths: &[json_seed::Path<'_>; N],
+    done: &dyn Fn(&[Option<Scalar>]) -> bool,
+) -> Option<Fields<N>> {
+    let mut out: Fields<N> = std::array::from_fn(|_| None);
+    json_fast::scan(body, paths, &mut out, done)
+        .ok()
+        .map(|()| out)
 }
 
 /// The serde_json scan of [`json_fields_until`], which answers for every body.
@@ -604,9 +622,9 @@ fn json_fields_serde<const N: usize>(
     body: &[u8],
     paths: &[json_seed::Path<'_>; N],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
-) -> Result<[Option<Scalar>; N], VerifyError> {
+) -> Result<Fields<N>, VerifyError> {
     use serde::de::DeserializeSeed as _;
-    let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
+    let mut out: Fields<N> = std::array::from_fn(|_| None);
     let stopped = std::cell::Cell::new(false);
     let mut de = serde_json::Deserializer::from_slice(body);
     let result = json_seed::Seed {
@@ -640,10 +658,6 @@ pub(crate) fn scannable_pointer(pointer: &str) -> bool {
     })
 }
 
-/// What [`json_fields`] reads: one value per pointer.
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) type Fields<const N: usize> = [Option<Scalar>; N];
-
 /// Both scans of [`json_fields_until`] on their own, for the differential tests: the fast one
 /// (`None` where it is unsure) and the serde_json one.
 #[cfg(any(test, feature = "fuzzing"))]
@@ -652,13 +666,11 @@ pub(crate) fn json_fields_both<const N: usize>(
     pointers: [&'static str; N],
     done: &dyn Fn(&[Option<Scalar>]) -> bool,
 ) -> (Option<Fields<N>>, Result<Fields<N>, VerifyError>) {
-    const { assert!(N >= 1 && N <= 32, "as json_fields_until: 1 to 32 pointers") };
-    let paths: [json_seed::Path<'_>; N] = pointers.map(json_seed::Path::new);
-    let mut out: [Option<Scalar>; N] = std::array::from_fn(|_| None);
-    let fast = json_fast::scan(body, &paths, &mut out, done)
-        .ok()
-        .map(|()| out);
-    (fast, json_fields_serde(body, &paths, done))
+    let paths = json_paths(pointers);
+    (
+        json_fields_fast(body, &paths, done),
+        json_fields_serde(body, &paths, done),
+    )
 }
 
 mod json_fast;

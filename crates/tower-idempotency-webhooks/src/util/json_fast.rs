@@ -44,7 +44,7 @@ static STRING_SPECIAL: [bool; 256] = {
 };
 
 /// Reads the fields like the serde_json scan, or returns [`Unsure`] (with `out` possibly
-/// partly filled: the caller clears it).
+/// partly filled: the caller discards it).
 pub(super) fn scan(
     body: &[u8],
     paths: &[Path<'_>],
@@ -126,6 +126,7 @@ impl<'b> Scanner<'b, '_, '_> {
             }
             b'"' => {
                 let text = self.plain_string()?;
+                // `text` is UTF-8 (checked by `plain_string`): nothing is replaced.
                 record(self.paths, depth, candidates, self.out, || {
                     Scalar::Str(String::from_utf8_lossy(text).into_owned())
                 });
