@@ -84,6 +84,22 @@ impl RawRecord {
     }
 }
 
+/// Runs one store statement on a lane of `$store.lanes` (see [`crate::lanes`]): `$call` is a
+/// future that uses the connection `$conn` and yields `Result<_, StoreError>`. The lane keeps
+/// its connection only when the statement succeeded.
+macro_rules! on_lane {
+    ($store:expr, |$conn:ident| $call:expr) => {{
+        let mut lane = $store.lanes.take().await;
+        let result = match lane.connection().await {
+            Ok($conn) => $call.await,
+            Err(error) => Err($store.map_error(error, None)),
+        };
+        lane.settle(result.is_ok());
+        result
+    }};
+}
+pub(crate) use on_lane;
+
 /// Milliseconds as the databases store them, saturating instead of wrapping for absurd durations.
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 4)

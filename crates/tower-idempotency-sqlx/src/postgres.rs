@@ -8,14 +8,15 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{postgres::PgPoolOptions, PgConnection, PgExecutor, PgPool, Row};
+use sqlx::{postgres::PgPoolOptions, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tower_idempotency_core::store::{
     encode_headers, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
     RecordState, Store, StoreError,
 };
 
 use crate::{
-    common::{self, millis, record_size, token_param, RawRecord, PURGE_BATCH},
+    common::{self, millis, on_lane, record_size, token_param, RawRecord, PURGE_BATCH},
+    lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -144,7 +145,7 @@ WHERE key = $1 AND expires_at > statement_timestamp()"#
 /// ```
 #[derive(Debug)]
 pub struct PostgresStore {
-    pool: PgPool,
+    lanes: Lanes<Postgres>,
     table: String,
     sql: Sql,
     max_record_bytes: usize,
@@ -158,7 +159,7 @@ impl PostgresStore {
     pub fn new(pool: PgPool, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
-            pool,
+            lanes: Lanes::new(pool.clone(), default_lane_count(&pool)),
             table: table.to_owned(),
             sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
@@ -192,9 +193,29 @@ impl PostgresStore {
         self
     }
 
+    /// Sets how many of the pool's connections the store keeps checked out for its own
+    /// statements (capped at the pool's size; `0` takes a connection from the pool per
+    /// statement). Defaults to half the pool's maximum size.
+    ///
+    /// Why: sqlx's pool pings a connection when it hands it out and again when it takes it back,
+    /// so a store call through the pool costs three round trips; on a held connection it costs
+    /// one (a connection idle for more than a second is pinged before use, and one whose
+    /// statement failed or was cancelled goes back to the pool to be checked). Leave enough of
+    /// the pool for the application and for [`claim_in`](Self::claim_in) transactions.
+    pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = Lanes::new(self.lanes.pool().clone(), lanes);
+        self
+    }
+
+    /// How many connections the store keeps checked out for its statements; see
+    /// [`with_connection_lanes`](Self::with_connection_lanes).
+    pub fn connection_lanes(&self) -> usize {
+        self.lanes.count()
+    }
+
     /// The pool this store runs on.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.lanes.pool()
     }
 
     /// The table this store uses.
@@ -216,7 +237,7 @@ impl PostgresStore {
             "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_sqlx:migrate'));\n{}",
             schema_sql(&self.table)
         );
-        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        sqlx::raw_sql(&sql).execute(self.pool()).await?;
         Ok(())
     }
 
@@ -226,7 +247,7 @@ impl PostgresStore {
         loop {
             self.count();
             let done = sqlx::query(&self.sql.purge)
-                .execute(&self.pool)
+                .execute(self.pool())
                 .await
                 .map_err(|e| self.map_error(e, None))?
                 .rows_affected();
@@ -395,7 +416,7 @@ impl Store for PostgresStore {
         fingerprint: &Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claim_with(&self.pool, key, fingerprint, lease).await
+        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
     }
 
     async fn renew(
@@ -408,14 +429,17 @@ impl Store for PostgresStore {
             return Ok(Ownership::Stale);
         };
         self.count();
-        let done = sqlx::query(&self.sql.renew)
+        let renew = sqlx::query(&self.sql.renew)
             .bind(key)
             .bind(token)
-            .bind(millis(lease))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.map_error(e, None))?;
-        Ok(ownership(done.rows_affected()))
+            .bind(millis(lease));
+        on_lane!(self, |conn| async {
+            let done = renew
+                .execute(conn)
+                .await
+                .map_err(|e| self.map_error(e, None))?;
+            Ok(ownership(done.rows_affected()))
+        })
     }
 
     async fn complete(
@@ -425,21 +449,22 @@ impl Store for PostgresStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.complete_with(&self.pool, key, token, response, ttl)
-            .await
+        on_lane!(self, |conn| self
+            .complete_with(conn, key, token, response, ttl))
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.release_with(&self.pool, key, token).await
+        on_lane!(self, |conn| self.release_with(conn, key, token))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.count();
-        let row = sqlx::query(&self.sql.get)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.map_error(e, None))?;
+        let get = sqlx::query(&self.sql.get).bind(key);
+        let row = on_lane!(self, |conn| async {
+            get.fetch_optional(conn)
+                .await
+                .map_err(|e| self.map_error(e, None))
+        })?;
         match row {
             None => Ok(None),
             Some(row) => decode_row(&row)

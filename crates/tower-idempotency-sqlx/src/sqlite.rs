@@ -11,7 +11,7 @@ use std::{
 
 use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-    Row, SqliteConnection, SqliteExecutor, SqlitePool,
+    Row, Sqlite, SqliteConnection, SqliteExecutor, SqlitePool,
 };
 use tower_idempotency_core::store::{
     encode_headers, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
@@ -19,7 +19,8 @@ use tower_idempotency_core::store::{
 };
 
 use crate::{
-    common::{self, millis, record_size, token_param, RawRecord, PURGE_BATCH},
+    common::{self, millis, on_lane, record_size, token_param, RawRecord, PURGE_BATCH},
+    lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -119,7 +120,7 @@ WHERE key = ?1 AND token = ?2 AND state = 0"#
 /// ```
 #[derive(Debug)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    lanes: Lanes<Sqlite>,
     table: String,
     sql: Sql,
     max_record_bytes: usize,
@@ -136,7 +137,7 @@ impl SqliteStore {
     pub fn new(pool: SqlitePool, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
-            pool,
+            lanes: Lanes::new(pool.clone(), default_lane_count(&pool)),
             table: table.to_owned(),
             sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
@@ -177,9 +178,29 @@ impl SqliteStore {
         self
     }
 
+    /// Sets how many of the pool's connections the store keeps checked out for its own
+    /// statements (capped at the pool's size; `0` takes a connection from the pool per
+    /// statement). Defaults to half the pool's maximum size.
+    ///
+    /// Why: sqlx's pool checks a connection with a ping when it hands it out and again when it
+    /// takes it back (for SQLite, a message to the connection's worker thread and back), so a
+    /// store call through the pool is three trips to the worker instead of one. A connection
+    /// idle for more than a second is pinged before use, and one whose statement failed or was
+    /// cancelled goes back to the pool to be checked.
+    pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = Lanes::new(self.lanes.pool().clone(), lanes);
+        self
+    }
+
+    /// How many connections the store keeps checked out for its statements; see
+    /// [`with_connection_lanes`](Self::with_connection_lanes).
+    pub fn connection_lanes(&self) -> usize {
+        self.lanes.count()
+    }
+
     /// The pool this store runs on.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        self.lanes.pool()
     }
 
     /// The table this store uses.
@@ -195,7 +216,7 @@ impl SqliteStore {
     /// Creates the table and index if they do not exist ([`schema_sql`]).
     pub async fn migrate(&self) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(&schema_sql(&self.table))
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         Ok(())
     }
@@ -207,7 +228,7 @@ impl SqliteStore {
             self.count();
             let done = sqlx::query(&self.sql.purge)
                 .bind(now_ms())
-                .execute(&self.pool)
+                .execute(self.pool())
                 .await
                 .map_err(|e| self.map_error(e, None))?
                 .rows_affected();
@@ -399,7 +420,7 @@ impl Store for SqliteStore {
         fingerprint: &Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claim_with(&self.pool, key, fingerprint, lease).await
+        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
     }
 
     async fn renew(
@@ -412,14 +433,17 @@ impl Store for SqliteStore {
             return Ok(Ownership::Stale);
         };
         self.count();
-        let done = sqlx::query(&self.sql.renew)
+        let renew = sqlx::query(&self.sql.renew)
             .bind(key)
             .bind(token)
-            .bind(now_ms().saturating_add(millis(lease)))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.map_error(e, None))?;
-        Ok(ownership(done.rows_affected()))
+            .bind(now_ms().saturating_add(millis(lease)));
+        on_lane!(self, |conn| async {
+            let done = renew
+                .execute(conn)
+                .await
+                .map_err(|e| self.map_error(e, None))?;
+            Ok(ownership(done.rows_affected()))
+        })
     }
 
     async fn complete(
@@ -429,23 +453,23 @@ impl Store for SqliteStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.complete_with(&self.pool, key, token, response, ttl)
-            .await
+        on_lane!(self, |conn| self
+            .complete_with(conn, key, token, response, ttl))
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.release_with(&self.pool, key, token).await
+        on_lane!(self, |conn| self.release_with(conn, key, token))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         let now = now_ms();
         self.count();
-        let row = sqlx::query(&self.sql.get)
-            .bind(key)
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.map_error(e, None))?;
+        let get = sqlx::query(&self.sql.get).bind(key).bind(now);
+        let row = on_lane!(self, |conn| async {
+            get.fetch_optional(conn)
+                .await
+                .map_err(|e| self.map_error(e, None))
+        })?;
         match row {
             None => Ok(None),
             Some(row) => decode_row(&row, now)

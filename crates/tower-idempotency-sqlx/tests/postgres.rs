@@ -555,3 +555,177 @@ async fn missing_table_is_a_backend_error() {
         other => panic!("expected a backend error, got {other:?}"),
     }
 }
+
+/// A store on a pool of its own through the round-trip counting proxy, with `lanes` lanes.
+async fn counted_store(
+    table: &PgTable,
+    proxy: &PgRoundTrips,
+    lanes: usize,
+) -> Option<Arc<PostgresStore>> {
+    pg_pool().await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&proxy.url)
+        .await
+        .expect("connect through the proxy");
+    let store = PostgresStore::new(pool, &table.name)
+        .expect("valid table name")
+        .with_connection_lanes(lanes);
+    store.migrate().await.expect("migrate");
+    Some(Arc::new(store))
+}
+
+/// Counted on the wire, not by the store: a first request is two round trips and a replay
+/// one. Through the pool (no lanes) sqlx pings on hand-out and on return, which the same proxy
+/// sees, so the count is not the statement count in disguise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_one_round_trip_on_the_wire() {
+    let table = PgTable::new();
+    let proxy = PgRoundTrips::start().await;
+    let Some(store) = counted_store(&table, &proxy, 1).await else {
+        return;
+    };
+    let server = serve(IdempotencyLayer::client_keys(store.clone())).await;
+    let client = reqwest::Client::new();
+    // The lane's first statement takes its connection from the pool (and the pool pings it),
+    // and each statement is prepared once per connection (one more round trip, the first time).
+    let (status, _, _) = post_order(&client, &server.url, &random_suffix()).await;
+    assert_eq!(status, 201);
+
+    let key = random_suffix();
+    let before = proxy.round_trips();
+    let (status, replayed, _) = post_order(&client, &server.url, &key).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(proxy.round_trips() - before, 2, "claim + complete");
+    let before = proxy.round_trips();
+    let (status, replayed, _) = post_order(&client, &server.url, &key).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(proxy.round_trips() - before, 1, "one claim replays");
+
+    let pooled = counted_store(&table, &proxy, 0).await.expect("second pool");
+    let _ = pooled.get(&key).await.expect("get");
+    let before = proxy.round_trips();
+    let _ = pooled.get(&key).await.expect("get");
+    // The return ping runs on a task of sqlx's after the call; wait for it to be counted.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.round_trips() - before < 3 && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    // At least: ping, statement, ping (plus one to prepare the statement on a connection that
+    // has not run it yet).
+    assert!(
+        proxy.round_trips() - before >= 3,
+        "through the pool: {} round trips",
+        proxy.round_trips() - before
+    );
+}
+
+/// A claim cancelled while Postgres blocks it (another transaction holds an uncommitted row of
+/// the same key) must not hold up the lane: its connection goes back to the pool, and the next
+/// call on the only lane runs on another connection at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_statement_gives_its_connection_back() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = Arc::new(
+        PostgresStore::new(guarded.store.pool().clone(), guarded.store.table())
+            .expect("valid table name")
+            .with_connection_lanes(1),
+    );
+    let key = random_key("blocked");
+    let mut blocker = guarded.store.pool().begin().await.expect("begin");
+    let held = guarded
+        .store
+        .claim_in(&mut blocker, &key, &fingerprint(1), Duration::from_secs(60))
+        .await
+        .expect("claim in the blocking transaction");
+    assert!(matches!(held, ClaimOutcome::Claimed { .. }), "{held:?}");
+
+    let blocked = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim(&key, &fingerprint(2), Duration::from_secs(60))
+                .await
+        }
+    });
+    // Wait until Postgres reports a backend waiting on a lock for this table's key.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\"%'",
+        store.table()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(&waiting)
+            .fetch_one(guarded.store.pool())
+            .await
+            .expect("pg_stat_activity");
+        if n > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim never blocked"
+        );
+        tokio::task::yield_now().await;
+    }
+    blocked.abort();
+    assert!(blocked.await.expect_err("aborted").is_cancelled());
+
+    let other = random_key("free");
+    let free = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim(&other, &fingerprint(3), Duration::from_secs(60)),
+    )
+    .await
+    .expect("the lane must not wait for the cancelled statement")
+    .expect("claim");
+    assert!(matches!(free, ClaimOutcome::Claimed { .. }), "{free:?}");
+    blocker.rollback().await.expect("rollback");
+}
+
+/// A lane whose connection died (the backend was terminated) fails at most its one statement,
+/// as `Unavailable`, and the next call runs on a fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lane_connection_is_replaced() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let name = format!("lane-{}", random_suffix());
+    let options = pg_url()
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .expect("url")
+        .application_name(&name);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("pool");
+    let store = PostgresStore::new(pool, guarded.store.table())
+        .expect("valid table name")
+        .with_connection_lanes(1);
+    let key = random_key("dead");
+    assert!(store.get(&key).await.expect("get").is_none());
+
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(guarded.store.pool())
+    .await
+    .expect("terminate");
+    assert!(
+        !killed.is_empty() && killed.iter().all(|k| *k),
+        "{killed:?}"
+    );
+
+    match store.get(&key).await {
+        Ok(None) => {}
+        Err(StoreError::Unavailable(_)) => {
+            let again = store.get(&key).await;
+            assert!(matches!(again, Ok(None)), "{again:?}");
+        }
+        other => panic!("expected Ok(None) or Unavailable, got {other:?}"),
+    }
+}

@@ -195,6 +195,117 @@ mod pg_helpers {
         }
     }
 
+    /// A loopback proxy in front of Postgres that counts round trips on the wire: every `Sync`
+    /// (the end of an extended-protocol exchange, and all of sqlx's ping) and every simple
+    /// `Query` the clients send is one exchange the client waits for. Connect with
+    /// `sslmode=disable` so the stream is plain protocol from the first byte.
+    pub struct PgRoundTrips {
+        pub url: String,
+        pub count: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for PgRoundTrips {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl PgRoundTrips {
+        pub async fn start() -> Self {
+            let upstream = url_address(&pg_url());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let count = Arc::new(AtomicUsize::new(0));
+            let counter = count.clone();
+            let task = tokio::spawn(async move {
+                let mut pumps = tokio::task::JoinSet::new();
+                while let Ok((client, _)) = listener.accept().await {
+                    let counter = counter.clone();
+                    let upstream = upstream.clone();
+                    pumps.spawn(async move {
+                        let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                            return;
+                        };
+                        let (mut client_read, mut client_write) = client.into_split();
+                        let (mut server_read, mut server_write) = server.into_split();
+                        let answers = tokio::io::copy(&mut server_read, &mut client_write);
+                        let requests =
+                            count_requests(&mut client_read, &mut server_write, &counter);
+                        let _ = tokio::join!(answers, requests);
+                    });
+                }
+            });
+            let mut url = url::Url::parse(&pg_url()).expect("DATABASE_URL is a URL");
+            url.set_host(Some("127.0.0.1")).expect("host");
+            url.set_port(Some(addr.port())).expect("port");
+            url.query_pairs_mut().append_pair("sslmode", "disable");
+            Self {
+                url: url.to_string(),
+                count,
+                task,
+            }
+        }
+
+        pub fn round_trips(&self) -> usize {
+            self.count.load(Ordering::SeqCst)
+        }
+    }
+
+    fn url_address(url: &str) -> String {
+        let url = url::Url::parse(url).expect("DATABASE_URL is a URL");
+        format!(
+            "{}:{}",
+            url.host_str().unwrap_or("127.0.0.1"),
+            url.port().unwrap_or(5432)
+        )
+    }
+
+    /// Forwards the client's bytes, counting `S` (Sync) and `Q` (Query) messages. The first
+    /// message (startup) has no type byte: a 4-byte length, then its body.
+    async fn count_requests(
+        from: &mut tokio::net::tcp::OwnedReadHalf,
+        to: &mut tokio::net::tcp::OwnedWriteHalf,
+        counter: &AtomicUsize,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut pending = Vec::new();
+        let mut started = false;
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let Ok(n) = from.read(&mut chunk).await else {
+                return;
+            };
+            if n == 0 {
+                let _ = to.shutdown().await;
+                return;
+            }
+            pending.extend_from_slice(&chunk[..n]);
+            loop {
+                let header = if started { 5 } else { 4 };
+                if pending.len() < header {
+                    break;
+                }
+                let at = header - 4;
+                let len = u32::from_be_bytes(pending[at..at + 4].try_into().expect("4 bytes"));
+                let total = at + len as usize;
+                if pending.len() < total {
+                    break;
+                }
+                if started && matches!(pending[0], b'S' | b'Q') {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                started = true;
+                pending.drain(..total);
+            }
+            if to.write_all(&chunk[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// A migrated Postgres store in a fresh table, or `None` when Postgres is unreachable.
     pub async fn pg_store() -> Option<Guarded<Arc<PostgresStore>, PgTable>> {
         let table = PgTable::new();
