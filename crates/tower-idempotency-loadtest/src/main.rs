@@ -86,6 +86,8 @@ USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
                        (default all); +cache wraps the store in a LocalReplayCache (local
                        replays); memory-constfp is an experiment: the memory store with a
                        constant fingerprint, to isolate the cost of SHA-256 over the body
+  --store-lanes N      connections the sqlx stores keep checked out (default: half the pool);
+                       0 runs every statement through the pool, as before session 6
   --runtime MODE       split: server and client on separate 1-worker runtimes (default);
                        shared: one 2-worker runtime for both
   --out DIR            results directory (default <workspace>/target/bench-results)
@@ -104,6 +106,7 @@ struct Args {
     concurrency: Vec<usize>,
     stores: Vec<String>,
     shared_runtime: bool,
+    store_lanes: Option<usize>,
     out: PathBuf,
     chart: Option<PathBuf>,
     memory: bool,
@@ -129,6 +132,7 @@ fn parse_args(raw: &[String]) -> Result<Args> {
         .map(String::from)
         .to_vec(),
         shared_runtime: false,
+        store_lanes: None,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-results"),
         chart: None,
         memory: true,
@@ -161,6 +165,7 @@ fn parse_args(raw: &[String]) -> Result<Args> {
                     _ => return Err(bad(flag)),
                 }
             }
+            "--store-lanes" => args.store_lanes = Some(value()?.parse().map_err(|_| bad(flag))?),
             "--out" => args.out = PathBuf::from(value()?),
             "--chart" => args.chart = Some(PathBuf::from(value()?)),
             "--no-memory" => args.memory = false,
@@ -496,6 +501,17 @@ struct Backends {
     pg_table: String,
     redis_url: String,
     redis_prefix: String,
+    /// `--store-lanes`, applied to every sqlx store the harness opens.
+    store_lanes: Option<usize>,
+}
+
+impl Backends {
+    fn postgres(&self, store: PostgresStore) -> PostgresStore {
+        match self.store_lanes {
+            Some(lanes) => store.with_connection_lanes(lanes),
+            None => store,
+        }
+    }
 }
 
 fn run(args: Args) -> Result<()> {
@@ -516,6 +532,7 @@ fn run(args: Args) -> Result<()> {
         pg_table: format!("loadtest_{run}"),
         redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
         redis_prefix: format!("loadtest:{run}"),
+        store_lanes: args.store_lanes,
         run,
     };
     eprintln!(
@@ -581,6 +598,10 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
         "sqlite" => {
             let url = format!("sqlite://{}", b.sqlite_path.display());
             let store = SqliteStore::connect(&url).await.map_err(|e| describe(&e))?;
+            let store = match b.store_lanes {
+                Some(lanes) => store.with_connection_lanes(lanes),
+                None => store,
+            };
             store.migrate().await.map_err(|e| describe(&e))?;
             Ok(Target::Sqlite(Arc::new(store)))
         }
@@ -590,6 +611,7 @@ async fn open_store(name: &str, b: &Backends) -> Result<Target, String> {
             let store = PostgresStore::connect_with_table(&b.pg_url, &b.pg_table)
                 .await
                 .map_err(|e| describe(&e))?;
+            let store = b.postgres(store);
             store.migrate().await.map_err(|e| describe(&e))?;
             let store = Arc::new(store);
             Ok(if name == "postgres" {
@@ -859,8 +881,9 @@ fn trim_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim_heap() {}
 
-/// A counting pass per workload: 16 workers, a fixed number of requests, round trips counted by
-/// the sqlx stores' statement counter or, for Redis, on the wire by a proxy.
+/// A counting pass per workload: 16 workers, a fixed number of requests, round trips counted on
+/// the wire by a proxy (Redis commands, Postgres exchanges) or, for SQLite, which has no wire,
+/// by the store's statement counter.
 fn count_round_trips(
     args: &Args,
     rts: &Runtimes,
@@ -870,12 +893,45 @@ fn count_round_trips(
     // The Redis store under count connects through the proxy, with the same prefix.
     let (counted, proxy, unit) = match target {
         Target::Bare | Target::Memory | Target::MemoryConstantFingerprint => return Ok(Vec::new()),
-        Target::Sqlite(_) | Target::Postgres(_) | Target::PostgresCached(_) => {
-            (target.clone(), None, "statements")
+        Target::Sqlite(_) => (target.clone(), None, "statements"),
+        Target::Postgres(_) | Target::PostgresCached(_) => {
+            use std::str::FromStr;
+            let options = sqlx::postgres::PgConnectOptions::from_str(&b.pg_url)?;
+            use std::net::ToSocketAddrs;
+            let upstream = (options.get_host(), options.get_port())
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| HarnessError::Usage("DATABASE_URL host does not resolve".into()))?;
+            let proxy = rts
+                .server
+                .block_on(proxy::start(upstream, proxy::Protocol::Postgres))?;
+            let options = options
+                .host("127.0.0.1")
+                .port(proxy.addr.port())
+                .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+            let store = rts.server.block_on(async {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(10)
+                    .connect_with(options)
+                    .await?;
+                Ok::<_, sqlx::Error>(Arc::new(
+                    b.postgres(
+                        PostgresStore::new(pool, &b.pg_table)
+                            .expect("the harness's table name is valid"),
+                    ),
+                ))
+            })?;
+            let counted = match target {
+                Target::PostgresCached(_) => Target::PostgresCached(store),
+                _ => Target::Postgres(store),
+            };
+            (counted, Some(proxy), "round trips")
         }
         Target::Redis(_) | Target::RedisCached(_) => {
             let upstream = redis_addr(&b.redis_url)?;
-            let proxy = rts.server.block_on(proxy::start(upstream))?;
+            let proxy = rts
+                .server
+                .block_on(proxy::start(upstream, proxy::Protocol::Resp))?;
             let url = format!("redis://{}", proxy.addr);
             let store = rts
                 .server
@@ -889,7 +945,7 @@ fn count_round_trips(
         }
     };
     let counter = || match (&proxy, &counted) {
-        (Some(p), _) => p.commands.load(Ordering::SeqCst),
+        (Some(p), _) => p.count.load(Ordering::SeqCst),
         (None, t) => t.statements().unwrap_or(0),
     };
     let requests = if args.quick { 200 } else { 2000 };
@@ -914,6 +970,14 @@ fn count_round_trips(
         };
         if workload == Workload::Replay {
             rts.client.block_on(drive(plan(Stop::Count(REPLAY_KEYS))))?;
+        } else {
+            // Outside the count: the store's first statements on each connection (taking it
+            // from the pool, preparing each statement once), on keys of their own.
+            let warm = Plan {
+                run: format!("{run}-warm"),
+                ..plan(Stop::Count(64))
+            };
+            rts.client.block_on(drive(warm))?;
         }
         let before = counter();
         let result = rts.client.block_on(drive(plan(Stop::Count(requests))))?;
@@ -966,7 +1030,7 @@ fn floor_run<F, Fut>(
     op: F,
 ) -> (f64, Histogram<u64>)
 where
-    F: Fn() -> Fut + Clone + Send + 'static,
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     let warmup = args.warmup.min(Duration::from_millis(300));
@@ -976,7 +1040,7 @@ where
         let measure_start = start + warmup;
         let end = measure_start + measure;
         let tasks: Vec<_> = (0..concurrency)
-            .map(|_| {
+            .map(|task| {
                 let op = op.clone();
                 tokio::spawn(async move {
                     let mut h = load::histogram();
@@ -985,7 +1049,7 @@ where
                         if t >= end {
                             break;
                         }
-                        if !op().await {
+                        if !op(task).await {
                             break;
                         }
                         if t >= measure_start {
@@ -1037,20 +1101,33 @@ fn floors(args: &Args, rts: &Runtimes, b: &Backends, target: &Target) -> Result<
             let Some(key) = key else { return Ok(rows) };
             let select = Arc::new(format!("SELECT * FROM \"{table}\" WHERE key = $1"));
             for &c in &args.concurrency {
-                let (pool, key, select) = (pool.clone(), key.clone(), select.clone());
-                let op = move || {
-                    let (pool, key, select) = (pool.clone(), key.clone(), select.clone());
+                // One connection per caller, outside the pool: a raw round trip, not the pool's
+                // hand-out and return pings around it.
+                let connections = rts.server.block_on(async {
+                    let mut connections = Vec::with_capacity(c);
+                    for _ in 0..c {
+                        let connection =
+                            <sqlx::PgConnection as sqlx::Connection>::connect(&b.pg_url).await?;
+                        connections.push(tokio::sync::Mutex::new(connection));
+                    }
+                    Ok::<_, sqlx::Error>(Arc::new(connections))
+                })?;
+                let (key, select) = (key.clone(), select.clone());
+                let op = move |task: usize| {
+                    let (connections, key, select) =
+                        (connections.clone(), key.clone(), select.clone());
                     async move {
+                        let mut connection = connections[task].lock().await;
                         sqlx::query(&select)
                             .bind(&key)
-                            .fetch_optional(&pool)
+                            .fetch_optional(&mut *connection)
                             .await
                             .is_ok()
                     }
                 };
                 push(
                     "postgres",
-                    "SELECT * WHERE key = $1 (1 KiB row)",
+                    "SELECT * WHERE key = $1 (1 KiB row, own connection)",
                     c,
                     floor_run(args, rts, c, op),
                 );
@@ -1081,7 +1158,7 @@ fn floors(args: &Args, rts: &Runtimes, b: &Backends, target: &Target) -> Result<
             let key = Arc::new(key);
             for &c in &args.concurrency {
                 let (conn, key) = (conn.clone(), key.clone());
-                let op = move || {
+                let op = move |_task: usize| {
                     let (mut conn, key) = (conn.clone(), key.clone());
                     async move {
                         redis::cmd("GET")
@@ -1120,7 +1197,7 @@ fn scaling(args: &Args, rts: &Runtimes, b: &Backends, target: &Target) -> Result
                         .server
                         .block_on(PostgresStore::connect_with_table(&b.pg_url, &b.pg_table))
                         .map_err(|_| HarnessError::Child("postgres scaling instance"))?;
-                    IdempotencyLayer::client_keys(store)
+                    IdempotencyLayer::client_keys(b.postgres(store))
                 }
                 Target::Redis(_) => {
                     let store = rts

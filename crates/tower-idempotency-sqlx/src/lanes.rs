@@ -119,6 +119,31 @@ impl<DB: Database> Lanes<DB> {
     }
 }
 
+impl<DB: Database> Drop for Lanes<DB> {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return; // each held connection goes back to the pool as usual
+        }
+        // Outside a runtime a `PoolConnection`'s drop panics (it spawns its return to the pool),
+        // e.g. for a store dropped after its runtime shut down: close the connections instead.
+        let keeps_minimum = self.pool.options().get_min_connections() > 0;
+        for lane in self.lanes.iter() {
+            let Ok(mut lane) = lane.try_lock() else {
+                continue;
+            };
+            if let Some(connection) = lane.connection.take() {
+                if keeps_minimum {
+                    // Even a detached connection's drop spawns the pool's top-up task then; the
+                    // pool is being dropped without a runtime anyway, so let the socket go.
+                    std::mem::forget(connection);
+                } else {
+                    drop(connection.detach());
+                }
+            }
+        }
+    }
+}
+
 impl<DB: Database> Lanes<DB> {
     /// Started on first use rather than in `new`, which may run outside a runtime.
     fn watch_for_close(&self) {

@@ -331,3 +331,59 @@ async fn missing_table_is_a_backend_error() {
         .await;
     assert!(matches!(result, Err(StoreError::Backend(_))), "{result:?}");
 }
+
+/// A store whose lanes hold connections can be dropped after its runtime is gone: a pooled
+/// connection dropped outside a runtime panics in sqlx (it spawns its return to the pool), so
+/// the lanes close theirs instead.
+#[test]
+fn a_store_can_be_dropped_after_its_runtime() {
+    let file = SqliteFile::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = runtime.block_on(async {
+        let store = file.store("idem").await;
+        store.migrate().await.expect("migrate");
+        let outcome = store
+            .claim(
+                &random_key("outlive"),
+                &fingerprint(1),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::Claimed { .. }),
+            "{outcome:?}"
+        );
+        store
+    });
+    assert!(store.connection_lanes() > 0);
+    drop(runtime);
+    drop(store);
+}
+
+/// Closing the pool does not wait for the store to be dropped: the lanes hand their
+/// connections back when the pool starts closing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_pool_empties_the_lanes() {
+    let guarded = sqlite_store().await;
+    let store = &guarded.store;
+    store
+        .claim(
+            &random_key("close"),
+            &fingerprint(1),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("claim");
+    tokio::time::timeout(Duration::from_secs(10), store.pool().close())
+        .await
+        .expect("close must not wait for the store");
+    let after = store.get(&random_key("closed")).await;
+    assert!(
+        matches!(after, Err(StoreError::Unavailable(_))),
+        "{after:?}"
+    );
+}
