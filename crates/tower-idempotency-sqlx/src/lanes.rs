@@ -25,7 +25,7 @@ use std::{
 };
 
 use sqlx::{pool::PoolConnection, Connection, Database, Pool};
-use tokio::sync::{oneshot, Mutex, MutexGuard};
+use tokio::sync::{oneshot, Mutex, MutexGuard, Semaphore, SemaphorePermit};
 
 /// A lane unused for longer than this pings its connection before the next statement.
 pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
@@ -44,6 +44,9 @@ pub(crate) fn default_lane_count<DB: Database>(pool: &Pool<DB>) -> usize {
 pub(crate) struct Lanes<DB: Database> {
     pool: Pool<DB>,
     lanes: Arc<[Mutex<Lane<DB>>]>,
+    /// One permit per lane: a caller waits for whichever lane frees first, never in the queue of
+    /// one lane that may be stuck (a SQLite writer sleeping in its busy handler, say).
+    free: Semaphore,
     next: AtomicUsize,
     /// Set when the close watcher starts; dropping it (with the lanes) stops the watcher.
     watcher: OnceLock<oneshot::Sender<()>>,
@@ -81,6 +84,7 @@ impl<DB: Database> Lanes<DB> {
         Self {
             pool,
             lanes,
+            free: Semaphore::new(count),
             next: AtomicUsize::new(0),
             watcher: OnceLock::new(),
         }
@@ -94,26 +98,38 @@ impl<DB: Database> Lanes<DB> {
         self.lanes.len()
     }
 
-    /// A free lane if there is one, else a place in the queue of the next lane in turn.
+    /// The first lane to be free, starting the search at the next lane in turn.
     pub async fn take(&self) -> Taken<'_, DB> {
         let count = self.lanes.len();
         if count == 0 {
             return Taken {
                 pool: &self.pool,
                 held: Held::Pooled(None),
+                _permit: None,
                 settled: false,
             };
         }
         self.watch_for_close();
+        let permit = self
+            .free
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-        let free = (0..count).find_map(|i| self.lanes[(start + i) % count].try_lock().ok());
-        let lane = match free {
-            Some(lane) => lane,
-            None => self.lanes[start].lock().await,
+        // With a permit, at most `count - 1` other callers hold lanes, so one is free; it can
+        // only be missed while a finishing caller has released its permit but not yet its lane
+        // (or while the close watcher holds it), hence the retry.
+        let lane = loop {
+            let free = (0..count).find_map(|i| self.lanes[(start + i) % count].try_lock().ok());
+            match free {
+                Some(lane) => break lane,
+                None => tokio::task::yield_now().await,
+            }
         };
         Taken {
             pool: &self.pool,
             held: Held::Lane(lane),
+            _permit: Some(permit),
             settled: false,
         }
     }
@@ -179,6 +195,8 @@ enum Held<'a, DB: Database> {
 pub(crate) struct Taken<'a, DB: Database> {
     pool: &'a Pool<DB>,
     held: Held<'a, DB>,
+    /// Declared after `held`, so the lane is unlocked before its permit is given back.
+    _permit: Option<SemaphorePermit<'a>>,
     settled: bool,
 }
 
