@@ -366,6 +366,34 @@ pub async fn serve(layer: IdempotencyLayer) -> Server {
     }
 }
 
+/// With a lane holding a connection, `close` (the store's pool closing) finishes without the
+/// store being dropped (the lanes hand their connections back), and the store then answers
+/// `Unavailable`.
+pub async fn closing_the_pool_does_not_wait_for_the_store<F>(
+    store: &dyn Store,
+    close: impl FnOnce() -> F,
+) where
+    F: std::future::Future<Output = ()>,
+{
+    let lease = Duration::from_secs(60);
+    store
+        .claim(&random_key("close"), &fingerprint(1), lease)
+        .await
+        .expect("claim");
+    // `close` is called only now: sqlx marks the pool closed when `Pool::close` is called.
+    tokio::time::timeout(Duration::from_secs(10), close())
+        .await
+        .expect("close must not wait for the store");
+    let after = store.get(&random_key("closed")).await;
+    assert!(
+        matches!(
+            after,
+            Err(tower_idempotency_core::store::StoreError::Unavailable(_))
+        ),
+        "{after:?}"
+    );
+}
+
 /// Sends `POST /orders` with `key`; returns status, whether it was a replay, and the body.
 pub async fn post_order(client: &reqwest::Client, url: &str, key: &str) -> (u16, bool, String) {
     let response = client
