@@ -9,8 +9,8 @@ use std::{
 use bytes::Bytes;
 use http::StatusCode;
 use tower_idempotency_core::store::{
-    decode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord, FencingToken,
-    Fingerprint, RecordState, StoreError,
+    decode_headers, encode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord,
+    FencingToken, Fingerprint, RecordState, StoreError,
 };
 
 pub(crate) const STATE_IN_FLIGHT: i16 = 0;
@@ -89,13 +89,17 @@ impl RawRecord {
 /// its connection only when the statement succeeded.
 macro_rules! on_lane {
     ($store:expr, |$conn:ident| $call:expr) => {{
-        let mut lane = $store.lanes.take().await;
-        let result = match lane.connection().await {
-            Ok($conn) => $call.await,
+        match $store.lanes.take().await {
+            Ok(mut lane) => {
+                let result = match lane.connection().await {
+                    Ok($conn) => $call.await,
+                    Err(error) => Err($store.map_error(error, None)),
+                };
+                lane.settle(result.is_ok());
+                result
+            }
             Err(error) => Err($store.map_error(error, None)),
-        };
-        lane.settle(result.is_ok());
-        result
+        }
     }};
 }
 pub(crate) use on_lane;
@@ -111,8 +115,27 @@ pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
 }
 
 /// Size of the data a completed row holds, as checked against the store's record limit.
-pub(crate) fn record_size(headers: &[u8], response: &CachedResponse) -> usize {
+fn record_size(headers: &[u8], response: &CachedResponse) -> usize {
     64 + headers.len() + response.body.len()
+}
+
+/// What a completion writes, checked before any connection is taken: the token as stored, the
+/// encoded headers and the record's size. `Ok(None)` when the token can never be current;
+/// `RecordTooLarge` over `limit`.
+pub(crate) fn prepare_completion(
+    token: FencingToken,
+    response: &CachedResponse,
+    limit: usize,
+) -> Result<Option<(i64, Vec<u8>, usize)>, StoreError> {
+    let Some(token) = token_param(token) else {
+        return Ok(None);
+    };
+    let headers = encode_headers(&response.headers);
+    let size = record_size(&headers, response);
+    if size > limit {
+        return Err(StoreError::RecordTooLarge { size, limit });
+    }
+    Ok(Some((token, headers, size)))
 }
 
 /// Maps a database error to the store error the layer acts on. `size` is the size of the record

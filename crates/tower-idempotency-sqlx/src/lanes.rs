@@ -12,14 +12,16 @@
 //! [`PING_AFTER_IDLE`] pings its connection before using it (and swaps a dead one for a fresh one
 //! from the pool), a statement that fails or is cancelled midway gives its connection back to the
 //! pool (whose return ping flushes or discards it), and a lane hands its connection back after
-//! [`RECYCLE_AFTER`] so the pool's lifetime and idle rules still apply. `Pool::close` waits for
-//! every connection to come back, so a task started with the first lane watches for the pool
-//! closing and empties the lanes when it does.
+//! [`RECYCLE_AFTER`] (checked at its next statement and by a sweep for idle lanes) so the
+//! pool's lifetime and idle rules still apply. Waiting for a lane, and the idle ping, are
+//! bounded by the pool's `acquire_timeout`, as a pool acquire is. `Pool::close` waits for every
+//! connection to come back, so a task (started with the first lane, restarted if its runtime
+//! went away) empties the lanes when the pool closes.
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
     },
     time::{Duration, Instant},
 };
@@ -39,6 +41,12 @@ pub(crate) fn default_lane_count<DB: Database>(pool: &Pool<DB>) -> usize {
     (pool.options().get_max_connections() / 2) as usize
 }
 
+/// At most all but one of the pool's connections, so `migrate`, the purger and `claim_in` can
+/// always get one.
+fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
+    (pool.options().get_max_connections() as usize).saturating_sub(1)
+}
+
 /// A fixed set of lanes over one pool. With no lanes, every statement takes a connection from
 /// the pool as before.
 pub(crate) struct Lanes<DB: Database> {
@@ -48,8 +56,10 @@ pub(crate) struct Lanes<DB: Database> {
     /// one lane that may be stuck (a SQLite writer sleeping in its busy handler, say).
     free: Semaphore,
     next: AtomicUsize,
-    /// Set when the close watcher starts; dropping it (with the lanes) stops the watcher.
-    watcher: OnceLock<oneshot::Sender<()>>,
+    /// True while a watcher task is alive (it clears the flag when it ends or is dropped).
+    watching: Arc<AtomicBool>,
+    /// Dropping the sender (with the lanes) stops the current watcher.
+    stop_watcher: std::sync::Mutex<Option<oneshot::Sender<()>>>,
 }
 
 impl<DB: Database> std::fmt::Debug for Lanes<DB> {
@@ -68,9 +78,10 @@ struct Lane<DB: Database> {
 }
 
 impl<DB: Database> Lanes<DB> {
-    /// `count` lanes over `pool`, capped at the pool's size; no connection is taken yet.
+    /// `count` lanes over `pool`, capped at all but one of the pool's connections; no
+    /// connection is taken yet.
     pub fn new(pool: Pool<DB>, count: usize) -> Self {
-        let count = count.min(pool.options().get_max_connections() as usize);
+        let count = count.min(lane_limit(&pool));
         let now = Instant::now();
         let lanes = (0..count)
             .map(|_| {
@@ -86,7 +97,8 @@ impl<DB: Database> Lanes<DB> {
             lanes,
             free: Semaphore::new(count),
             next: AtomicUsize::new(0),
-            watcher: OnceLock::new(),
+            watching: Arc::new(AtomicBool::new(false)),
+            stop_watcher: std::sync::Mutex::new(None),
         }
     }
 
@@ -98,27 +110,26 @@ impl<DB: Database> Lanes<DB> {
         self.lanes.len()
     }
 
-    /// The first lane to be free, starting the search at the next lane in turn.
-    pub async fn take(&self) -> Taken<'_, DB> {
+    /// The first lane to be free, starting the search at the next lane in turn; waits at most
+    /// the pool's `acquire_timeout` (then `PoolTimedOut`, as a pool acquire would fail).
+    pub async fn take(&self) -> Result<Taken<'_, DB>, sqlx::Error> {
         let count = self.lanes.len();
         if count == 0 {
-            return Taken {
+            return Ok(Taken {
                 pool: &self.pool,
                 held: Held::Pooled(None),
                 _permit: None,
                 settled: false,
-            };
+            });
         }
         self.watch_for_close();
-        let permit = self
-            .free
-            .acquire()
+        let permit = tokio::time::timeout(self.acquire_timeout(), self.free.acquire())
             .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
             .expect("the semaphore is never closed");
         let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
         // With a permit, at most `count - 1` other callers hold lanes, so one is free; it can
-        // only be missed while a finishing caller has released its permit but not yet its lane
-        // (or while the close watcher holds it), hence the retry.
+        // only be missed while the close watcher or the idle sweep holds it, hence the retry.
         let lane = loop {
             let free = (0..count).find_map(|i| self.lanes[(start + i) % count].try_lock().ok());
             match free {
@@ -126,12 +137,16 @@ impl<DB: Database> Lanes<DB> {
                 None => tokio::task::yield_now().await,
             }
         };
-        Taken {
+        Ok(Taken {
             pool: &self.pool,
             held: Held::Lane(lane),
             _permit: Some(permit),
             settled: false,
-        }
+        })
+    }
+
+    fn acquire_timeout(&self) -> Duration {
+        self.pool.options().get_acquire_timeout()
     }
 }
 
@@ -141,45 +156,94 @@ impl<DB: Database> Drop for Lanes<DB> {
             return; // each held connection goes back to the pool as usual
         }
         // Outside a runtime a `PoolConnection`'s drop panics (it spawns its return to the pool),
-        // e.g. for a store dropped after its runtime shut down: close the connections instead.
-        let keeps_minimum = self.pool.options().get_min_connections() > 0;
-        for lane in self.lanes.iter() {
-            let Ok(mut lane) = lane.try_lock() else {
-                continue;
-            };
-            if let Some(connection) = lane.connection.take() {
-                if keeps_minimum {
-                    // Even a detached connection's drop spawns the pool's top-up task then; the
-                    // pool is being dropped without a runtime anyway, so let the socket go.
-                    std::mem::forget(connection);
-                } else {
-                    drop(connection.detach());
-                }
+        // e.g. for a store dropped after its runtime shut down. Drop them inside a throwaway
+        // runtime: the spawned returns are dropped with it, which closes the connections and
+        // gives their places in the pool back.
+        let held: Vec<PoolConnection<DB>> = self
+            .lanes
+            .iter()
+            .filter_map(|lane| lane.try_lock().ok()?.connection.take())
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        match tokio::runtime::Builder::new_current_thread().build() {
+            Ok(runtime) => {
+                let _entered = runtime.enter();
+                drop(held);
             }
+            // Without a runtime only a detach avoids the spawn (when the pool keeps no minimum
+            // of connections; otherwise even that spawns, and the connections are leaked).
+            Err(_) if self.pool.options().get_min_connections() == 0 => {
+                held.into_iter().for_each(|c| drop(c.detach()))
+            }
+            Err(_) => std::mem::forget(held),
         }
     }
 }
 
 impl<DB: Database> Lanes<DB> {
-    /// Started on first use rather than in `new`, which may run outside a runtime.
+    /// Starts the watcher if none is alive: on first use rather than in `new`, which may run
+    /// outside a runtime, and again if the runtime it ran on has gone away.
     fn watch_for_close(&self) {
-        self.watcher.get_or_init(|| {
-            let (stop, stopped) = oneshot::channel::<()>();
-            let closed = self.pool.close_event();
-            let lanes = Arc::downgrade(&self.lanes);
-            tokio::spawn(async move {
+        if self.watching.load(Ordering::Acquire)
+            || self.pool.is_closed()
+            || self.watching.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let (stop, stopped) = oneshot::channel::<()>();
+        *self
+            .stop_watcher
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(stop);
+        let alive = Watching(self.watching.clone());
+        let closed = self.pool.close_event();
+        let lanes = Arc::downgrade(&self.lanes);
+        tokio::spawn(async move {
+            let _alive = alive;
+            let mut sweep = tokio::time::interval(RECYCLE_AFTER);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tokio::pin!(closed, stopped);
+            loop {
                 tokio::select! {
-                    _ = closed => {
+                    _ = &mut closed => {
                         let Some(lanes) = lanes.upgrade() else { return };
                         for lane in lanes.iter() {
                             lane.lock().await.connection = None;
                         }
+                        return;
                     }
-                    _ = stopped => {}
+                    _ = &mut stopped => return,
+                    _ = sweep.tick() => {
+                        let Some(lanes) = lanes.upgrade() else { return };
+                        sweep_idle(&lanes);
+                    }
                 }
-            });
-            stop
+            }
         });
+    }
+}
+
+/// Hands back the connections of lanes that are free and have held theirs for longer than
+/// [`RECYCLE_AFTER`], so a quiet store does not keep them from the pool's own rules.
+fn sweep_idle<DB: Database>(lanes: &[Mutex<Lane<DB>>]) {
+    let now = Instant::now();
+    for lane in lanes {
+        if let Ok(mut lane) = lane.try_lock() {
+            if now.saturating_duration_since(lane.checked_out) > RECYCLE_AFTER {
+                lane.connection = None;
+            }
+        }
+    }
+}
+
+/// Clears the watcher flag when the watcher ends, including when its runtime drops it.
+struct Watching(Arc<AtomicBool>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -219,10 +283,12 @@ impl<DB: Database> Taken<'_, DB> {
                     lane.connection = None;
                 }
                 if let Some(connection) = &mut lane.connection {
-                    if now.saturating_duration_since(lane.last_used) > PING_AFTER_IDLE
-                        && connection.ping().await.is_err()
-                    {
-                        lane.connection = None;
+                    if now.saturating_duration_since(lane.last_used) > PING_AFTER_IDLE {
+                        let limit = pool.options().get_acquire_timeout();
+                        let ping = tokio::time::timeout(limit, connection.ping()).await;
+                        if !matches!(ping, Ok(Ok(()))) {
+                            lane.connection = None;
+                        }
                     }
                 }
                 if lane.connection.is_none() {

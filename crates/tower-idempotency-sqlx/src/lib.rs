@@ -49,8 +49,8 @@
 //! back, which makes every statement three round trips (measured: 16 concurrent Postgres
 //! replays, 6.2 k/s at 82 µs of client CPU each through the pool, 11–12 k/s at 33 µs on lanes).
 //! A lane idle for over a second pings before its next statement; a statement that fails or is
-//! cancelled hands its connection back to the pool to be checked; closing the pool empties the
-//! lanes. Trade-off: after the database restarts, up to one statement per lane fails (the layer
+//! cancelled hands its connection back to the pool to be checked; waiting for a lane is bounded
+//! by the pool's `acquire_timeout`; closing the pool empties the lanes. Trade-off: after the database restarts, up to one statement per lane fails (the layer
 //! answers `503`) before the lanes reconnect, where the pool's ping would have reconnected
 //! first.
 //!

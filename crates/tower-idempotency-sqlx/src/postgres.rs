@@ -10,12 +10,12 @@ use std::{
 
 use sqlx::{postgres::PgPoolOptions, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tower_idempotency_core::store::{
-    encode_headers, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
-    RecordState, Store, StoreError,
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
+    StoreError,
 };
 
 use crate::{
-    common::{self, millis, on_lane, record_size, token_param, RawRecord, PURGE_BATCH},
+    common::{self, millis, on_lane, prepare_completion, token_param, RawRecord, PURGE_BATCH},
     lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -167,8 +167,8 @@ impl PostgresStore {
         })
     }
 
-    /// Connects a pool to `url` (10 connections, 5 s acquire timeout) and uses the
-    /// [`DEFAULT_TABLE`].
+    /// Connects a pool to `url` (10 connections, 5 s acquire timeout; the store keeps 5 of them
+    /// as [lanes](Self::with_connection_lanes)) and uses the [`DEFAULT_TABLE`].
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Self::connect_with_table(url, DEFAULT_TABLE).await
     }
@@ -194,8 +194,9 @@ impl PostgresStore {
     }
 
     /// Sets how many of the pool's connections the store keeps checked out for its own
-    /// statements (capped at the pool's size; `0` takes a connection from the pool per
-    /// statement). Defaults to half the pool's maximum size.
+    /// statements (capped at all but one of the pool's connections; `0` takes a connection from
+    /// the pool per statement). Defaults to half the pool's maximum size. Waiting for a lane is
+    /// bounded by the pool's `acquire_timeout`, as a pool acquire is.
     ///
     /// Why: sqlx's pool pings a connection when it hands it out and again when it takes it back,
     /// so a store call through the pool costs three round trips; on a held connection it costs
@@ -288,7 +289,10 @@ impl PostgresStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.complete_with(conn, key, token, response, ttl).await
+        match prepare_completion(token, response, self.max_record_bytes)? {
+            Some(record) => self.complete_with(conn, key, record, response, ttl).await,
+            None => Ok(Ownership::Stale),
+        }
     }
 
     /// [`Store::release`] on a connection or transaction of the caller's.
@@ -332,25 +336,15 @@ impl PostgresStore {
             .into_claim_outcome(claimed)
     }
 
+    /// The completion's statement, on a record [`prepare_completion`] checked.
     async fn complete_with<'e>(
         &self,
         executor: impl PgExecutor<'e>,
         key: &str,
-        token: FencingToken,
+        (token, headers, size): (i64, Vec<u8>, usize),
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
-            return Ok(Ownership::Stale);
-        };
-        let headers = encode_headers(&response.headers);
-        let size = record_size(&headers, response);
-        if size > self.max_record_bytes {
-            return Err(StoreError::RecordTooLarge {
-                size,
-                limit: self.max_record_bytes,
-            });
-        }
         self.count();
         let done = sqlx::query(&self.sql.complete)
             .bind(key)
@@ -428,12 +422,12 @@ impl Store for PostgresStore {
         let Some(token) = token_param(token) else {
             return Ok(Ownership::Stale);
         };
-        self.count();
         let renew = sqlx::query(&self.sql.renew)
             .bind(key)
             .bind(token)
             .bind(millis(lease));
         on_lane!(self, |conn| async {
+            self.count();
             let done = renew
                 .execute(conn)
                 .await
@@ -449,8 +443,12 @@ impl Store for PostgresStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        on_lane!(self, |conn| self
-            .complete_with(conn, key, token, response, ttl))
+        // Checked before a lane is taken: an oversized record never touches the database.
+        match prepare_completion(token, response, self.max_record_bytes)? {
+            Some(record) => on_lane!(self, |conn| self
+                .complete_with(conn, key, record, response, ttl)),
+            None => Ok(Ownership::Stale),
+        }
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
@@ -458,9 +456,9 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.count();
         let get = sqlx::query(&self.sql.get).bind(key);
         let row = on_lane!(self, |conn| async {
+            self.count();
             get.fetch_optional(conn)
                 .await
                 .map_err(|e| self.map_error(e, None))

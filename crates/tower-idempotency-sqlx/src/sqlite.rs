@@ -14,12 +14,12 @@ use sqlx::{
     Row, Sqlite, SqliteConnection, SqliteExecutor, SqlitePool,
 };
 use tower_idempotency_core::store::{
-    encode_headers, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
-    RecordState, Store, StoreError,
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
+    StoreError,
 };
 
 use crate::{
-    common::{self, millis, on_lane, record_size, token_param, RawRecord, PURGE_BATCH},
+    common::{self, millis, on_lane, prepare_completion, token_param, RawRecord, PURGE_BATCH},
     lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -147,7 +147,8 @@ impl SqliteStore {
 
     /// Opens (creating it if missing) the database at `url` (`sqlite://path` or
     /// `sqlite::memory:`) in WAL mode with `synchronous = NORMAL` and a
-    /// [`SQLITE_BUSY_TIMEOUT`] busy timeout, and uses the [`DEFAULT_TABLE`].
+    /// [`SQLITE_BUSY_TIMEOUT`] busy timeout on a pool of 8 connections (the store keeps 4 of
+    /// them as [lanes](Self::with_connection_lanes)), and uses the [`DEFAULT_TABLE`].
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Self::connect_with_table(url, DEFAULT_TABLE).await
     }
@@ -179,8 +180,9 @@ impl SqliteStore {
     }
 
     /// Sets how many of the pool's connections the store keeps checked out for its own
-    /// statements (capped at the pool's size; `0` takes a connection from the pool per
-    /// statement). Defaults to half the pool's maximum size.
+    /// statements (capped at all but one of the pool's connections; `0` takes a connection from
+    /// the pool per statement). Defaults to half the pool's maximum size. Waiting for a lane is
+    /// bounded by the pool's `acquire_timeout`, as a pool acquire is.
     ///
     /// Why: sqlx's pool checks a connection with a ping when it hands it out and again when it
     /// takes it back (for SQLite, a message to the connection's worker thread and back), so a
@@ -273,7 +275,10 @@ impl SqliteStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.complete_with(conn, key, token, response, ttl).await
+        match prepare_completion(token, response, self.max_record_bytes)? {
+            Some(record) => self.complete_with(conn, key, record, response, ttl).await,
+            None => Ok(Ownership::Stale),
+        }
     }
 
     /// [`Store::release`] on a connection or transaction of the caller's.
@@ -318,25 +323,15 @@ impl SqliteStore {
         record.into_claim_outcome(claimed)
     }
 
+    /// The completion's statement, on a record [`prepare_completion`] checked.
     async fn complete_with<'e>(
         &self,
         executor: impl SqliteExecutor<'e>,
         key: &str,
-        token: FencingToken,
+        (token, headers, size): (i64, Vec<u8>, usize),
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
-            return Ok(Ownership::Stale);
-        };
-        let headers = encode_headers(&response.headers);
-        let size = record_size(&headers, response);
-        if size > self.max_record_bytes {
-            return Err(StoreError::RecordTooLarge {
-                size,
-                limit: self.max_record_bytes,
-            });
-        }
         self.count();
         let done = sqlx::query(&self.sql.complete)
             .bind(key)
@@ -432,12 +427,12 @@ impl Store for SqliteStore {
         let Some(token) = token_param(token) else {
             return Ok(Ownership::Stale);
         };
-        self.count();
         let renew = sqlx::query(&self.sql.renew)
             .bind(key)
             .bind(token)
             .bind(now_ms().saturating_add(millis(lease)));
         on_lane!(self, |conn| async {
+            self.count();
             let done = renew
                 .execute(conn)
                 .await
@@ -453,8 +448,12 @@ impl Store for SqliteStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        on_lane!(self, |conn| self
-            .complete_with(conn, key, token, response, ttl))
+        // Checked before a lane is taken: an oversized record never touches the database.
+        match prepare_completion(token, response, self.max_record_bytes)? {
+            Some(record) => on_lane!(self, |conn| self
+                .complete_with(conn, key, record, response, ttl)),
+            None => Ok(Ownership::Stale),
+        }
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
@@ -463,9 +462,9 @@ impl Store for SqliteStore {
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         let now = now_ms();
-        self.count();
         let get = sqlx::query(&self.sql.get).bind(key).bind(now);
         let row = on_lane!(self, |conn| async {
+            self.count();
             get.fetch_optional(conn)
                 .await
                 .map_err(|e| self.map_error(e, None))

@@ -739,3 +739,73 @@ async fn closing_the_pool_empties_the_lanes() {
     let store = &guarded.store;
     closing_the_pool_does_not_wait_for_the_store(&**store, || store.pool().close()).await;
 }
+
+/// Waiting for a lane is bounded like a pool acquire: with the only lane stuck behind another
+/// transaction's row lock, the next call fails `Unavailable` after the pool's acquire timeout
+/// instead of waiting for the lock. Lanes are capped at all but one of the pool's connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_lane_times_out_like_the_pool() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect(&pg_url())
+        .await
+        .expect("pool");
+    let store = Arc::new(
+        PostgresStore::new(pool, guarded.store.table())
+            .expect("valid table name")
+            .with_connection_lanes(5),
+    );
+    assert_eq!(store.connection_lanes(), 1, "capped at max_connections - 1");
+
+    let key = random_key("stuck");
+    let mut blocker = guarded.store.pool().begin().await.expect("begin");
+    guarded
+        .store
+        .claim_in(&mut blocker, &key, &fingerprint(1), Duration::from_secs(60))
+        .await
+        .expect("claim in the blocking transaction");
+    let stuck = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim(&key, &fingerprint(2), Duration::from_secs(60))
+                .await
+        }
+    });
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\"%'",
+        store.table()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(&waiting)
+            .fetch_one(guarded.store.pool())
+            .await
+            .expect("pg_stat_activity");
+        if n > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim never blocked"
+        );
+        tokio::task::yield_now().await;
+    }
+    let next = tokio::time::timeout(Duration::from_secs(10), store.get(&random_key("queued")))
+        .await
+        .expect("waiting for a lane must give up after the acquire timeout");
+    assert!(matches!(next, Err(StoreError::Unavailable(_))), "{next:?}");
+    blocker.rollback().await.expect("rollback");
+    let claimed = stuck
+        .await
+        .expect("join")
+        .expect("claim after the rollback");
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed { .. }),
+        "{claimed:?}"
+    );
+}
