@@ -620,6 +620,52 @@ async fn a_replay_is_one_round_trip_on_the_wire() {
     );
 }
 
+/// A claim of `key` through `store` that Postgres blocks: `owner` holds an uncommitted claim
+/// of the same key in the returned transaction (keep it open). Returns once Postgres reports
+/// the claim waiting on that lock.
+async fn blocked_claim(
+    owner: &PostgresStore,
+    store: Arc<PostgresStore>,
+    key: &str,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<Result<ClaimOutcome, StoreError>>,
+) {
+    let mut blocker = owner.pool().begin().await.expect("begin");
+    let held = owner
+        .claim_in(&mut blocker, key, &fingerprint(1), Duration::from_secs(60))
+        .await
+        .expect("claim in the blocking transaction");
+    assert!(matches!(held, ClaimOutcome::Claimed { .. }), "{held:?}");
+    let table = store.table().to_owned();
+    let blocked = tokio::spawn({
+        let key = key.to_owned();
+        async move {
+            store
+                .claim(&key, &fingerprint(2), Duration::from_secs(60))
+                .await
+        }
+    });
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{table}\"%'"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(&waiting)
+            .fetch_one(owner.pool())
+            .await
+            .expect("pg_stat_activity");
+        if n > 0 {
+            return (blocker, blocked);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim never blocked"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A claim cancelled while Postgres blocks it (another transaction holds an uncommitted row of
 /// the same key) must not hold up the lane: its connection goes back to the pool, and the next
 /// call on the only lane runs on another connection at once.
@@ -633,43 +679,8 @@ async fn a_cancelled_statement_gives_its_connection_back() {
             .expect("valid table name")
             .with_connection_lanes(1),
     );
-    let key = random_key("blocked");
-    let mut blocker = guarded.store.pool().begin().await.expect("begin");
-    let held = guarded
-        .store
-        .claim_in(&mut blocker, &key, &fingerprint(1), Duration::from_secs(60))
-        .await
-        .expect("claim in the blocking transaction");
-    assert!(matches!(held, ClaimOutcome::Claimed { .. }), "{held:?}");
-
-    let blocked = tokio::spawn({
-        let (store, key) = (store.clone(), key.clone());
-        async move {
-            store
-                .claim(&key, &fingerprint(2), Duration::from_secs(60))
-                .await
-        }
-    });
-    // Wait until Postgres reports a backend waiting on a lock for this table's key.
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\"%'",
-        store.table()
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(&waiting)
-            .fetch_one(guarded.store.pool())
-            .await
-            .expect("pg_stat_activity");
-        if n > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the claim never blocked"
-        );
-        tokio::task::yield_now().await;
-    }
+    let (blocker, blocked) =
+        blocked_claim(&guarded.store, store.clone(), &random_key("blocked")).await;
     blocked.abort();
     assert!(blocked.await.expect_err("aborted").is_cancelled());
 
@@ -761,40 +772,7 @@ async fn waiting_for_a_lane_times_out_like_the_pool() {
     );
     assert_eq!(store.connection_lanes(), 1, "capped at max_connections - 1");
 
-    let key = random_key("stuck");
-    let mut blocker = guarded.store.pool().begin().await.expect("begin");
-    guarded
-        .store
-        .claim_in(&mut blocker, &key, &fingerprint(1), Duration::from_secs(60))
-        .await
-        .expect("claim in the blocking transaction");
-    let stuck = tokio::spawn({
-        let (store, key) = (store.clone(), key.clone());
-        async move {
-            store
-                .claim(&key, &fingerprint(2), Duration::from_secs(60))
-                .await
-        }
-    });
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{}\"%'",
-        store.table()
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(&waiting)
-            .fetch_one(guarded.store.pool())
-            .await
-            .expect("pg_stat_activity");
-        if n > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the claim never blocked"
-        );
-        tokio::task::yield_now().await;
-    }
+    let (blocker, stuck) = blocked_claim(&guarded.store, store.clone(), &random_key("stuck")).await;
     let next = tokio::time::timeout(Duration::from_secs(10), store.get(&random_key("queued")))
         .await
         .expect("waiting for a lane must give up after the acquire timeout");
