@@ -77,6 +77,15 @@ struct Lane<DB: Database> {
     last_used: Instant,
 }
 
+impl<DB: Database> Lane<DB> {
+    /// Hands the connection back to the pool once the lane has held it for [`RECYCLE_AFTER`].
+    fn recycle_if_due(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.checked_out) > RECYCLE_AFTER {
+            self.connection = None;
+        }
+    }
+}
+
 impl<DB: Database> Lanes<DB> {
     /// `count` lanes over `pool`, capped at all but one of the pool's connections; no
     /// connection is taken yet.
@@ -123,7 +132,8 @@ impl<DB: Database> Lanes<DB> {
             });
         }
         self.watch_for_close();
-        let permit = tokio::time::timeout(self.acquire_timeout(), self.free.acquire())
+        let limit = self.pool.options().get_acquire_timeout();
+        let permit = tokio::time::timeout(limit, self.free.acquire())
             .await
             .map_err(|_| sqlx::Error::PoolTimedOut)?
             .expect("the semaphore is never closed");
@@ -143,10 +153,6 @@ impl<DB: Database> Lanes<DB> {
             _permit: Some(permit),
             settled: false,
         })
-    }
-
-    fn acquire_timeout(&self) -> Duration {
-        self.pool.options().get_acquire_timeout()
     }
 }
 
@@ -231,9 +237,7 @@ fn sweep_idle<DB: Database>(lanes: &[Mutex<Lane<DB>>]) {
     let now = Instant::now();
     for lane in lanes {
         if let Ok(mut lane) = lane.try_lock() {
-            if now.saturating_duration_since(lane.checked_out) > RECYCLE_AFTER {
-                lane.connection = None;
-            }
+            lane.recycle_if_due(now);
         }
     }
 }
@@ -277,11 +281,7 @@ impl<DB: Database> Taken<'_, DB> {
                     lane.connection = None;
                     return Err(sqlx::Error::PoolClosed);
                 }
-                if lane.connection.is_some()
-                    && now.saturating_duration_since(lane.checked_out) > RECYCLE_AFTER
-                {
-                    lane.connection = None;
-                }
+                lane.recycle_if_due(now);
                 if let Some(connection) = &mut lane.connection {
                     if now.saturating_duration_since(lane.last_used) > PING_AFTER_IDLE {
                         let limit = pool.options().get_acquire_timeout();
