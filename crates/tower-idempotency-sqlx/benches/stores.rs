@@ -6,6 +6,10 @@
 //! - `replay`: a duplicate's store work (one claim answering the completed record), against
 //!   `raw_select`, a plain `SELECT` of the blob by key.
 //!
+//! The floors run on one connection taken from the pool once and held: a statement on it is one
+//! round trip, as the stores' statements are on their connection lanes. Through the pool each
+//! statement would also pay sqlx's pings on hand-out and return (see the crate docs).
+//!
 //! `cargo bench -p tower-idempotency-sqlx`. Postgres benchmarks are skipped (with a line on
 //! stderr) when `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) is unreachable.
 
@@ -114,6 +118,11 @@ fn sqlite(c: &mut Criterion) {
     )
     .expect("seed");
 
+    let floor_connection = tokio::sync::Mutex::new(
+        rt.block_on(store.pool().acquire())
+            .expect("floor connection"),
+    );
+
     let mut group = c.benchmark_group("sqlite");
     group.bench_function("claim_complete", |b| {
         b.to_async(&rt).iter(|| claim_complete(&store, &response))
@@ -123,7 +132,7 @@ fn sqlite(c: &mut Criterion) {
             sqlx::query("INSERT INTO floor VALUES (?1, ?2)")
                 .bind(fresh_key())
                 .bind(&blob)
-                .execute(store.pool())
+                .execute(&mut **floor_connection.lock().await)
                 .await
                 .expect("insert");
         })
@@ -135,13 +144,15 @@ fn sqlite(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM floor WHERE key = ?1")
                 .bind(&select_key)
-                .fetch_one(store.pool())
+                .fetch_one(&mut **floor_connection.lock().await)
                 .await
                 .expect("select");
             assert_eq!(value.len(), blob.len());
         })
     });
     group.finish();
+    // Handing a connection back to sqlx's pool needs the runtime.
+    rt.block_on(async move { drop(floor_connection) });
     rt.block_on(store.pool().close());
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.clone().into_os_string();
@@ -194,6 +205,11 @@ fn postgres(c: &mut Criterion) {
     )
     .expect("seed");
 
+    let floor_connection = tokio::sync::Mutex::new(
+        rt.block_on(store.pool().acquire())
+            .expect("floor connection"),
+    );
+
     let mut group = c.benchmark_group("postgres");
     group.bench_function("claim_complete", |b| {
         b.to_async(&rt).iter(|| claim_complete(&store, &response))
@@ -203,7 +219,7 @@ fn postgres(c: &mut Criterion) {
             sqlx::query(&insert_sql)
                 .bind(fresh_key())
                 .bind(&blob)
-                .execute(store.pool())
+                .execute(&mut **floor_connection.lock().await)
                 .await
                 .expect("insert");
         })
@@ -215,13 +231,15 @@ fn postgres(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let value: Vec<u8> = sqlx::query_scalar(&select_sql)
                 .bind(&select_key)
-                .fetch_one(store.pool())
+                .fetch_one(&mut **floor_connection.lock().await)
                 .await
                 .expect("select");
             assert_eq!(value.len(), blob.len());
         })
     });
     group.finish();
+    // Handing a connection back to sqlx's pool needs the runtime.
+    rt.block_on(async move { drop(floor_connection) });
     rt.block_on(async {
         let drop = format!("DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {floor}");
         let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
