@@ -4,7 +4,6 @@
 
 use std::{
     hash::{BuildHasher, RandomState},
-    path::PathBuf,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -50,6 +49,8 @@ pub use tower_idempotency_core::conformance::Guarded;
 pub use sqlite_helpers::*;
 #[cfg(feature = "sqlite")]
 mod sqlite_helpers {
+    use std::path::PathBuf;
+
     use super::*;
     /// A database file in the temp dir, removed (with its WAL and shared-memory files) on drop.
     pub struct SqliteFile {
