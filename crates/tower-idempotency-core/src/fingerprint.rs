@@ -12,7 +12,8 @@ type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Fingerprint + Send + Sync;
 /// What a fingerprint covers.
 #[derive(Clone, Default)]
 pub enum FingerprintMode {
-    /// Method, path and query, and body (the default).
+    /// Method, path and query (as the request arrived, before `Router::nest` stripped a
+    /// prefix), and body (the default).
     #[default]
     Request,
     /// The body only, for senders whose URL carries volatile parameters.
@@ -36,7 +37,9 @@ impl FingerprintMode {
     pub fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
         match self {
             Self::Request => {
-                let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+                let path_and_query = crate::scope::request_uri(parts)
+                    .path_and_query()
+                    .map_or("/", |pq| pq.as_str());
                 let mut hasher = Sha256::new();
                 for part in [parts.method.as_str().as_bytes(), path_and_query.as_bytes()] {
                     hasher.update((part.len() as u64).to_be_bytes());

@@ -1,5 +1,6 @@
 //! Scoping: the key a store sees is built from a namespace, the method, the path, an optional
 //! principal and the client's key, so equal keys from two tenants or two endpoints never collide.
+//! The path is the one the request arrived with, before `Router::nest` stripped a prefix.
 
 use std::{fmt, sync::Arc};
 
@@ -119,7 +120,7 @@ impl Scope {
         let mut hasher = Sha256::new();
         for part in [
             parts.method.as_str(),
-            parts.uri.path(),
+            request_uri(parts).path(),
             principal.as_deref().unwrap_or(""),
             key,
         ] {
@@ -135,6 +136,17 @@ impl Scope {
         out.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
         out
     }
+}
+
+/// The URI the request arrived with. Inside `Router::nest`, axum strips the nest prefix from
+/// `parts.uri` (`/shops/1/orders` becomes `/orders`) and keeps the original in
+/// [`OriginalUri`](axum::extract::OriginalUri); scoping by the stripped path would let
+/// `/shops/1/orders` and `/shops/2/orders` share records.
+pub(crate) fn request_uri(parts: &Parts) -> &http::Uri {
+    parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0)
 }
 
 /// Whether `namespace` is usable as a scope namespace.

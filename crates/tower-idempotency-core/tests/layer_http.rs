@@ -445,6 +445,35 @@ async fn tenants_never_share_cached_responses() {
 }
 
 #[tokio::test]
+async fn nested_routes_are_scoped_by_the_path_the_request_arrived_with() {
+    // Inside `Router::nest` the layer sees `/orders` for every shop; the scope must use the
+    // full path, or shop 2 would be replayed shop 1's order.
+    async fn which_shop(axum::extract::Path(shop): axum::extract::Path<String>) -> String {
+        format!("order for shop {shop}")
+    }
+    let shop = Router::new()
+        .route("/orders", post(which_shop))
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()));
+    let server = Server::start_router(Router::new().nest("/shops/{shop}", shop)).await;
+    let send = |shop: &str| {
+        server
+            .client
+            .post(format!("{}/shops/{shop}/orders", server.base))
+            .header("idempotency-key", "same")
+            .body("{}")
+            .send()
+    };
+    let first = send("1").await.unwrap();
+    assert_eq!(first.text().await.unwrap(), "order for shop 1");
+    let second = send("2").await.unwrap();
+    assert!(second.headers().get("idempotent-replayed").is_none());
+    assert_eq!(second.text().await.unwrap(), "order for shop 2");
+    let again = send("1").await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.unwrap(), "order for shop 1");
+}
+
+#[tokio::test]
 async fn in_flight_duplicate_gets_409_with_retry_after() {
     let handler = Handler::blocking();
     let layer =
