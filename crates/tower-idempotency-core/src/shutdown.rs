@@ -40,8 +40,9 @@ impl ShutdownHandle {
         Self { tasks, accepting }
     }
 
-    /// Stops guarding new requests and waits up to `deadline` for running handlers. Returns
-    /// whether all of them finished.
+    /// Stops guarding new requests and waits up to `deadline` for the guarded requests already
+    /// accepted: those still reading their body or claiming their key, and running handlers.
+    /// Returns whether all of them finished.
     pub async fn drain(&self, deadline: Duration) -> bool {
         self.accepting.store(false, Ordering::SeqCst);
         self.tasks.close();
@@ -50,7 +51,8 @@ impl ShutdownHandle {
             .is_ok()
     }
 
-    /// Number of handlers still running (those of waiting callers and those whose caller left).
+    /// Number of guarded requests in progress: reading their body, claiming their key, or
+    /// running their handler (for a waiting caller or one that left).
     pub fn in_flight(&self) -> usize {
         self.tasks.len()
     }

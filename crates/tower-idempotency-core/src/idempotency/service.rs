@@ -125,7 +125,11 @@ where
     let busy = Rejection::Overloaded {
         retry_after: config.retry_after,
     };
-    if !config.accepting.load(Ordering::Relaxed) {
+    // Counted by a drain from here on, not only once the handler starts: a request still
+    // uploading its body or waiting on the store when the drain begins will run its handler.
+    // Taken before `accepting` is read, so a drain either sees this request or refuses it.
+    let tracked = config.tasks.token();
+    if !config.accepting.load(Ordering::SeqCst) {
         return Ok(reject(busy, Outcome::Overloaded));
     }
     let permit = match &config.in_flight_limit {
@@ -227,6 +231,8 @@ where
             let run = config
                 .tasks
                 .track_future(AssertUnwindSafe(execute).catch_unwind().instrument(span));
+            // The tracked handler now stands for this request (it outlives a caller who leaves).
+            drop(tracked);
             match DetachOnDrop::new(run).await {
                 Ok(answer) => answer,
                 // A panic outside the handler itself (the handler's own is caught in `execute`):
