@@ -35,7 +35,7 @@ pub use scope::{Principal, PrincipalSource};
 pub use shutdown::ShutdownHandle;
 pub use store::{
     CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,
-    MemoryStore, Ownership, RecordState, Store, StoreError,
+    MemoryStore, Ownership, RecordState, Store, StoreError, LONGEST_DURATION,
 };
 
 use http::HeaderName;

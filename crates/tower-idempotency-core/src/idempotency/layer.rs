@@ -15,7 +15,7 @@ use crate::{
     policy::CachePolicy,
     scope::{PrincipalSource, Scope},
     shutdown::ShutdownHandle,
-    store::Store,
+    store::{Store, LONGEST_DURATION},
 };
 
 /// Default cap on buffered request bodies: 1 MiB.
@@ -24,6 +24,9 @@ pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 pub const DEFAULT_MAX_CACHED_BODY: usize = 1024 * 1024;
 /// Default in-flight lease: 60 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The shortest lease [`IdempotencyLayer::lease`] accepts: 100 ms. The lease is renewed every
+/// third of it, and a renewal has to reach the store before the lease runs out.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// Default TTL of completed records: 24 h.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default store timeout: 5 s.
@@ -192,19 +195,23 @@ impl IdempotencyLayer {
     }
 
     /// How long a claim blocks duplicates before a crashed holder's key is claimable again
-    /// (default 60 s). Renewed every third of the lease while the handler runs.
+    /// (default 60 s). Renewed every third of the lease while the handler runs. Leases shorter
+    /// than [`MIN_LEASE`] are raised to it (a renewal must fit inside the lease with room for
+    /// a store round trip); longer than [`LONGEST_DURATION`] are lowered to it.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.lease = lease)
+        self.with(|c| c.lease = lease.clamp(MIN_LEASE, LONGEST_DURATION))
     }
 
-    /// How long a slow handler's lease is renewed at most (default 10 min).
+    /// How long a slow handler's lease is renewed at most (default 10 min; at most
+    /// [`LONGEST_DURATION`]).
     pub fn max_lease_renewal(self, ceiling: Duration) -> Self {
-        self.with(|c| c.max_lease_renewal = ceiling)
+        self.with(|c| c.max_lease_renewal = ceiling.min(LONGEST_DURATION))
     }
 
-    /// How long a completed response is replayed (default 24 h).
+    /// How long a completed response is replayed (default 24 h). `Duration::MAX` (or anything
+    /// over [`LONGEST_DURATION`], a hundred years) means [`LONGEST_DURATION`].
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl)
+        self.with(|c| c.ttl = ttl.min(LONGEST_DURATION))
     }
 
     /// Bounds the guarded handlers running at once; beyond it requests are answered `503` before

@@ -38,6 +38,6 @@ pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::{
     IdempotencyLayer, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_CACHED_BODY,
-    DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, MIN_LEASE,
 };
 pub use service::IdempotencyService;

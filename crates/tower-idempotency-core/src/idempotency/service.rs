@@ -396,7 +396,8 @@ async fn renewing_lease<F: Future>(
     if let Poll::Ready(output) = futures_util::poll!(&mut work) {
         return output;
     }
-    let period = (config.lease / 3).max(Duration::from_millis(10));
+    // At least 33 ms: the builder keeps the lease at or above `MIN_LEASE`.
+    let period = config.lease / 3;
     let stop_renewing = Instant::now() + config.max_lease_renewal;
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -9,8 +9,8 @@ use std::{
 use quick_cache::{sync::Cache, Weighter};
 
 use super::{
-    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership,
-    RecordState, Store, StoreError,
+    deadline_after, CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint,
+    Ownership, RecordState, Store, StoreError,
 };
 
 /// Default bound on the bytes a [`LocalReplayCache`] holds (keys, headers and bodies).
@@ -192,7 +192,9 @@ impl<S: Store> Store for LocalReplayCache<S> {
         }
         let outcome = self.inner.claim(key, fingerprint, lease).await?;
         match &outcome {
-            ClaimOutcome::Completed(record) => self.remember(key, record.clone(), now + self.ttl),
+            ClaimOutcome::Completed(record) => {
+                self.remember(key, record.clone(), deadline_after(now, self.ttl))
+            }
             ClaimOutcome::Claimed { token } => {
                 self.claimed.insert(key.to_owned(), (*token, *fingerprint));
             }
@@ -229,7 +231,11 @@ impl<S: Store> Store for LocalReplayCache<S> {
                         ..response.clone()
                     },
                 };
-                self.remember(key, record, Instant::now() + self.ttl.min(ttl));
+                self.remember(
+                    key,
+                    record,
+                    deadline_after(Instant::now(), self.ttl.min(ttl)),
+                );
             }
         }
         outcome

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use foldhash::fast::RandomState;
 
 use super::{
-    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership,
-    RecordState, Store, StoreError,
+    deadline_after, CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint,
+    Ownership, RecordState, Store, StoreError,
 };
 
 const SHARDS: usize = 16;
@@ -29,8 +29,8 @@ type Map = HashMap<String, Entry, RandomState>;
 #[derive(Debug, Default)]
 struct Shard {
     map: Map,
-    /// No record in `map` expires before this (a lower bound: renewals only move deadlines
-    /// later). A full shard whose bound lies ahead has nothing to purge, so a claim refused for
+    /// No record in `map` expires before this (a lower bound: every new or moved deadline is
+    /// noted, a renewal that shortens a lease included). A full shard whose bound lies ahead has nothing to purge, so a claim refused for
     /// capacity costs a comparison instead of a scan of the whole shard under its lock.
     earliest_deadline: Option<Instant>,
 }
@@ -207,7 +207,7 @@ impl Store for MemoryStore {
             }
         }
         let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
-        let lease_until = now + lease;
+        let lease_until = deadline_after(now, lease);
         shard.note_deadline(lease_until);
         shard.map.insert(
             key.to_owned(),
@@ -226,8 +226,10 @@ impl Store for MemoryStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        let new_until = Instant::now() + lease;
+        let new_until = deadline_after(Instant::now(), lease);
         Ok(self.fenced(key, token, |shard| {
+            // A renewal may shorten the lease: the purge bound must follow it down.
+            shard.note_deadline(new_until);
             if let Some(Entry::InFlight { lease_until, .. }) = shard.map.get_mut(key) {
                 *lease_until = new_until;
             }
@@ -241,7 +243,7 @@ impl Store for MemoryStore {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        let expires_at = Instant::now() + ttl;
+        let expires_at = deadline_after(Instant::now(), ttl);
         Ok(self.fenced(key, token, |shard| {
             shard.note_deadline(expires_at);
             if let Some(entry) = shard.map.get_mut(key) {

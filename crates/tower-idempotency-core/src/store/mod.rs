@@ -251,3 +251,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).get(key).await
     }
 }
+
+/// The longest lease, TTL or renewal ceiling anything here honours: a hundred years, which every
+/// store can represent (Postgres timestamps, Redis `PX`, `Instant`) and which serves as "forever".
+pub const LONGEST_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `now + after`, saturating at [`LONGEST_DURATION`] instead of panicking on overflow, so a
+/// caller's `Duration::MAX` means "as long as possible".
+pub(crate) fn deadline_after(now: std::time::Instant, after: Duration) -> std::time::Instant {
+    now + after.min(LONGEST_DURATION)
+}
