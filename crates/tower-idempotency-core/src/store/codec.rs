@@ -64,7 +64,11 @@ pub fn decode_headers(mut input: &[u8]) -> Result<HeaderMap, CodecError> {
         let name = HeaderName::from_bytes(name).map_err(|_| CodecError::Invalid("header name"))?;
         let value =
             HeaderValue::from_bytes(value).map_err(|_| CodecError::Invalid("header value"))?;
-        headers.append(name, value);
+        // A stored block comes from outside the process (a database, a foreign writer): more
+        // names than a `HeaderMap` holds is corruption to report, not a panic.
+        headers
+            .try_append(name, value)
+            .map_err(|_| CodecError::Invalid("too many headers"))?;
     }
     Ok(headers)
 }
@@ -172,5 +176,21 @@ mod tests {
             CompletedRecord::decode(Bytes::from(wrong)),
             Err(CodecError::UnknownVersion(9))
         );
+    }
+
+    #[test]
+    fn a_block_with_more_names_than_a_header_map_holds_is_invalid() {
+        // Well-formed entries, each a distinct name: a store value no encoder of ours writes.
+        let mut block = Vec::new();
+        for i in 0..40_000 {
+            let name = format!("x{i}");
+            block.put_u16(name.len() as u16);
+            block.put_slice(name.as_bytes());
+            block.put_u32(0);
+        }
+        assert!(matches!(
+            decode_headers(&block),
+            Err(CodecError::Invalid("too many headers"))
+        ));
     }
 }
