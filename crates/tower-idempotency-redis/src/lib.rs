@@ -18,7 +18,8 @@
 //! from the store key alone, so the record and its companion key (the staging key below,
 //! `<prefix>:{<store key>}:staged:<token>`) live in the same slot and one script can touch both.
 //! The prefix is validated ([`ConfigError`]): 1 to 64 bytes of `A-Z a-z 0-9 : _ . -`, so it
-//! cannot contain a brace and break the tag.
+//! cannot contain a brace and break the tag. A store key that itself starts with a brace (the
+//! layer's never do) is written `<prefix>:{{<store key>}`, so the tag is never empty.
 //!
 //! The value is binary:
 //!
@@ -181,6 +182,23 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// `<prefix>:{<store_key>}`. Redis Cluster hashes the text between the first `{` and the next
+/// `}`, and the whole name when that text is empty: a store key starting with `}` would put its
+/// record and its staging key (the record key plus a suffix) in different slots. Such keys get
+/// one more `{` in front, and so do keys starting with `{`, which keeps the mapping one-to-one
+/// (the prefix cannot contain a brace).
+fn record_key(prefix: &str, store_key: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + store_key.len() + 4);
+    key.push_str(prefix);
+    key.push_str(":{");
+    if store_key.starts_with(['{', '}']) {
+        key.push('{');
+    }
+    key.push_str(store_key);
+    key.push('}');
+    key
+}
+
 /// Checks a key prefix: 1 to 64 bytes of `A-Z a-z 0-9 : _ . -`.
 pub fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
     if prefix.is_empty() || prefix.len() > 64 {
@@ -279,14 +297,10 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key holding the record of `store_key`: `<prefix>:{<store_key>}`.
+    /// The Redis key holding the record of `store_key`: `<prefix>:{<store_key>}`
+    /// (`<prefix>:{{<store_key>}` when the store key starts with a brace).
     pub fn redis_key(&self, store_key: &str) -> String {
-        let mut key = String::with_capacity(self.prefix.len() + store_key.len() + 3);
-        key.push_str(&self.prefix);
-        key.push_str(":{");
-        key.push_str(store_key);
-        key.push('}');
-        key
+        record_key(&self.prefix, store_key)
     }
 
     /// Loads the scripts (`SCRIPT LOAD`; on every master of a cluster) so the first calls need
@@ -612,6 +626,29 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_and_its_staging_key_share_a_slot_whatever_the_store_key() {
+        use redis::cluster_routing::Slot;
+        let keys = [
+            "ns:0a1b", "}ns:1", "{ns:2", "n}s:3", "n{s:4", "{}", "}", "{", "}}{{", "a}",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for store_key in keys {
+            let record = record_key("app", store_key);
+            let staging = format!("{record}:staged:{:016x}", 7);
+            assert_eq!(
+                Slot::for_key(&record),
+                Slot::for_key(&staging),
+                "{store_key:?} -> {record:?}"
+            );
+            assert!(seen.insert(record), "two store keys share a Redis key");
+        }
+        // Keys without a leading brace keep the documented layout.
+        assert_eq!(record_key("app", "ns:0a1b"), "app:{ns:0a1b}");
+        assert_eq!(record_key("app", "}x"), "app:{{}x}");
+        assert_eq!(record_key("app", "{}x"), "app:{{{}x}");
+    }
 
     #[test]
     fn prefixes_are_validated() {

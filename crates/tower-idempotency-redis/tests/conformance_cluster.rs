@@ -151,3 +151,36 @@ async fn dead_master_fails_its_slots_quickly() {
         Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
     ));
 }
+
+/// A large record is staged under a second key that must share the record's slot; store keys
+/// that start with a brace once split them (an empty hash tag), failing with `CROSSSLOT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_records_complete_whatever_the_store_key_starts_with() {
+    let Some(store) = common::cluster_store().await else {
+        return;
+    };
+    let fp = tower_idempotency_core::Fingerprint([1; 32]);
+    let ttl = std::time::Duration::from_secs(30);
+    let response = tower_idempotency_core::CachedResponse {
+        status: http::StatusCode::OK,
+        headers: http::HeaderMap::new(),
+        body: bytes::Bytes::from(vec![b'x'; 50_000]),
+        body_omitted: false,
+    };
+    for key in ["}ns:1", "{ns:2", "n}s:3", "ns:4"] {
+        let tower_idempotency_core::ClaimOutcome::Claimed { token } =
+            store.claim(key, &fp, ttl).await.unwrap()
+        else {
+            panic!("{key}: a fresh key is claimed")
+        };
+        let completed = store.complete(key, token, &response, ttl).await;
+        assert!(
+            matches!(completed, Ok(tower_idempotency_core::Ownership::Current)),
+            "{key}: {completed:?}"
+        );
+        assert!(matches!(
+            store.claim(key, &fp, ttl).await.unwrap(),
+            tower_idempotency_core::ClaimOutcome::Completed(record) if record.response.body.len() == 50_000
+        ));
+    }
+}
