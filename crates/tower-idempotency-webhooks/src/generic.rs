@@ -168,7 +168,9 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// A header holding a unix timestamp in seconds, checked against the replay window.
+    /// A header holding a unix timestamp in seconds, checked against the replay window. The
+    /// signed parts must include [`Part::Timestamp`]: [`build`](Self::build) refuses a
+    /// timestamp the signature does not cover, since anyone could rewrite it.
     pub fn timestamp_header(mut self, name: &'static str) -> Self {
         self.timestamp_header = Some(name);
         self
@@ -215,6 +217,14 @@ impl HmacVerifierBuilder {
             EventId::Header(name) => Some(ParsedName::new(name)?),
             _ => None,
         };
+        let timestamp_header = self.timestamp_header.map(ParsedName::new).transpose()?;
+        // Anyone can rewrite a header the signature does not cover: an unsigned timestamp
+        // would let a captured delivery through any replay window.
+        if timestamp_header.is_some() && !self.parts.contains(&Part::Timestamp) {
+            return Err(ConfigError::Missing {
+                what: "the timestamp in the signed parts (an unsigned timestamp header proves nothing)",
+            });
+        }
         Ok(HmacVerifier {
             provider: self.provider,
             secrets: self.secrets,
@@ -223,7 +233,7 @@ impl HmacVerifierBuilder {
             encoding: self.encoding,
             algorithm: self.algorithm,
             parts: self.parts,
-            timestamp_header: self.timestamp_header.map(ParsedName::new).transpose()?,
+            timestamp_header,
             event_id,
             id_header,
             tolerance: self.tolerance,

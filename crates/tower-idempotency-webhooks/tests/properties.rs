@@ -220,6 +220,19 @@ fn generic_builder_requires_its_settings() {
         .signed_parts([Part::Timestamp, Part::Body])
         .build()
         .is_err());
+    // A timestamp header the signature does not cover could be rewritten to pass any window.
+    assert_eq!(
+        HmacVerifier::builder("x")
+            .secrets(["k"])
+            .signature_header("h")
+            .timestamp_header("x-ts")
+            .event_id(EventId::BodySha256)
+            .build()
+            .unwrap_err(),
+        ConfigError::Missing {
+            what: "the timestamp in the signed parts (an unsigned timestamp header proves nothing)"
+        }
+    );
     let v = HmacVerifier::builder("x")
         .secrets(["k"])
         .signature_header("h")
