@@ -417,6 +417,31 @@ pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
     }
 }
 
+/// `Duration::MAX` as a lease or TTL means "as long as the store can": claim, renew and
+/// complete succeed and the record is kept (a store saturates at
+/// [`LONGEST_DURATION`](crate::store::LONGEST_DURATION) or beyond, never errors or panics).
+pub async fn extreme_durations_mean_forever(store: Arc<dyn Store>) {
+    let key = fresh_key("forever");
+    let fp = fingerprint(11);
+    let t = claim_token(&*store, &key, &fp, Duration::MAX).await;
+    let renewed = store.renew(&key, token(t), Duration::MAX).await;
+    assert_eq!(
+        renewed.expect("renew with Duration::MAX"),
+        Ownership::Current
+    );
+    let completed = store
+        .complete(&key, token(t), &response(&b"forever"[..]), Duration::MAX)
+        .await;
+    assert_eq!(
+        completed.expect("complete with Duration::MAX"),
+        Ownership::Current
+    );
+    match store.claim(&key, &fp, Duration::MAX).await.expect("claim") {
+        ClaimOutcome::Completed(record) => assert_eq!(&record.response.body[..], b"forever"),
+        other => panic!("the record must be kept, got {other:?}"),
+    }
+}
+
 /// A test server: `POST /orders` behind the layer, counting handler executions.
 struct Server {
     url: String,
@@ -601,6 +626,7 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, binary_and_large_bodies_round_trip);
         $crate::__conformance_test!($make, release_frees_the_key);
         $crate::__conformance_test!($make, renew_extends_the_lease);
+        $crate::__conformance_test!($make, extreme_durations_mean_forever);
         $crate::__conformance_test!($make, http_rounds_run_handler_once);
     };
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use tower_idempotency_core::store::{
     decode_headers, encode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord,
-    FencingToken, Fingerprint, RecordState, StoreError,
+    FencingToken, Fingerprint, RecordState, StoreError, LONGEST_DURATION,
 };
 
 pub(crate) const STATE_IN_FLIGHT: i16 = 0;
@@ -106,7 +106,9 @@ pub(crate) use on_lane;
 
 /// Milliseconds as the databases store them, saturating instead of wrapping for absurd durations.
 pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX / 4)
+    // Capped at a hundred years: Postgres's timestamps end in 294276 AD, so `now + i64::MAX ms`
+    // would be "interval out of range" instead of "as long as possible".
+    i64::try_from(duration.min(LONGEST_DURATION).as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 /// Fencing tokens are handed out as non-negative `i64`s; anything else can never be current.
@@ -180,9 +182,20 @@ struct DatabaseError {
     message: String,
 }
 
+/// SQLite's (extended) result code, when `code` is one. Postgres SQLSTATEs are always five
+/// characters, some all digits (42501), so they must not be read as SQLite codes, which have at
+/// most four digits.
+fn sqlite_code(code: &str) -> Option<i32> {
+    if code.len() < 5 {
+        code.parse().ok()
+    } else {
+        None
+    }
+}
+
 fn is_too_big(code: &str) -> bool {
     // Postgres 54000 program_limit_exceeded (e.g. a value over 1 GB); SQLite SQLITE_TOOBIG (18).
-    code == "54000" || code.parse::<i32>().is_ok_and(|c| c & 0xff == 18)
+    code == "54000" || sqlite_code(code).is_some_and(|c| c & 0xff == 18)
 }
 
 fn is_unavailable(code: &str) -> bool {
@@ -191,9 +204,7 @@ fn is_unavailable(code: &str) -> bool {
     // timeout, and SQLITE_CANTOPEN (14).
     code.starts_with("08")
         || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
-        || code
-            .parse::<i32>()
-            .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 14))
+        || sqlite_code(code).is_some_and(|c| matches!(c & 0xff, 5 | 6 | 14))
 }
 
 /// Runs `purge` every `every` for as long as the store behind `store` is alive.
@@ -221,4 +232,26 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_codes_are_never_read_as_sqlite_codes() {
+        // 42501 insufficient_privilege: 42501 & 0xff == 5 (SQLITE_BUSY) if read as a number.
+        for code in ["42501", "22021", "22022", "22030", "22034"] {
+            assert!(!is_unavailable(code), "{code}");
+            assert!(!is_too_big(code), "{code}");
+        }
+        assert!(is_unavailable("5") && is_unavailable("517") && is_unavailable("08006"));
+        assert!(is_too_big("18") && is_too_big("54000"));
+    }
+
+    #[test]
+    fn durations_are_capped_at_a_hundred_years() {
+        assert_eq!(millis(Duration::MAX), millis(LONGEST_DURATION));
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+    }
 }
