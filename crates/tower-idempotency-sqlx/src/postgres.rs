@@ -39,7 +39,16 @@ pub fn schema_sql(table: &str) -> String {
     body_omitted boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
 CREATE SEQUENCE IF NOT EXISTS "{table}_token_seq" AS bigint OWNED BY "{table}".token;
-CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+-- `CREATE INDEX IF NOT EXISTS` takes its table lock before it looks for the index, so on a
+-- live table it would queue behind every open transaction (a `claim_in` in a business
+-- transaction) and every store call would queue behind it. Look first.
+DO $$
+BEGIN
+    IF to_regclass('"{table}_expires_at_idx"') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+    END IF;
+END
+$$;
 "#
     )
 }

@@ -787,3 +787,31 @@ async fn waiting_for_a_lane_times_out_like_the_pool() {
         "{claimed:?}"
     );
 }
+
+/// `migrate()` at every start must not queue behind a business transaction that holds a claim
+/// (`claim_in`): a `CREATE INDEX` would, and every store call would queue behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_a_live_table_does_not_wait_for_open_transactions() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = guarded.store.clone();
+    let mut tx = store.pool().begin().await.expect("begin");
+    token_of(
+        store
+            .claim_in(
+                &mut tx,
+                &random_key("txn"),
+                &fingerprint(1),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("claim_in"),
+    );
+    let migrated = tokio::time::timeout(Duration::from_secs(5), store.migrate()).await;
+    tx.rollback().await.expect("rollback");
+    assert!(
+        matches!(migrated, Ok(Ok(()))),
+        "migrate waited for an open claim_in transaction: {migrated:?}"
+    );
+}
