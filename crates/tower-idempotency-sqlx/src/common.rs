@@ -111,6 +111,12 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.min(LONGEST_DURATION).as_millis()).unwrap_or(i64::MAX / 4)
 }
 
+/// Whether a claim or renewal that started at `started` took long enough (a quarter of the
+/// lease) that the lease it wrote, dated from before any wait, needs restarting.
+pub(crate) fn waited_too_long(started: std::time::Instant, lease: Duration) -> bool {
+    started.elapsed() > lease / 4
+}
+
 /// Fencing tokens are handed out as non-negative `i64`s; anything else can never be current.
 pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
     i64::try_from(token.0).ok()

@@ -411,18 +411,9 @@ fn decode_row(row: &sqlx::postgres::PgRow) -> Result<RawRecord, sqlx::Error> {
     })
 }
 
-#[async_trait::async_trait]
-impl Store for PostgresStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
-    }
-
-    async fn renew(
+impl PostgresStore {
+    /// One renewal statement.
+    async fn renew_once(
         &self,
         key: &str,
         token: FencingToken,
@@ -443,6 +434,55 @@ impl Store for PostgresStore {
                 .map_err(|e| self.map_error(e, None))?;
             Ok(ownership(done.rows_affected()))
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let started = std::time::Instant::now();
+        let outcome = on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))?;
+        match outcome {
+            ClaimOutcome::Claimed { token } if common::waited_too_long(started, lease) => {
+                // The lease was dated before the statement waited (for a row lock, for SQLite's
+                // write lock), so it may be short or already over: restart it. If it is gone,
+                // someone else holds the key now; say who, instead of granting a dead claim.
+                match self.renew(key, token, lease).await? {
+                    Ownership::Current => Ok(ClaimOutcome::Claimed { token }),
+                    Ownership::Stale => {
+                        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
+                    }
+                }
+            }
+            outcome => Ok(outcome),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        // A renewal that waited long dated its lease before the wait: renew again (now without
+        // the wait, usually) so the lease really runs `lease` from about now.
+        let mut attempts = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let renewed = self.renew_once(key, token, lease).await?;
+            attempts += 1;
+            if renewed == Ownership::Stale
+                || !common::waited_too_long(started, lease)
+                || attempts == 3
+            {
+                return Ok(renewed);
+            }
+        }
     }
 
     async fn complete(

@@ -407,18 +407,9 @@ fn decode_row(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx
     })
 }
 
-#[async_trait::async_trait]
-impl Store for SqliteStore {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
-    }
-
-    async fn renew(
+impl SqliteStore {
+    /// One renewal statement.
+    async fn renew_once(
         &self,
         key: &str,
         token: FencingToken,
@@ -427,18 +418,67 @@ impl Store for SqliteStore {
         let Some(token) = token_param(token) else {
             return Ok(Ownership::Stale);
         };
-        let renew = sqlx::query(&self.sql.renew)
-            .bind(key)
-            .bind(token)
-            .bind(now_ms().saturating_add(millis(lease)));
         on_lane!(self, |conn| async {
             self.count();
-            let done = renew
+            // Dated once a lane is ours, not before waiting for one.
+            let done = sqlx::query(&self.sql.renew)
+                .bind(key)
+                .bind(token)
+                .bind(now_ms().saturating_add(millis(lease)))
                 .execute(conn)
                 .await
                 .map_err(|e| self.map_error(e, None))?;
             Ok(ownership(done.rows_affected()))
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let started = std::time::Instant::now();
+        let outcome = on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))?;
+        match outcome {
+            ClaimOutcome::Claimed { token } if common::waited_too_long(started, lease) => {
+                // The lease was dated before the statement waited (for a row lock, for SQLite's
+                // write lock), so it may be short or already over: restart it. If it is gone,
+                // someone else holds the key now; say who, instead of granting a dead claim.
+                match self.renew(key, token, lease).await? {
+                    Ownership::Current => Ok(ClaimOutcome::Claimed { token }),
+                    Ownership::Stale => {
+                        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
+                    }
+                }
+            }
+            outcome => Ok(outcome),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        // A renewal that waited long dated its lease before the wait: renew again (now without
+        // the wait, usually) so the lease really runs `lease` from about now.
+        let mut attempts = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let renewed = self.renew_once(key, token, lease).await?;
+            attempts += 1;
+            if renewed == Ownership::Stale
+                || !common::waited_too_long(started, lease)
+                || attempts == 3
+            {
+                return Ok(renewed);
+            }
+        }
     }
 
     async fn complete(

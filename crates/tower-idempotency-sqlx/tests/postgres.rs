@@ -815,3 +815,45 @@ async fn migrate_on_a_live_table_does_not_wait_for_open_transactions() {
         "migrate waited for an open claim_in transaction: {migrated:?}"
     );
 }
+
+/// A claim that waited on another transaction's row lock longer than its lease must still get
+/// its whole lease: the statement dates the lease from when it arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
+    let Some(guarded) = pg_store().await else {
+        return;
+    };
+    let store = guarded.store.clone();
+    let key = random_key("lock-wait");
+    let lease = Duration::from_millis(1000);
+    let mut tx = store.pool().begin().await.expect("begin");
+    token_of(
+        store
+            .claim_in(&mut tx, &key, &fingerprint(1), Duration::from_secs(60))
+            .await
+            .expect("claim_in"),
+    );
+    let waiting = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&key, &fingerprint(2), lease).await }
+    });
+    // Time passing is the point: hold the row lock for longer than the waiting claim's lease.
+    tokio::time::sleep(lease * 3 / 2).await;
+    tx.rollback().await.expect("rollback");
+    let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
+    let next = store
+        .claim(&key, &fingerprint(3), lease)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(next, ClaimOutcome::InFlight { .. }),
+        "the claim granted after the wait had already expired: {next:?}"
+    );
+    assert_eq!(
+        store
+            .complete(&key, winner, &response("done"), Duration::from_secs(60))
+            .await
+            .expect("complete"),
+        Ownership::Current
+    );
+}

@@ -371,3 +371,82 @@ async fn closing_the_pool_empties_the_lanes() {
     let store = &guarded.store;
     closing_the_pool_does_not_wait_for_the_store(&**store, || store.pool().close()).await;
 }
+
+/// A claim that waited for SQLite's write lock longer than its lease must still get its whole
+/// lease: the store dates the lease before the statement waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
+    let guarded = sqlite_store().await;
+    let store = guarded.store.clone();
+    let key = random_key("busy-wait");
+    let lease = Duration::from_millis(1000);
+    let mut tx = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    token_of(
+        store
+            .claim_in(&mut tx, &key, &fingerprint(1), Duration::from_secs(60))
+            .await
+            .expect("claim_in"),
+    );
+    let waiting = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.claim(&key, &fingerprint(2), lease).await }
+    });
+    // Time passing is the point: hold the write lock for longer than the waiting claim's lease.
+    tokio::time::sleep(lease * 3 / 2).await;
+    tx.rollback().await.expect("rollback");
+    let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
+    let next = store
+        .claim(&key, &fingerprint(3), lease)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(next, ClaimOutcome::InFlight { .. }),
+        "the claim granted after the wait had already expired: {next:?}"
+    );
+    assert_eq!(
+        store
+            .complete(&key, winner, &response("done"), Duration::from_secs(60))
+            .await
+            .expect("complete"),
+        Ownership::Current
+    );
+}
+
+/// Likewise for a renewal that waited for the write lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
+    let guarded = sqlite_store().await;
+    let store = guarded.store.clone();
+    let key = random_key("renew-wait");
+    let lease = Duration::from_millis(1000);
+    let token = token_of(
+        store
+            .claim(&key, &fingerprint(1), Duration::from_millis(200))
+            .await
+            .expect("claim"),
+    );
+    let other_writer = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    let renewing = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move { store.renew(&key, token, lease).await }
+    });
+    tokio::time::sleep(lease * 3 / 2).await;
+    other_writer.rollback().await.expect("rollback");
+    assert_eq!(renewing.await.unwrap().expect("renew"), Ownership::Current);
+    let next = store
+        .claim(&key, &fingerprint(3), lease)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(next, ClaimOutcome::InFlight { .. }),
+        "the renewed lease had already expired: {next:?}"
+    );
+}
