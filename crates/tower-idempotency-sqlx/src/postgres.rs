@@ -445,22 +445,10 @@ impl Store for PostgresStore {
         fingerprint: &Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let started = std::time::Instant::now();
-        let outcome = on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))?;
-        match outcome {
-            ClaimOutcome::Claimed { token } if common::waited_too_long(started, lease) => {
-                // The lease was dated before the statement waited (for a row lock, for SQLite's
-                // write lock), so it may be short or already over: restart it. If it is gone,
-                // someone else holds the key now; say who, instead of granting a dead claim.
-                match self.renew(key, token, lease).await? {
-                    Ownership::Current => Ok(ClaimOutcome::Claimed { token }),
-                    Ownership::Stale => {
-                        on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease))
-                    }
-                }
-            }
-            outcome => Ok(outcome),
-        }
+        let claim_once =
+            || async { on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease)) };
+        common::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
+            .await
     }
 
     async fn renew(
@@ -469,20 +457,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        // A renewal that waited long dated its lease before the wait: renew again (now without
-        // the wait, usually) so the lease really runs `lease` from about now.
-        let mut attempts = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let renewed = self.renew_once(key, token, lease).await?;
-            attempts += 1;
-            if renewed == Ownership::Stale
-                || !common::waited_too_long(started, lease)
-                || attempts == 3
-            {
-                return Ok(renewed);
-            }
-        }
+        common::renew_for_a_whole_lease(|| self.renew_once(key, token, lease), lease).await
     }
 
     async fn complete(
