@@ -200,7 +200,20 @@ where
 
     match claim {
         ClaimOutcome::Completed(record) if record.fingerprint == fingerprint => {
-            Ok(with_outcome(replay(record.response), Outcome::Replayed))
+            match replay(record.response) {
+                Some(response) => Ok(with_outcome(response, Outcome::Replayed)),
+                None => {
+                    // Only a record built outside the layer (a corrupt or foreign store value)
+                    // can be this full; answer as for any unreadable record.
+                    tracing::error!(
+                        "the stored response has too many headers to replay; answering 503"
+                    );
+                    let unavailable = Rejection::StoreUnavailable {
+                        retry_after: config.retry_after,
+                    };
+                    Ok(reject(unavailable, Outcome::StoreUnavailable))
+                }
+            }
         }
         ClaimOutcome::Completed(_) => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
         ClaimOutcome::InFlight {
@@ -243,19 +256,25 @@ where
     }
 }
 
-fn replay<B>(cached: CachedResponse) -> Response<ResponseBody<B>> {
+/// The stored response with the replay markers; `None` when its header map is too full to take
+/// them (`HeaderMap::insert` would panic).
+fn replay<B>(cached: CachedResponse) -> Option<Response<ResponseBody<B>>> {
     let mut response = Response::new(ResponseBody::full(cached.body));
     *response.status_mut() = cached.status;
     *response.headers_mut() = cached.headers;
     let headers = response.headers_mut();
-    headers.insert(REPLAYED_HEADER.clone(), HeaderValue::from_static("true"));
+    headers
+        .try_insert(REPLAYED_HEADER.clone(), HeaderValue::from_static("true"))
+        .ok()?;
     if cached.body_omitted {
-        headers.insert(
-            BODY_OMITTED_HEADER.clone(),
-            HeaderValue::from_static("true"),
-        );
+        headers
+            .try_insert(
+                BODY_OMITTED_HEADER.clone(),
+                HeaderValue::from_static("true"),
+            )
+            .ok()?;
     }
-    response
+    Some(response)
 }
 
 /// What the handler produced, before the key is settled.
