@@ -44,7 +44,11 @@ CREATE SEQUENCE IF NOT EXISTS "{table}_token_seq" AS bigint OWNED BY "{table}".t
 -- transaction) and every store call would queue behind it. Look first.
 DO $$
 BEGIN
-    IF to_regclass('"{table}_expires_at_idx"') IS NULL THEN
+    -- In the table's own schema: `to_regclass` would search the whole search_path.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE i.indrelid = '"{table}"'::regclass AND c.relname = '{table}_expires_at_idx'
+    ) THEN
         CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
     END IF;
 END

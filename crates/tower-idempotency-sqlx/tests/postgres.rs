@@ -857,3 +857,70 @@ async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
         Ownership::Current
     );
 }
+
+/// `migrate()` looks for the purge index beside its own table: a same-named table and index in
+/// another schema on the search path must not make it skip its own index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_creates_the_index_beside_its_own_table() {
+    let Some(admin) = pg_pool().await else {
+        return;
+    };
+    let suffix = random_suffix();
+    let (old, new) = (format!("mig_old_{suffix}"), format!("mig_new_{suffix}"));
+    for schema in [&old, &new] {
+        sqlx::query(&format!(r#"CREATE SCHEMA "{schema}""#))
+            .execute(&admin)
+            .await
+            .expect("create schema");
+    }
+    let pool_on = |search_path: String| async move {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .after_connect(move |conn, _| {
+                let search_path = search_path.clone();
+                Box::pin(async move {
+                    sqlx::query(&format!("SET search_path TO {search_path}"))
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .connect(&pg_url())
+            .await
+            .expect("pool")
+    };
+    let old_pool = pool_on(format!(r#""{old}""#)).await;
+    let new_pool = pool_on(format!(r#""{new}", "{old}""#)).await;
+    let outcome = async {
+        PostgresStore::new(old_pool.clone(), "idem")
+            .expect("table name")
+            .with_connection_lanes(0)
+            .migrate()
+            .await?;
+        PostgresStore::new(new_pool.clone(), "idem")
+            .expect("table name")
+            .with_connection_lanes(0)
+            .migrate()
+            .await?;
+        sqlx::query_scalar::<_, String>(
+            "SELECT schemaname::text FROM pg_indexes WHERE indexname = 'idem_expires_at_idx' \
+             AND schemaname IN ($1, $2) ORDER BY 1",
+        )
+        .bind(&new)
+        .bind(&old)
+        .fetch_all(&admin)
+        .await
+    }
+    .await;
+    old_pool.close().await;
+    new_pool.close().await;
+    for schema in [&old, &new] {
+        sqlx::query(&format!(r#"DROP SCHEMA "{schema}" CASCADE"#))
+            .execute(&admin)
+            .await
+            .expect("drop schema");
+    }
+    let mut expected = vec![new.clone(), old.clone()];
+    expected.sort();
+    assert_eq!(outcome.expect("migrate and look"), expected);
+}
