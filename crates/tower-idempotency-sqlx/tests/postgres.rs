@@ -825,7 +825,6 @@ async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
     };
     let store = guarded.store.clone();
     let key = random_key("lock-wait");
-    let lease = Duration::from_millis(1000);
     let mut tx = store.pool().begin().await.expect("begin");
     token_of(
         store
@@ -833,29 +832,10 @@ async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
             .await
             .expect("claim_in"),
     );
-    let waiting = tokio::spawn({
-        let (store, key) = (store.clone(), key.clone());
-        async move { store.claim(&key, &fingerprint(2), lease).await }
-    });
-    // Time passing is the point: hold the row lock for longer than the waiting claim's lease.
-    tokio::time::sleep(lease * 3 / 2).await;
-    tx.rollback().await.expect("rollback");
-    let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
-    let next = store
-        .claim(&key, &fingerprint(3), lease)
-        .await
-        .expect("claim");
-    assert!(
-        matches!(next, ClaimOutcome::InFlight { .. }),
-        "the claim granted after the wait had already expired: {next:?}"
-    );
-    assert_eq!(
-        store
-            .complete(&key, winner, &response("done"), Duration::from_secs(60))
-            .await
-            .expect("complete"),
-        Ownership::Current
-    );
+    a_claim_behind_a_lock_gets_its_whole_lease(store, &key, async move {
+        tx.rollback().await.expect("rollback")
+    })
+    .await;
 }
 
 /// `migrate()` looks for the purge index beside its own table: a same-named table and index in

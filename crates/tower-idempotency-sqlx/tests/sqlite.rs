@@ -379,7 +379,6 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
     let guarded = sqlite_store().await;
     let store = guarded.store.clone();
     let key = random_key("busy-wait");
-    let lease = Duration::from_millis(1000);
     let mut tx = store
         .pool()
         .begin_with("BEGIN IMMEDIATE")
@@ -391,29 +390,10 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
             .await
             .expect("claim_in"),
     );
-    let waiting = tokio::spawn({
-        let (store, key) = (store.clone(), key.clone());
-        async move { store.claim(&key, &fingerprint(2), lease).await }
-    });
-    // Time passing is the point: hold the write lock for longer than the waiting claim's lease.
-    tokio::time::sleep(lease * 3 / 2).await;
-    tx.rollback().await.expect("rollback");
-    let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
-    let next = store
-        .claim(&key, &fingerprint(3), lease)
-        .await
-        .expect("claim");
-    assert!(
-        matches!(next, ClaimOutcome::InFlight { .. }),
-        "the claim granted after the wait had already expired: {next:?}"
-    );
-    assert_eq!(
-        store
-            .complete(&key, winner, &response("done"), Duration::from_secs(60))
-            .await
-            .expect("complete"),
-        Ownership::Current
-    );
+    a_claim_behind_a_lock_gets_its_whole_lease(store, &key, async move {
+        tx.rollback().await.expect("rollback")
+    })
+    .await;
 }
 
 /// Likewise for a renewal that waited for the write lock.

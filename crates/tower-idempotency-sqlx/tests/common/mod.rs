@@ -13,7 +13,7 @@ use std::{
 
 use axum::{extract::State, routing::post, Router};
 use tower_idempotency_core::{
-    store::{CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Store},
+    store::{CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, Store},
     IdempotencyLayer,
 };
 #[cfg(feature = "postgres")]
@@ -407,6 +407,43 @@ pub async fn post_order(client: &reqwest::Client, url: &str, key: &str) -> (u16,
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key("idempotent-replayed");
     (status, replayed, response.text().await.expect("body"))
+}
+
+/// The caller holds `key`'s row (or the database's write lock) in a transaction that
+/// `release_lock` rolls back. A claim that waits behind it for longer than its lease must still
+/// get its whole lease (the store dates the lease before the wait), and keep the key.
+pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
+    store: Arc<S>,
+    key: &str,
+    release_lock: F,
+) where
+    S: Store + 'static,
+    F: std::future::Future<Output = ()>,
+{
+    let lease = Duration::from_millis(1000);
+    let waiting = tokio::spawn({
+        let (store, key) = (store.clone(), key.to_owned());
+        async move { store.claim(&key, &fingerprint(2), lease).await }
+    });
+    // Time passing is the point: hold the lock for longer than the waiting claim's lease.
+    tokio::time::sleep(lease * 3 / 2).await;
+    release_lock.await;
+    let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
+    let next = store
+        .claim(key, &fingerprint(3), lease)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(next, ClaimOutcome::InFlight { .. }),
+        "the claim granted after the wait had already expired: {next:?}"
+    );
+    assert_eq!(
+        store
+            .complete(key, winner, &response("done"), Duration::from_secs(60))
+            .await
+            .expect("complete"),
+        Ownership::Current
+    );
 }
 
 pub fn fingerprint(byte: u8) -> Fingerprint {
