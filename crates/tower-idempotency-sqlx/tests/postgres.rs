@@ -408,7 +408,8 @@ async fn purge_deletes_only_expired_records() {
         return;
     };
     let store = &guarded.store;
-    let short = Duration::from_millis(200);
+    // Long enough that the set-up (nine statements) ends well inside it on a loaded machine.
+    let short = Duration::from_millis(1500);
     for i in 0..5 {
         let key = random_key(&format!("purge{i}"));
         let token = token_of(
@@ -436,7 +437,7 @@ async fn purge_deletes_only_expired_records() {
         0,
         "nothing expired yet"
     );
-    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
     assert_eq!(store.purge_expired().await.expect("purge"), 5);
     assert_eq!(count_rows(store).await, 1);
     assert!(store.get(&live).await.expect("get").is_some());
