@@ -2,9 +2,8 @@
 //!
 //! `claim` and `get` need no script: `SET … NX PX … GET` and `GET` are atomic on their own, and
 //! keeping large values out of Lua matters. Redis copies every string that enters Lua, from a
-//! `redis.call` reply or from `ARGV`, at about 1.3 µs per KiB on the server's single thread
-//! (measured on Redis 7.0: a 1 MiB value costs 1.3 ms in a script and 0.07 ms in a plain `GET`
-//! or `SET`). So the scripts only ever read the first 49 bytes of a record (`GETRANGE`), and a
+//! `redis.call` reply or from `ARGV`, in proportion to its size and on the server's single
+//! thread, where a plain `GET` or `SET` copies nothing. So the scripts only ever read the first 49 bytes of a record (`GETRANGE`), and a
 //! large response is written by a plain `SET` to a staging key that the script then `RENAME`s.
 //!
 //! Record values (see the crate documentation):

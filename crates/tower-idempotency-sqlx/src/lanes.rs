@@ -3,10 +3,10 @@
 //! Why not run each statement on `&pool`: sqlx 0.8's pool pings a connection when it hands it
 //! out (`test_before_acquire`, on by default) and again, unconditionally, when it takes it back
 //! (`PoolConnection`'s return to the pool), so a one-statement store call costs three round trips
-//! on the wire, not one. Measured on Postgres over loopback with 16 concurrent claims of a
-//! completed key (the replay path): 5.9 k claims/s at 85 µs of client CPU each through the pool,
-//! 7.3 k/s at 64 µs with only the hand-out ping turned off, 7.3–10.6 k/s at 28 µs on four held
-//! connections. A lane holds one connection and runs one statement at a time on it.
+//! on the wire, not one, and each ping costs client CPU too. The load harness compares both
+//! (`cargo run --release -p tower-idempotency-loadtest -- --store-lanes 0` runs every statement
+//! through the pool; docs/benchmarks.md). A lane holds one connection and runs one statement at a
+//! time on it.
 //!
 //! What the pool's pings protected is kept: a lane that sat idle longer than
 //! [`PING_AFTER_IDLE`] pings its connection before using it (and swaps a dead one for a fresh one
@@ -48,7 +48,7 @@ fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
 }
 
 /// A fixed set of lanes over one pool. With no lanes, every statement takes a connection from
-/// the pool as before.
+/// the pool for itself.
 pub(crate) struct Lanes<DB: Database> {
     pool: Pool<DB>,
     lanes: Arc<[Mutex<Lane<DB>>]>,

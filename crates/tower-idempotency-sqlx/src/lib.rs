@@ -46,8 +46,8 @@
 //! A statement is one round trip because each store keeps a few of its pool's connections
 //! checked out ("lanes", half the pool by default; `with_connection_lanes` changes it). Through
 //! the pool itself, sqlx 0.8 pings a connection when it hands it out and again when it takes it
-//! back, which makes every statement three round trips (measured: 16 concurrent Postgres
-//! replays, 6.2 k/s at 82 µs of client CPU each through the pool, 11–12 k/s at 33 µs on lanes).
+//! back, which makes every statement three round trips (the load harness's `--store-lanes 0`
+//! measures that path against the lanes).
 //! A lane idle for over a second pings before its next statement; a statement that fails or is
 //! cancelled hands its connection back to the pool to be checked; waiting for a lane is bounded
 //! by the pool's `acquire_timeout`; closing the pool empties the lanes. Trade-off: after the database restarts, up to one statement per lane fails (the layer

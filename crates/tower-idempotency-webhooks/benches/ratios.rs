@@ -3,10 +3,9 @@
 //! the fastest provider batch over the fastest floor batch (and the median of per-round
 //! ratios). `cargo bench --bench ratios` prints a Markdown table.
 //!
-//! Batches are short (200 µs) and rounds many (400): with 3 ms batches and 40 rounds, three
-//! runs on the same quiet machine gave Stripe 1 KiB 2.46x, 2.52x and 1.81x (min ratio); with
-//! these settings, 1.81x, 1.82x and 1.80x. The minimum is the stable figure; the median still
-//! moves with the machine's state between runs.
+//! Batches are short (200 µs) and rounds many (400), so that a slow stretch of the machine hits
+//! few rounds and the fastest batches of both sides come from quiet moments. The minimum is the
+//! stable figure; the median moves with the machine's state between runs.
 
 mod common;
 

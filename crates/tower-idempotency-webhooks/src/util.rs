@@ -82,7 +82,7 @@ impl Encoding {
         }
         match self {
             // `decode_to_slice` is a plain loop; `hex::decode` collects through an iterator of
-            // `Result`s, which the verify profile showed at ~0.25 µs for one 64-digit signature.
+            // `Result`s, which shows in the verify profile (`cargo bench --bench verify`).
             Self::Hex => {
                 let mut out = vec![0; text.len() / 2];
                 hex::decode_to_slice(text, &mut out).ok().map(|()| out)
@@ -103,10 +103,11 @@ impl Encoding {
         let len = match self {
             Self::Hex if text.len() / 2 <= MAX_MAC_LEN => {
                 let len = text.len() / 2;
-                // const-hex decodes with a lookup table (SIMD where available): `hex`'s
-                // per-digit `match` cost ~1 000 instructions and mispredicted branches per
-                // 64-digit signature. It would strip a `0x` prefix, but the output is sized
-                // from the whole text, so a prefixed signature fails on its length, as before.
+                // const-hex decodes with a lookup table (SIMD where available), without
+                // `hex`'s per-digit `match` and its mispredicted branches
+                // (`scripts/verify-instructions.sh` counts them). It would strip a `0x` prefix,
+                // but the output is sized from the whole text, so a prefixed signature fails
+                // on its length.
                 const_hex::decode_to_slice(text, &mut candidate.bytes[..len])
                     .ok()
                     .map(|()| len)
@@ -119,7 +120,7 @@ impl Encoding {
                 Err(base64::DecodeSliceError::OutputSliceTooSmall) => self.decode(text).map(|_| 0),
             },
             // Longer than any MAC: if it decodes, it is a signature that does not match (401),
-            // not a malformed one (400), as before signatures were held inline.
+            // not a malformed one (400).
             Self::Hex => self.decode(text).map(|_| 0),
         };
         candidate.len = len?;
@@ -219,8 +220,8 @@ pub(crate) fn decode_all(
 }
 
 /// A header to look up: a name as text, parsed on every lookup, or a pre-parsed
-/// `&'static HeaderName`, which the providers on the hot path use because parsing the name was
-/// ~200 instructions per header in the verify profile (a tenth of the work besides the HMAC).
+/// `&'static HeaderName`, which the providers on the hot path use because parsing the name is a
+/// visible share of the work besides the HMAC (`scripts/verify-instructions.sh` counts it).
 pub(crate) trait HeaderKey: Copy {
     /// The name, for errors.
     fn label(self) -> &'static str;
@@ -697,8 +698,9 @@ mod json_seed {
                 segments: [""; MAX_DEPTH],
                 len: 0,
             };
-            // Split by hand: `str::split` costs ~200 instructions per pointer here, a
-            // noticeable share of a 1 KiB verification that runs this for every delivery.
+            // Split by hand: `str::split`'s searcher is a noticeable share of a 1 KiB
+            // verification that runs this for every delivery
+            // (`scripts/verify-instructions.sh 1024 generic_json_pointer`).
             // As `pointer.split('/').skip(1)`: no segment before the first `/`.
             let Some(start) = pointer.bytes().position(|b| b == b'/') else {
                 return path;
@@ -870,8 +872,7 @@ mod json_seed {
                         // the object unfinished, so serde_json usually fails the enclosing parse
                         // with its own syntax error (none when the field was the object's last
                         // member); the caller treats either as success. (A custom error would
-                        // format a message and search it for a position: ~700 instructions
-                        // per delivery.)
+                        // format a message and search it for a position on every delivery.)
                         self.stopped.set(true);
                         return Ok(());
                     }

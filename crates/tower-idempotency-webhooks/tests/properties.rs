@@ -378,7 +378,7 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
             .unwrap_err(),
         ConfigError::InvalidHeaderName { name: "x ts" }
     );
-    // Names are matched case-insensitively, as before they were parsed at build time.
+    // Header names are matched case-insensitively, whatever case the builder was given.
     let v = HmacVerifier::builder("x")
         .secrets(["k"])
         .signature_header("X-Sig")

@@ -12,8 +12,9 @@ use std::{
 
 use bytes::Bytes;
 // The layer's keys are SHA-256 digests, which nobody can steer into colliding buckets, so the
-// seeded-but-fast foldhash replaces SipHash (callgrind: SipHash of the ~75-byte key, three to four
-// times per first request, was ~2 400 of its ~30 000 instructions outside the SHA-256 passes).
+// seeded-but-fast foldhash replaces SipHash, which a first request would run three to four times
+// over the ~75-byte key (`cargo bench -p tower-idempotency-core --bench layer` shows the layer's
+// cost per request).
 use foldhash::fast::RandomState;
 
 use super::{

@@ -2,11 +2,11 @@
 //! shape of webhook JSON, answering only when its answer is certain to be serde_json's.
 //!
 //! Why hand-written: at 1 KiB the serde_json scan (a `Deserializer` driving a visitor with
-//! `IgnoredAny` for the members passed over) was ~3 600 instructions per Stripe delivery, half
-//! of the verification's cost outside the HMAC, for reading one short string; most of it is
-//! the per-member machinery of the serde data model, not the bytes. `jiter` (the iterator-style
-//! parser of pydantic) was measured as the crate alternative: ~2 300 instructions for the same
-//! field and ~25 000 to pass over a whole 1 KiB document, too little gain for ten more crates.
+//! `IgnoredAny` for the members passed over) is about half of a Stripe verification's cost
+//! outside the HMAC, for reading one short string; most of it is the per-member machinery of the
+//! serde data model, not the bytes (`scripts/verify-instructions.sh` counts it per provider).
+//! `jiter` (the iterator-style parser of pydantic), the crate alternative, saves too little of
+//! that for ten more crates.
 //!
 //! serde_json stays the authority: this scan understands a strict subset of JSON (keys and the
 //! values it reads without escapes, integers it reads without sign, fraction or exponent,
@@ -196,8 +196,8 @@ impl<'b> Scanner<'b, '_, '_> {
             })
             .ok_or(Unsure)?;
         let text = &rest[..len];
-        // ASCII is UTF-8; `from_utf8` costs ~85 instructions per short string, so it runs
-        // only for text with a byte above 0x7f.
+        // ASCII is UTF-8, so `from_utf8`'s validation runs only for text with a byte above
+        // 0x7f.
         if rest[len] != b'"' || (high >= 0x80 && std::str::from_utf8(text).is_err()) {
             return Err(Unsure);
         }
