@@ -32,10 +32,11 @@ case "$DATABASE_URL" in
     *) echo "DATABASE_URL must point at 127.0.0.1" >&2; exit 2 ;;
 esac
 
-cargo build --quiet --all-features --example receiver --example soak_client
+cargo build --quiet --all-features --example receiver
+cargo build --quiet --all-features -p tower-idempotency-tools --bin soak_client
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 receiver="$target_dir/debug/examples/receiver"
-client="$target_dir/debug/examples/soak_client"
+client="$target_dir/debug/soak_client"
 
 work=$(mktemp -d)
 pids=()

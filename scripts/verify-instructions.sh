@@ -10,7 +10,7 @@
 # Honours CARGO_TARGET_DIR. Counting runs under valgrind with the software SHA code (valgrind
 # does not offer the SHA extensions), so the hash share is larger than on the bare CPU; the
 # non-hash column is what compares across commits.
-# Workload: crates/tower-idempotency-webhooks/examples/verify_loop.rs.
+# Workload: crates/tower-idempotency-tools/src/bin/verify_loop.rs.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ if [ ${#cases[@]} -eq 0 ]; then
            slack linear zoom)
 fi
 
-cargo build --release --quiet -p tower-idempotency-webhooks --all-features --example verify_loop
-bin="${CARGO_TARGET_DIR:-target}/release/examples/verify_loop"
+cargo build --release --quiet -p tower-idempotency-tools --bin verify_loop
+bin="${CARGO_TARGET_DIR:-target}/release/verify_loop"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 

@@ -3,9 +3,9 @@
 //! so a profile shows the layer and the handler and little else.
 //!
 //! ```sh
-//! cargo build --release -p tower-idempotency-core --example profile_loop
-//! perf stat -e task-clock target/release/examples/profile_loop replay 1024 200000
-//! perf record -g target/release/examples/profile_loop new 1024 200000
+//! cargo build --release -p tower-idempotency-tools --bin profile_loop
+//! perf stat -e task-clock target/release/profile_loop replay 1024 200000
+//! perf record -g target/release/profile_loop new 1024 200000
 //! ```
 //!
 //! Arguments: `bare|new|replay`, the body size in bytes, the number of requests.

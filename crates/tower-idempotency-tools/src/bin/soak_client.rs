@@ -4,7 +4,7 @@
 //! phase that creates no key at all, to show the receiver's memory stays flat.
 //!
 //! ```text
-//! cargo run --example soak_client -- http://127.0.0.1:3000 60 whsec_soak [FLAT_SECONDS]
+//! cargo run -p tower-idempotency-tools --bin soak_client -- http://127.0.0.1:3000 60 whsec_soak [FLAT_SECONDS]
 //! ```
 //!
 //! Arguments: the receiver's base URL (loopback only), the duration in seconds (at most 3600)
