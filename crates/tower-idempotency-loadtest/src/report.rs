@@ -83,7 +83,16 @@ fn markdown(results: &Results) -> String {
     for skipped in &results.skipped {
         let _ = writeln!(md, "Skipped: {skipped}\n");
     }
+    throughput_table(&mut md, results);
+    round_trips_table(&mut md, results);
+    floors_table(&mut md, results);
+    scaling_table(&mut md, results);
+    memory_tables(&mut md, results);
+    md
+}
 
+/// The throughput cells, ordered by body, target, workload and concurrency.
+fn throughput_table(md: &mut String, results: &Results) {
     md.push_str("#### Throughput and latency\n\n");
     md.push_str("| body | target | workload | conc. | req/s | p50 µs | p99 µs | layer/bare | SQL stmts/req | handler ran / replayed / 409 |\n");
     md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
@@ -136,7 +145,10 @@ fn markdown(results: &Results) -> String {
             r.conflicts
         );
     }
+}
 
+/// Store round trips per request.
+fn round_trips_table(md: &mut String, results: &Results) {
     if !results.round_trips.is_empty() {
         md.push_str("\n#### Store round trips per request (1 KiB, 16 workers)\n\n");
         md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 |\n|---|---|---:|---|---:|---|\n");
@@ -155,7 +167,10 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
+}
 
+/// Each raw floor against the replay p99 of its store, with and without the local cache.
+fn floors_table(md: &mut String, results: &Results) {
     if !results.floors.is_empty() {
         md.push_str("\n#### Replay p99 against a raw store round trip\n\n");
         md.push_str("| store | conc. | raw operation | raw p50 µs | raw p99 µs | bare HTTP p99 µs | replay p99 µs | replay p99 / raw p99 | (replay − bare) p99 / raw p99 |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
@@ -192,7 +207,10 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
+}
 
+/// The multi-instance runs.
+fn scaling_table(md: &mut String, results: &Results) {
     if !results.scaling.is_empty() {
         md.push_str("\n#### Several receiver instances sharing one backend (1 KiB)\n\n");
         md.push_str("| store | instances | workload | conc. | req/s | p50 µs | p99 µs | handler runs | keys run twice |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
@@ -212,7 +230,10 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
+}
 
+/// Peak RSS, memory per in-flight request and allocations per request.
+fn memory_tables(md: &mut String, results: &Results) {
     let rss: Vec<_> = results.memory.iter().filter(|m| m.kind == "rss").collect();
     if !rss.is_empty() {
         md.push_str("\n#### Peak RSS, new-key workload (16 workers, fixed request count; every response stays cached)\n\n");
@@ -278,16 +299,18 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
-    md
 }
 
-/// A grouped bar chart: one group per (store, workload, body), one bar per concurrency level,
-/// height = layer/bare throughput ratio, with the 85 % and 95 % targets as dashed lines.
-fn svg(results: &Results) -> String {
-    let mut groups: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
-    let mut levels: Vec<usize> = results.cells.iter().map(|c| c.concurrency).collect();
-    levels.sort_unstable();
-    levels.dedup();
+/// Bar colours, one per concurrency level.
+const COLORS: [&str; 5] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"];
+/// Bar width in the chart, px.
+const BAR_W: f64 = 14.0;
+
+/// The chart's bar groups: per body, target and workload, the (concurrency, ratio) bars.
+type BarGroup = (String, Vec<(usize, f64)>);
+
+fn chart_groups(results: &Results) -> Vec<BarGroup> {
+    let mut groups: Vec<BarGroup> = Vec::new();
     for body in [1024usize, 64 * 1024] {
         for target in [
             "memory",
@@ -316,9 +339,17 @@ fn svg(results: &Results) -> String {
             }
         }
     }
-    let colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2"];
-    let bar_w = 14.0;
-    let group_w = bar_w * levels.len().max(1) as f64 + 16.0;
+    groups
+}
+
+/// A grouped bar chart: one group per (store, workload, body), one bar per concurrency level,
+/// height = layer/bare throughput ratio, with the 85 % and 95 % targets as dashed lines.
+fn svg(results: &Results) -> String {
+    let groups = chart_groups(results);
+    let mut levels: Vec<usize> = results.cells.iter().map(|c| c.concurrency).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let group_w = BAR_W * levels.len().max(1) as f64 + 16.0;
     let (left, top, plot_h) = (60.0, 56.0, 300.0);
     // Room on the right and below for the rotated group labels.
     let width = left + group_w * groups.len().max(1) as f64 + 90.0;
@@ -364,28 +395,7 @@ fn svg(results: &Results) -> String {
             ty - 3.0
         );
     }
-    for (g, (name, bars)) in groups.iter().enumerate() {
-        let gx = left + 8.0 + g as f64 * group_w;
-        for (concurrency, ratio) in bars {
-            let i = levels.iter().position(|l| l == concurrency).unwrap_or(0);
-            let x = gx + i as f64 * bar_w;
-            let top_y = y(*ratio);
-            let _ = writeln!(
-                s,
-                r#"<rect x="{x:.1}" y="{top_y:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{name} c={concurrency}: {:.0}%</title></rect>"#,
-                bar_w - 2.0,
-                top + plot_h - top_y,
-                colors[i % colors.len()],
-                ratio * 100.0
-            );
-        }
-        let lx = gx + group_w / 2.0 - 8.0;
-        let ly = top + plot_h + 10.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(60 {lx:.1} {ly:.1})">{name}</text>"#
-        );
-    }
+    draw_bars(&mut s, &groups, &levels, &y, (left, top + plot_h));
     let _ = writeln!(
         s,
         r##"<line x1="{left}" y1="{:.1}" x2="{:.0}" y2="{:.1}" stroke="#333"/>"##,
@@ -400,10 +410,44 @@ fn svg(results: &Results) -> String {
             s,
             r#"<rect x="{lx:.0}" y="{:.0}" width="12" height="12" fill="{}"/><text x="{:.0}" y="{ly:.0}">{level} concurrent</text>"#,
             ly - 10.0,
-            colors[i % colors.len()],
+            COLORS[i % COLORS.len()],
             lx + 16.0
         );
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// One group of bars per entry of `groups`, one bar per concurrency level, with its label under
+/// the axis; `y` maps a ratio to its height, `(left, base)` is where the axis starts.
+fn draw_bars(
+    s: &mut String,
+    groups: &[BarGroup],
+    levels: &[usize],
+    y: &dyn Fn(f64) -> f64,
+    (left, base): (f64, f64),
+) {
+    let group_w = BAR_W * levels.len().max(1) as f64 + 16.0;
+    for (g, (name, bars)) in groups.iter().enumerate() {
+        let gx = left + 8.0 + g as f64 * group_w;
+        for (concurrency, ratio) in bars {
+            let i = levels.iter().position(|l| l == concurrency).unwrap_or(0);
+            let x = gx + i as f64 * BAR_W;
+            let top_y = y(*ratio);
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.1}" y="{top_y:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{name} c={concurrency}: {:.0}%</title></rect>"#,
+                BAR_W - 2.0,
+                base - top_y,
+                COLORS[i % COLORS.len()],
+                ratio * 100.0
+            );
+        }
+        let lx = gx + group_w / 2.0 - 8.0;
+        let ly = base + 10.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{lx:.1}" y="{ly:.1}" transform="rotate(60 {lx:.1} {ly:.1})">{name}</text>"#
+        );
+    }
 }

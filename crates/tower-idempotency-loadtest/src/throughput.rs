@@ -1,0 +1,198 @@
+//! Throughput and latency: the bare handler and every target, per workload, concurrency and
+//! body size, each cell a fresh server.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    load::{drive, Keys, LoadResult, Plan, Stop, Workload, REPLAY_KEYS},
+    server::{router, serve, App},
+    setup::{body, Backends, Runtimes, Target},
+    Args, Result,
+};
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Cell {
+    /// `bare` or the store.
+    pub target: String,
+    /// The workload (the bare handler runs the new-key pattern: it ignores keys).
+    pub workload: Workload,
+    /// Workers.
+    pub concurrency: usize,
+    /// Request (and echoed response) body size.
+    pub body_bytes: usize,
+    /// What the generator measured.
+    pub result: LoadResult,
+    /// This cell's throughput over the bare handler's at the same concurrency and body size.
+    pub ratio_vs_bare: Option<f64>,
+    /// SQL statements per request over the whole cell (warm-up included), sqlx stores only.
+    pub statements_per_request: Option<f64>,
+}
+
+/// Every throughput cell: per body size and concurrency, one group of the bare handler (first
+/// and last) and each target's workloads, with ratios against the group's bare runs.
+pub(crate) fn measure(
+    args: &Args,
+    rts: &Runtimes,
+    b: &Backends,
+    targets: &[Target],
+) -> Result<Vec<Cell>> {
+    let mut cells = Vec::new();
+    // 1 KiB for every store; 64 KiB for the memory store only.
+    for size in [1024usize, 64 * 1024] {
+        for &concurrency in &args.concurrency {
+            let group_start = cells.len();
+            // The bare handler runs first and again last in each group; ratios use the mean, so
+            // a drift in machine load during the group shows up as a spread between the two.
+            let mut group: Vec<&Target> = targets.iter().collect();
+            group.extend(targets.iter().filter(|t| matches!(t, Target::Bare)));
+            for target in group {
+                if size > 1024
+                    && !matches!(
+                        target,
+                        Target::Bare | Target::Memory | Target::MemoryConstantFingerprint
+                    )
+                {
+                    continue;
+                }
+                let workloads: &[Workload] = match target {
+                    Target::Bare => &[Workload::New],
+                    _ => &Workload::ALL,
+                };
+                for &workload in workloads {
+                    let run = format!("{}-c{}", b.run, cells.len() + 1);
+                    let cell = run_cell(args, rts, target, workload, concurrency, size, run)?;
+                    print_cell(&cell);
+                    cells.push(cell);
+                }
+            }
+            set_ratios(&mut cells[group_start..]);
+        }
+    }
+    Ok(cells)
+}
+
+fn print_cell(cell: &Cell) {
+    eprintln!(
+        "  {:>8} {:>6} c={:<3} {:>3}KiB {:>9.0} req/s  p50 {:>7.0} us  p99 {:>7.0} us  [{} exec, {} replay, {} 409, {} other, {} err]",
+        cell.target,
+        cell.workload.name(),
+        cell.concurrency,
+        cell.body_bytes / 1024,
+        cell.result.rps,
+        cell.result.p50_us,
+        cell.result.p99_us,
+        cell.result.executed,
+        cell.result.replayed,
+        cell.result.conflicts,
+        cell.result.other_status,
+        cell.result.errors,
+    );
+}
+
+/// Each cell's throughput over the mean of its group's bare runs.
+fn set_ratios(group: &mut [Cell]) {
+    let bare: Vec<f64> = group
+        .iter()
+        .filter(|c| c.target == "bare")
+        .map(|c| c.result.rps)
+        .collect();
+    let bare_mean = bare.iter().sum::<f64>() / bare.len().max(1) as f64;
+    for cell in group.iter_mut().filter(|c| c.target != "bare") {
+        cell.ratio_vs_bare = (bare_mean > 0.0).then(|| cell.result.rps / bare_mean);
+    }
+    eprintln!(
+        "  bare runs of this group: {:?} req/s",
+        bare.iter().map(|r| r.round()).collect::<Vec<_>>()
+    );
+}
+
+fn run_cell(
+    args: &Args,
+    rts: &Runtimes,
+    target: &Target,
+    workload: Workload,
+    concurrency: usize,
+    size: usize,
+    run: String,
+) -> Result<Cell> {
+    let (layer, store_handle) = target.layer_with_handle();
+    let server = rts.server.block_on(serve(router(App::default(), layer)))?;
+    let body = body(size);
+    let keys = match workload {
+        Workload::New => Keys::Unique,
+        Workload::Replay => Keys::Cycle(REPLAY_KEYS),
+        Workload::Hot => Keys::Hot,
+    };
+    if workload == Workload::Replay {
+        rts.client.block_on(drive(Plan {
+            targets: vec![server.addr],
+            run: run.clone(),
+            keys,
+            body: body.clone(),
+            concurrency: 16,
+            stop: Stop::Count(REPLAY_KEYS),
+        }))?;
+    }
+    let statements_before = target.statements();
+    let result = rts.client.block_on(drive(Plan {
+        targets: vec![server.addr],
+        run,
+        keys,
+        body,
+        concurrency,
+        stop: Stop::Timed {
+            warmup: args.warmup,
+            measure: args.duration,
+        },
+    }))?;
+    let statements_per_request = statements_before
+        .zip(target.statements())
+        .map(|(before, after)| (after - before) as f64 / result.total_requests.max(1) as f64);
+    drop(server);
+    if let Some(handle) = store_handle {
+        release_memory(handle);
+    }
+    Ok(Cell {
+        target: target.name().into(),
+        workload,
+        concurrency,
+        body_bytes: size,
+        result,
+        ratio_vs_bare: None,
+        statements_per_request,
+    })
+}
+
+/// Waits until a memory store's last other reference is gone (the server's connection tasks
+/// end shortly after the load generator closes its connections), then hands freed heap pages
+/// back to the OS. Otherwise the next cell would reuse this cell's already-faulted pages and be
+/// measured as cheaper than the one before it.
+fn release_memory(handle: Arc<dyn std::any::Any + Send + Sync>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Polling is fine here: nothing signals the drop of the last connection task's router clone.
+    while Arc::strong_count(&handle) > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(handle);
+    trim_heap();
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    }
+    // SAFETY: glibc's malloc_trim takes a byte count and only releases free heap memory.
+    unsafe {
+        malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
