@@ -13,7 +13,7 @@
 //!   early-exit comparison of the same MAC bytes, which the script must see as *different*,
 //!   proving that the method detects a leak.
 //!
-//! Only [`measure`] is counted (`--toggle-collect=ct_probe_measure`): setup differs between
+//! Only [`ct_probe_measure`] is counted (`--toggle-collect=ct_probe_measure`): setup differs between
 //! modes by design (which digit is changed) and must not blur the comparison.
 
 use std::{
