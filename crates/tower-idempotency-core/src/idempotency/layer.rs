@@ -56,6 +56,14 @@ pub(crate) struct Config {
     pub(crate) accepting: Arc<AtomicBool>,
 }
 
+impl Config {
+    /// The bound on every store call: the configured store timeout, at most a third of the
+    /// lease, so that a renewal gives up before the lease it renews can lapse.
+    pub(crate) fn store_timeout(&self) -> Duration {
+        self.store_timeout.min(self.lease / 3)
+    }
+}
+
 /// A [`Layer`] that makes the wrapped service idempotent. See the [module docs](super).
 ///
 /// Built with [`IdempotencyLayer::client_keys`] for client `Idempotency-Key` headers, or
@@ -171,6 +179,10 @@ impl IdempotencyLayer {
     }
 
     /// Bound on every store call (default 5 s); past it the request is answered `503`.
+    ///
+    /// Clamped to a third of the [`lease`](Self::lease) (the renewal period), whichever order
+    /// the two are set in: a renewal that waited longer could let the lease lapse while it
+    /// waits. The clamp is logged at `warn` when the layer wraps a service.
     pub fn store_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.store_timeout = timeout)
     }
@@ -203,7 +215,8 @@ impl IdempotencyLayer {
     }
 
     /// How long a slow handler's lease is renewed at most (default 10 min; at most
-    /// [`LONGEST_DURATION`]).
+    /// [`LONGEST_DURATION`]). A handler still running past it is logged once at `warn`: once its
+    /// lease then lapses, a retry may run the handler a second time.
     pub fn max_lease_renewal(self, ceiling: Duration) -> Self {
         self.with(|c| c.max_lease_renewal = ceiling.min(LONGEST_DURATION))
     }
@@ -230,6 +243,14 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let c = &self.config;
+        if c.store_timeout() < c.store_timeout {
+            tracing::warn!(
+                configured = ?c.store_timeout,
+                used = ?c.store_timeout(),
+                "the store timeout is longer than a third of the lease; using a third of the lease"
+            );
+        }
         IdempotencyService::new(inner, self.config.clone())
     }
 }
