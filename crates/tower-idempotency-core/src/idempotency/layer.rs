@@ -41,6 +41,7 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) max_body: usize,
     pub(crate) scope: Scope,
+    pub(crate) require_principal: bool,
     pub(crate) fingerprint: FingerprintMode,
     pub(crate) in_flight_status: StatusCode,
     pub(crate) retry_after: Duration,
@@ -81,6 +82,7 @@ impl std::fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("methods", &c.methods)
             .field("namespace", &c.scope.namespace())
+            .field("require_principal", &c.require_principal)
             .field("max_body", &c.max_body)
             .field("lease", &c.lease)
             .field("ttl", &c.ttl)
@@ -106,6 +108,7 @@ impl IdempotencyLayer {
                 methods: vec![Method::POST, Method::PATCH],
                 max_body: DEFAULT_MAX_BODY,
                 scope: Scope::new("idempotency", PrincipalSource::Extension),
+                require_principal: false,
                 fingerprint: FingerprintMode::Request,
                 in_flight_status: StatusCode::CONFLICT,
                 retry_after: Duration::from_secs(1),
@@ -160,6 +163,18 @@ impl IdempotencyLayer {
     /// [`Principal`](crate::Principal) request extension, when present).
     pub fn principal(self, source: PrincipalSource) -> Self {
         self.with(|c| c.scope = Scope::new(c.scope.namespace().to_owned(), source))
+    }
+
+    /// Refuses a guarded request that has no principal, instead of scoping its key without one
+    /// (which makes keys global per endpoint: one tenant could be replayed another's response).
+    ///
+    /// A missing principal is a deployment mistake (the auth layer runs after this one, or not
+    /// on this route), not the client's: it is answered `500` with the problem type
+    /// `principal-missing` and logged at `error`, and the handler does not run. Recommended on
+    /// every multi-tenant route. Requests that pass through unguarded (other methods, an
+    /// optional key that is absent) are not checked.
+    pub fn require_principal(self) -> Self {
+        self.with(|c| c.require_principal = true)
     }
 
     /// What the fingerprint covers (default: method, path and query, and body).

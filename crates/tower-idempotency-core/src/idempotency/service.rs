@@ -166,6 +166,10 @@ where
         }
         Err(problem) => return Ok(reject(problem, Outcome::Rejected)),
     };
+    if config.require_principal && !config.scope.has_principal(&parts) {
+        tracing::error!("no principal on a route that requires one (is the auth layer outside this one?); answering 500");
+        return Ok(reject(Rejection::PrincipalMissing, Outcome::Rejected));
+    }
     let store_key = config.scope.store_key(&parts, &key);
     drop(key);
     // The hash part of the scoped key; never the raw key.
