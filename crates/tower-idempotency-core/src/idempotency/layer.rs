@@ -20,6 +20,11 @@ use crate::{
 
 /// Default cap on buffered request bodies: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default bound on the bytes of an over-the-cap request body read and discarded before the
+/// `413` is answered: 4 MiB. See [`IdempotencyLayer::discard_oversized_body`].
+pub const DEFAULT_DISCARD_BYTES: usize = 4 * 1024 * 1024;
+/// Default bound on the time spent discarding an over-the-cap request body: 5 s.
+pub const DEFAULT_DISCARD_TIME: Duration = Duration::from_secs(5);
 /// Default cap on cached response bodies: 1 MiB.
 pub const DEFAULT_MAX_CACHED_BODY: usize = 1024 * 1024;
 /// Default in-flight lease: 60 s.
@@ -40,6 +45,8 @@ pub(crate) struct Config {
     pub(crate) key_source: Arc<dyn KeySource>,
     pub(crate) methods: Vec<Method>,
     pub(crate) max_body: usize,
+    pub(crate) discard_bytes: usize,
+    pub(crate) discard_time: Duration,
     pub(crate) scope: Scope,
     pub(crate) require_principal: bool,
     pub(crate) fingerprint: FingerprintMode,
@@ -107,6 +114,8 @@ impl IdempotencyLayer {
                 key_source: Arc::new(source),
                 methods: vec![Method::POST, Method::PATCH],
                 max_body: DEFAULT_MAX_BODY,
+                discard_bytes: DEFAULT_DISCARD_BYTES,
+                discard_time: DEFAULT_DISCARD_TIME,
                 scope: Scope::new("idempotency", PrincipalSource::Extension),
                 require_principal: false,
                 fingerprint: FingerprintMode::Request,
@@ -149,6 +158,25 @@ impl IdempotencyLayer {
     /// Cap on the buffered request body (default 1 MiB); larger bodies are answered `413`.
     pub fn max_body_bytes(self, limit: usize) -> Self {
         self.with(|c| c.max_body = limit)
+    }
+
+    /// How much of a request body over the cap is read and discarded around the `413`
+    /// (default [`DEFAULT_DISCARD_BYTES`], 4 MiB, within [`DEFAULT_DISCARD_TIME`], 5 s).
+    ///
+    /// Many clients (Python's httpx and requests among them) upload the whole body before they
+    /// read the answer; a server that answers and closes with the upload unread resets the
+    /// connection, and such a client reports a connection error instead of the `413`. Reading
+    /// the rest, up to these bounds, lets it read the `413` (a web server's lingering close).
+    /// A body declared over the cap by `Content-Length` is answered at once and discarded
+    /// beside the answer; one found over the cap while reading is discarded before the answer.
+    /// A body declared over the cap with `Expect: 100-continue` is answered at once and never
+    /// read: its client has not sent it. Past either bound the connection is closed.
+    /// `(0, Duration::ZERO)` discards nothing.
+    pub fn discard_oversized_body(self, max_bytes: usize, max_time: Duration) -> Self {
+        self.with(|c| {
+            c.discard_bytes = max_bytes;
+            c.discard_time = max_time;
+        })
     }
 
     /// The namespace that prefixes every stored key (default `idempotency`).

@@ -37,7 +37,7 @@ mod service;
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::{
-    IdempotencyLayer, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_CACHED_BODY,
+    IdempotencyLayer, DEFAULT_DISCARD_BYTES, DEFAULT_DISCARD_TIME, DEFAULT_LEASE, DEFAULT_MAX_BODY, DEFAULT_MAX_CACHED_BODY,
     DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, MIN_LEASE,
 };
 pub use service::IdempotencyService;

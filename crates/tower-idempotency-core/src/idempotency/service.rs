@@ -149,12 +149,24 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > config.max_body as u64) {
+        // A client waiting for `100 Continue` has not sent the body; it never gets the go-ahead.
+        // Any other is answered at once, and the body it is sending is discarded beside that.
+        if !expects_continue(request.headers()) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let body = Box::pin(request.into_body());
+                let config = config.clone();
+                runtime.spawn(async move { discard(body, &config).await });
+            }
+        }
         return Ok(reject(too_large, Outcome::Rejected));
     }
     let (mut parts, body) = request.into_parts();
     let body = match read_body(pin!(body), config.max_body).await {
         Capped::Whole(bytes) => bytes,
-        Capped::Over(..) => return Ok(reject(too_large, Outcome::Rejected)),
+        Capped::Over(_, rest) => {
+            discard(rest, &config).await;
+            return Ok(reject(too_large, Outcome::Rejected));
+        }
         Capped::Failed => return Ok(reject(Rejection::BodyUnreadable, Outcome::Rejected)),
     };
 
@@ -506,6 +518,33 @@ async fn keep_renewing(
         "the handler outlived the lease renewal ceiling; once its lease lapses, a retry may run it again"
     );
     std::future::pending().await
+}
+
+fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// Reads and drops the rest of a request body over the cap, up to the configured bytes and
+/// time, so that a client which uploads everything before reading receives the `413` rather
+/// than a connection reset (see `IdempotencyLayer::discard_oversized_body`).
+async fn discard<B>(mut body: B, config: &Config)
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let mut left = config.discard_bytes;
+    let drain = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                match left.checked_sub(data.len()) {
+                    Some(rest) => left = rest,
+                    None => return,
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(config.discard_time, drain).await;
 }
 
 enum Capped<B> {
