@@ -162,7 +162,8 @@ where
     }
     let (mut parts, body) = request.into_parts();
     let body = match read_body(pin!(body), config.max_body).await {
-        Capped::Whole(bytes) => bytes,
+        // Request trailers are not part of the fingerprint or the request the handler gets.
+        Capped::Whole(bytes, _trailers) => bytes,
         Capped::Over(_, rest) => {
             discard(rest, &config).await;
             return Ok(reject(too_large, Outcome::Rejected));
@@ -331,7 +332,14 @@ where
         }
         let (body, answer_body, body_omitted) =
             match read_body(Box::pin(body), config.max_cached_body).await {
-                Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
+                Capped::Whole(bytes, Some(trailers)) => {
+                    // A replay could not carry the trailers (gRPC's status travels in them), so
+                    // the response is answered whole and not cached.
+                    tracing::debug!("the response has trailers; not cached, key released");
+                    let body = ResponseBody::full_with_trailers(bytes, Some(trailers));
+                    return Produced::Release(Response::from_parts(parts, body));
+                }
+                Capped::Whole(bytes, None) => (bytes.clone(), ResponseBody::full(bytes), false),
                 Capped::Over(prefix, rest) => {
                     (Bytes::new(), ResponseBody::prefixed(prefix, rest), true)
                 }
@@ -548,13 +556,14 @@ where
 }
 
 enum Capped<B> {
-    Whole(Bytes),
+    /// The whole body, and its trailers if it had any.
+    Whole(Bytes, Option<http::HeaderMap>),
     Over(Bytes, B),
     Failed,
 }
 
-/// Reads a body until it ends or exceeds `cap` (then `Over` with what was read and the rest of
-/// the body). A single-frame body (the common case) is kept as it is, without a copy and without
+/// Reads a body until it ends (then `Whole`, with its trailers) or exceeds `cap` (then `Over`
+/// with what was read and the rest of the body). A single-frame body (the common case) is kept as it is, without a copy and without
 /// the frame queue that `http_body_util`'s `collect` allocates per request.
 async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
 where
@@ -563,12 +572,19 @@ where
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
     let mut len = 0usize;
+    let mut trailers = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             return Capped::Failed;
         };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers are not kept
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(map) = frame.into_trailers() {
+                    trailers = Some(map);
+                }
+                continue;
+            }
         };
         len += data.len();
         match first.take() {
@@ -585,5 +601,5 @@ where
             return Capped::Over(prefix, body);
         }
     }
-    Capped::Whole(first.unwrap_or_else(|| rest.freeze()))
+    Capped::Whole(first.unwrap_or_else(|| rest.freeze()), trailers)
 }
