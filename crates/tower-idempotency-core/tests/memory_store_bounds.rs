@@ -46,18 +46,32 @@ async fn a_store_full_of_completed_records_still_runs_new_keys() {
     }));
     let keys = 10 * SHARDS;
     for i in 0..keys {
-        let answer = service.clone().oneshot(keyed(&format!("k-{i}"))).await.unwrap();
+        let answer = service
+            .clone()
+            .oneshot(keyed(&format!("k-{i}")))
+            .await
+            .unwrap();
         assert_eq!(answer.status(), StatusCode::CREATED, "key {i} must run");
-        assert_eq!(answer.extensions().get::<Outcome>(), Some(&Outcome::Executed));
+        assert_eq!(
+            answer.extensions().get::<Outcome>(),
+            Some(&Outcome::Executed)
+        );
     }
-    assert!(store.len() <= SHARDS, "the count bound holds: {}", store.len());
+    assert!(
+        store.len() <= SHARDS,
+        "the count bound holds: {}",
+        store.len()
+    );
     let evicted = store.evictions();
     assert!(
         evicted >= (keys - SHARDS) as u64,
         "every key past the bound evicted one completed record, counted: {evicted}"
     );
     // The newest record is never the one evicted: it still replays.
-    let last = service.oneshot(keyed(&format!("k-{}", keys - 1))).await.unwrap();
+    let last = service
+        .oneshot(keyed(&format!("k-{}", keys - 1)))
+        .await
+        .unwrap();
     assert_eq!(last.extensions().get::<Outcome>(), Some(&Outcome::Replayed));
 }
 
@@ -82,7 +96,10 @@ async fn a_shard_full_of_in_flight_records_refuses_and_evicts_nothing() {
     assert_eq!(store.evictions(), 0);
     for (key, _) in &held {
         assert!(
-            matches!(store.claim(key, &fp, LONG).await, Ok(ClaimOutcome::InFlight { .. })),
+            matches!(
+                store.claim(key, &fp, LONG).await,
+                Ok(ClaimOutcome::InFlight { .. })
+            ),
             "an in-flight record is never evicted"
         );
     }
@@ -92,7 +109,10 @@ async fn a_shard_full_of_in_flight_records_refuses_and_evicts_nothing() {
         assert_eq!(done.unwrap(), Ownership::Current);
     }
     let after = store.claim(&refused, &fp, LONG).await;
-    assert!(matches!(after, Ok(ClaimOutcome::Claimed { .. })), "{after:?}");
+    assert!(
+        matches!(after, Ok(ClaimOutcome::Claimed { .. })),
+        "{after:?}"
+    );
     assert_eq!(store.evictions(), 1);
 }
 

@@ -101,5 +101,8 @@ async fn a_client_waiting_for_100_continue_gets_the_413_without_sending() {
         2 * CAP
     );
     let status = upload_then_read(addr, &head, &[]).await;
-    assert!(status.starts_with("HTTP/1.1 413"), "no 100 Continue first: {status:?}");
+    assert!(
+        status.starts_with("HTTP/1.1 413"),
+        "no 100 Continue first: {status:?}"
+    );
 }

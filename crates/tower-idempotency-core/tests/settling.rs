@@ -63,7 +63,10 @@ async fn a_response_the_store_refuses_as_too_large_completes_without_its_body() 
 
     let first = service.clone().oneshot(keyed("big")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(first.extensions().get::<Outcome>(), Some(&Outcome::Executed));
+    assert_eq!(
+        first.extensions().get::<Outcome>(),
+        Some(&Outcome::Executed)
+    );
     assert!(!first.headers().contains_key(&BODY_OMITTED_HEADER));
     let body = first.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body.len(), 2048, "the first caller gets the whole body");
@@ -71,11 +74,20 @@ async fn a_response_the_store_refuses_as_too_large_completes_without_its_body() 
     // Past the lease, a retry must be a replay, not a second run.
     tokio::time::sleep(lease * 2).await;
     let retry = service.oneshot(keyed("big")).await.unwrap();
-    assert_eq!(retry.extensions().get::<Outcome>(), Some(&Outcome::Replayed));
+    assert_eq!(
+        retry.extensions().get::<Outcome>(),
+        Some(&Outcome::Replayed)
+    );
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()[&BODY_OMITTED_HEADER], "true");
     assert_eq!(retry.headers()["x-order"], "o-1");
-    assert!(retry.into_body().collect().await.unwrap().to_bytes().is_empty());
+    assert!(retry
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .is_empty());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -149,10 +161,16 @@ async fn a_transient_completion_failure_is_retried_within_the_lease() {
         .layer(answering(16, runs.clone()));
     let first = service.clone().oneshot(keyed("flaky")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(first.extensions().get::<Outcome>(), Some(&Outcome::Executed));
+    assert_eq!(
+        first.extensions().get::<Outcome>(),
+        Some(&Outcome::Executed)
+    );
     assert_eq!(store.attempts.load(Ordering::SeqCst), 3);
     let retry = service.oneshot(keyed("flaky")).await.unwrap();
-    assert_eq!(retry.extensions().get::<Outcome>(), Some(&Outcome::Replayed));
+    assert_eq!(
+        retry.extensions().get::<Outcome>(),
+        Some(&Outcome::Replayed)
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -164,7 +182,11 @@ async fn a_completion_that_keeps_failing_stops_when_the_lease_ends() {
         .lease(lease)
         .layer(answering(16, Arc::new(AtomicUsize::new(0))));
     let first = service.oneshot(keyed("down")).await.unwrap();
-    assert_eq!(first.status(), StatusCode::CREATED, "the caller still gets its answer");
+    assert_eq!(
+        first.status(),
+        StatusCode::CREATED,
+        "the caller still gets its answer"
+    );
     assert_eq!(
         first.extensions().get::<Outcome>(),
         Some(&Outcome::ExecutedUnrecorded)
@@ -239,7 +261,10 @@ async fn the_handler_is_polled_while_a_renewal_waits_on_the_store() {
             async move {
                 go.notified().await;
                 // Woken while the renewal still waits: the handler was not paused behind it.
-                saw.store(store.renewal_pending.load(Ordering::SeqCst), Ordering::SeqCst);
+                saw.store(
+                    store.renewal_pending.load(Ordering::SeqCst),
+                    Ordering::SeqCst,
+                );
                 Ok::<_, Infallible>(Response::new(Body::from("done")))
             }
         }
@@ -264,7 +289,12 @@ struct HungClaim;
 
 #[async_trait::async_trait]
 impl Store for HungClaim {
-    async fn claim(&self, _: &str, _: &Fingerprint, _: Duration) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(
+        &self,
+        _: &str,
+        _: &Fingerprint,
+        _: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
         std::future::pending().await
     }
     async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {

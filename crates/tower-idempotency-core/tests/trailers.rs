@@ -11,8 +11,8 @@ use std::{
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
 use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
 use tower::{Layer, ServiceExt};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore, Outcome};
 
@@ -38,7 +38,12 @@ async fn a_response_with_trailers_reaches_the_caller_whole_and_is_not_cached() {
                     Ok(Frame::trailers(trailers)),
                 ];
                 let body = StreamBody::new(futures_util::stream::iter(frames));
-                Ok::<_, Infallible>(Response::builder().status(StatusCode::OK).body(body).unwrap())
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(StatusCode::OK)
+                        .body(body)
+                        .unwrap(),
+                )
             }
         }
     }));
@@ -50,11 +55,17 @@ async fn a_response_with_trailers_reaches_the_caller_whole_and_is_not_cached() {
         "not cached: a replay would lose the trailers"
     );
     let collected = first.into_body().collect().await.unwrap();
-    let trailers = collected.trailers().cloned().expect("the trailers reach the caller");
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("the trailers reach the caller");
     assert_eq!(trailers["grpc-status"], "0");
     assert_eq!(collected.to_bytes(), "message");
 
     let second = service.oneshot(keyed("grpc")).await.unwrap();
-    assert_eq!(second.extensions().get::<Outcome>(), Some(&Outcome::ExecutedReleased));
+    assert_eq!(
+        second.extensions().get::<Outcome>(),
+        Some(&Outcome::ExecutedReleased)
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
