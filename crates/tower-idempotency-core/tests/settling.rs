@@ -337,3 +337,65 @@ async fn a_store_timeout_longer_than_a_renewal_period_is_clamped_to_it() {
         assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }
+
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let lease = Duration::from_millis(300);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = tower::service_fn({
+        let runs = runs.clone();
+        move |_request: Request<Body>| {
+            let n = runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    // The first run outlives the ceiling and the lease after it.
+                    tokio::time::sleep(lease * 3).await;
+                }
+                Ok::<_, Infallible>(Response::new(Body::from("done")))
+            }
+        }
+    });
+    let service = IdempotencyLayer::client_keys(MemoryStore::new())
+        .lease(lease)
+        .max_lease_renewal(Duration::from_millis(150))
+        .layer(handler);
+    let first = tokio::spawn(service.clone().oneshot(keyed("slow")));
+    // One renewal (at 100 ms) holds the lease until 400 ms; waiting past it lets it lapse.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let duplicate = service.oneshot(keyed("slow")).await.unwrap();
+    assert_eq!(
+        duplicate.extensions().get::<Outcome>(),
+        Some(&Outcome::Executed),
+        "documented: past the ceiling, a duplicate may run"
+    );
+    first.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(
+        logs.matches("outlived the lease renewal ceiling").count(),
+        1,
+        "{logs}"
+    );
+}
