@@ -56,7 +56,13 @@ async fn create_invoice(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/invoices", post(create_invoice))
-        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).namespace("invoices"))
+        .route_layer(
+            IdempotencyLayer::client_keys(MemoryStore::new())
+                .namespace("invoices")
+                // A request that reaches the layer without a Principal (the auth layer missing
+                // on this route) is refused with a 500 instead of sharing keys across tenants.
+                .require_principal(),
+        )
         // Added after the idempotency layer, so it runs first and the Principal is there in time.
         .layer(middleware::from_fn(authenticate));
 

@@ -17,7 +17,8 @@
 //! Every check uses fresh random keys, so the checks may share one table or key prefix and run
 //! in parallel. Checks that wait for leases or TTLs use leases of a few hundred milliseconds.
 //! Two checks need two stores and are called directly: [`two_instances_over_http`] and
-//! [`restart_keeps_completed`].
+//! [`restart_keeps_completed`]; so is [`records_over_the_store_limit_complete_without_body`],
+//! which needs a store configured with a small record limit.
 
 use std::{
     hash::{BuildHasher, RandomState},
@@ -610,6 +611,145 @@ pub async fn restart_keeps_completed(before: Arc<dyn Store>, after: Arc<dyn Stor
     }
 }
 
+/// A test server: `POST /orders` behind a layer with a 300 ms lease, answering `size` bytes;
+/// with `gate`, the first execution signals `started` and waits for `gate` before answering.
+async fn serve_gated(
+    store: Arc<dyn Store>,
+    size: usize,
+    started: Arc<tokio::sync::Notify>,
+    gate: Option<Arc<tokio::sync::Notify>>,
+) -> Server {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let executions = executions.clone();
+        move || {
+            let (executions, started, gate) = (executions.clone(), started.clone(), gate.clone());
+            async move {
+                let n = executions.fetch_add(1, Ordering::SeqCst);
+                if let (0, Some(gate)) = (n, gate) {
+                    started.notify_one();
+                    gate.notified().await;
+                }
+                (StatusCode::CREATED, vec![b'x'; size])
+            }
+        }
+    };
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("conformance-http")
+        .lease(SHORT_LEASE);
+    let app = Router::new()
+        .route("/orders", post(handler))
+        .route_layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}/orders", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    Server {
+        url,
+        executions,
+        shutdown: Some(tx),
+    }
+}
+
+/// Over real HTTP: a handler running for several lease lengths keeps its key. The layer renews
+/// the 300 ms lease beside the handler; 10 concurrent duplicates sent after two lease lengths
+/// all get `409`, the handler runs once, and a retry replays its response.
+pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let server = serve_gated(store, 16, started.clone(), Some(gate.clone())).await;
+    let client = reqwest::Client::new();
+    let key = fresh_key("slow");
+    let first = tokio::spawn({
+        let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+        async move {
+            client
+                .post(url)
+                .header("idempotency-key", key)
+                .body("{}")
+                .send()
+                .await
+                .expect("first request")
+                .status()
+        }
+    });
+    started.notified().await;
+    // Without renewals the lease would lapse in this time.
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let duplicates: Vec<_> = (0..10)
+        .map(|_| {
+            let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("duplicate")
+                    .status()
+            })
+        })
+        .collect();
+    for duplicate in duplicates {
+        assert_eq!(
+            duplicate.await.expect("task"),
+            StatusCode::CONFLICT,
+            "the renewed lease still holds the key"
+        );
+    }
+    gate.notify_one();
+    assert_eq!(first.await.expect("task"), StatusCode::CREATED);
+    let retry = client
+        .post(&server.url)
+        .header("idempotency-key", &key)
+        .body("{}")
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(server.executions.load(Ordering::SeqCst), 1);
+}
+
+/// Over real HTTP, for a store that refuses records over `limit` bytes (configure it so): a
+/// response of twice `limit` is answered whole, completes the key without its body, and is
+/// replayed (status, headers, `Idempotent-Body-Omitted: true`, empty body) after the lease,
+/// never run a second time.
+pub async fn records_over_the_store_limit_complete_without_body(
+    store: Arc<dyn Store>,
+    limit: usize,
+) {
+    let server = serve_gated(store, 2 * limit, Arc::default(), None).await;
+    let client = reqwest::Client::new();
+    let key = fresh_key("too-large");
+    let send = || {
+        client
+            .post(&server.url)
+            .header("idempotency-key", &key)
+            .body("{}")
+            .send()
+    };
+    let first = send().await.expect("first request");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(first.bytes().await.expect("body").len(), 2 * limit);
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+    let retry = send().await.expect("retry");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["idempotent-body-omitted"], "true");
+    assert!(retry.bytes().await.expect("body").is_empty());
+    assert_eq!(server.executions.load(Ordering::SeqCst), 1);
+}
+
 /// Generates one `#[tokio::test]` per conformance check.
 ///
 /// The argument is an expression evaluating to a future of `Option<impl Store>`; it is evaluated
@@ -628,6 +768,7 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, renew_extends_the_lease);
         $crate::__conformance_test!($make, extreme_durations_mean_forever);
         $crate::__conformance_test!($make, http_rounds_run_handler_once);
+        $crate::__conformance_test!($make, slow_handler_keeps_its_key_over_http);
     };
 }
 

@@ -106,6 +106,10 @@ pub enum Rejection {
     /// The handler panicked or its response body failed; the key was released. `500`.
     #[error("the handler failed")]
     HandlerFailed,
+    /// The layer requires a principal (tenant) to scope keys and the request has none: the
+    /// application's auth layer did not run before this one. A configuration problem. `500`.
+    #[error("no principal to scope the idempotency key; the server is misconfigured")]
+    PrincipalMissing,
 }
 
 impl From<Rejection> for Problem {
@@ -167,6 +171,12 @@ impl From<Rejection> for Problem {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "handler-failed",
                 "Handler failed",
+                None,
+            ),
+            Rejection::PrincipalMissing => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "principal-missing",
+                "Principal required but missing",
                 None,
             ),
         };

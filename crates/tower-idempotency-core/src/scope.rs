@@ -111,6 +111,11 @@ impl Scope {
         &self.principal
     }
 
+    /// Whether the principal source finds a principal on this request.
+    pub fn has_principal(&self, parts: &Parts) -> bool {
+        self.principal.principal(parts).is_some()
+    }
+
     /// The scoped store key for `key` on this request.
     ///
     /// Each part is length-prefixed before hashing, so no choice of path and key can produce the

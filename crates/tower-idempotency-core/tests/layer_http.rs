@@ -445,6 +445,44 @@ async fn tenants_never_share_cached_responses() {
 }
 
 #[tokio::test]
+async fn a_required_principal_that_is_missing_is_a_500_and_never_runs() {
+    let handler = Handler::default();
+    let app = Router::new()
+        .route("/orders", post(create_order))
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).require_principal())
+        // An auth layer that sets the principal only for requests that name a tenant (as one
+        // placed on other routes, or after ours, would leave it unset).
+        .layer(axum::middleware::from_fn(
+            |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let tenant = request
+                    .headers()
+                    .get("x-tenant")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                if let Some(tenant) = tenant {
+                    request.extensions_mut().insert(Principal::new(tenant));
+                }
+                next.run(request).await
+            },
+        ))
+        .with_state(handler.clone());
+    let server = Server::start_router(app).await;
+    let anonymous = server.post(Some("k"), "{}").send().await.unwrap();
+    let (status, kind, json) = problem(anonymous).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(kind, problem_type("principal-missing"));
+    assert_eq!(json["status"], 500);
+    assert_eq!(handler.count(), 0, "an unscoped request never runs");
+    let tenant = server
+        .post(Some("k"), "{}")
+        .header("x-tenant", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenant.status(), StatusCode::CREATED);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
 async fn nested_routes_are_scoped_by_the_path_the_request_arrived_with() {
     // Inside `Router::nest` the layer sees `/orders` for every shop; the scope must use the
     // full path, or shop 2 would be replayed shop 1's order.

@@ -4,6 +4,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -22,7 +23,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         Inner { #[pin] body: B },
         Prefixed { prefix: Option<Bytes>, body: Pin<Box<B>> },
     }
@@ -30,9 +31,14 @@ pin_project! {
 
 impl<B> ResponseBody<B> {
     pub(crate) fn full(data: Bytes) -> Self {
+        Self::full_with_trailers(data, None)
+    }
+
+    pub(crate) fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                trailers,
             },
         }
     }
@@ -72,7 +78,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, trailers } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Prefixed { prefix, body } => {
                 if let Some(prefix) = prefix.take() {
@@ -85,7 +94,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Prefixed { prefix, body } => prefix.is_none() && body.is_end_stream(),
         }
@@ -93,7 +102,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Inner { body } => body.size_hint(),

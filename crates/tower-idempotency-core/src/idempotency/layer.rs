@@ -20,6 +20,11 @@ use crate::{
 
 /// Default cap on buffered request bodies: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default bound on the bytes of an over-the-cap request body read and discarded before the
+/// `413` is answered: 4 MiB. See [`IdempotencyLayer::discard_oversized_body`].
+pub const DEFAULT_DISCARD_BYTES: usize = 4 * 1024 * 1024;
+/// Default bound on the time spent discarding an over-the-cap request body: 5 s.
+pub const DEFAULT_DISCARD_TIME: Duration = Duration::from_secs(5);
 /// Default cap on cached response bodies: 1 MiB.
 pub const DEFAULT_MAX_CACHED_BODY: usize = 1024 * 1024;
 /// Default in-flight lease: 60 s.
@@ -40,7 +45,10 @@ pub(crate) struct Config {
     pub(crate) key_source: Arc<dyn KeySource>,
     pub(crate) methods: Vec<Method>,
     pub(crate) max_body: usize,
+    pub(crate) discard_bytes: usize,
+    pub(crate) discard_time: Duration,
     pub(crate) scope: Scope,
+    pub(crate) require_principal: bool,
     pub(crate) fingerprint: FingerprintMode,
     pub(crate) in_flight_status: StatusCode,
     pub(crate) retry_after: Duration,
@@ -54,6 +62,14 @@ pub(crate) struct Config {
     pub(crate) in_flight_limit: Option<Arc<Semaphore>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) accepting: Arc<AtomicBool>,
+}
+
+impl Config {
+    /// The bound on every store call: the configured store timeout, at most a third of the
+    /// lease, so that a renewal gives up before the lease it renews can lapse.
+    pub(crate) fn store_timeout(&self) -> Duration {
+        self.store_timeout.min(self.lease / 3)
+    }
 }
 
 /// A [`Layer`] that makes the wrapped service idempotent. See the [module docs](super).
@@ -73,6 +89,7 @@ impl std::fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("methods", &c.methods)
             .field("namespace", &c.scope.namespace())
+            .field("require_principal", &c.require_principal)
             .field("max_body", &c.max_body)
             .field("lease", &c.lease)
             .field("ttl", &c.ttl)
@@ -97,7 +114,10 @@ impl IdempotencyLayer {
                 key_source: Arc::new(source),
                 methods: vec![Method::POST, Method::PATCH],
                 max_body: DEFAULT_MAX_BODY,
+                discard_bytes: DEFAULT_DISCARD_BYTES,
+                discard_time: DEFAULT_DISCARD_TIME,
                 scope: Scope::new("idempotency", PrincipalSource::Extension),
+                require_principal: false,
                 fingerprint: FingerprintMode::Request,
                 in_flight_status: StatusCode::CONFLICT,
                 retry_after: Duration::from_secs(1),
@@ -140,6 +160,25 @@ impl IdempotencyLayer {
         self.with(|c| c.max_body = limit)
     }
 
+    /// How much of a request body over the cap is read and discarded around the `413`
+    /// (default [`DEFAULT_DISCARD_BYTES`], 4 MiB, within [`DEFAULT_DISCARD_TIME`], 5 s).
+    ///
+    /// Many clients (Python's httpx and requests among them) upload the whole body before they
+    /// read the answer; a server that answers and closes with the upload unread resets the
+    /// connection, and such a client reports a connection error instead of the `413`. Reading
+    /// the rest, up to these bounds, lets it read the `413` (a web server's lingering close).
+    /// A body declared over the cap by `Content-Length` is answered at once and discarded
+    /// beside the answer; one found over the cap while reading is discarded before the answer.
+    /// A body declared over the cap with `Expect: 100-continue` is answered at once and never
+    /// read: its client has not sent it. Past either bound the connection is closed.
+    /// `(0, Duration::ZERO)` discards nothing.
+    pub fn discard_oversized_body(self, max_bytes: usize, max_time: Duration) -> Self {
+        self.with(|c| {
+            c.discard_bytes = max_bytes;
+            c.discard_time = max_time;
+        })
+    }
+
     /// The namespace that prefixes every stored key (default `idempotency`).
     ///
     /// # Panics
@@ -152,6 +191,18 @@ impl IdempotencyLayer {
     /// [`Principal`](crate::Principal) request extension, when present).
     pub fn principal(self, source: PrincipalSource) -> Self {
         self.with(|c| c.scope = Scope::new(c.scope.namespace().to_owned(), source))
+    }
+
+    /// Refuses a guarded request that has no principal, instead of scoping its key without one
+    /// (which makes keys global per endpoint: one tenant could be replayed another's response).
+    ///
+    /// A missing principal is a deployment mistake (the auth layer runs after this one, or not
+    /// on this route), not the client's: it is answered `500` with the problem type
+    /// `principal-missing` and logged at `error`, and the handler does not run. Recommended on
+    /// every multi-tenant route. Requests that pass through unguarded (other methods, an
+    /// optional key that is absent) are not checked.
+    pub fn require_principal(self) -> Self {
+        self.with(|c| c.require_principal = true)
     }
 
     /// What the fingerprint covers (default: method, path and query, and body).
@@ -171,6 +222,10 @@ impl IdempotencyLayer {
     }
 
     /// Bound on every store call (default 5 s); past it the request is answered `503`.
+    ///
+    /// Clamped to a third of the [`lease`](Self::lease) (the renewal period), whichever order
+    /// the two are set in: a renewal that waited longer could let the lease lapse while it
+    /// waits. The clamp is logged at `warn` when the layer wraps a service.
     pub fn store_timeout(self, timeout: Duration) -> Self {
         self.with(|c| c.store_timeout = timeout)
     }
@@ -203,7 +258,8 @@ impl IdempotencyLayer {
     }
 
     /// How long a slow handler's lease is renewed at most (default 10 min; at most
-    /// [`LONGEST_DURATION`]).
+    /// [`LONGEST_DURATION`]). A handler still running past it is logged once at `warn`: once its
+    /// lease then lapses, a retry may run the handler a second time.
     pub fn max_lease_renewal(self, ceiling: Duration) -> Self {
         self.with(|c| c.max_lease_renewal = ceiling.min(LONGEST_DURATION))
     }
@@ -230,6 +286,14 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let c = &self.config;
+        if c.store_timeout() < c.store_timeout {
+            tracing::warn!(
+                configured = ?c.store_timeout,
+                used = ?c.store_timeout(),
+                "the store timeout is longer than a third of the lease; using a third of the lease"
+            );
+        }
         IdempotencyService::new(inner, self.config.clone())
     }
 }

@@ -21,7 +21,7 @@ use crate::{
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
     problem::{Problem, Rejection},
-    store::{BoxError, CachedResponse, ClaimOutcome, FencingToken, Ownership},
+    store::{BoxError, CachedResponse, ClaimOutcome, FencingToken, Ownership, StoreError},
     BODY_OMITTED_HEADER, REPLAYED_HEADER,
 };
 
@@ -149,12 +149,25 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > config.max_body as u64) {
+        // A client waiting for `100 Continue` has not sent the body; it never gets the go-ahead.
+        // Any other is answered at once, and the body it is sending is discarded beside that.
+        if !expects_continue(request.headers()) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let body = Box::pin(request.into_body());
+                let config = config.clone();
+                runtime.spawn(async move { discard(body, &config).await });
+            }
+        }
         return Ok(reject(too_large, Outcome::Rejected));
     }
     let (mut parts, body) = request.into_parts();
     let body = match read_body(pin!(body), config.max_body).await {
-        Capped::Whole(bytes) => bytes,
-        Capped::Over(..) => return Ok(reject(too_large, Outcome::Rejected)),
+        // Request trailers are not part of the fingerprint or the request the handler gets.
+        Capped::Whole(bytes, _trailers) => bytes,
+        Capped::Over(_, rest) => {
+            discard(rest, &config).await;
+            return Ok(reject(too_large, Outcome::Rejected));
+        }
         Capped::Failed => return Ok(reject(Rejection::BodyUnreadable, Outcome::Rejected)),
     };
 
@@ -166,6 +179,10 @@ where
         }
         Err(problem) => return Ok(reject(problem, Outcome::Rejected)),
     };
+    if config.require_principal && !config.scope.has_principal(&parts) {
+        tracing::error!("no principal on a route that requires one (is the auth layer outside this one?); answering 500");
+        return Ok(reject(Rejection::PrincipalMissing, Outcome::Rejected));
+    }
     let store_key = config.scope.store_key(&parts, &key);
     drop(key);
     // The hash part of the scoped key; never the raw key.
@@ -174,7 +191,7 @@ where
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
 
     let claim = within(
-        config.store_timeout,
+        config.store_timeout(),
         config.store.claim(&store_key, &fingerprint, config.lease),
     )
     .await;
@@ -183,7 +200,7 @@ where
         failed => {
             let error = match failed {
                 Some(Err(error)) => error.to_string(),
-                _ => format!("timed out after {:?}", config.store_timeout),
+                _ => format!("timed out after {:?}", config.store_timeout()),
             };
             if config.fail_open {
                 tracing::warn!(%error, "idempotency store failed; running the handler UNGUARDED (fail-open is enabled)");
@@ -315,7 +332,14 @@ where
         }
         let (body, answer_body, body_omitted) =
             match read_body(Box::pin(body), config.max_cached_body).await {
-                Capped::Whole(bytes) => (bytes.clone(), ResponseBody::full(bytes), false),
+                Capped::Whole(bytes, Some(trailers)) => {
+                    // A replay could not carry the trailers (gRPC's status travels in them), so
+                    // the response is answered whole and not cached.
+                    tracing::debug!("the response has trailers; not cached, key released");
+                    let body = ResponseBody::full_with_trailers(bytes, Some(trailers));
+                    return Produced::Release(Response::from_parts(parts, body));
+                }
+                Capped::Whole(bytes, None) => (bytes.clone(), ResponseBody::full(bytes), false),
                 Capped::Over(prefix, rest) => {
                     (Bytes::new(), ResponseBody::prefixed(prefix, rest), true)
                 }
@@ -329,30 +353,19 @@ where
         };
         Produced::Complete(Response::from_parts(parts, answer_body), cached)
     };
-    let produced =
-        renewing_lease(&config, &key, token, AssertUnwindSafe(work).catch_unwind()).await;
+    let started = Instant::now();
+    let (produced, lease_ends) = renewing_lease(
+        &config,
+        &key,
+        token,
+        started,
+        AssertUnwindSafe(work).catch_unwind(),
+    )
+    .await;
 
-    let store = &config.store;
-    let timeout = config.store_timeout;
     match produced {
         Ok(Produced::Complete(response, cached)) => {
-            let outcome = match within(timeout, store.complete(&key, token, &cached, config.ttl))
-                .await
-            {
-                Some(Ok(Ownership::Current)) => Outcome::Executed,
-                Some(Ok(Ownership::Stale)) => {
-                    tracing::warn!("lease lost before completion; the result was not recorded");
-                    Outcome::ExecutedUnrecorded
-                }
-                Some(Err(error)) => {
-                    tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
-                    Outcome::ExecutedUnrecorded
-                }
-                None => {
-                    tracing::error!("recording the result timed out; the key stays in flight until its lease expires");
-                    Outcome::ExecutedUnrecorded
-                }
-            };
+            let outcome = record(&config, &key, token, cached, lease_ends).await;
             Ok(with_outcome(response, outcome))
         }
         Ok(Produced::Release(response)) => {
@@ -377,8 +390,55 @@ where
     }
 }
 
+/// First wait before retrying a failed completion; it doubles after every attempt.
+const COMPLETE_RETRY_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Stores the handler's result for the key. A record the store refuses as too large is stored
+/// without its body (replays carry [`BODY_OMITTED_HEADER`]); any other failure is retried with
+/// a doubling backoff while the lease (held until `lease_ends`) lasts, after which the key stays
+/// in flight until the lease expires.
+async fn record(
+    config: &Config,
+    key: &str,
+    token: FencingToken,
+    mut cached: CachedResponse,
+    lease_ends: Instant,
+) -> Outcome {
+    let timeout = config.store_timeout();
+    let mut backoff = COMPLETE_RETRY_BACKOFF;
+    loop {
+        let completion = config.store.complete(key, token, &cached, config.ttl);
+        let error = match within(timeout, completion).await {
+            Some(Ok(Ownership::Current)) => return Outcome::Executed,
+            Some(Ok(Ownership::Stale)) => {
+                tracing::warn!("lease lost before completion; the result was not recorded");
+                return Outcome::ExecutedUnrecorded;
+            }
+            Some(Err(StoreError::RecordTooLarge { size, limit })) if !cached.body_omitted => {
+                tracing::warn!(
+                    size,
+                    limit,
+                    "the response is larger than the store accepts; storing it without its body"
+                );
+                cached.body = Bytes::new();
+                cached.body_omitted = true;
+                continue;
+            }
+            Some(Err(error)) => error.to_string(),
+            None => format!("timed out after {timeout:?}"),
+        };
+        if Instant::now() + backoff >= lease_ends {
+            tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
+            return Outcome::ExecutedUnrecorded;
+        }
+        tracing::warn!(%error, retry_in = ?backoff, "recording the result failed; retrying while the lease holds");
+        tokio::time::sleep(backoff).await;
+        backoff = backoff.saturating_mul(2);
+    }
+}
+
 async fn release(config: &Config, key: &str, token: FencingToken) {
-    match within(config.store_timeout, config.store.release(key, token)).await {
+    match within(config.store_timeout(), config.store.release(key, token)).await {
         Some(Ok(_)) => {}
         Some(Err(error)) => {
             tracing::error!(%error, "releasing the key failed; it stays in flight until its lease expires")
@@ -402,51 +462,108 @@ async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
     tokio::time::timeout(limit, future).await.ok()
 }
 
-/// Runs `work` while renewing the lease every third of its length, up to the renewal ceiling.
+/// Runs `work` while renewing the lease every third of its length, up to the renewal ceiling;
+/// returns its output and the moment the lease is known to hold until (`started`, when the claim
+/// returned, plus the lease, or the last successful renewal's start plus the lease).
+///
+/// The renewals run beside `work` in the same task: `work` is polled while a renewal waits on
+/// the store.
 async fn renewing_lease<F: Future>(
     config: &Config,
     key: &str,
     token: FencingToken,
+    started: Instant,
     work: F,
-) -> F::Output {
+) -> (F::Output, Instant) {
     let mut work = pin!(work);
-    // A handler that finishes on its first poll never needs a renewal; the ticker (an allocation
-    // and a timer registration) is set up only for one that waits on something.
+    // A handler that finishes on its first poll never needs a renewal; the renewals (a timer
+    // registration) are set up only for one that waits on something.
     if let Poll::Ready(output) = futures_util::poll!(&mut work) {
-        return output;
+        return (output, started + config.lease);
     }
+    let held_until = std::sync::Mutex::new(started + config.lease);
+    let renewals = keep_renewing(config, key, token, &held_until);
+    let output = tokio::select! {
+        biased;
+        output = &mut work => output,
+        never = renewals => match never {},
+    };
+    let lease_ends = *held_until.lock().unwrap_or_else(|p| p.into_inner());
+    (output, lease_ends)
+}
+
+/// Renews the lease every third of its length until the renewal ceiling; never returns. Each
+/// successful renewal moves `held_until`.
+async fn keep_renewing(
+    config: &Config,
+    key: &str,
+    token: FencingToken,
+    held_until: &std::sync::Mutex<Instant>,
+) -> std::convert::Infallible {
     // At least 33 ms: the builder keeps the lease at or above `MIN_LEASE`.
     let period = config.lease / 3;
     let stop_renewing = Instant::now() + config.max_lease_renewal;
-    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            biased;
-            output = &mut work => return output,
-            _ = ticker.tick(), if Instant::now() < stop_renewing => {
-                let renewal = config.store.renew(key, token, config.lease);
-                match tokio::time::timeout(config.store_timeout, renewal).await {
-                    Ok(Ok(Ownership::Current)) => {}
-                    Ok(Ok(Ownership::Stale)) => {
-                        tracing::warn!("lease lost while the handler runs; a retry may run it again")
-                    }
-                    Ok(Err(error)) => tracing::warn!(%error, "lease renewal failed"),
-                    Err(_) => tracing::warn!("lease renewal timed out"),
+    let mut next = Instant::now() + period;
+    while next < stop_renewing {
+        tokio::time::sleep_until(next).await;
+        let sent = Instant::now();
+        let renewal = config.store.renew(key, token, config.lease);
+        match tokio::time::timeout(config.store_timeout(), renewal).await {
+            Ok(Ok(Ownership::Current)) => {
+                *held_until.lock().unwrap_or_else(|p| p.into_inner()) = sent + config.lease;
+            }
+            Ok(Ok(Ownership::Stale)) => {
+                tracing::warn!("lease lost while the handler runs; a retry may run it again")
+            }
+            Ok(Err(error)) => tracing::warn!(%error, "lease renewal failed"),
+            Err(_) => tracing::warn!("lease renewal timed out"),
+        }
+        next = sent + period;
+    }
+    tokio::time::sleep_until(stop_renewing).await;
+    tracing::warn!(
+        ceiling = ?config.max_lease_renewal,
+        "the handler outlived the lease renewal ceiling; once its lease lapses, a retry may run it again"
+    );
+    std::future::pending().await
+}
+
+fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// Reads and drops the rest of a request body over the cap, up to the configured bytes and
+/// time, so that a client which uploads everything before reading receives the `413` rather
+/// than a connection reset (see `IdempotencyLayer::discard_oversized_body`).
+async fn discard<B>(mut body: B, config: &Config)
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let mut left = config.discard_bytes;
+    let drain = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                match left.checked_sub(data.len()) {
+                    Some(rest) => left = rest,
+                    None => return,
                 }
             }
         }
-    }
+    };
+    let _ = tokio::time::timeout(config.discard_time, drain).await;
 }
 
 enum Capped<B> {
-    Whole(Bytes),
+    /// The whole body, and its trailers if it had any.
+    Whole(Bytes, Option<http::HeaderMap>),
     Over(Bytes, B),
     Failed,
 }
 
-/// Reads a body until it ends or exceeds `cap` (then `Over` with what was read and the rest of
-/// the body). A single-frame body (the common case) is kept as it is, without a copy and without
+/// Reads a body until it ends (then `Whole`, with its trailers) or exceeds `cap` (then `Over`
+/// with what was read and the rest of the body). A single-frame body (the common case) is kept as it is, without a copy and without
 /// the frame queue that `http_body_util`'s `collect` allocates per request.
 async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
 where
@@ -455,12 +572,19 @@ where
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
     let mut len = 0usize;
+    let mut trailers = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             return Capped::Failed;
         };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers are not kept
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(map) = frame.into_trailers() {
+                    trailers = Some(map);
+                }
+                continue;
+            }
         };
         len += data.len();
         match first.take() {
@@ -477,5 +601,5 @@ where
             return Capped::Over(prefix, body);
         }
     }
-    Capped::Whole(first.unwrap_or_else(|| rest.freeze()))
+    Capped::Whole(first.unwrap_or_else(|| rest.freeze()), trailers)
 }
