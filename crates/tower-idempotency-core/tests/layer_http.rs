@@ -548,6 +548,10 @@ impl Store for Observed {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
 }
 
 #[tokio::test]
@@ -680,6 +684,10 @@ impl Store for Broken {
         self.fail().await
     }
     async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
+        self.fail().await
+    }
+
+    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
         self.fail().await
     }
 }
