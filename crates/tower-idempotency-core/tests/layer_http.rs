@@ -494,6 +494,32 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
 }
 
 #[tokio::test]
+async fn retry_after_on_409_never_outlasts_the_holders_lease() {
+    let handler = Handler::blocking();
+    // A generous hint, but the holder's key frees (or is renewed) within its 3 s lease.
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+        .retry_after(Duration::from_secs(30))
+        .lease(Duration::from_secs(3));
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("slow-lease"), "{}").send());
+    handler.started.notified().await;
+    let duplicate = server.post(Some("slow-lease"), "{}").send().await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    let after: u64 = duplicate.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=3).contains(&after),
+        "Retry-After {after} must lie within the holder's 3 s lease"
+    );
+    handler.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
 async fn in_flight_status_is_configurable() {
     let handler = Handler::blocking();
     let layer = IdempotencyLayer::client_keys(MemoryStore::new())

@@ -220,10 +220,14 @@ where
             fingerprint: holder,
             ..
         } if holder != fingerprint => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
-        ClaimOutcome::InFlight { .. } => {
+        ClaimOutcome::InFlight {
+            lease_remaining, ..
+        } => {
+            // Never later than the holder's lease ends (the key is free or renewed by then),
+            // never later than the configured hint; the header rounds up to at least 1 s.
             let in_flight = Rejection::InFlight {
                 status: config.in_flight_status,
-                retry_after: config.retry_after,
+                retry_after: config.retry_after.min(lease_remaining),
             };
             Ok(reject(in_flight, Outcome::InFlight))
         }
