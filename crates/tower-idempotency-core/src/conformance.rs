@@ -460,15 +460,27 @@ pub async fn forget_deletes_one_record(store: Arc<dyn Store>) {
         let done = store.complete(k, token(t), &response("kept"), LONG).await;
         assert_eq!(done.expect("complete"), Ownership::Current);
     }
-    assert!(store.forget(&key).await.expect("forget"), "a live record was deleted");
-    assert_eq!(store.get(&key).await.expect("get"), None);
-    assert!(!store.forget(&key).await.expect("forget again"), "nothing left to delete");
     assert!(
-        !store.forget(&fresh_key("forget-absent")).await.expect("forget absent"),
+        store.forget(&key).await.expect("forget"),
+        "a live record was deleted"
+    );
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    assert!(
+        !store.forget(&key).await.expect("forget again"),
+        "nothing left to delete"
+    );
+    assert!(
+        !store
+            .forget(&fresh_key("forget-absent"))
+            .await
+            .expect("forget absent"),
         "an absent key deletes nothing"
     );
     assert!(
-        matches!(store.claim(&key, &fp, LONG).await.expect("claim"), ClaimOutcome::Claimed { .. }),
+        matches!(
+            store.claim(&key, &fp, LONG).await.expect("claim"),
+            ClaimOutcome::Claimed { .. }
+        ),
         "a forgotten key runs again"
     );
     match store.get(&other).await.expect("get other") {
@@ -493,7 +505,9 @@ pub async fn forget_fences_the_holder(store: Arc<dyn Store>) {
     assert_eq!(renewed.expect("renew"), Ownership::Stale);
     let next = claim_token(&*store, &key, &fp, LONG).await;
     assert_ne!(next, holder, "the next claim gets a new token");
-    let late = store.complete(&key, token(holder), &response("late"), LONG).await;
+    let late = store
+        .complete(&key, token(holder), &response("late"), LONG)
+        .await;
     assert_eq!(late.expect("complete"), Ownership::Stale);
     match store.get(&key).await.expect("get") {
         Some(RecordState::InFlight { token: current, .. }) => assert_eq!(current, token(next)),

@@ -5,7 +5,7 @@ use std::{borrow::Cow, time::Duration};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::key::KeyError;
+use crate::{fingerprint::FingerprintError, key::KeyError};
 
 /// Media type of every rejection body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -106,6 +106,9 @@ pub enum Rejection {
     /// The handler panicked or its response body failed; the key was released. `500`.
     #[error("the handler failed")]
     HandlerFailed,
+    /// A JSON fingerprint mode is configured and the body is not JSON. `400`.
+    #[error("request body is not valid JSON")]
+    BodyNotJson,
 }
 
 impl From<Rejection> for Problem {
@@ -169,6 +172,12 @@ impl From<Rejection> for Problem {
                 "Handler failed",
                 None,
             ),
+            Rejection::BodyNotJson => (
+                StatusCode::BAD_REQUEST,
+                "body-not-json",
+                "Request body is not JSON",
+                None,
+            ),
         };
         Problem {
             status,
@@ -176,6 +185,14 @@ impl From<Rejection> for Problem {
             title,
             detail,
             retry_after,
+        }
+    }
+}
+
+impl From<FingerprintError> for Rejection {
+    fn from(error: FingerprintError) -> Self {
+        match error {
+            FingerprintError::NotJson => Rejection::BodyNotJson,
         }
     }
 }

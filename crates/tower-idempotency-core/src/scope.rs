@@ -263,9 +263,9 @@ mod tests {
     fn nested_routes_use_the_original_path() {
         let scope = Scope::new("orders", PrincipalSource::Disabled);
         let mut request = http::Request::post("/orders").body(()).unwrap();
-        request
-            .extensions_mut()
-            .insert(axum::extract::OriginalUri("/shops/1/orders".parse().unwrap()));
+        request.extensions_mut().insert(axum::extract::OriginalUri(
+            "/shops/1/orders".parse().unwrap(),
+        ));
         let (parts, _) = request.into_parts();
         assert_eq!(
             scope.store_key(&parts, "k"),

@@ -18,9 +18,9 @@ use axum::{
 use bytes::Bytes;
 use tokio::{io::AsyncWriteExt, sync::Notify};
 use tower_idempotency_core::{
-    store::BoxError, CacheDirective, CachePolicy, CachedResponse, ClaimOutcome, FencingToken,
-    Fingerprint, IdempotencyLayer, MemoryStore, Outcome, Ownership, Principal, RecordState, Store,
-    StoreError,
+    conformance::CountingStore, store::BoxError, CacheDirective, CachePolicy, CachedResponse,
+    ClaimOutcome, FencingToken, Fingerprint, FingerprintMode, IdempotencyLayer, MemoryStore,
+    Outcome, Ownership, Principal, RecordState, Store, StoreError,
 };
 
 #[derive(Clone, Default)]
@@ -863,4 +863,116 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
     assert!(logs.contains("outcome=\"executed\""), "{logs}");
     assert!(logs.contains("outcome=\"replayed\""), "{logs}");
     assert!(!logs.contains("raw-key-do-not-log"), "{logs}");
+}
+
+#[tokio::test]
+async fn json_fields_fingerprint_replays_a_resend_with_other_volatile_fields() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+        .fingerprint(FingerprintMode::json_fields(["/amount", "/customer/id"]));
+    let server = Server::start(layer, handler.clone()).await;
+    let first = server
+        .post(
+            Some("pay-1"),
+            r#"{"amount":100,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.bytes().await.unwrap();
+    // The same chosen fields, in another order and layout, with other unchosen fields.
+    let resend = server
+        .post(
+            Some("pay-1"),
+            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resend.status(), StatusCode::CREATED);
+    assert_eq!(resend.headers()["idempotent-replayed"], "true");
+    assert_eq!(resend.bytes().await.unwrap(), first_body);
+    // A chosen field changed: the key was reused for a different request.
+    let changed = server
+        .post(
+            Some("pay-1"),
+            r#"{"amount":101,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(changed).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
+    );
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn json_excluding_fingerprint_ignores_only_the_excluded_fields() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).fingerprint(
+        FingerprintMode::json_excluding(["/sent_at", "/meta/trace_id"]),
+    );
+    let server = Server::start(layer, handler.clone()).await;
+    let first = server
+        .post(
+            Some("ex-1"),
+            r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"app"}}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let resend = server
+        .post(
+            Some("ex-1"),
+            r#"{"meta":{"source":"app","trace_id":"t2"},"amount":100,"sent_at":2}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resend.status(), StatusCode::CREATED);
+    assert_eq!(resend.headers()["idempotent-replayed"], "true");
+    let changed = server
+        .post(
+            Some("ex-1"),
+            r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"web"}}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(changed).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
+    );
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn a_json_fingerprint_answers_400_to_a_body_that_is_not_json() {
+    let handler = Handler::default();
+    let store = Arc::new(CountingStore::new(MemoryStore::new()));
+    let layer = IdempotencyLayer::client_keys(store.clone())
+        .fingerprint(FingerprintMode::json_fields(["/amount"]));
+    let server = Server::start(layer, handler.clone()).await;
+    let response = server
+        .post(Some("form-1"), "amount=100&secret=s3cr3t")
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, json) = problem(response).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::BAD_REQUEST, problem_type("body-not-json"))
+    );
+    assert!(
+        !json.to_string().contains("s3cr3t"),
+        "no body content in the problem"
+    );
+    assert_eq!(handler.count(), 0, "the handler did not run");
+    assert_eq!(store.claims(), 0, "the key was not claimed");
 }

@@ -171,7 +171,10 @@ where
     // The hash part of the scoped key; never the raw key.
     let hash_start = config.scope.namespace().len() + 1;
     span.record("key_hash", &store_key[hash_start..hash_start + 16]);
-    let fingerprint = config.fingerprint.fingerprint(&parts, &body);
+    let fingerprint = match config.fingerprint.fingerprint(&parts, &body) {
+        Ok(fingerprint) => fingerprint,
+        Err(error) => return Ok(reject(Rejection::from(error), Outcome::Rejected)),
+    };
 
     let claim = within(
         config.store_timeout,
