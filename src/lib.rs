@@ -32,6 +32,7 @@
 //! | `webhooks` | yes | [`webhooks`]: signature verification and event keys for every shipped provider, `IdempotencyLayer::stripe(..)` and friends via [`WebhookLayerExt`] |
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
+//! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records (docs/cli.md) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
 #![warn(missing_docs)]

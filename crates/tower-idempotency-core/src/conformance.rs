@@ -88,6 +88,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.store.get(key).await
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.store.forget(key).await
+    }
 }
 
 /// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did
@@ -155,6 +159,10 @@ impl<S: Store> Store for CountingStore<S> {
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
     }
 }
 
@@ -440,6 +448,71 @@ pub async fn extreme_durations_mean_forever(store: Arc<dyn Store>) {
     match store.claim(&key, &fp, Duration::MAX).await.expect("claim") {
         ClaimOutcome::Completed(record) => assert_eq!(&record.response.body[..], b"forever"),
         other => panic!("the record must be kept, got {other:?}"),
+    }
+}
+
+/// `forget` deletes a completed record (the key then runs again), answers `false` for an absent
+/// key, and leaves other keys alone.
+pub async fn forget_deletes_one_record(store: Arc<dyn Store>) {
+    let (key, other) = (fresh_key("forget"), fresh_key("forget-other"));
+    let fp = fingerprint(12);
+    for k in [&key, &other] {
+        let t = claim_token(&*store, k, &fp, LONG).await;
+        let done = store.complete(k, token(t), &response("kept"), LONG).await;
+        assert_eq!(done.expect("complete"), Ownership::Current);
+    }
+    assert!(
+        store.forget(&key).await.expect("forget"),
+        "a live record was deleted"
+    );
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    assert!(
+        !store.forget(&key).await.expect("forget again"),
+        "nothing left to delete"
+    );
+    assert!(
+        !store
+            .forget(&fresh_key("forget-absent"))
+            .await
+            .expect("forget absent"),
+        "an absent key deletes nothing"
+    );
+    assert!(
+        matches!(
+            store.claim(&key, &fp, LONG).await.expect("claim"),
+            ClaimOutcome::Claimed { .. }
+        ),
+        "a forgotten key runs again"
+    );
+    match store.get(&other).await.expect("get other") {
+        Some(RecordState::Completed(record)) => assert_eq!(&record.response.body[..], b"kept"),
+        state => panic!("another key must be untouched, got {state:?}"),
+    }
+}
+
+/// `forget` deletes an in-flight record too; its holder is then fenced (`Stale`), so it cannot
+/// overwrite the record of whoever claims the key next.
+pub async fn forget_fences_the_holder(store: Arc<dyn Store>) {
+    let key = fresh_key("forget-in-flight");
+    let fp = fingerprint(13);
+    let holder = claim_token(&*store, &key, &fp, LONG).await;
+    assert!(matches!(
+        store.get(&key).await.expect("get"),
+        Some(RecordState::InFlight { .. })
+    ));
+    assert!(store.forget(&key).await.expect("forget"));
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    let renewed = store.renew(&key, token(holder), LONG).await;
+    assert_eq!(renewed.expect("renew"), Ownership::Stale);
+    let next = claim_token(&*store, &key, &fp, LONG).await;
+    assert_ne!(next, holder, "the next claim gets a new token");
+    let late = store
+        .complete(&key, token(holder), &response("late"), LONG)
+        .await;
+    assert_eq!(late.expect("complete"), Ownership::Stale);
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::InFlight { token: current, .. }) => assert_eq!(current, token(next)),
+        state => panic!("the new holder's claim must stand, got {state:?}"),
     }
 }
 
@@ -769,6 +842,8 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, extreme_durations_mean_forever);
         $crate::__conformance_test!($make, http_rounds_run_handler_once);
         $crate::__conformance_test!($make, slow_handler_keeps_its_key_over_http);
+        $crate::__conformance_test!($make, forget_deletes_one_record);
+        $crate::__conformance_test!($make, forget_fences_the_holder);
     };
 }
 

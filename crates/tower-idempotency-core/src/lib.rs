@@ -25,7 +25,7 @@ pub mod store;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use fingerprint::FingerprintMode;
+pub use fingerprint::{FingerprintError, FingerprintMode};
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};
 pub use outcome::Outcome;

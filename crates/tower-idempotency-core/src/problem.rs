@@ -5,7 +5,7 @@ use std::{borrow::Cow, time::Duration};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::key::KeyError;
+use crate::{fingerprint::FingerprintError, key::KeyError};
 
 /// Media type of every rejection body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -110,6 +110,9 @@ pub enum Rejection {
     /// application's auth layer did not run before this one. A configuration problem. `500`.
     #[error("no principal to scope the idempotency key; the server is misconfigured")]
     PrincipalMissing,
+    /// A JSON fingerprint mode is configured and the body is not JSON. `400`.
+    #[error("request body is not valid JSON")]
+    BodyNotJson,
 }
 
 impl From<Rejection> for Problem {
@@ -179,6 +182,12 @@ impl From<Rejection> for Problem {
                 "Principal required but missing",
                 None,
             ),
+            Rejection::BodyNotJson => (
+                StatusCode::BAD_REQUEST,
+                "body-not-json",
+                "Request body is not JSON",
+                None,
+            ),
         };
         Problem {
             status,
@@ -186,6 +195,14 @@ impl From<Rejection> for Problem {
             title,
             detail,
             retry_after,
+        }
+    }
+}
+
+impl From<FingerprintError> for Rejection {
+    fn from(error: FingerprintError) -> Self {
+        match error {
+            FingerprintError::NotJson => Rejection::BodyNotJson,
         }
     }
 }

@@ -122,25 +122,51 @@ impl Scope {
     /// same input as another; hashing bounds the length and keeps the raw key out of the store.
     pub fn store_key(&self, parts: &Parts, key: &str) -> String {
         let principal = self.principal.principal(parts);
-        let mut hasher = Sha256::new();
-        for part in [
+        store_key_from_parts(
+            &self.namespace,
             parts.method.as_str(),
             request_uri(parts).path(),
-            principal.as_deref().unwrap_or(""),
+            principal.as_deref(),
             key,
-        ] {
-            hasher.update((part.len() as u64).to_be_bytes());
-            hasher.update(part.as_bytes());
-        }
-        hasher.update([u8::from(principal.is_some())]);
-        let mut digest_hex = [0u8; 64];
-        hex::encode_to_slice(hasher.finalize(), &mut digest_hex).expect("64 bytes for 32");
-        let mut out = String::with_capacity(self.namespace.len() + 65);
-        out.push_str(&self.namespace);
-        out.push(':');
-        out.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
-        out
+        )
     }
+}
+
+/// The scoped store key built from its parts, without a request: what the layer's
+/// [`Scope::store_key`] computes for a request with this method, path (without the query;
+/// before `Router::nest` stripped a prefix), principal and client key (or provider event id).
+/// Operators use it to find a request's record (`tower-idempotency inspect`).
+///
+/// The result is `{namespace}:{hex(sha256(...))}`: each of method, path, principal and key is
+/// length-prefixed before hashing, then a byte telling whether a principal was present, so an
+/// absent principal and an empty one differ. `namespace` is used as given; check it with
+/// [`is_valid_namespace`] when it comes from outside.
+///
+/// ```
+/// use tower_idempotency_core::scope::store_key_from_parts;
+/// let key = store_key_from_parts("orders", "POST", "/orders", Some("tenant-42"), "k-1");
+/// assert!(key.starts_with("orders:") && key.len() == "orders:".len() + 64);
+/// ```
+pub fn store_key_from_parts(
+    namespace: &str,
+    method: &str,
+    path: &str,
+    principal: Option<&str>,
+    key: &str,
+) -> String {
+    let mut hasher = Sha256::new();
+    for part in [method, path, principal.unwrap_or(""), key] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher.update([u8::from(principal.is_some())]);
+    let mut digest_hex = [0u8; 64];
+    hex::encode_to_slice(hasher.finalize(), &mut digest_hex).expect("64 bytes for 32");
+    let mut out = String::with_capacity(namespace.len() + 65);
+    out.push_str(namespace);
+    out.push(':');
+    out.push_str(std::str::from_utf8(&digest_hex).expect("hex is ASCII"));
+    out
 }
 
 /// The URI the request arrived with. Inside `Router::nest`, axum strips the nest prefix from
@@ -201,6 +227,55 @@ mod tests {
             scope.store_key(&parts("POST", "/orders?x=1", Some("a")), "k")
         );
         assert!(base.starts_with("orders:") && base.len() == "orders:".len() + 64);
+    }
+
+    #[test]
+    fn the_key_from_parts_is_the_key_of_the_request() {
+        let scope = Scope::new("orders", PrincipalSource::Extension);
+        for (method, uri, principal, key) in [
+            ("POST", "/orders?x=1", Some("tenant-42"), "k-1"),
+            ("PATCH", "/orders/7", None, "k-1"),
+            ("POST", "/orders", Some(""), ""),
+        ] {
+            let path = uri.split('?').next().unwrap();
+            assert_eq!(
+                scope.store_key(&parts(method, uri, principal), key),
+                store_key_from_parts("orders", method, path, principal, key),
+                "{method} {uri} {principal:?}"
+            );
+        }
+        // Known value: a tool that rebuilds the key elsewhere must get exactly this.
+        assert_eq!(
+            store_key_from_parts("orders", "POST", "/orders", Some("tenant-42"), "k-1"),
+            format!("orders:{}", {
+                let mut hasher = Sha256::new();
+                for part in ["POST", "/orders", "tenant-42", "k-1"] {
+                    hasher.update((part.len() as u64).to_be_bytes());
+                    hasher.update(part);
+                }
+                hasher.update([1u8]);
+                hex::encode(hasher.finalize())
+            })
+        );
+        assert_ne!(
+            store_key_from_parts("orders", "POST", "/orders", None, "k"),
+            store_key_from_parts("orders", "POST", "/orders", Some(""), "k"),
+            "an absent principal is not an empty one"
+        );
+    }
+
+    #[test]
+    fn nested_routes_use_the_original_path() {
+        let scope = Scope::new("orders", PrincipalSource::Disabled);
+        let mut request = http::Request::post("/orders").body(()).unwrap();
+        request.extensions_mut().insert(axum::extract::OriginalUri(
+            "/shops/1/orders".parse().unwrap(),
+        ));
+        let (parts, _) = request.into_parts();
+        assert_eq!(
+            scope.store_key(&parts, "k"),
+            store_key_from_parts("orders", "POST", "/shops/1/orders", None, "k")
+        );
     }
 
     #[test]

@@ -49,6 +49,10 @@ impl Store for FullRecord {
     async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
         Ok(None)
     }
+
+    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 }
 
 fn full_header_map() -> HeaderMap {

@@ -18,9 +18,9 @@ use axum::{
 use bytes::Bytes;
 use tokio::{io::AsyncWriteExt, sync::Notify};
 use tower_idempotency_core::{
-    store::BoxError, CacheDirective, CachePolicy, CachedResponse, ClaimOutcome, FencingToken,
-    Fingerprint, IdempotencyLayer, MemoryStore, Outcome, Ownership, Principal, RecordState, Store,
-    StoreError,
+    conformance::CountingStore, store::BoxError, CacheDirective, CachePolicy, CachedResponse,
+    ClaimOutcome, FencingToken, Fingerprint, FingerprintMode, IdempotencyLayer, MemoryStore,
+    Outcome, Ownership, Principal, RecordState, Store, StoreError,
 };
 
 #[derive(Clone, Default)]
@@ -532,6 +532,32 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
 }
 
 #[tokio::test]
+async fn retry_after_on_409_never_outlasts_the_holders_lease() {
+    let handler = Handler::blocking();
+    // A generous hint, but the holder's key frees (or is renewed) within its 3 s lease.
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+        .retry_after(Duration::from_secs(30))
+        .lease(Duration::from_secs(3));
+    let server = Server::start(layer, handler.clone()).await;
+    let first = tokio::spawn(server.post(Some("slow-lease"), "{}").send());
+    handler.started.notified().await;
+    let duplicate = server.post(Some("slow-lease"), "{}").send().await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    let after: u64 = duplicate.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=3).contains(&after),
+        "Retry-After {after} must lie within the holder's 3 s lease"
+    );
+    handler.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
 async fn in_flight_status_is_configurable() {
     let handler = Handler::blocking();
     let layer = IdempotencyLayer::client_keys(MemoryStore::new())
@@ -585,6 +611,10 @@ impl Store for Observed {
     }
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
     }
 }
 
@@ -718,6 +748,10 @@ impl Store for Broken {
         self.fail().await
     }
     async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
+        self.fail().await
+    }
+
+    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
         self.fail().await
     }
 }
@@ -867,4 +901,116 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
     assert!(logs.contains("outcome=\"executed\""), "{logs}");
     assert!(logs.contains("outcome=\"replayed\""), "{logs}");
     assert!(!logs.contains("raw-key-do-not-log"), "{logs}");
+}
+
+#[tokio::test]
+async fn json_fields_fingerprint_replays_a_resend_with_other_volatile_fields() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+        .fingerprint(FingerprintMode::json_fields(["/amount", "/customer/id"]));
+    let server = Server::start(layer, handler.clone()).await;
+    let first = server
+        .post(
+            Some("pay-1"),
+            r#"{"amount":100,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.bytes().await.unwrap();
+    // The same chosen fields, in another order and layout, with other unchosen fields.
+    let resend = server
+        .post(
+            Some("pay-1"),
+            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resend.status(), StatusCode::CREATED);
+    assert_eq!(resend.headers()["idempotent-replayed"], "true");
+    assert_eq!(resend.bytes().await.unwrap(), first_body);
+    // A chosen field changed: the key was reused for a different request.
+    let changed = server
+        .post(
+            Some("pay-1"),
+            r#"{"amount":101,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(changed).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
+    );
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn json_excluding_fingerprint_ignores_only_the_excluded_fields() {
+    let handler = Handler::default();
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).fingerprint(
+        FingerprintMode::json_excluding(["/sent_at", "/meta/trace_id"]),
+    );
+    let server = Server::start(layer, handler.clone()).await;
+    let first = server
+        .post(
+            Some("ex-1"),
+            r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"app"}}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let resend = server
+        .post(
+            Some("ex-1"),
+            r#"{"meta":{"source":"app","trace_id":"t2"},"amount":100,"sent_at":2}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resend.status(), StatusCode::CREATED);
+    assert_eq!(resend.headers()["idempotent-replayed"], "true");
+    let changed = server
+        .post(
+            Some("ex-1"),
+            r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"web"}}"#,
+        )
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, _) = problem(changed).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
+    );
+    assert_eq!(handler.count(), 1);
+}
+
+#[tokio::test]
+async fn a_json_fingerprint_answers_400_to_a_body_that_is_not_json() {
+    let handler = Handler::default();
+    let store = Arc::new(CountingStore::new(MemoryStore::new()));
+    let layer = IdempotencyLayer::client_keys(store.clone())
+        .fingerprint(FingerprintMode::json_fields(["/amount"]));
+    let server = Server::start(layer, handler.clone()).await;
+    let response = server
+        .post(Some("form-1"), "amount=100&secret=s3cr3t")
+        .send()
+        .await
+        .unwrap();
+    let (status, kind, json) = problem(response).await;
+    assert_eq!(
+        (status, kind),
+        (StatusCode::BAD_REQUEST, problem_type("body-not-json"))
+    );
+    assert!(
+        !json.to_string().contains("s3cr3t"),
+        "no body content in the problem"
+    );
+    assert_eq!(handler.count(), 0, "the handler did not run");
+    assert_eq!(store.claims(), 0, "the key was not claimed");
 }

@@ -254,3 +254,19 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
         "the record expired in the store, so the key is new again"
     );
 }
+
+#[tokio::test]
+async fn a_forgotten_key_is_not_replayed_from_the_cache() {
+    let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
+    let key = fresh_key("local-forget");
+    complete(&cache, &key, b"{\"id\":1}").await;
+    assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
+    assert!(cache.forget(&key).await.unwrap());
+    let fp = Fingerprint([1; 32]);
+    let again = cache.claim(&key, &fp, LEASE).await.unwrap();
+    assert!(
+        matches!(again, ClaimOutcome::Claimed { .. }),
+        "the cached copy must go with the record: {again:?}"
+    );
+    assert_eq!(cache.inner().claims(), 2, "the claim reached the store");
+}

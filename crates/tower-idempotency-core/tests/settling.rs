@@ -149,6 +149,10 @@ impl Store for FlakyCompletion {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
 }
 
 #[tokio::test]
@@ -243,6 +247,10 @@ impl Store for HungRenewal {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
 }
 
 #[tokio::test]
@@ -313,6 +321,9 @@ impl Store for HungClaim {
         std::future::pending().await
     }
     async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
+        std::future::pending().await
+    }
+    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
         std::future::pending().await
     }
 }

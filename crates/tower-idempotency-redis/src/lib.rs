@@ -622,6 +622,18 @@ impl Store for RedisStore {
             _ => Err(corrupt("GET reply")),
         }
     }
+
+    /// `DEL` of the record key. Redis expires records itself, so an expired record is already
+    /// gone and reads as `false`. A staged response of the holder (larger completions) is left to
+    /// its own 60 s expiry.
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let mut command = redis::cmd("DEL");
+        command.arg(self.redis_key(key));
+        match self.command(&command).await? {
+            Value::Int(deleted) => Ok(deleted > 0),
+            _ => Err(corrupt("DEL reply")),
+        }
+    }
 }
 
 #[cfg(test)]

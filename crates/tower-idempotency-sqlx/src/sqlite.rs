@@ -492,4 +492,27 @@ impl Store for SqliteStore {
                 .map(Some),
         }
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let sql = forget_sql(&self.table);
+        let forget = sqlx::query(&sql).bind(key).bind(now_ms());
+        let row = on_lane!(self, |conn| async {
+            self.count();
+            forget
+                .fetch_optional(conn)
+                .await
+                .map_err(|e| self.map_error(e, None))
+        })?;
+        match row {
+            None => Ok(false),
+            Some(row) => row
+                .try_get::<bool, _>("live")
+                .map_err(|e| self.map_error(e, None)),
+        }
+    }
+}
+
+/// Deletes one record whatever its state; `live` tells whether it had not expired yet.
+fn forget_sql(table: &str) -> String {
+    format!(r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING expires_at > ?2 AS live"#)
 }

@@ -216,7 +216,9 @@ impl IdempotencyLayer {
         self.with(|c| c.in_flight_status = status)
     }
 
-    /// `Retry-After` sent with `409` and `503` answers (default 1 s).
+    /// `Retry-After` sent with `409` and `503` answers (default 1 s). On a `409` it is shortened
+    /// to the holder's remaining lease when that ends sooner (at least 1 s): by then the key is
+    /// completed, renewed or free to claim.
     pub fn retry_after(self, after: Duration) -> Self {
         self.with(|c| c.retry_after = after)
     }

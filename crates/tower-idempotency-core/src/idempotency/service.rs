@@ -188,7 +188,10 @@ where
     // The hash part of the scoped key; never the raw key.
     let hash_start = config.scope.namespace().len() + 1;
     span.record("key_hash", &store_key[hash_start..hash_start + 16]);
-    let fingerprint = config.fingerprint.fingerprint(&parts, &body);
+    let fingerprint = match config.fingerprint.fingerprint(&parts, &body) {
+        Ok(fingerprint) => fingerprint,
+        Err(error) => return Ok(reject(Rejection::from(error), Outcome::Rejected)),
+    };
 
     let claim = within(
         config.store_timeout(),
@@ -237,10 +240,14 @@ where
             fingerprint: holder,
             ..
         } if holder != fingerprint => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
-        ClaimOutcome::InFlight { .. } => {
+        ClaimOutcome::InFlight {
+            lease_remaining, ..
+        } => {
+            // Never later than the holder's lease ends (the key is free or renewed by then),
+            // never later than the configured hint; the header rounds up to at least 1 s.
             let in_flight = Rejection::InFlight {
                 status: config.in_flight_status,
-                retry_after: config.retry_after,
+                retry_after: config.retry_after.min(lease_remaining),
             };
             Ok(reject(in_flight, Outcome::InFlight))
         }

@@ -250,4 +250,13 @@ impl<S: Store> Store for LocalReplayCache<S> {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.inner.get(key).await
     }
+
+    /// Deletes the record in the store and this instance's cached copy. Other instances'
+    /// caches keep theirs for up to [`ttl`](Self::ttl) (see the staleness trade-off above).
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let forgotten = self.inner.forget(key).await;
+        self.entries.remove(key);
+        self.claimed.remove(key);
+        forgotten
+    }
 }

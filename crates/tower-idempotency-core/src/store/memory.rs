@@ -461,6 +461,12 @@ impl Store for MemoryStore {
             None => None,
         })
     }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let removed = lock(self.shard(key)).map.remove(key);
+        Ok(removed.is_some_and(|entry| entry.is_live(now)))
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,9 @@
 //! | [`Store::complete`] | after a response the policy keeps | yes: only the current holder writes the response |
 //! | [`Store::release`] | after a response the policy drops, an error or a panic | yes: only the current holder deletes the record |
 //!
+//! Two more calls serve inspection and administration, never the layer's request path:
+//! [`Store::get`] reads a record, and [`Store::forget`] deletes one whatever its state.
+//!
 //! # The contract in detail
 //! - **Claim.** If no record exists, or the record is in flight with an expired lease, or the
 //!   record is completed with an expired TTL, the store writes a new in-flight record with a new
@@ -211,6 +214,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads a record without changing it. Expired records read as `None`.
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError>;
+
+    /// Deletes the record of `key` whatever its state, for operators (a support case, a poisoned
+    /// record): the next request with this key runs the handler. Answers whether a live record
+    /// was deleted (`false` when the key was absent or had expired).
+    ///
+    /// Forgetting an in-flight key does not stop its running handler, and its holder's later
+    /// `complete`, `renew` or `release` answers [`Ownership::Stale`] (its token is gone), so the
+    /// handler may run a second time for a retry sent meanwhile. Not used by the layer itself.
+    async fn forget(&self, key: &str) -> Result<bool, StoreError>;
 }
 
 #[async_trait::async_trait]
@@ -249,6 +261,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         (**self).get(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        (**self).forget(key).await
     }
 }
 

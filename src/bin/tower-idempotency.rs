@@ -1,0 +1,426 @@
+//! `tower-idempotency`: answers "what happened to this request?" and forgets keys by hand.
+//!
+//! ```text
+//! tower-idempotency --store URL [--json] inspect  (STORE_KEY | --namespace NS --method M --path P [--principal ID] --key KEY)
+//! tower-idempotency --store URL [--json] forget   (STORE_KEY | --namespace NS --method M --path P [--principal ID] --key KEY)
+//! tower-idempotency --store URL [--json] purge-expired
+//! ```
+//!
+//! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
+//! `postgres://...`, `redis://...`) and defaults to that variable. See docs/cli.md.
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
+compile_error!("the `cli` feature needs at least one store feature: sqlite, postgres or redis");
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use tower_idempotency::{
+    scope::{is_valid_namespace, store_key_from_parts},
+    RecordState, Store, StoreError,
+};
+
+/// The default Redis key prefix, the one `connect_store` (and so the reference receiver) uses.
+const DEFAULT_REDIS_PREFIX: &str = "idempotency";
+/// The default SQL table of the SQLite and Postgres stores.
+const DEFAULT_TABLE: &str = "idempotency_records";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tower-idempotency",
+    version,
+    about = "Inspect, forget and purge idempotency records in a tower-idempotency store."
+)]
+struct Cli {
+    /// The store: sqlite://PATH, postgres://..., redis://... (as the reference receiver's
+    /// IDEMPOTENCY_STORE).
+    #[arg(long, env = "IDEMPOTENCY_STORE", global = true, hide_env_values = true)]
+    store: Option<String>,
+    /// The table of the SQLite or Postgres store.
+    #[arg(long, global = true, default_value = DEFAULT_TABLE)]
+    table: String,
+    /// The key prefix of the Redis store.
+    #[arg(long, global = true, default_value = DEFAULT_REDIS_PREFIX)]
+    redis_prefix: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show a record: absent, in flight (with the time left on its lease) or completed (with
+    /// its status).
+    Inspect(KeyArgs),
+    /// Delete a record whatever its state, so the next request with its key runs the handler.
+    Forget(KeyArgs),
+    /// Delete every expired record (SQLite, Postgres; Redis expires records by itself).
+    PurgeExpired,
+}
+
+/// A record's key: the scoped store key, or the parts the layer builds it from.
+#[derive(Debug, Args)]
+struct KeyArgs {
+    /// The scoped store key (`namespace:` and 64 hex digits).
+    #[arg(required_unless_present = "key", conflicts_with = "key")]
+    store_key: Option<String>,
+    /// The layer's namespace.
+    #[arg(long, requires = "key")]
+    namespace: Option<String>,
+    /// The request method, as sent (e.g. POST).
+    #[arg(long, requires = "key")]
+    method: Option<String>,
+    /// The request path without the query, as it arrived (before `Router::nest` stripped a
+    /// prefix).
+    #[arg(long, requires = "key")]
+    path: Option<String>,
+    /// The principal (tenant) the request was scoped by, if any.
+    #[arg(long, requires = "key")]
+    principal: Option<String>,
+    /// The client's Idempotency-Key, or the provider's event id.
+    #[arg(long, requires_all = ["namespace", "method", "path"])]
+    key: Option<String>,
+}
+
+/// Why a command failed. Messages never contain the store URL (it may carry a password).
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("no store given: pass --store URL or set IDEMPOTENCY_STORE")]
+    NoStore,
+    #[error("unsupported store URL scheme (expected sqlite://, postgres:// or redis://)")]
+    UnsupportedScheme,
+    #[error("the memory store lives inside one process; this tool cannot reach it")]
+    MemoryStore,
+    #[error("this build of the tool lacks the `{0}` cargo feature")]
+    #[cfg_attr(
+        all(feature = "sqlite", feature = "postgres", feature = "redis"),
+        allow(dead_code)
+    )]
+    FeatureDisabled(&'static str),
+    #[error("no SQLite database file at the given path")]
+    NoSuchFile,
+    #[error("could not open the {store} store: {reason}")]
+    Connect { store: &'static str, reason: String },
+    #[error("not a scoped store key (`namespace:` followed by 64 lowercase hex digits)")]
+    BadStoreKey,
+    #[error("invalid namespace: 1 to 255 bytes of [A-Za-z0-9._-]")]
+    BadNamespace,
+    #[error("the store failed: {0}")]
+    Store(String),
+}
+
+/// An error and its sources on one line, with the store URL (and its password) blanked out.
+fn describe(error: &dyn std::error::Error, url: &str) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    redact(&message, url)
+}
+
+fn redact(message: &str, url: &str) -> String {
+    let mut message = message.replace(url, "<store URL>");
+    if let Some(password) = password_of(url) {
+        message = message.replace(password, "***");
+    }
+    message
+}
+
+/// The password of a `scheme://user:password@host` URL, if it has one.
+fn password_of(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let userinfo = rest.split(['/', '?']).next()?.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':')?.1;
+    (!password.is_empty()).then_some(password)
+}
+
+/// An open store, with what `purge-expired` needs of its concrete type.
+enum Opened {
+    #[cfg(feature = "sqlite")]
+    Sqlite(tower_idempotency::SqliteStore),
+    #[cfg(feature = "postgres")]
+    Postgres(tower_idempotency::PostgresStore),
+    #[cfg(feature = "redis")]
+    Redis(tower_idempotency::RedisStore),
+}
+
+impl Opened {
+    fn kind(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(_) => "sqlite",
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => "postgres",
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => "redis",
+        }
+    }
+
+    fn store(&self) -> &dyn Store {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => store,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => store,
+            #[cfg(feature = "redis")]
+            Self::Redis(store) => store,
+        }
+    }
+
+    /// Deleted records, or `None` for a store that expires records by itself.
+    async fn purge_expired(&self) -> Result<Option<u64>, StoreError> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => store.purge_expired().await.map(Some),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => store.purge_expired().await.map(Some),
+            #[cfg(feature = "redis")]
+            Self::Redis(_) => Ok(None),
+        }
+    }
+}
+
+/// Opens the store a URL names, parsed as `connect_store` (the reference receiver's
+/// `IDEMPOTENCY_STORE`) parses it, but with the table or prefix given and without creating a
+/// schema or a database file: an administration tool reads what is there.
+async fn open(cli: &Cli) -> Result<Opened, CliError> {
+    let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
+    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
+    let connect = |store: &'static str| {
+        move |error: &dyn std::error::Error| CliError::Connect {
+            store,
+            reason: describe(error, url),
+        }
+    };
+    match scheme {
+        "memory" => Err(CliError::MemoryStore),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let path = url
+                .trim_start_matches("sqlite:")
+                .trim_start_matches("//")
+                .split('?')
+                .next()
+                .unwrap_or_default();
+            if path != ":memory:" && !std::path::Path::new(path).is_file() {
+                return Err(CliError::NoSuchFile);
+            }
+            tower_idempotency::SqliteStore::connect_with_table(url, &cli.table)
+                .await
+                .map(Opened::Sqlite)
+                .map_err(|e| connect("sqlite")(&e))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            tower_idempotency::PostgresStore::connect_with_table(url, &cli.table)
+                .await
+                .map(Opened::Postgres)
+                .map_err(|e| connect("postgres")(&e))
+        }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => tower_idempotency::RedisStore::connect(url, &cli.redis_prefix)
+            .await
+            .map(Opened::Redis)
+            .map_err(|e| connect("redis")(&e)),
+        #[cfg(not(feature = "sqlite"))]
+        "sqlite" => Err(CliError::FeatureDisabled("sqlite")),
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(CliError::FeatureDisabled("postgres")),
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" => Err(CliError::FeatureDisabled("redis")),
+        _ => Err(CliError::UnsupportedScheme),
+    }
+}
+
+/// The scoped store key the arguments name.
+fn store_key(args: &KeyArgs) -> Result<String, CliError> {
+    if let Some(given) = &args.store_key {
+        let valid = given.split_once(':').is_some_and(|(namespace, hash)| {
+            is_valid_namespace(namespace)
+                && hash.len() == 64
+                && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
+        return if valid {
+            Ok(given.clone())
+        } else {
+            Err(CliError::BadStoreKey)
+        };
+    }
+    // clap enforces that --key comes with --namespace, --method and --path.
+    let (Some(namespace), Some(method), Some(path), Some(key)) =
+        (&args.namespace, &args.method, &args.path, &args.key)
+    else {
+        return Err(CliError::BadStoreKey);
+    };
+    if !is_valid_namespace(namespace) {
+        return Err(CliError::BadNamespace);
+    }
+    Ok(store_key_from_parts(
+        namespace,
+        method,
+        path,
+        args.principal.as_deref(),
+        key,
+    ))
+}
+
+/// A report: JSON, and the same fields as `name  value` lines.
+struct Report(Vec<(&'static str, Value)>);
+
+impl Report {
+    fn print(&self, as_json: bool) {
+        if as_json {
+            let object: serde_json::Map<String, Value> = self
+                .0
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), value.clone()))
+                .collect();
+            println!("{}", Value::Object(object));
+            return;
+        }
+        let width = self.0.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+        for (name, value) in &self.0 {
+            let shown = match value {
+                Value::String(text) => text.clone(),
+                Value::Null => "-".to_owned(),
+                other => other.to_string(),
+            };
+            println!("{name:<width$}  {shown}");
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn inspect_report(key: String, state: Option<RecordState>) -> Report {
+    let mut fields = vec![("key", json!(key))];
+    match state {
+        None => fields.push(("state", json!("absent"))),
+        Some(RecordState::InFlight {
+            fingerprint,
+            token,
+            lease_remaining,
+        }) => fields.extend([
+            ("state", json!("in_flight")),
+            ("lease_remaining_ms", json!(millis(lease_remaining))),
+            ("token", json!(token.0)),
+            ("fingerprint", json!(hex::encode(fingerprint.as_bytes()))),
+        ]),
+        Some(RecordState::Completed(record)) => {
+            let response = &record.response;
+            let content_type = response
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            fields.extend([
+                ("state", json!("completed")),
+                ("status", json!(response.status.as_u16())),
+                ("content_type", json!(content_type)),
+                ("body_bytes", json!(response.body.len())),
+                ("body_omitted", json!(response.body_omitted)),
+                (
+                    "fingerprint",
+                    json!(hex::encode(record.fingerprint.as_bytes())),
+                ),
+            ]);
+        }
+    }
+    Report(fields)
+}
+
+async fn run(cli: Cli) -> Result<Report, CliError> {
+    let store_error = |error: StoreError| {
+        CliError::Store(describe(&error, cli.store.as_deref().unwrap_or_default()))
+    };
+    // A malformed key is refused before the store is opened.
+    let key = match &cli.command {
+        Command::Inspect(args) | Command::Forget(args) => Some(store_key(args)?),
+        Command::PurgeExpired => None,
+    };
+    let opened = open(&cli).await?;
+    match (&cli.command, key) {
+        (Command::Inspect(_), Some(key)) => {
+            let state = opened.store().get(&key).await.map_err(store_error)?;
+            Ok(inspect_report(key, state))
+        }
+        (Command::Forget(_), Some(key)) => {
+            let forgotten = opened.store().forget(&key).await.map_err(store_error)?;
+            Ok(Report(vec![
+                ("key", json!(key)),
+                ("forgotten", json!(forgotten)),
+            ]))
+        }
+        _ => {
+            let purged = opened.purge_expired().await.map_err(store_error)?;
+            let note = match purged {
+                Some(_) => Value::Null,
+                None => json!("Redis expires records by itself; there is nothing to purge"),
+            };
+            Ok(Report(vec![
+                ("store", json!(opened.kind())),
+                ("purged", json!(purged)),
+                ("note", note),
+            ]))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let as_json = cli.json;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: could not start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(report) => {
+            report.print(as_json);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            if as_json {
+                eprintln!("{}", json!({ "error": error.to_string() }));
+            } else {
+                eprintln!("error: {error}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_blanked_out_of_messages() {
+        let url = "postgres://app:hunter2@db.internal:5432/app";
+        assert_eq!(password_of(url), Some("hunter2"));
+        assert_eq!(password_of("redis://127.0.0.1:6379"), None);
+        assert_eq!(password_of("redis://:pw@127.0.0.1:6379/0"), Some("pw"));
+        let message = redact(&format!("failed at {url}; auth hunter2 refused"), url);
+        assert!(!message.contains("hunter2"), "{message}");
+        assert!(message.contains("<store URL>"), "{message}");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
