@@ -106,6 +106,11 @@ pub enum Rejection {
     /// The handler panicked or its response body failed; the key was released. `500`.
     #[error("the handler failed")]
     HandlerFailed,
+    /// The request's [`Authenticator`](crate::Authenticator) (e.g. a webhook signature) was
+    /// already used under a different idempotency key: a captured request re-sent under a new
+    /// key. The handler did not run. `401`.
+    #[error("this request's signature was already used with a different idempotency key")]
+    ReplayedSignature,
 }
 
 impl From<Rejection> for Problem {
@@ -167,6 +172,12 @@ impl From<Rejection> for Problem {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "handler-failed",
                 "Handler failed",
+                None,
+            ),
+            Rejection::ReplayedSignature => (
+                StatusCode::UNAUTHORIZED,
+                "replayed-signature",
+                "Signature already used for another request",
                 None,
             ),
         };

@@ -16,8 +16,14 @@ use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
-use super::{detach::DetachOnDrop, layer::Config, ResponseBody, ResponseFuture};
+use super::{
+    authenticated::{self, Checked},
+    detach::DetachOnDrop,
+    layer::Config,
+    ResponseBody, ResponseFuture,
+};
 use crate::{
+    authenticator::Authenticator,
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
     problem::{Problem, Rejection},
@@ -173,11 +179,16 @@ where
     span.record("key_hash", &store_key[hash_start..hash_start + 16]);
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
 
-    let claim = within(
-        config.store_timeout,
-        config.store.claim(&store_key, &fingerprint, config.lease),
-    )
-    .await;
+    let authenticator = parts.extensions.get::<Authenticator>().copied();
+    let claim = match authenticated::claim(&config, &store_key, &fingerprint, authenticator).await {
+        Checked::Claim(claim) => claim,
+        Checked::Replayed => {
+            return Ok(reject(
+                Rejection::ReplayedSignature,
+                Outcome::ReplayedSignature,
+            ))
+        }
+    };
     let claim = match claim {
         Some(Ok(claim)) => claim,
         failed => {
