@@ -71,6 +71,7 @@ impl<V: Verifier + ?Sized> Verifier for Arc<V> {
 pub struct WebhookKeys<V> {
     verifier: V,
     clock: Arc<dyn Clock>,
+    refuse_replayed_signatures: bool,
 }
 
 impl<V: fmt::Debug> fmt::Debug for WebhookKeys<V> {
@@ -87,7 +88,22 @@ impl<V: Verifier> WebhookKeys<V> {
         Self {
             verifier,
             clock: Arc::new(SystemClock),
+            refuse_replayed_signatures: true,
         }
+    }
+
+    /// Whether a signature seen under one key is refused under another (default `true`).
+    ///
+    /// Applies to schemes whose signature does not cover the key (GitHub, Shopify, Linear,
+    /// Mailgun; see [`VerifiedWebhook::with_authenticator`]): the layer records each delivery's
+    /// verified signature (Mailgun: its token) for the TTL, and answers `401
+    /// replayed-signature` when it comes back under another delivery id. Turn it off only when
+    /// the sender legitimately sends byte-identical deliveries under different ids with one
+    /// secret; the records cost one extra store round trip per delivery (run concurrently with
+    /// the key's claim) and one extra record per delivery for the TTL.
+    pub fn refuse_replayed_signatures(mut self, refuse: bool) -> Self {
+        self.refuse_replayed_signatures = refuse;
+        self
     }
 
     /// Checks timestamps against `clock` instead (tests, or a monotonic-corrected clock).
@@ -124,6 +140,11 @@ impl<V: Verifier> KeySource for WebhookKeys<V> {
         let webhook = self.verifier.verify(parts, body, self.clock.now())?;
         // Custom verifiers may skip the checks the built-in ones make.
         let key = util::check_id(webhook.event_id().to_owned(), "event id")?;
+        if let Some(authenticator) = webhook.authenticator() {
+            if self.refuse_replayed_signatures {
+                parts.extensions.insert(authenticator);
+            }
+        }
         parts.extensions.insert(webhook);
         Ok(Some(key))
     }

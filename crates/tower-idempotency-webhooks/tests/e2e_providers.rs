@@ -22,7 +22,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
-    github, linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook, WebhookLayerExt,
+    github, linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook,
+    WebhookLayerExt,
 };
 
 const BURST: usize = 20;

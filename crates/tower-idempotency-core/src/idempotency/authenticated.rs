@@ -1,10 +1,8 @@
 //! The key's claim together with the [`Authenticator`] check (see its documentation).
 
-use std::{future::Future, time::Duration};
-
 use sha2::{Digest, Sha256};
 
-use super::layer::Config;
+use super::{layer::Config, service::within};
 use crate::{
     authenticator::Authenticator,
     scope::MAX_NAMESPACE_LEN,
@@ -90,10 +88,6 @@ fn record_key(namespace: &str, authenticator: &Authenticator) -> String {
     // Namespaces are ASCII; a long one is shortened, its full text is in the digest.
     let prefix = &namespace[..namespace.len().min(MAX_NAMESPACE_LEN - ".auth".len())];
     format!("{prefix}.auth:{}", hex::encode(digest))
-}
-
-async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
-    tokio::time::timeout(limit, future).await.ok()
 }
 
 #[cfg(test)]

@@ -405,7 +405,7 @@ async fn release(config: &Config, key: &str, token: FencingToken) {
 /// reads the clock and builds a timer entry, a few percent of an in-process replay in the
 /// profile. The limit therefore runs from the end of the first poll, which for a store that
 /// returns `Pending` promptly, as an async store must, is the same moment.
-async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
+pub(super) async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
     let mut future = pin!(future);
     if let Poll::Ready(output) = futures_util::poll!(&mut future) {
         return Some(output);

@@ -14,6 +14,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -80,7 +81,11 @@ impl Verifier for GitHubVerifier {
         let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let id = util::header_id(&parts.headers, &DELIVERY)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        // The delivery id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

@@ -12,6 +12,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -86,9 +87,12 @@ impl Verifier for LinearVerifier {
         let signed = millis / 1000;
         util::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
         let id = util::header_id(&parts.headers, &DELIVERY)?;
+        // The delivery id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index))
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

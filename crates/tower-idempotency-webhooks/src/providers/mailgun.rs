@@ -15,6 +15,7 @@ use std::{
 
 use bytes::Bytes;
 use http::request::Parts;
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -104,9 +105,12 @@ impl Verifier for MailgunVerifier {
         )?;
         util::check_window(FIELD, signed, now, self.tolerance)?;
         let id = util::scalar_id(id, "/event-data/id")?;
+        // The event data is not signed; Mailgun's advice is to refuse a token seen before.
+        let authenticator = Authenticator::digest(PROVIDER, &[token.as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index))
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

@@ -13,6 +13,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderMap, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -100,7 +101,11 @@ impl Verifier for ShopifyVerifier {
             })?,
         };
         let id = util::check_id(id.to_owned(), location)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        // The event id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 
