@@ -20,9 +20,14 @@ use sha2::{Digest, Sha256};
 ///   handler does not run.
 ///
 /// The record is a second store key, `{namespace}.auth:{hex}`, claimed in flight with a lease of
-/// the layer's TTL (so a store that evicts completed records never drops it early) and fingerprinted by a
-/// digest of the request's scoped key. Its claim runs concurrently with the key's own claim: one
-/// extra store round trip per request, no extra latency beyond the slower of the two.
+/// the layer's TTL (so a store that evicts completed records never drops it early) and
+/// fingerprinted by a digest of the key as derived (before scoping by path and principal: one
+/// delivery sent to two routes of one namespace runs on each, as without an authenticator). Its
+/// claim runs concurrently with the key's own claim: one extra store round trip per request,
+/// and a wait for the slower of the two. A request refused this way releases its claim of the
+/// key (one more round trip, only then); a record the store cannot read or write is answered
+/// like a failed claim (`503`, or the handler unguarded under `fail_open`). After the TTL the
+/// record expires and the credential is accepted once more under a new key.
 ///
 /// ```
 /// use tower_idempotency_core::Authenticator;

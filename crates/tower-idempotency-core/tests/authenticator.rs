@@ -1,6 +1,7 @@
 //! The [`Authenticator`] check over real HTTP (axum on 127.0.0.1:0, reqwest, the memory store):
 //! one credential under many keys at once runs the handler once, the same credential under its
-//! own key is replayed, a refused key is not left claimed, and a failing record fails closed.
+//! own key is replayed, a refused key is not left claimed, one delivery may reach two routes of
+//! one namespace, and a failing record fails closed.
 
 use std::{
     sync::{
@@ -52,6 +53,7 @@ async fn serve(store: impl Store) -> (String, Arc<Shared>) {
     });
     let app = Router::new()
         .route("/hook", post(handler))
+        .route("/other-hook", post(handler))
         .route_layer(IdempotencyLayer::new(UnsignedKey, store).namespace("signed"))
         .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -196,4 +198,24 @@ async fn an_unreadable_record_fails_closed_and_releases_the_key() {
     assert_eq!(next.status(), 200);
     assert_eq!(next.text().await.unwrap(), "ran k");
     assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_delivery_to_two_routes_of_a_namespace_runs_on_each() {
+    let (url, shared) = serve(MemoryStore::new()).await;
+    shared.gate.add_permits(100);
+    let client = reqwest::Client::new();
+    let other = url.replace("/hook", "/other-hook");
+    for url in [&url, &other] {
+        let response = send(&client, url, "k", "sig").send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
+    // Under another key the credential is still refused, on either route.
+    for url in [&url, &other] {
+        let response = send(&client, url, "k2", "sig").send().await.unwrap();
+        assert_eq!(response.status(), 401);
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
 }

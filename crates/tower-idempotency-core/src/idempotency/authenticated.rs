@@ -1,5 +1,6 @@
 //! The key's claim together with the [`Authenticator`] check (see its documentation).
 
+use http::request::Parts;
 use sha2::{Digest, Sha256};
 
 use super::{layer::Config, service::within};
@@ -17,25 +18,35 @@ pub(crate) enum Checked {
     Replayed,
 }
 
-/// Claims `store_key` and, when the request carries an [`Authenticator`], claims its record at
-/// the same time. A claim of the key is released again when the request is refused or when the
+/// The [`Authenticator`] the key source inserted, with the owner its record is claimed for: a
+/// digest of the key as derived, before scoping, so one delivery sent to several routes of one
+/// namespace is one owner.
+pub(crate) fn of(parts: &Parts, key: &str) -> Option<(Authenticator, Fingerprint)> {
+    let authenticator = parts.extensions.get::<Authenticator>()?;
+    let owner = Sha256::new()
+        .chain_update(b"tower-idempotency authenticator owner\0")
+        .chain_update(key.as_bytes())
+        .finalize();
+    Some((*authenticator, Fingerprint(owner.into())))
+}
+
+/// Claims `store_key` and, when the request carries an [`Authenticator`] (from [`of`]), claims
+/// its record at the same time. A claim of the key is released again when the request is refused or when the
 /// authenticator's record could not be read (the request is then answered as a store failure).
 pub(crate) async fn claim(
     config: &Config,
     store_key: &str,
     fingerprint: &Fingerprint,
-    authenticator: Option<Authenticator>,
+    authenticator: Option<(Authenticator, Fingerprint)>,
 ) -> Checked {
     let key_claim = within(
         config.store_timeout,
         config.store.claim(store_key, fingerprint, config.lease),
     );
-    let Some(authenticator) = authenticator else {
+    let Some((authenticator, owner)) = authenticator else {
         return Checked::Claim(key_claim.await);
     };
     let record = record_key(config.scope.namespace(), &authenticator);
-    // The record belongs to the scoped key: a retry under the same key matches it.
-    let owner = Fingerprint(Sha256::digest(store_key.as_bytes()).into());
     // Kept in flight, never completed: one round trip, and a store evicting completed
     // records when full never drops it before its time.
     let lease = config.ttl.max(config.lease);

@@ -23,7 +23,6 @@ use super::{
     ResponseBody, ResponseFuture,
 };
 use crate::{
-    authenticator::Authenticator,
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
     problem::{Problem, Rejection},
@@ -173,13 +172,13 @@ where
         Err(problem) => return Ok(reject(problem, Outcome::Rejected)),
     };
     let store_key = config.scope.store_key(&parts, &key);
+    let authenticator = authenticated::of(&parts, &key);
     drop(key);
     // The hash part of the scoped key; never the raw key.
     let hash_start = config.scope.namespace().len() + 1;
     span.record("key_hash", &store_key[hash_start..hash_start + 16]);
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
 
-    let authenticator = parts.extensions.get::<Authenticator>().copied();
     let claim = match authenticated::claim(&config, &store_key, &fingerprint, authenticator).await {
         Checked::Claim(claim) => claim,
         Checked::Replayed => {
