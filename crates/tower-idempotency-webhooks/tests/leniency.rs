@@ -61,7 +61,10 @@ fn linear_with(timestamp: &str) -> Result<(), VerifyError> {
     let v = linear::LinearVerifier::new(["lin_wh_leniency_secret_5d1c"]);
     let body = format!(r#"{{"action":"create","type":"Issue","webhookTimestamp":{timestamp}}}"#);
     let sig = linear::sign("lin_wh_leniency_secret_5d1c", body.as_bytes());
-    let headers = [("linear-signature", sig.as_str()), ("linear-delivery", "d1")];
+    let headers = [
+        ("linear-signature", sig.as_str()),
+        ("linear-delivery", "d1"),
+    ];
     let hook = verify(&v, &headers, body.as_bytes(), NOW)?;
     assert_eq!(hook.signed_at(), Some(at(NOW)));
     Ok(())

@@ -79,7 +79,8 @@ impl Verifier for LinearVerifier {
         let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let [millis] = util::json_fields(body, ["/webhookTimestamp"])?;
-        let millis = millis.as_ref().and_then(util::Scalar::as_u64).ok_or(
+        // `@linear/sdk` compares it as a JavaScript number: `1700000000000.0` is the same.
+        let millis = millis.as_ref().and_then(util::Scalar::as_whole).ok_or(
             VerifyError::InvalidTimestamp {
                 name: TIMESTAMP_FIELD,
             },
