@@ -4,8 +4,11 @@
 //! GitHub does not retry failed deliveries by itself; they can be redelivered (by hand or via
 //! the API) for three days, and a redelivery carries the original `X-GitHub-Delivery`. So
 //! [`DEFAULT_TTL`] is four days. GitHub signs no timestamp: there is no replay window, the
-//! idempotency record is the replay protection. A delivery with only the legacy SHA-1
-//! `X-Hub-Signature` is [`VerifyError::UnsupportedVersion`].
+//! idempotency record is the replay protection. The signature does not cover
+//! `X-GitHub-Delivery`, so the delivery carries its verified MAC as an
+//! [`Authenticator`]: the layer refuses it under another delivery id (`401
+//! replayed-signature`). A delivery with only the legacy SHA-1 `X-Hub-Signature` is
+//! [`VerifyError::UnsupportedVersion`].
 
 use std::{
     sync::Arc,

@@ -1,6 +1,9 @@
 //! [Linear](https://linear.app/developers/webhooks#securing-webhooks): `Linear-Signature: <hex>`,
 //! HMAC-SHA256 of the body; keyed by `Linear-Delivery`. The signed body carries
-//! `webhookTimestamp` (unix milliseconds), checked against the replay window.
+//! `webhookTimestamp` (unix milliseconds, an integer or a float of whole milliseconds, as
+//! `@linear/sdk` reads it), checked against the replay window. The signature does not cover
+//! `Linear-Delivery`, so the delivery carries its verified MAC as an [`Authenticator`]: the
+//! layer refuses it under another delivery id (`401 replayed-signature`).
 //!
 //! Linear retries a failed delivery three times: after 1 minute, 1 hour and 6 hours; the
 //! one-day [`DEFAULT_TTL`] covers it.

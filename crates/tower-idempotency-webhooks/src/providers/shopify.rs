@@ -4,7 +4,9 @@
 //! `shopify-*` header names are accepted too.
 //!
 //! Shopify retries a failed delivery 8 times over 4 hours, so the one-day [`DEFAULT_TTL`] covers
-//! it. No timestamp is signed: the idempotency record is the replay protection.
+//! it. No timestamp is signed: the idempotency record is the replay protection. The signature
+//! does not cover the event id, so the delivery carries its verified MAC as an
+//! [`Authenticator`]: the layer refuses it under another event id (`401 replayed-signature`).
 
 use std::{
     sync::Arc,
