@@ -563,7 +563,7 @@ impl Scalar {
             Self::Float(bits) => {
                 let v = f64::from_bits(*bits);
                 // `as` is exact here: a whole value in 0..2^53.
-                (v >= 0.0 && v < EXACT && v.fract() == 0.0).then_some(v as u64)
+                ((0.0..EXACT).contains(&v) && v.fract() == 0.0).then_some(v as u64)
             }
             _ => None,
         }

@@ -99,10 +99,13 @@ enum Recapture {
     /// The key is read from this header; the re-send changes only its value.
     Header(&'static str, Expect),
     /// `(captured delivery, other event) -> re-send`, changing only what is not signed.
-    Custom(Box<dyn Fn(&Delivery, &Msg) -> Delivery>, Expect),
+    Custom(Rewrite, Expect),
     /// Everything the key is made of is signed: a change is the tampered delivery, checked above.
     Signed,
 }
+
+/// `(captured delivery, other event) -> re-send`.
+type Rewrite = Box<dyn Fn(&Delivery, &Msg) -> Delivery>;
 
 /// What a re-sent capture gets.
 enum Expect {
