@@ -31,8 +31,8 @@ pub(crate) fn of(parts: &Parts, key: &str) -> Option<(Authenticator, Fingerprint
 }
 
 /// Claims `store_key` and, when the request carries an [`Authenticator`] (from [`of`]), claims
-/// its record at the same time. A claim of the key is released again when the request is refused or when the
-/// authenticator's record could not be read (the request is then answered as a store failure).
+/// its record at the same time. A claim of the key is released again when the request is
+/// refused, or when the record could not be read (answered then as a store failure).
 pub(crate) async fn claim(
     config: &Config,
     store_key: &str,
