@@ -149,3 +149,52 @@ impl<V: Verifier> KeySource for WebhookKeys<V> {
         Ok(Some(key))
     }
 }
+
+#[cfg(all(test, feature = "github"))]
+mod tests {
+    use tower_idempotency_core::Authenticator;
+
+    use super::*;
+    use crate::github;
+
+    const SECRET: &str = "gh-unit-webhook-secret-3f9b0c27d1e4";
+
+    fn derive(keys: &WebhookKeys<github::GitHubVerifier>, signature: &str) -> Parts {
+        let body = Bytes::from_static(br#"{"zen":"Keep it logically awesome."}"#);
+        let (mut parts, ()) = http::Request::post("/hook")
+            .header(github::SIGNATURE_HEADER, signature)
+            .header(github::DELIVERY_HEADER, "d-1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let key = keys.derive(&mut parts, &body).unwrap();
+        assert_eq!(key.as_deref(), Some("d-1"));
+        parts
+    }
+
+    #[test]
+    fn the_authenticator_is_the_decoded_signature_unless_turned_off() {
+        let signature = github::sign(SECRET, br#"{"zen":"Keep it logically awesome."}"#);
+        let keys = WebhookKeys::new(github::GitHubVerifier::new([SECRET]));
+        let parts = derive(&keys, &signature);
+        let authenticator = parts.extensions.get::<Authenticator>().copied();
+        assert!(authenticator.is_some());
+        let webhook = parts.extensions.get::<VerifiedWebhook>().unwrap();
+        assert_eq!(webhook.authenticator(), authenticator);
+        // The same MAC written in upper-case hex is the same authenticator.
+        let upper = format!("sha256={}", signature["sha256=".len()..].to_uppercase());
+        let parts = derive(&keys, &upper);
+        assert_eq!(
+            parts.extensions.get::<Authenticator>().copied(),
+            authenticator
+        );
+
+        let off = WebhookKeys::new(github::GitHubVerifier::new([SECRET]))
+            .refuse_replayed_signatures(false);
+        let parts = derive(&off, &signature);
+        assert_eq!(parts.extensions.get::<Authenticator>(), None);
+        // The delivery still says what authenticated it.
+        let webhook = parts.extensions.get::<VerifiedWebhook>().unwrap();
+        assert_eq!(webhook.authenticator(), authenticator);
+    }
+}
