@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod authenticator;
 pub mod fingerprint;
 pub mod idempotency;
 pub mod key;
@@ -25,6 +26,7 @@ pub mod store;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use authenticator::Authenticator;
 pub use fingerprint::{FingerprintError, FingerprintMode};
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};

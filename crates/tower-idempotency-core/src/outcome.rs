@@ -32,6 +32,9 @@ pub enum Outcome {
     Mismatch,
     /// The request was refused before the store was asked (bad key, body, signature).
     Rejected,
+    /// The request's signature was already used under another key: `401`, the handler did not
+    /// run (see [`Authenticator`](crate::Authenticator)).
+    ReplayedSignature,
     /// The store failed or timed out: `503`, the handler did not run.
     StoreUnavailable,
     /// The in-flight bound was reached or the layer is shutting down: `503`.
@@ -55,6 +58,7 @@ impl Outcome {
             Self::InFlight => "in_flight",
             Self::Mismatch => "mismatch",
             Self::Rejected => "rejected",
+            Self::ReplayedSignature => "replayed_signature",
             Self::StoreUnavailable => "store_unavailable",
             Self::Overloaded => "overloaded",
             Self::HandlerFailed => "handler_failed",

@@ -113,6 +113,11 @@ pub enum Rejection {
     /// A JSON fingerprint mode is configured and the body is not JSON. `400`.
     #[error("request body is not valid JSON")]
     BodyNotJson,
+    /// The request's [`Authenticator`](crate::Authenticator) (e.g. a webhook signature) was
+    /// already used under a different idempotency key: a captured request re-sent under a new
+    /// key. The handler did not run. `401`.
+    #[error("this request's signature was already used with a different idempotency key")]
+    ReplayedSignature,
 }
 
 impl From<Rejection> for Problem {
@@ -186,6 +191,12 @@ impl From<Rejection> for Problem {
                 StatusCode::BAD_REQUEST,
                 "body-not-json",
                 "Request body is not JSON",
+                None,
+            ),
+            Rejection::ReplayedSignature => (
+                StatusCode::UNAUTHORIZED,
+                "replayed-signature",
+                "Signature already used for another request",
                 None,
             ),
         };

@@ -534,7 +534,9 @@ pub(crate) enum Scalar {
     U64(u64),
     /// A negative integer.
     I64(i64),
-    /// Anything else (float, bool, null, object, array).
+    /// A number with a fraction or an exponent, as the bits of the `f64` serde_json read.
+    Float(u64),
+    /// Anything else (bool, null, object, array).
     Other,
 }
 
@@ -549,6 +551,21 @@ impl Scalar {
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
             Self::U64(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// A non-negative integer, also when written with a fraction or an exponent
+    /// (`1700000000000.0`, `17e11`), as long as the value is whole and exact in an `f64`.
+    pub(crate) fn as_whole(&self) -> Option<u64> {
+        const EXACT: f64 = (1u64 << f64::MANTISSA_DIGITS) as f64;
+        match self {
+            Self::U64(n) => Some(*n),
+            Self::Float(bits) => {
+                let v = f64::from_bits(*bits);
+                // `as` is exact here: a whole value in 0..2^53.
+                ((0.0..EXACT).contains(&v) && v.fract() == 0.0).then_some(v as u64)
+            }
             _ => None,
         }
     }
@@ -825,8 +842,8 @@ mod json_seed {
             Ok(())
         }
 
-        fn visit_f64<E>(mut self, _: f64) -> Result<(), E> {
-            self.set(Scalar::Other);
+        fn visit_f64<E>(mut self, v: f64) -> Result<(), E> {
+            self.set(Scalar::Float(v.to_bits()));
             Ok(())
         }
 
@@ -1020,7 +1037,7 @@ mod tests {
         assert_eq!(id, Some(Scalar::Str("evt_1".into())));
         assert_eq!(n, Some(Scalar::I64(-3)));
         assert_eq!(big, Some(Scalar::U64(u64::MAX)));
-        assert_eq!(f, Some(Scalar::Other));
+        assert_eq!(f, Some(Scalar::Float(1.5f64.to_bits())));
         // Fields of repeated objects are all seen; the first of repeated keys wins (a Value keeps
         // the last: the signed body is the provider's, which does not repeat keys).
         assert_eq!(value.pointer("/deep/a/b"), None);

@@ -12,7 +12,7 @@ use axum_core::{
 };
 use bytes::Bytes;
 use http::{header, request::Parts, HeaderValue, StatusCode};
-use tower_idempotency_core::Problem;
+use tower_idempotency_core::{Authenticator, Problem};
 
 /// A delivery whose signature was checked over its exact bytes.
 ///
@@ -31,6 +31,7 @@ struct Inner {
     secret_index: Option<usize>,
     json: OnceLock<Option<serde_json::Value>>,
     challenge: Option<ChallengeResponse>,
+    authenticator: Option<Authenticator>,
 }
 
 /// The answer a provider expects to an endpoint-validation request (Slack `url_verification`,
@@ -82,6 +83,7 @@ impl VerifiedWebhook {
                 secret_index: None,
                 json: OnceLock::new(),
                 challenge: None,
+                authenticator: None,
             }),
         }
     }
@@ -113,6 +115,23 @@ impl VerifiedWebhook {
     pub fn with_challenge(mut self, challenge: ChallengeResponse) -> Self {
         self.inner_mut().challenge = Some(challenge);
         self
+    }
+
+    /// Marks the delivery's key as not covered by its signature, and names what authenticated
+    /// it (a digest of the verified signature, Mailgun's token). [`WebhookKeys`](crate::WebhookKeys)
+    /// passes it to the layer, which refuses it when it comes back under another key (`401
+    /// replayed-signature`; see [`Authenticator`]). Choose bytes that a genuine retry of the same
+    /// delivery repeats and that nobody can change without the secret: the decoded MAC, not the
+    /// header text (hex case and base64 padding can vary), nor anything else the sender did not
+    /// sign.
+    pub fn with_authenticator(mut self, authenticator: Authenticator) -> Self {
+        self.inner_mut().authenticator = Some(authenticator);
+        self
+    }
+
+    /// What authenticated the delivery, for schemes whose signature does not cover the key.
+    pub fn authenticator(&self) -> Option<Authenticator> {
+        self.inner.authenticator
     }
 
     /// The provider's name (also the layer's namespace), e.g. `"stripe"`.

@@ -71,6 +71,7 @@ impl<V: Verifier + ?Sized> Verifier for Arc<V> {
 pub struct WebhookKeys<V> {
     verifier: V,
     clock: Arc<dyn Clock>,
+    refuse_replayed_signatures: bool,
 }
 
 impl<V: fmt::Debug> fmt::Debug for WebhookKeys<V> {
@@ -87,7 +88,22 @@ impl<V: Verifier> WebhookKeys<V> {
         Self {
             verifier,
             clock: Arc::new(SystemClock),
+            refuse_replayed_signatures: true,
         }
+    }
+
+    /// Whether a signature seen under one key is refused under another (default `true`).
+    ///
+    /// Applies to schemes whose signature does not cover the key (GitHub, Shopify, Linear,
+    /// Mailgun; see [`VerifiedWebhook::with_authenticator`]): the layer records each delivery's
+    /// verified signature (Mailgun: its token) for the TTL, and answers `401
+    /// replayed-signature` when it comes back under another delivery id. Turn it off only when
+    /// the sender legitimately sends byte-identical deliveries under different ids with one
+    /// secret; the records cost one extra store round trip per delivery (run concurrently with
+    /// the key's claim) and one extra record per delivery for the TTL.
+    pub fn refuse_replayed_signatures(mut self, refuse: bool) -> Self {
+        self.refuse_replayed_signatures = refuse;
+        self
     }
 
     /// Checks timestamps against `clock` instead (tests, or a monotonic-corrected clock).
@@ -124,7 +140,61 @@ impl<V: Verifier> KeySource for WebhookKeys<V> {
         let webhook = self.verifier.verify(parts, body, self.clock.now())?;
         // Custom verifiers may skip the checks the built-in ones make.
         let key = util::check_id(webhook.event_id().to_owned(), "event id")?;
+        if let Some(authenticator) = webhook.authenticator() {
+            if self.refuse_replayed_signatures {
+                parts.extensions.insert(authenticator);
+            }
+        }
         parts.extensions.insert(webhook);
         Ok(Some(key))
+    }
+}
+
+#[cfg(all(test, feature = "github"))]
+mod tests {
+    use tower_idempotency_core::Authenticator;
+
+    use super::*;
+    use crate::github;
+
+    const SECRET: &str = "gh-unit-webhook-secret-3f9b0c27d1e4";
+
+    fn derive(keys: &WebhookKeys<github::GitHubVerifier>, signature: &str) -> Parts {
+        let body = Bytes::from_static(br#"{"zen":"Keep it logically awesome."}"#);
+        let (mut parts, ()) = http::Request::post("/hook")
+            .header(github::SIGNATURE_HEADER, signature)
+            .header(github::DELIVERY_HEADER, "d-1")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let key = keys.derive(&mut parts, &body).unwrap();
+        assert_eq!(key.as_deref(), Some("d-1"));
+        parts
+    }
+
+    #[test]
+    fn the_authenticator_is_the_decoded_signature_unless_turned_off() {
+        let signature = github::sign(SECRET, br#"{"zen":"Keep it logically awesome."}"#);
+        let keys = WebhookKeys::new(github::GitHubVerifier::new([SECRET]));
+        let parts = derive(&keys, &signature);
+        let authenticator = parts.extensions.get::<Authenticator>().copied();
+        assert!(authenticator.is_some());
+        let webhook = parts.extensions.get::<VerifiedWebhook>().unwrap();
+        assert_eq!(webhook.authenticator(), authenticator);
+        // The same MAC written in upper-case hex is the same authenticator.
+        let upper = format!("sha256={}", signature["sha256=".len()..].to_uppercase());
+        let parts = derive(&keys, &upper);
+        assert_eq!(
+            parts.extensions.get::<Authenticator>().copied(),
+            authenticator
+        );
+
+        let off = WebhookKeys::new(github::GitHubVerifier::new([SECRET]))
+            .refuse_replayed_signatures(false);
+        let parts = derive(&off, &signature);
+        assert_eq!(parts.extensions.get::<Authenticator>(), None);
+        // The delivery still says what authenticated it.
+        let webhook = parts.extensions.get::<VerifiedWebhook>().unwrap();
+        assert_eq!(webhook.authenticator(), authenticator);
     }
 }

@@ -2,7 +2,9 @@
 //! HTTP (axum on 127.0.0.1:0, core's MemoryStore, reqwest), driven by one table-driven helper:
 //! 20 identical deliveries at once run the handler once (the other 19 get `409`), a retry is
 //! replayed byte for byte, a delivery signed with the wrong key and a tampered one get a webhook
-//! problem and never reach the handler, and a new event runs it again.
+//! problem and never reach the handler, a new event runs it again, and the first delivery
+//! captured and re-sent with only its unsigned parts changed (a new delivery id, Mailgun's event
+//! data) is refused without running the handler.
 
 use std::{
     collections::hash_map::RandomState,
@@ -20,7 +22,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
-    linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook, WebhookLayerExt,
+    github, linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook,
+    WebhookLayerExt,
 };
 
 const BURST: usize = 20;
@@ -86,7 +89,35 @@ struct Case {
     digest_key: bool,
     /// False where the provider's credential does not cover the body (GitLab's bare token).
     detects_tampering: bool,
+    /// The captured first delivery made to name another event without re-signing it.
+    recapture: Recapture,
 }
+
+/// How a captured delivery can be re-sent under another key without a new signature, and what
+/// that must get. Every case states it, so a new provider is checked by default.
+enum Recapture {
+    /// The key is read from this header; the re-send changes only its value.
+    Header(&'static str, Expect),
+    /// `(captured delivery, other event) -> re-send`, changing only what is not signed.
+    Custom(Rewrite, Expect),
+    /// Everything the key is made of is signed: a change is the tampered delivery, checked above.
+    Signed,
+}
+
+/// `(captured delivery, other event) -> re-send`.
+type Rewrite = Box<dyn Fn(&Delivery, &Msg) -> Delivery>;
+
+/// What a re-sent capture gets.
+enum Expect {
+    /// `401` with this problem type (the suffix after `urn:tower-idempotency:problem:`); the
+    /// handler does not run.
+    Refused(&'static str),
+    /// The handler runs again: the provider's credential does not bind the delivery.
+    Runs,
+}
+
+/// The problem type of a captured signature re-sent under another key.
+const REPLAYED: Expect = Expect::Refused("replayed-signature");
 
 /// The next burst answer; a timeout rather than a hang if the layer made a duplicate wait.
 async fn next(rx: &mut mpsc::UnboundedReceiver<reqwest::Response>) -> reqwest::Response {
@@ -200,6 +231,44 @@ async fn exercise(case: Case) {
     let fresh = send(delivery.clone()).await.unwrap();
     assert_eq!(fresh.status(), 200, "{}", case.provider);
     assert_eq!(fresh.text().await.unwrap(), expected(&second, &delivery, 2));
+
+    // Someone holding the first delivery re-sends it so that it names a third event.
+    let captured = (case.make)(true, &first, &first);
+    let third = msg(3);
+    let (resent, expect) = match &case.recapture {
+        Recapture::Signed => return,
+        Recapture::Header(name, expect) => {
+            let Delivery(mut headers, body) = captured;
+            let header = headers.iter_mut().find(|(n, _)| n == name);
+            header.expect("the key header is in the delivery").1 = third.id.clone();
+            (Delivery(headers, body), expect)
+        }
+        Recapture::Custom(change, expect) => (change(&captured, &third), expect),
+    };
+    let response = send(resent).await.unwrap();
+    let context = format!("{}: captured delivery under a new key", case.provider);
+    match expect {
+        Expect::Refused(kind) => {
+            assert_eq!(response.status(), 401, "{context}");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{context}"
+            );
+            let problem: serde_json::Value =
+                serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+            assert_eq!(
+                problem["type"],
+                format!("urn:tower-idempotency:problem:{kind}"),
+                "{context}"
+            );
+            assert_eq!(shared.calls.load(Ordering::SeqCst), 2, "{context} ran");
+        }
+        Expect::Runs => {
+            assert_eq!(response.status(), 200, "{context}");
+            assert_eq!(shared.calls.load(Ordering::SeqCst), 3, "{context}");
+        }
+    }
 }
 
 fn key(genuine: bool, real: &'static str) -> &'static str {
@@ -242,6 +311,7 @@ fn standard_case(names: [&'static str; 3]) -> Case {
         make,
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Header(names[0], Expect::Refused("webhook-signature-mismatch")),
     }
 }
 
@@ -295,6 +365,30 @@ async fn standard_webhooks_v1a_ed25519() {
         make,
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Header("webhook-id", Expect::Refused("webhook-signature-mismatch")),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github() {
+    const SECRET: &str = "gh-e2e-webhook-secret-7f3a9c1e5b2d";
+    exercise(Case {
+        provider: github::PROVIDER,
+        layer: IdempotencyLayer::github([SECRET], MemoryStore::new()),
+        body: |id| format!(r#"{{"action":"opened","issue":{{"title":"{id}"}}}}"#),
+        make: Box::new(|genuine, signed, sent| {
+            let signature = github::sign(key(genuine, SECRET), signed.body.as_bytes());
+            let headers = vec![
+                (github::SIGNATURE_HEADER, signature),
+                (github::DELIVERY_HEADER, sent.id.clone()),
+                ("x-github-event", "issues".into()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        digest_key: false,
+        detects_tampering: true,
+        recapture: Recapture::Header(github::DELIVERY_HEADER, REPLAYED),
     })
     .await;
 }
@@ -316,6 +410,7 @@ async fn shopify() {
         }),
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Header(shopify::EVENT_ID_HEADER, REPLAYED),
     })
     .await;
 }
@@ -339,6 +434,7 @@ async fn paddle() {
         }),
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Signed,
     })
     .await;
 }
@@ -362,6 +458,7 @@ async fn linear() {
         }),
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Header(linear::DELIVERY_HEADER, REPLAYED),
     })
     .await;
 }
@@ -384,6 +481,8 @@ async fn gitlab() {
         digest_key: false,
         // The token is a bare shared secret: the body is protected by TLS only.
         detects_tampering: false,
+        // A bare token: a captured delivery holds the credential itself, nothing to record.
+        recapture: Recapture::Header(gitlab::IDEMPOTENCY_HEADER, Expect::Runs),
     })
     .await;
 }
@@ -407,6 +506,7 @@ async fn zoom() {
         }),
         digest_key: true,
         detects_tampering: true,
+        recapture: Recapture::Signed,
     })
     .await;
 }
@@ -441,6 +541,7 @@ async fn discord() {
         }),
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Signed,
     })
     .await;
 }
@@ -475,6 +576,7 @@ async fn sendgrid() {
         }),
         digest_key: true,
         detects_tampering: true,
+        recapture: Recapture::Signed,
     })
     .await;
 }
@@ -500,6 +602,7 @@ async fn square() {
         }),
         digest_key: false,
         detects_tampering: true,
+        recapture: Recapture::Signed,
     })
     .await;
 }
@@ -523,6 +626,16 @@ async fn mailgun() {
         }),
         digest_key: false,
         detects_tampering: true,
+        // The same signature block (timestamp, token, signature) next to another event's data.
+        recapture: Recapture::Custom(
+            Box::new(|Delivery(headers, body), other| {
+                let mut body: serde_json::Value = serde_json::from_str(body).unwrap();
+                let other: serde_json::Value = serde_json::from_str(&other.body).unwrap();
+                body["event-data"] = other["event-data"].clone();
+                Delivery(headers.clone(), body.to_string())
+            }),
+            REPLAYED,
+        ),
     })
     .await;
 }

@@ -28,6 +28,7 @@
 //! # let _ = app;
 //! ```
 
+mod authenticated;
 mod body;
 mod detach;
 mod future;

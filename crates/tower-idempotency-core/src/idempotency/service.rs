@@ -16,7 +16,12 @@ use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
-use super::{detach::DetachOnDrop, layer::Config, ResponseBody, ResponseFuture};
+use super::{
+    authenticated::{self, Checked},
+    detach::DetachOnDrop,
+    layer::Config,
+    ResponseBody, ResponseFuture,
+};
 use crate::{
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
@@ -184,6 +189,7 @@ where
         return Ok(reject(Rejection::PrincipalMissing, Outcome::Rejected));
     }
     let store_key = config.scope.store_key(&parts, &key);
+    let authenticator = authenticated::of(&parts, &key);
     drop(key);
     // The hash part of the scoped key; never the raw key.
     let hash_start = config.scope.namespace().len() + 1;
@@ -193,11 +199,15 @@ where
         Err(error) => return Ok(reject(Rejection::from(error), Outcome::Rejected)),
     };
 
-    let claim = within(
-        config.store_timeout(),
-        config.store.claim(&store_key, &fingerprint, config.lease),
-    )
-    .await;
+    let claim = match authenticated::claim(&config, &store_key, &fingerprint, authenticator).await {
+        Checked::Claim(claim) => claim,
+        Checked::Replayed => {
+            return Ok(reject(
+                Rejection::ReplayedSignature,
+                Outcome::ReplayedSignature,
+            ))
+        }
+    };
     let claim = match claim {
         Some(Ok(claim)) => claim,
         failed => {
@@ -461,7 +471,7 @@ async fn release(config: &Config, key: &str, token: FencingToken) {
 /// reads the clock and builds a timer entry, a few percent of an in-process replay in the
 /// profile. The limit therefore runs from the end of the first poll, which for a store that
 /// returns `Pending` promptly, as an async store must, is the same moment.
-async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
+pub(super) async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
     let mut future = pin!(future);
     if let Poll::Ready(output) = futures_util::poll!(&mut future) {
         return Some(output);

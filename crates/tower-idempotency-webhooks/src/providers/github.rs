@@ -4,8 +4,11 @@
 //! GitHub does not retry failed deliveries by itself; they can be redelivered (by hand or via
 //! the API) for three days, and a redelivery carries the original `X-GitHub-Delivery`. So
 //! [`DEFAULT_TTL`] is four days. GitHub signs no timestamp: there is no replay window, the
-//! idempotency record is the replay protection. A delivery with only the legacy SHA-1
-//! `X-Hub-Signature` is [`VerifyError::UnsupportedVersion`].
+//! idempotency record is the replay protection. The signature does not cover
+//! `X-GitHub-Delivery`, so the delivery carries its verified MAC as an
+//! [`Authenticator`]: the layer refuses it under another delivery id (`401
+//! replayed-signature`). A delivery with only the legacy SHA-1 `X-Hub-Signature` is
+//! [`VerifyError::UnsupportedVersion`].
 
 use std::{
     sync::Arc,
@@ -14,6 +17,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -80,7 +84,11 @@ impl Verifier for GitHubVerifier {
         let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let id = util::header_id(&parts.headers, &DELIVERY)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        // The delivery id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

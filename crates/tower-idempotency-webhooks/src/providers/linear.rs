@@ -1,6 +1,9 @@
 //! [Linear](https://linear.app/developers/webhooks#securing-webhooks): `Linear-Signature: <hex>`,
 //! HMAC-SHA256 of the body; keyed by `Linear-Delivery`. The signed body carries
-//! `webhookTimestamp` (unix milliseconds), checked against the replay window.
+//! `webhookTimestamp` (unix milliseconds, an integer or a float of whole milliseconds, as
+//! `@linear/sdk` reads it), checked against the replay window. The signature does not cover
+//! `Linear-Delivery`, so the delivery carries its verified MAC as an [`Authenticator`]: the
+//! layer refuses it under another delivery id (`401 replayed-signature`).
 //!
 //! Linear retries a failed delivery three times: after 1 minute, 1 hour and 6 hours; the
 //! one-day [`DEFAULT_TTL`] covers it.
@@ -12,6 +15,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -78,7 +82,8 @@ impl Verifier for LinearVerifier {
         let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let [millis] = util::json_fields(body, ["/webhookTimestamp"])?;
-        let millis = millis.as_ref().and_then(util::Scalar::as_u64).ok_or(
+        // `@linear/sdk` compares it as a JavaScript number: `1700000000000.0` is the same.
+        let millis = millis.as_ref().and_then(util::Scalar::as_whole).ok_or(
             VerifyError::InvalidTimestamp {
                 name: TIMESTAMP_FIELD,
             },
@@ -86,9 +91,12 @@ impl Verifier for LinearVerifier {
         let signed = millis / 1000;
         util::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
         let id = util::header_id(&parts.headers, &DELIVERY)?;
+        // The delivery id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index))
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

@@ -3,8 +3,10 @@
 //! HMAC-SHA256 of `{timestamp}{token}` keyed by the HTTP webhook signing key; keyed by
 //! `event-data.id`.
 //!
-//! **Gotcha:** the signature covers the timestamp and token, not the event data. The replay
-//! window bounds how long a captured signature can be reused; keep it tight. Mailgun retries
+//! **Gotcha:** the signature covers the timestamp and token, not the event data. The delivery
+//! carries the token as an [`Authenticator`], so the layer refuses a token seen before under
+//! another `event-data.id` (`401 replayed-signature`), as Mailgun advises; the replay window
+//! bounds the rest. Mailgun retries
 //! for 8 hours (10 min, 10 min, 15 min, 30 min, 1 h, 2 h, 4 h), so the one-day [`DEFAULT_TTL`]
 //! covers it.
 
@@ -15,6 +17,7 @@ use std::{
 
 use bytes::Bytes;
 use http::request::Parts;
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -104,9 +107,12 @@ impl Verifier for MailgunVerifier {
         )?;
         util::check_window(FIELD, signed, now, self.tolerance)?;
         let id = util::scalar_id(id, "/event-data/id")?;
+        // The event data is not signed; Mailgun's advice is to refuse a token seen before.
+        let authenticator = Authenticator::digest(PROVIDER, &[token.as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index))
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

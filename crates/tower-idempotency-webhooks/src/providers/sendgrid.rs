@@ -45,17 +45,18 @@ pub struct SendGridVerifier {
 }
 
 impl SendGridVerifier {
-    /// Accepts batches signed for any of the verification `keys` (base64 DER, as shown in the
-    /// SendGrid console).
+    /// Accepts batches signed for any of the verification `keys`: base64 DER, as shown in the
+    /// SendGrid console, or the same key as a PEM `PUBLIC KEY` block (as
+    /// `@sendgrid/eventwebhook` accepts it).
     pub fn new<S: AsRef<str>>(keys: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
         let keys = keys
             .into_iter()
             .map(|key| {
-                let der = Encoding::Base64.decode(key.as_ref().trim()).ok_or(
-                    ConfigError::InvalidPublicKey {
+                let der = Encoding::Base64
+                    .decode(&pem_body(key.as_ref().trim())?)
+                    .ok_or(ConfigError::InvalidPublicKey {
                         reason: "not base64",
-                    },
-                )?;
+                    })?;
                 VerifyingKey::from_public_key_der(&der).map_err(|_| ConfigError::InvalidPublicKey {
                     reason: "not a P-256 SubjectPublicKeyInfo",
                 })
@@ -72,6 +73,23 @@ impl SendGridVerifier {
         self.tolerance = util::tolerance(tolerance);
         self
     }
+}
+
+/// The base64 of a key: the text itself, or the body of a PEM `PUBLIC KEY` block with its line
+/// breaks removed (one long line, as the SDK builds it, or 64-character lines).
+fn pem_body(key: &str) -> Result<std::borrow::Cow<'_, str>, ConfigError> {
+    const BEGIN: &str = "-----BEGIN PUBLIC KEY-----";
+    const END: &str = "-----END PUBLIC KEY-----";
+    if !key.starts_with("-----") {
+        return Ok(key.into());
+    }
+    let body = key
+        .strip_prefix(BEGIN)
+        .and_then(|rest| rest.strip_suffix(END))
+        .ok_or(ConfigError::InvalidPublicKey {
+            reason: "not a PEM `PUBLIC KEY` block",
+        })?;
+    Ok(body.split_ascii_whitespace().collect::<String>().into())
 }
 
 impl Verifier for SendGridVerifier {

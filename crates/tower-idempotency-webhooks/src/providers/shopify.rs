@@ -4,7 +4,9 @@
 //! `shopify-*` header names are accepted too.
 //!
 //! Shopify retries a failed delivery 8 times over 4 hours, so the one-day [`DEFAULT_TTL`] covers
-//! it. No timestamp is signed: the idempotency record is the replay protection.
+//! it. No timestamp is signed: the idempotency record is the replay protection. The signature
+//! does not cover the event id, so the delivery carries its verified MAC as an
+//! [`Authenticator`]: the layer refuses it under another event id (`401 replayed-signature`).
 
 use std::{
     sync::Arc,
@@ -13,6 +15,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderMap, HeaderName};
+use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
@@ -100,7 +103,11 @@ impl Verifier for ShopifyVerifier {
             })?,
         };
         let id = util::check_id(id.to_owned(), location)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        // The event id is not signed: remember the verified MAC.
+        let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_authenticator(authenticator))
     }
 }
 

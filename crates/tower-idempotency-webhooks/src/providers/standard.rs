@@ -197,6 +197,7 @@ impl Verifier for StandardWebhooksVerifier {
         let timestamp = util::required(&parts.headers, &names.timestamp)?;
         let (mut symmetric, mut asymmetric): (SmallVec<[&str; 2]>, SmallVec<[&str; 2]>) =
             (SmallVec::new(), SmallVec::new());
+        let mut versioned = false;
         for (count, member) in value.split_ascii_whitespace().enumerate() {
             if count == MAX_SIGNATURES {
                 return Err(VerifyError::MalformedHeader {
@@ -204,16 +205,24 @@ impl Verifier for StandardWebhooksVerifier {
                     reason: "too many signatures",
                 });
             }
-            let (version, signature) =
-                member.split_once(',').ok_or(VerifyError::MalformedHeader {
-                    name: names.signature.as_str(),
-                    reason: "signature without `version,` prefix",
-                })?;
+            // As the official libraries do: a member without `version,` is skipped, and parts
+            // after the signature (`v1,<sig>,extra`) are ignored.
+            let mut fields = member.split(',');
+            let (Some(version), Some(signature)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            versioned = true;
             match version {
                 "v1" => symmetric.push(signature),
                 "v1a" => asymmetric.push(signature),
                 _ => {}
             }
+        }
+        if !versioned {
+            return Err(VerifyError::MalformedHeader {
+                name: names.signature.as_str(),
+                reason: "signature without `version,` prefix",
+            });
         }
         let usable_v1 = !symmetric.is_empty() && !self.secrets.is_empty();
         let usable_v1a = !asymmetric.is_empty() && !self.public_keys.is_empty();

@@ -1,0 +1,121 @@
+//! The key's claim together with the [`Authenticator`] check (see its documentation).
+
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+
+use super::{layer::Config, service::within};
+use crate::{
+    authenticator::Authenticator,
+    scope::MAX_NAMESPACE_LEN,
+    store::{ClaimOutcome, Fingerprint, StoreError},
+};
+
+/// The key's claim as the store answered it (`None`: timed out), or a refusal.
+pub(crate) enum Checked {
+    /// Go on with this answer to the key's claim.
+    Claim(Option<Result<ClaimOutcome, StoreError>>),
+    /// The authenticator was first seen under another key; any claim of this key was released.
+    Replayed,
+}
+
+/// The [`Authenticator`] the key source inserted, with the owner its record is claimed for: a
+/// digest of the key as derived, before scoping, so one delivery sent to several routes of one
+/// namespace is one owner.
+pub(crate) fn of(parts: &Parts, key: &str) -> Option<(Authenticator, Fingerprint)> {
+    let authenticator = parts.extensions.get::<Authenticator>()?;
+    let owner = Sha256::new()
+        .chain_update(b"tower-idempotency authenticator owner\0")
+        .chain_update(key.as_bytes())
+        .finalize();
+    Some((*authenticator, Fingerprint(owner.into())))
+}
+
+/// Claims `store_key` and, when the request carries an [`Authenticator`] (from [`of`]), claims
+/// its record at the same time. A claim of the key is released again when the request is
+/// refused, or when the record could not be read (answered then as a store failure).
+pub(crate) async fn claim(
+    config: &Config,
+    store_key: &str,
+    fingerprint: &Fingerprint,
+    authenticator: Option<(Authenticator, Fingerprint)>,
+) -> Checked {
+    let key_claim = within(
+        config.store_timeout(),
+        config.store.claim(store_key, fingerprint, config.lease),
+    );
+    let Some((authenticator, owner)) = authenticator else {
+        return Checked::Claim(key_claim.await);
+    };
+    let record = record_key(config.scope.namespace(), &authenticator);
+    // Kept in flight, never completed: one round trip, and a store evicting completed
+    // records when full never drops it before its time.
+    let lease = config.ttl.max(config.lease);
+    let (claim, seen) = tokio::join!(
+        key_claim,
+        within(
+            config.store_timeout(),
+            config.store.claim(&record, &owner, lease)
+        )
+    );
+    let verdict = match seen {
+        Some(Ok(ClaimOutcome::Claimed { .. })) => Ok(true),
+        Some(Ok(ClaimOutcome::InFlight { fingerprint, .. })) => Ok(fingerprint == owner),
+        Some(Ok(ClaimOutcome::Completed(done))) => Ok(done.fingerprint == owner),
+        Some(Err(error)) => Err(Some(error)),
+        None => Err(None),
+    };
+    if matches!(verdict, Ok(true)) {
+        return Checked::Claim(claim);
+    }
+    if let Some(Ok(ClaimOutcome::Claimed { token })) = &claim {
+        match within(
+            config.store_timeout(),
+            config.store.release(store_key, *token),
+        )
+        .await
+        {
+            Some(Ok(_)) => {}
+            _ => tracing::warn!(
+                "releasing the key failed; it stays in flight until its lease expires"
+            ),
+        }
+    }
+    match verdict {
+        Ok(_) => {
+            tracing::warn!("refused a credential already used under another idempotency key");
+            Checked::Replayed
+        }
+        Err(error) => Checked::Claim(error.map(Err)),
+    }
+}
+
+/// `{namespace}.auth:{hex}`, within the 320 bytes a store key may take.
+fn record_key(namespace: &str, authenticator: &Authenticator) -> String {
+    let digest = Sha256::new()
+        .chain_update(namespace.as_bytes())
+        .chain_update([0])
+        .chain_update(authenticator.as_bytes())
+        .finalize();
+    // Namespaces are ASCII; a long one is shortened, its full text is in the digest.
+    let prefix = &namespace[..namespace.len().min(MAX_NAMESPACE_LEN - ".auth".len())];
+    format!("{prefix}.auth:{}", hex::encode(digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_keys_stay_within_the_store_key_limit_and_apart_per_namespace() {
+        let a = Authenticator([7; 32]);
+        let short = record_key("github", &a);
+        assert!(short.starts_with("github.auth:"), "{short}");
+        assert_eq!(short.len(), "github.auth:".len() + 64);
+        let long = "n".repeat(MAX_NAMESPACE_LEN);
+        let longer = format!("{}x", &long[..MAX_NAMESPACE_LEN - 1]);
+        let (k1, k2) = (record_key(&long, &a), record_key(&longer, &a));
+        assert!(k1.len() <= 320 && k2.len() <= 320);
+        assert_ne!(k1, k2);
+        assert_ne!(short, record_key("github", &Authenticator([8; 32])));
+    }
+}

@@ -1,0 +1,225 @@
+//! The [`Authenticator`] check over real HTTP (axum on 127.0.0.1:0, reqwest, the memory store):
+//! one credential under many keys at once runs the handler once, the same credential under its
+//! own key is replayed, a refused key is not left claimed, one delivery may reach two routes of
+//! one namespace, and a failing record fails closed.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{extract::State, http::HeaderMap, routing::post, Router};
+use bytes::Bytes;
+use http::request::Parts;
+use tokio::sync::{mpsc, Semaphore};
+use tower_idempotency_core::{
+    Authenticator, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer,
+    KeySource, MemoryStore, Ownership, Problem, RecordState, Store, StoreError,
+};
+
+/// Keys by `x-key`; the credential is `x-sig`, which does not cover the key (like GitHub's
+/// signature and `X-GitHub-Delivery`).
+struct UnsignedKey;
+
+impl KeySource for UnsignedKey {
+    fn derive(&self, parts: &mut Parts, _body: &Bytes) -> Result<Option<String>, Problem> {
+        let header = |name| parts.headers[name].to_str().unwrap().to_owned();
+        let (key, signature) = (header("x-key"), header("x-sig"));
+        parts
+            .extensions
+            .insert(Authenticator::digest("test", &[signature.as_bytes()]));
+        Ok(Some(key))
+    }
+}
+
+struct Shared {
+    calls: AtomicUsize,
+    gate: Semaphore,
+}
+
+async fn handler(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> String {
+    shared.calls.fetch_add(1, Ordering::SeqCst);
+    drop(shared.gate.acquire().await.unwrap());
+    format!("ran {}", headers["x-key"].to_str().unwrap())
+}
+
+async fn serve(store: impl Store) -> (String, Arc<Shared>) {
+    let shared = Arc::new(Shared {
+        calls: AtomicUsize::new(0),
+        gate: Semaphore::new(0),
+    });
+    let app = Router::new()
+        .route("/hook", post(handler))
+        .route("/other-hook", post(handler))
+        .route_layer(IdempotencyLayer::new(UnsignedKey, store).namespace("signed"))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/hook"), shared)
+}
+
+fn send(client: &reqwest::Client, url: &str, key: &str, sig: &str) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .header("x-key", key)
+        .header("x-sig", sig)
+        .body("{}")
+}
+
+async fn problem_type(response: reqwest::Response) -> String {
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value =
+        serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    problem["type"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_signature_under_many_keys_at_once_runs_once() {
+    const N: usize = 20;
+    let (url, shared) = serve(MemoryStore::new()).await;
+    let client = reqwest::Client::new();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for n in 0..N {
+        let (tx, pending) = (
+            tx.clone(),
+            send(&client, &url, &format!("k{n}"), "sig-1").send(),
+        );
+        tokio::spawn(async move { tx.send(pending.await.unwrap()).unwrap() });
+    }
+    // The winner waits at the gate: every other answer arrives while it runs.
+    for _ in 1..N {
+        let response = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert_eq!(response.status(), 401);
+        assert_eq!(
+            problem_type(response).await,
+            "urn:tower-idempotency:problem:replayed-signature"
+        );
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
+    shared.gate.add_permits(100);
+    let winner = rx.recv().await.unwrap();
+    assert_eq!(winner.status(), 200);
+    let winner = winner.text().await.unwrap();
+    let key = winner.strip_prefix("ran ").unwrap().to_owned();
+
+    // The same credential under its own key: a retry, replayed.
+    let retry = send(&client, &url, &key, "sig-1").send().await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), winner);
+
+    // A refused key was released, not left claimed: with a credential of its own it runs.
+    let refused = if key == "k0" { "k1" } else { "k0" };
+    let own = send(&client, &url, refused, "sig-2").send().await.unwrap();
+    assert_eq!(own.status(), 200);
+    assert!(own.headers().get("idempotent-replayed").is_none());
+    assert_eq!(own.text().await.unwrap(), format!("ran {refused}"));
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
+}
+
+/// The memory store, with claims of authenticator records failing while `fail` is set.
+struct FailingRecords {
+    inner: MemoryStore,
+    fail: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Store for FailingRecords {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if key.contains(".auth:") && self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("injected".into()));
+        }
+        self.inner.claim(key, fingerprint, lease).await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.renew(key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.complete(key, token, response, ttl).await
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.inner.release(key, token).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_fails_closed_and_releases_the_key() {
+    let store = Arc::new(FailingRecords {
+        inner: MemoryStore::new(),
+        fail: AtomicBool::new(true),
+    });
+    let (url, shared) = serve(store.clone()).await;
+    shared.gate.add_permits(100);
+    let client = reqwest::Client::new();
+    let failed = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(failed.status(), 503);
+    assert_eq!(
+        problem_type(failed).await,
+        "urn:tower-idempotency:problem:store-unavailable"
+    );
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 0);
+
+    // The key was released: the next attempt runs (a key left claimed would answer 409).
+    store.fail.store(false, Ordering::SeqCst);
+    let next = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(next.status(), 200);
+    assert_eq!(next.text().await.unwrap(), "ran k");
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_delivery_to_two_routes_of_a_namespace_runs_on_each() {
+    let (url, shared) = serve(MemoryStore::new()).await;
+    shared.gate.add_permits(100);
+    let client = reqwest::Client::new();
+    let other = url.replace("/hook", "/other-hook");
+    for url in [&url, &other] {
+        let response = send(&client, url, "k", "sig").send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
+    // Under another key the credential is still refused, on either route.
+    for url in [&url, &other] {
+        let response = send(&client, url, "k2", "sig").send().await.unwrap();
+        assert_eq!(response.status(), 401);
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,174 @@
+//! A captured webhook delivery re-sent under new delivery ids, over real HTTP against every
+//! store: many copies at once run the handler exactly once and the others are refused `401
+//! replayed-signature`; GitHub's redelivery (same id and body) is replayed, also when it is
+//! signed with a rotated secret.
+
+#![cfg(all(
+    feature = "postgres",
+    feature = "redis",
+    feature = "sqlite",
+    feature = "webhooks"
+))]
+
+mod support;
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{extract::State, routing::post, Router};
+use support::*;
+use tokio::sync::{mpsc, Semaphore};
+use tower_idempotency::{
+    webhooks::github, IdempotencyLayer, MemoryStore, PostgresStore, RedisStore, SqliteStore, Store,
+    VerifiedWebhook, WebhookLayerExt,
+};
+
+const OLD_SECRET: &str = "gh-replay-old-secret-0b6f2e8d41a7c953";
+const NEW_SECRET: &str = "gh-replay-new-secret-5c1d9a7e3f20b846";
+const COPIES: usize = 20;
+const REPLAYED_SIGNATURE: &str = "urn:tower-idempotency:problem:replayed-signature";
+
+struct Shared {
+    calls: AtomicUsize,
+    gate: Semaphore,
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, webhook: VerifiedWebhook) -> String {
+    shared.calls.fetch_add(1, Ordering::SeqCst);
+    drop(shared.gate.acquire().await.unwrap());
+    format!("handled {}", webhook.event_id())
+}
+
+async fn captured_signature_under_many_ids(store: impl Store, what: &str) {
+    let shared = Arc::new(Shared {
+        calls: AtomicUsize::new(0),
+        gate: Semaphore::new(0),
+    });
+    let layer = IdempotencyLayer::github([NEW_SECRET, OLD_SECRET], store);
+    let app = Router::new()
+        .route("/hook", post(handle))
+        .route_layer(layer)
+        .with_state(shared.clone());
+    let url = format!("{}/hook", serve(app).await);
+    let client = reqwest::Client::new();
+    let suffix = random_suffix();
+    let body = format!(r#"{{"action":"opened","issue":{{"number":1,"title":"{suffix}"}}}}"#);
+    let send = |id: &str, secret: &str| {
+        client
+            .post(&url)
+            .header(
+                github::SIGNATURE_HEADER,
+                github::sign(secret, body.as_bytes()),
+            )
+            .header(github::DELIVERY_HEADER, id)
+            .header("x-github-event", "issues")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+
+    // One genuine delivery (signed with the old secret) and copies of it under new ids, all at
+    // once; the one that runs waits at the gate until every other copy is answered.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for n in 0..COPIES {
+        let (tx, pending) = (tx.clone(), send(&format!("{suffix}-{n}"), OLD_SECRET));
+        tokio::spawn(async move { tx.send(pending.await.unwrap()).unwrap() });
+    }
+    for _ in 1..COPIES {
+        let response = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer within 20 s"))
+            .unwrap();
+        assert_eq!(response.status(), 401, "{what}");
+        assert_eq!(
+            problem_type(&response.bytes().await.unwrap()),
+            REPLAYED_SIGNATURE,
+            "{what}"
+        );
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{what}");
+    shared.gate.add_permits(1000);
+    let winner = rx.recv().await.unwrap();
+    assert_eq!(winner.status(), 200, "{what}");
+    let winner = winner.text().await.unwrap();
+    let id = winner.strip_prefix("handled ").unwrap().to_owned();
+
+    // GitHub's redelivery: same delivery id, same body; before and after the secret rotated.
+    for secret in [OLD_SECRET, NEW_SECRET] {
+        let redelivery = send(&id, secret).await.unwrap();
+        assert_eq!(redelivery.status(), 200, "{what}");
+        assert_eq!(
+            redelivery.headers()["idempotent-replayed"],
+            "true",
+            "{what}"
+        );
+        assert_eq!(redelivery.text().await.unwrap(), winner, "{what}");
+    }
+    // Either signature under yet another id is still refused.
+    for secret in [OLD_SECRET, NEW_SECRET] {
+        let copy = send(&format!("{suffix}-late"), secret).await.unwrap();
+        assert_eq!(copy.status(), 401, "{what}");
+        assert_eq!(
+            problem_type(&copy.bytes().await.unwrap()),
+            REPLAYED_SIGNATURE,
+            "{what}"
+        );
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory() {
+    captured_signature_under_many_ids(MemoryStore::new(), "memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let path = std::env::temp_dir().join(format!("tidem-replayed-{}.db", random_suffix()));
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open sqlite");
+    store.migrate().await.expect("migrate");
+    captured_signature_under_many_ids(store, "sqlite").await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    if !reachable(&host_port(&database_url())) {
+        return skip(
+            "replayed signatures (postgres)",
+            "Postgres is not reachable",
+        );
+    }
+    let guard = PgTableGuard {
+        table: format!("tidem_replayed_{}", random_suffix()),
+    };
+    let store = PostgresStore::connect_with_table(&database_url(), &guard.table)
+        .await
+        .expect("connect postgres");
+    store.migrate().await.expect("migrate");
+    captured_signature_under_many_ids(store, "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis() {
+    if !reachable(&host_port(&redis_url())) {
+        return skip("replayed signatures (redis)", "Redis is not reachable");
+    }
+    let guard = RedisPrefixGuard {
+        url: redis_url(),
+        prefix: format!("tidem-replayed-{}", random_suffix()),
+    };
+    let store = RedisStore::connect(&redis_url(), &guard.prefix)
+        .await
+        .expect("connect redis");
+    captured_signature_under_many_ids(store, "redis").await;
+}
