@@ -19,7 +19,10 @@ use tower_idempotency_core::store::{
 };
 
 use crate::{
-    common::{self, millis, on_lane, prepare_completion, token_param, RawRecord, PURGE_BATCH},
+    common::{
+        self, millis, on_lane, prepare_completion, token_param, RawRecord, TokenOutOfRange,
+        PURGE_BATCH, STATE_IN_FLIGHT,
+    },
     lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -261,9 +264,10 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claim_with(conn, key, fingerprint, lease).await
+        self.claim_with(conn, key, fingerprint, token, lease).await
     }
 
     /// [`Store::complete`] on a connection or transaction of the caller's.
@@ -304,9 +308,10 @@ impl SqliteStore {
         executor: impl SqliteExecutor<'e>,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = new_token()?;
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
         let now = now_ms();
         self.count();
         let row = sqlx::query(&self.sql.claim)
@@ -319,7 +324,8 @@ impl SqliteStore {
             .await
             .map_err(|e| self.map_error(e, None))?;
         let record = decode_row(&row, now).map_err(|e| self.map_error(e, None))?;
-        let claimed = record.token == token;
+        // In flight with the caller's token: a new claim, or one an earlier attempt wrote.
+        let claimed = record.token == token && record.state == STATE_IN_FLIGHT;
         record.into_claim_outcome(claimed)
     }
 
@@ -384,12 +390,6 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// 63 random bits: SQLite has no sequence we could draw from inside the claim statement.
-fn new_token() -> Result<i64, StoreError> {
-    let bits = getrandom::u64().map_err(|e| StoreError::Backend(Box::new(e)))?;
-    Ok((bits & i64::MAX as u64) as i64)
-}
-
 fn decode_row(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx::Error> {
     let expires_at: i64 = row.try_get("expires_at")?;
     let state: i64 = row.try_get("state")?;
@@ -439,10 +439,18 @@ impl Store for SqliteStore {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claim_once =
-            || async { on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease)) };
+        let claim_once = || async {
+            on_lane!(self, |conn| self.claim_with(
+                conn,
+                key,
+                fingerprint,
+                token,
+                lease
+            ))
+        };
         common::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
             .await
     }
