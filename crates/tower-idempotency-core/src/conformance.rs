@@ -376,12 +376,22 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
         ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, fresh.body),
         other => panic!("expected the new holder's result, got {other:?}"),
     }
+    // A completed record cannot be completed again: a store answers `Stale`, or `Current` when
+    // it treats the call as a resend of the completion that already applied (see the contract);
+    // either way the record is unchanged.
     let after = store.complete(&key, token(second), &stale, LONG).await;
-    assert_eq!(
-        after.expect("complete twice"),
-        Ownership::Stale,
-        "a completed record cannot be completed again"
-    );
+    after.expect("complete twice");
+    let again = store.complete(&key, token(first), &stale, LONG).await;
+    assert_eq!(again.expect("stale complete"), Ownership::Stale);
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::Completed { record, .. }) => {
+            assert_eq!(
+                record.response.body, fresh.body,
+                "a completed record never changes"
+            )
+        }
+        other => panic!("expected the new holder's result, got {other:?}"),
+    }
 }
 
 /// A live lease blocks other claimers; once it expires the key is claimable exactly once.

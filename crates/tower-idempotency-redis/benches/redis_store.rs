@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
     let mut first = c.benchmark_group("first_request");
     for size in SIZES {
         let cached = response(size);
-        let record_len = 33
+        let record_len = 41
             + CompletedRecord {
                 fingerprint: fp,
                 response: cached.clone(),

@@ -26,7 +26,9 @@
 //! | state | value | expiry |
 //! |---|---|---|
 //! | in flight | `'I'`, fencing token (8 bytes), request fingerprint (32 bytes), lease deadline (8 bytes, Unix ms) | `PX` = the lease |
-//! | completed | `'C'`, fingerprint (32 bytes), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
+//! | completed | `'D'`, fingerprint (32 bytes), the completing fencing token (8 bytes), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
+//!
+//! Records written without the token (`'C'`, fingerprint, response) are still read.
 //!
 //! Redis's own key expiry implements both the lease and the TTL, so no sweeper is needed and an
 //! expired record is simply absent.
@@ -36,7 +38,7 @@
 //! | call | what is sent | round trips |
 //! |---|---|---|
 //! | `claim` | `SET key <in-flight> NX PX <lease> GET`: creates the record, or returns the existing one (the whole completed record, or the holder's fingerprint and deadline) | 1 |
-//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'C'+fingerprint PX ttl`; `APPEND` the response | 1 |
+//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'D'+fingerprint+token PX ttl`; `APPEND` the response | 1 |
 //! | `complete`, larger record | pipeline: `SET <staging key> <record> PX 60000`, then script: check token; `RENAME` staging key to record; `SETRANGE` the fingerprint; `PEXPIRE ttl` (a stale holder's staged value is deleted instead) | 1 |
 //! | `renew` | script: check token; `SETRANGE` the deadline; `PEXPIRE` | 1 |
 //! | `release` | script: check token; `DEL` | 1 |
@@ -109,9 +111,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 const KIND_IN_FLIGHT: u8 = b'I';
+/// Completed, without the completing token (still read, no longer written).
 const KIND_COMPLETED: u8 = b'C';
+/// Completed, with the completing token, so a resent completion can tell it already applied.
+const KIND_COMPLETED_BY: u8 = b'D';
 const IN_FLIGHT_LEN: usize = 1 + 8 + 32 + 8;
 const COMPLETED_HEADER_LEN: usize = 1 + 32;
+const COMPLETED_BY_HEADER_LEN: usize = 1 + 32 + 8;
 /// Records up to this size go to Redis inside the script call; larger ones are staged with a
 /// plain `SET` first, because strings passed into Lua cost ~1.3 µs per KiB of server time.
 const INLINE_MAX: usize = 4 * 1024;
@@ -566,12 +572,17 @@ fn fingerprint_from(bytes: &[u8]) -> Result<Fingerprint, StoreError> {
 }
 
 fn decode_completed(value: Vec<u8>) -> Result<CompletedRecord, StoreError> {
-    if value.len() < COMPLETED_HEADER_LEN || value[0] != KIND_COMPLETED {
+    let header = match value.first() {
+        Some(&KIND_COMPLETED) => COMPLETED_HEADER_LEN,
+        Some(&KIND_COMPLETED_BY) => COMPLETED_BY_HEADER_LEN,
+        _ => return Err(corrupt("record kind")),
+    };
+    if value.len() < header {
         return Err(corrupt("record kind"));
     }
-    let fingerprint = fingerprint_from(&value[1..COMPLETED_HEADER_LEN])?;
-    let mut record = CompletedRecord::decode(Bytes::from(value).slice(COMPLETED_HEADER_LEN..))
-        .map_err(StoreError::Corrupt)?;
+    let fingerprint = fingerprint_from(&value[1..33])?;
+    let mut record =
+        CompletedRecord::decode(Bytes::from(value).slice(header..)).map_err(StoreError::Corrupt)?;
     record.fingerprint = fingerprint;
     Ok(record)
 }
@@ -591,7 +602,7 @@ fn decode_state(value: Vec<u8>, now_ms: u64, pttl_ms: i64) -> Result<RecordState
                 lease_remaining: Duration::from_millis(deadline.saturating_sub(now_ms)),
             })
         }
-        Some(&KIND_COMPLETED) => Ok(RecordState::Completed {
+        Some(&KIND_COMPLETED | &KIND_COMPLETED_BY) => Ok(RecordState::Completed {
             record: decode_completed(value)?,
             ttl_remaining: Duration::from_millis(pttl_ms.max(0) as u64),
         }),
@@ -694,7 +705,7 @@ impl Store for RedisStore {
             response: response.clone(),
         }
         .encode();
-        let size = COMPLETED_HEADER_LEN + encoded.len();
+        let size = COMPLETED_BY_HEADER_LEN + encoded.len();
         if size > self.max_record_bytes {
             return Err(StoreError::RecordTooLarge {
                 size,
@@ -713,8 +724,9 @@ impl Store for RedisStore {
         // Large: a plain SET to a staging key of this token (same hash tag, so same slot), then
         // the script renames it over the record, in one pipelined round trip.
         let mut staged = Vec::with_capacity(size);
-        staged.put_u8(KIND_COMPLETED);
+        staged.put_u8(KIND_COMPLETED_BY);
         staged.put_bytes(0, 32);
+        staged.put_slice(&token_bytes(token));
         staged.extend_from_slice(&encoded);
         drop(encoded);
         let staging_key = format!("{record_key}:staged:{:016x}", token.0);
@@ -830,6 +842,7 @@ mod tests {
             vec![b'I'; 50],
             vec![b'C'; 10],
             vec![b'C'; 40],
+            vec![b'D'; 40],
         ] {
             assert!(matches!(
                 decode_state(value, 100, 1000),

@@ -594,3 +594,99 @@ async fn an_evicting_server_is_refused_unless_allowed() {
         vec!["noeviction".to_owned()]
     );
 }
+
+/// redis-rs's cluster client resends a command after a connection error, so a completion whose
+/// reply was lost can run twice. The second run finds the record completed by its own token and
+/// answers `Current` (not "not recorded"), changing nothing; another token is still `Stale`.
+/// Small (inline) and large (staged) completions alike, and the staged copy is not left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_completion_answers_current_and_changes_nothing() {
+    let Some(store) = common::standalone_store().await else {
+        return;
+    };
+    let cleanup = store.guard.clone();
+    for (case, body) in [
+        ("small", "first".repeat(10)),
+        ("large", "L".repeat(64 * 1024)),
+    ] {
+        let k = key(case);
+        let token = claimed(&store, &k, Duration::from_secs(60)).await;
+        let first = store
+            .complete(&k, token, &response(body.clone()), Duration::from_secs(60))
+            .await;
+        assert_eq!(first.unwrap(), Ownership::Current, "{case}");
+        let resent = store
+            .complete(&k, token, &response("second"), Duration::from_secs(60))
+            .await;
+        assert_eq!(
+            resent.unwrap(),
+            Ownership::Current,
+            "{case}: the resend is ours"
+        );
+        let other = tower_idempotency_core::FencingToken::random().unwrap();
+        let foreign = store
+            .complete(&k, other, &response("other"), Duration::from_secs(60))
+            .await;
+        assert_eq!(foreign.unwrap(), Ownership::Stale, "{case}");
+        match store.get(&k).await.unwrap() {
+            Some(RecordState::Completed { record, .. }) => {
+                assert_eq!(record.response.body, body.as_bytes(), "{case}: unchanged")
+            }
+            other => panic!("{case}: expected the first completion, got {other:?}"),
+        }
+    }
+    assert_eq!(cleanup.count_keys(), 2, "two records, no staged copy left");
+}
+
+/// Records completed in the earlier layout (`'C'`, fingerprint, response; no token) are still
+/// replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_without_the_completing_token_are_still_read() {
+    let Some(store) = common::standalone_store().await else {
+        return;
+    };
+    let k = key("legacy");
+    let fingerprint = Fingerprint([7; 32]);
+    let mut value = vec![b'C'];
+    value.extend_from_slice(fingerprint.as_bytes());
+    value.extend_from_slice(
+        &tower_idempotency_core::CompletedRecord {
+            fingerprint,
+            response: response("legacy"),
+        }
+        .encode(),
+    );
+    let mut connection = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(store.store.redis_key(&k))
+        .arg(value)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    match store
+        .claim(
+            &k,
+            &fingerprint,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed {
+            record,
+            ttl_remaining,
+        } => {
+            assert_eq!(record.response.body, "legacy");
+            assert_eq!(record.fingerprint, fingerprint);
+            assert!(ttl_remaining <= Duration::from_secs(60) && !ttl_remaining.is_zero());
+        }
+        other => panic!("expected the legacy record, got {other:?}"),
+    }
+}
