@@ -61,9 +61,13 @@ async fn inspect(
             "state": "in_flight",
             "lease_remaining_ms": lease_remaining.as_millis() as u64,
         }),
-        Some(RecordState::Completed(record)) => json!({
+        Some(RecordState::Completed {
+            record,
+            ttl_remaining,
+        }) => json!({
             "state": "completed",
             "status": record.response.status.as_u16(),
+            "ttl_remaining_ms": ttl_remaining.as_millis() as u64,
         }),
     }))
 }

@@ -15,8 +15,8 @@ use std::{process::Output, sync::Arc, time::Duration};
 use serde_json::Value;
 use support::*;
 use tower_idempotency::{
-    scope::store_key_from_parts, CachedResponse, ClaimOutcome, Fingerprint, IdempotencyLayer,
-    Ownership, PostgresStore, RecordState, RedisStore, SqliteStore, Store,
+    scope::store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
+    IdempotencyLayer, Ownership, PostgresStore, RecordState, RedisStore, SqliteStore, Store,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
@@ -88,7 +88,7 @@ async fn inspect_and_forget(store: Arc<dyn Store>, store_args: &[&str]) {
     );
     assert!(matches!(
         store.get(&key).await.unwrap(),
-        Some(RecordState::Completed(_))
+        Some(RecordState::Completed { .. })
     ));
 
     // The readable table, by the scoped store key.
@@ -109,7 +109,12 @@ async fn inspect_and_forget(store: Arc<dyn Store>, store_args: &[&str]) {
 
     // An in-flight record shows what is left of its lease.
     let held = store_key_from_parts(&namespace, "POST", "/op", None, "order-2");
-    let claim = store.claim(&held, &Fingerprint([7; 32]), Duration::from_secs(60));
+    let claim = store.claim(
+        &held,
+        &Fingerprint([7; 32]),
+        FencingToken::random().unwrap(),
+        Duration::from_secs(60),
+    );
     assert!(matches!(claim.await.unwrap(), ClaimOutcome::Claimed { .. }));
     let in_flight = cli_json(store_args, &["inspect", &held]).await;
     assert_eq!(in_flight["state"], "in_flight", "{in_flight}");
@@ -149,7 +154,12 @@ async fn one_expired_one_live(store: &dyn Store) -> (String, String) {
     for ttl in [Duration::from_millis(200), Duration::from_secs(3600)] {
         let key = store_key_from_parts("cli-purge", "POST", "/op", None, &random_suffix());
         let ClaimOutcome::Claimed { token } = store
-            .claim(&key, &Fingerprint([1; 32]), Duration::from_secs(60))
+            .claim(
+                &key,
+                &Fingerprint([1; 32]),
+                FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
             .unwrap()
         else {

@@ -150,6 +150,81 @@ async fn unreachable_and_slow_store(store: impl Store, proxy: &Proxy, label: &st
     assert_eq!(executions.max_concurrent_same_key(), 1);
 }
 
+/// The store runs the claim but its reply is held past the store timeout (Postgres finishes the
+/// statement, Redis has the command): the caller gets `503`, and the claim that landed is
+/// released with its own token, so a retry a moment later runs the handler instead of getting
+/// `409` for the whole lease.
+async fn abandoned_claim_is_released(store: impl Store, proxy: &Proxy, label: &str) {
+    let executions = Executions::new();
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("faults-abandoned")
+        .store_timeout(STORE_TIMEOUT)
+        .lease(Duration::from_secs(60));
+    let base = serve(counted_app(layer, executions.clone())).await;
+    let client = client();
+    let warm = send(&client, &base, &format!("{label}-warm")).await;
+    assert_eq!(warm.status, StatusCode::OK, "{label}: healthy store");
+
+    let key = format!("{label}-abandoned");
+    proxy.set(Mode::HoldReplies);
+    let reply = send(&client, &base, &key).await;
+    assert_unavailable(&reply, &format!("{label}: the claim's reply is held"));
+    proxy.set(Mode::Pass);
+    assert_eq!(executions.of(&key), 0, "{label}: nothing ran");
+
+    // Well inside the 60 s lease: the key must become claimable again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let served = loop {
+        let reply = send(&client, &base, &key).await;
+        match reply.status {
+            StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{label}: the abandoned claim still blocks its key ({})",
+                    reply.status
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => break reply,
+        }
+    };
+    assert_eq!(served.status, StatusCode::OK, "{label}: the retry runs");
+    assert_eq!(served.outcome, "executed");
+    assert_eq!(executions.of(&key), 1, "{label}: ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_abandoned_claim_is_released() {
+    if !postgres_reachable("postgres abandoned claim").await {
+        return;
+    }
+    let url = database_url();
+    let proxy = Proxy::start(host_port(&url)).await;
+    let guard = PgTableGuard {
+        table: format!("tidem_abandoned_{}", random_suffix()),
+    };
+    let store = postgres_store_via(&proxied_url(&url, &proxy), &guard.table).await;
+    abandoned_claim_is_released(store, &proxy, "pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_claim_is_released() {
+    if !redis_reachable("redis abandoned claim").await {
+        return;
+    }
+    let url = redis_url();
+    let proxy = Proxy::start(host_port(&url)).await;
+    let guard = RedisPrefixGuard {
+        url: url.clone(),
+        prefix: format!("tidem-abandoned-{}", random_suffix()),
+    };
+    let store = RedisStore::connect(&proxied_url(&url, &proxy), &guard.prefix)
+        .await
+        .expect("connect redis")
+        .with_timeout(STORE_TIMEOUT);
+    abandoned_claim_is_released(store, &proxy, "redis").await;
+}
+
 async fn postgres_reachable(test: &str) -> bool {
     let ok = reachable(&host_port(&database_url()));
     if !ok {

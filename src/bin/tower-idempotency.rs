@@ -314,7 +314,10 @@ fn inspect_report(key: String, state: Option<RecordState>) -> Report {
             ("token", json!(token.0)),
             ("fingerprint", json!(hex::encode(fingerprint.as_bytes()))),
         ]),
-        Some(RecordState::Completed(record)) => {
+        Some(RecordState::Completed {
+            record,
+            ttl_remaining,
+        }) => {
             let response = &record.response;
             let content_type = response
                 .headers
@@ -323,6 +326,7 @@ fn inspect_report(key: String, state: Option<RecordState>) -> Report {
                 .map(str::to_owned);
             fields.extend([
                 ("state", json!("completed")),
+                ("ttl_remaining_ms", json!(millis(ttl_remaining))),
                 ("status", json!(response.status.as_u16())),
                 ("content_type", json!(content_type)),
                 ("body_bytes", json!(response.body.len())),

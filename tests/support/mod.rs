@@ -182,6 +182,9 @@ pub enum Mode {
     Drop,
     /// Accept and hold connections, forwarding no bytes either way.
     Stall,
+    /// Forward what clients send, hold back what servers answer (a reply lost or late after
+    /// the command ran).
+    HoldReplies,
 }
 
 /// A loopback TCP proxy that can drop, stall or cut connections on command.
@@ -221,8 +224,8 @@ impl Proxy {
                         _ = cut.changed() => {}
                         _ = async {
                             tokio::join!(
-                                pump(cr, sw, mode.clone(), a, epoch),
-                                pump(sr, cw, mode, b, epoch)
+                                pump(cr, sw, mode.clone(), a, epoch, &[Mode::Stall]),
+                                pump(sr, cw, mode, b, epoch, &[Mode::Stall, Mode::HoldReplies])
                             )
                         } => {}
                     }
@@ -260,10 +263,11 @@ async fn pump(
     mut mode: watch::Receiver<Mode>,
     cut: watch::Receiver<u64>,
     epoch: u64,
+    holds: &[Mode],
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if mode.wait_for(|m| *m != Mode::Stall).await.is_err() {
+        if mode.wait_for(|m| !holds.contains(m)).await.is_err() {
             return;
         }
         let n = match from.read(&mut buf).await {
@@ -275,7 +279,7 @@ async fn pump(
         };
         // Bytes read just before a stall began are held back too, and dropped if the
         // connection was cut meanwhile (cut happens before the mode returns to pass).
-        if mode.wait_for(|m| *m != Mode::Stall).await.is_err() || *cut.borrow() != epoch {
+        if mode.wait_for(|m| !holds.contains(m)).await.is_err() || *cut.borrow() != epoch {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -57,9 +57,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.store.claim(key, fingerprint, lease).await
+        self.store.claim(key, fingerprint, token, lease).await
     }
 
     async fn renew(
@@ -128,10 +129,11 @@ impl<S: Store> Store for CountingStore<S> {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, fingerprint, lease).await
+        self.inner.claim(key, fingerprint, token, lease).await
     }
 
     async fn renew(
@@ -205,9 +207,18 @@ fn response(body: impl Into<Bytes>) -> CachedResponse {
     }
 }
 
+/// A fresh fencing token, as the layer draws one per claim.
+pub fn fresh_token() -> FencingToken {
+    FencingToken::random().expect("the OS provides random bytes")
+}
+
 async fn claim_token(store: &dyn Store, key: &str, fp: &Fingerprint, lease: Duration) -> u64 {
-    match store.claim(key, fp, lease).await.expect("claim") {
-        ClaimOutcome::Claimed { token } => token.0,
+    let mine = fresh_token();
+    match store.claim(key, fp, mine, lease).await.expect("claim") {
+        ClaimOutcome::Claimed { token } => {
+            assert_eq!(token, mine, "the store must use the caller's token");
+            token.0
+        }
         other => panic!("expected a fresh claim of {key}, got {other:?}"),
     }
 }
@@ -230,13 +241,86 @@ pub async fn claim_complete_replay(store: Arc<dyn Store>) {
         fingerprint: fp,
         response: cached,
     };
-    match store.claim(&key, &fp, LONG).await.expect("claim") {
-        ClaimOutcome::Completed(record) => assert_eq!(record, expected),
+    match store
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(record, expected),
         other => panic!("expected the completed record, got {other:?}"),
     }
-    assert_eq!(
-        store.get(&key).await.expect("get"),
-        Some(RecordState::Completed(expected))
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::Completed { record, .. }) => assert_eq!(record, expected),
+        other => panic!("expected the completed record, got {other:?}"),
+    }
+}
+
+/// The store writes the token the caller chose, and a claim repeated with that token while the
+/// record is in flight (a client resending a claim whose first attempt landed) is `Claimed`, not
+/// its own duplicate; another token still sees it in flight, and once completed the same token
+/// gets the completed record.
+pub async fn caller_token_is_used_and_a_repeated_claim_is_claimed(store: Arc<dyn Store>) {
+    let key = fresh_key("own-token");
+    let fp = fingerprint(12);
+    let mine = fresh_token();
+    for attempt in ["first", "repeated"] {
+        match store.claim(&key, &fp, mine, LONG).await.expect("claim") {
+            ClaimOutcome::Claimed { token } => assert_eq!(token, mine, "{attempt} claim"),
+            other => panic!("the {attempt} claim with my token must be mine, got {other:?}"),
+        }
+    }
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::InFlight { token, .. }) => assert_eq!(token, mine),
+        other => panic!("expected my in-flight record, got {other:?}"),
+    }
+    match store
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, fp),
+        other => panic!("another token must see the key in flight, got {other:?}"),
+    }
+    let done = store.complete(&key, mine, &response("mine"), LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    match store.claim(&key, &fp, mine, LONG).await.expect("claim") {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(&record.response.body[..], b"mine"),
+        other => panic!("a completed key is replayed, whatever the token, got {other:?}"),
+    }
+}
+
+/// A completed record reports the time it has left, from `claim` and from `get`: at most the TTL
+/// it was completed with, and less on a later read.
+pub async fn remaining_ttl_is_reported_and_decreases(store: Arc<dyn Store>) {
+    let key = fresh_key("ttl-left");
+    let fp = fingerprint(13);
+    let t = claim_token(&*store, &key, &fp, LONG).await;
+    let ttl = Duration::from_secs(30);
+    let done = store.complete(&key, token(t), &response("x"), ttl).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    let first = match store
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { ttl_remaining, .. } => ttl_remaining,
+        other => panic!("expected completed, got {other:?}"),
+    };
+    assert!(first <= ttl, "{first:?} left of a {ttl:?} TTL");
+    assert!(
+        first > ttl / 2,
+        "{first:?} left of a {ttl:?} TTL right after completing"
+    );
+    // A lease-length wait, so that even a store counting whole milliseconds shows the difference.
+    tokio::time::sleep(SHORT_LEASE).await;
+    let later = match store.get(&key).await.expect("get") {
+        Some(RecordState::Completed { ttl_remaining, .. }) => ttl_remaining,
+        other => panic!("expected completed, got {other:?}"),
+    };
+    assert!(later < first, "{later:?} left after {first:?}");
+    assert!(
+        later <= ttl - SHORT_LEASE,
+        "{later:?} left of a {ttl:?} TTL"
     );
 }
 
@@ -251,7 +335,10 @@ pub async fn concurrent_claimers_have_one_winner(store: Arc<dyn Store>) {
             let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.claim(&key, &fp, LONG).await.expect("claim")
+                store
+                    .claim(&key, &fp, fresh_token(), LONG)
+                    .await
+                    .expect("claim")
             })
         })
         .collect();
@@ -290,16 +377,30 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
     let fresh = response("fresh");
     let done = store.complete(&key, token(second), &fresh, LONG).await;
     assert_eq!(done.expect("complete"), Ownership::Current);
-    match store.claim(&key, &fp, LONG).await.expect("claim") {
-        ClaimOutcome::Completed(record) => assert_eq!(record.response.body, fresh.body),
+    match store
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, fresh.body),
         other => panic!("expected the new holder's result, got {other:?}"),
     }
+    // A completed record cannot be completed again: a store answers `Stale`, or `Current` when
+    // it treats the call as a resend of the completion that already applied (see the contract);
+    // either way the record is unchanged.
     let after = store.complete(&key, token(second), &stale, LONG).await;
-    assert_eq!(
-        after.expect("complete twice"),
-        Ownership::Stale,
-        "a completed record cannot be completed again"
-    );
+    after.expect("complete twice");
+    let again = store.complete(&key, token(first), &stale, LONG).await;
+    assert_eq!(again.expect("stale complete"), Ownership::Stale);
+    match store.get(&key).await.expect("get") {
+        Some(RecordState::Completed { record, .. }) => {
+            assert_eq!(
+                record.response.body, fresh.body,
+                "a completed record never changes"
+            )
+        }
+        other => panic!("expected the new holder's result, got {other:?}"),
+    }
 }
 
 /// A live lease blocks other claimers; once it expires the key is claimable exactly once.
@@ -307,7 +408,11 @@ pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
     let key = Arc::new(fresh_key("lease"));
     let fp = fingerprint(4);
     claim_token(&*store, &key, &fp, SHORT_LEASE).await;
-    match store.claim(&key, &fp, LONG).await.expect("claim") {
+    match store
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::InFlight {
             lease_remaining, ..
         } => assert!(lease_remaining <= SHORT_LEASE, "{lease_remaining:?}"),
@@ -318,7 +423,12 @@ pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
     let claims: Vec<_> = (0..20)
         .map(|_| {
             let (store, key) = (store.clone(), key.clone());
-            tokio::spawn(async move { store.claim(&key, &fp, LONG).await.expect("claim") })
+            tokio::spawn(async move {
+                store
+                    .claim(&key, &fp, fresh_token(), LONG)
+                    .await
+                    .expect("claim")
+            })
         })
         .collect();
     let mut winners = 0;
@@ -340,7 +450,7 @@ pub async fn ttl_expiry_forgets_completed(store: Arc<dyn Store>) {
     assert_eq!(done.expect("complete"), Ownership::Current);
     assert!(matches!(
         store.get(&key).await.expect("get"),
-        Some(RecordState::Completed(_))
+        Some(RecordState::Completed { .. })
     ));
     tokio::time::sleep(ttl * 2).await;
     assert_eq!(store.get(&key).await.expect("get"), None);
@@ -353,14 +463,22 @@ pub async fn fingerprint_is_reported(store: Arc<dyn Store>) {
     let key = fresh_key("fingerprint");
     let (original, other) = (fingerprint(6), fingerprint(7));
     let t = claim_token(&*store, &key, &original, LONG).await;
-    match store.claim(&key, &other, LONG).await.expect("claim") {
+    match store
+        .claim(&key, &other, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
         ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, original),
         other => panic!("expected in flight, got {other:?}"),
     }
     let done = store.complete(&key, token(t), &response("x"), LONG).await;
     assert_eq!(done.expect("complete"), Ownership::Current);
-    match store.claim(&key, &other, LONG).await.expect("claim") {
-        ClaimOutcome::Completed(record) => assert_eq!(record.fingerprint, original),
+    match store
+        .claim(&key, &other, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(record.fingerprint, original),
         other => panic!("expected completed, got {other:?}"),
     }
 }
@@ -384,8 +502,12 @@ pub async fn binary_and_large_bodies_round_trip(store: Arc<dyn Store>) {
         let t = claim_token(&*store, &key, &fp, LONG).await;
         let done = store.complete(&key, token(t), &cached, LONG).await;
         assert_eq!(done.expect("complete"), Ownership::Current);
-        match store.claim(&key, &fp, LONG).await.expect("claim") {
-            ClaimOutcome::Completed(record) => assert_eq!(record.response, cached),
+        match store
+            .claim(&key, &fp, fresh_token(), LONG)
+            .await
+            .expect("claim")
+        {
+            ClaimOutcome::Completed { record, .. } => assert_eq!(record.response, cached),
             other => panic!("expected completed, got {other:?}"),
         }
     }
@@ -445,8 +567,12 @@ pub async fn extreme_durations_mean_forever(store: Arc<dyn Store>) {
         completed.expect("complete with Duration::MAX"),
         Ownership::Current
     );
-    match store.claim(&key, &fp, Duration::MAX).await.expect("claim") {
-        ClaimOutcome::Completed(record) => assert_eq!(&record.response.body[..], b"forever"),
+    match store
+        .claim(&key, &fp, fresh_token(), Duration::MAX)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(&record.response.body[..], b"forever"),
         other => panic!("the record must be kept, got {other:?}"),
     }
 }
@@ -479,13 +605,18 @@ pub async fn forget_deletes_one_record(store: Arc<dyn Store>) {
     );
     assert!(
         matches!(
-            store.claim(&key, &fp, LONG).await.expect("claim"),
+            store
+                .claim(&key, &fp, FencingToken::random().expect("token"), LONG)
+                .await
+                .expect("claim"),
             ClaimOutcome::Claimed { .. }
         ),
         "a forgotten key runs again"
     );
     match store.get(&other).await.expect("get other") {
-        Some(RecordState::Completed(record)) => assert_eq!(&record.response.body[..], b"kept"),
+        Some(RecordState::Completed { record, .. }) => {
+            assert_eq!(&record.response.body[..], b"kept")
+        }
         state => panic!("another key must be untouched, got {state:?}"),
     }
 }
@@ -678,8 +809,12 @@ pub async fn restart_keeps_completed(before: Arc<dyn Store>, after: Arc<dyn Stor
     let done = before.complete(&key, token(t), &cached, LONG).await;
     assert_eq!(done.expect("complete"), Ownership::Current);
     drop(before);
-    match after.claim(&key, &fp, LONG).await.expect("claim") {
-        ClaimOutcome::Completed(record) => assert_eq!(record.response, cached),
+    match after
+        .claim(&key, &fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(record.response, cached),
         other => panic!("a completed key must survive a restart, got {other:?}"),
     }
 }
@@ -840,6 +975,8 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, release_frees_the_key);
         $crate::__conformance_test!($make, renew_extends_the_lease);
         $crate::__conformance_test!($make, extreme_durations_mean_forever);
+        $crate::__conformance_test!($make, caller_token_is_used_and_a_repeated_claim_is_claimed);
+        $crate::__conformance_test!($make, remaining_ttl_is_reported_and_decreases);
         $crate::__conformance_test!($make, http_rounds_run_handler_once);
         $crate::__conformance_test!($make, slow_handler_keeps_its_key_over_http);
         $crate::__conformance_test!($make, forget_deletes_one_record);

@@ -139,12 +139,13 @@ impl Store for FailingRecords {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         if key.contains(".auth:") && self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("injected".into()));
         }
-        self.inner.claim(key, fingerprint, lease).await
+        self.inner.claim(key, fingerprint, token, lease).await
     }
 
     async fn renew(

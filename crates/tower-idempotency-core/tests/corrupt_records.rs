@@ -19,17 +19,21 @@ impl Store for FullRecord {
         &self,
         _: &str,
         fingerprint: &Fingerprint,
+        _: FencingToken,
         _: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        Ok(ClaimOutcome::Completed(CompletedRecord {
-            fingerprint: *fingerprint,
-            response: CachedResponse {
-                status: StatusCode::CREATED,
-                headers: self.0.clone(),
-                body: bytes::Bytes::from_static(b"created"),
-                body_omitted: false,
+        Ok(ClaimOutcome::Completed {
+            record: CompletedRecord {
+                fingerprint: *fingerprint,
+                response: CachedResponse {
+                    status: StatusCode::CREATED,
+                    headers: self.0.clone(),
+                    body: bytes::Bytes::from_static(b"created"),
+                    body_omitted: false,
+                },
             },
-        }))
+            ttl_remaining: Duration::from_secs(60),
+        })
     }
     async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
         Ok(Ownership::Stale)

@@ -583,9 +583,10 @@ impl Store for Observed {
         &self,
         key: &str,
         fp: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fp, lease).await
+        self.inner.claim(key, fp, token, lease).await
     }
     async fn renew(
         &self,
@@ -728,6 +729,7 @@ impl Store for Broken {
         &self,
         _: &str,
         _: &Fingerprint,
+        _: FencingToken,
         _: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         self.fail().await

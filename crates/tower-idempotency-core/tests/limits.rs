@@ -38,8 +38,15 @@ fn response() -> CachedResponse {
 async fn the_memory_store_takes_duration_max_as_forever() {
     let store = MemoryStore::new();
     let fingerprint = Fingerprint([7; 32]);
-    let ClaimOutcome::Claimed { token } =
-        store.claim("k", &fingerprint, Duration::MAX).await.unwrap()
+    let ClaimOutcome::Claimed { token } = store
+        .claim(
+            "k",
+            &fingerprint,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::MAX,
+        )
+        .await
+        .unwrap()
     else {
         panic!("a fresh key is claimed")
     };
@@ -55,8 +62,8 @@ async fn the_memory_store_takes_duration_max_as_forever() {
         Ownership::Current
     );
     assert!(matches!(
-        store.claim("k", &fingerprint, Duration::MAX).await.unwrap(),
-        ClaimOutcome::Completed(record) if record.response.body == "created"
+        store.claim("k", &fingerprint, tower_idempotency_core::FencingToken::random().unwrap(), Duration::MAX).await.unwrap(),
+        ClaimOutcome::Completed { record, .. } if record.response.body == "created"
     ));
 }
 
@@ -130,7 +137,12 @@ async fn a_full_memory_store_purges_a_lease_a_renewal_shortened() {
     let store = MemoryStore::new().with_max_entries(1);
     let fingerprint = Fingerprint([1; 32]);
     let ClaimOutcome::Claimed { token } = store
-        .claim("a", &fingerprint, Duration::from_secs(60))
+        .claim(
+            "a",
+            &fingerprint,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(60),
+        )
         .await
         .unwrap()
     else {
@@ -147,7 +159,12 @@ async fn a_full_memory_store_purges_a_lease_a_renewal_shortened() {
     for i in 0..1_000 {
         let key = format!("b:{i}");
         match store
-            .claim(&key, &fingerprint, Duration::from_secs(60))
+            .claim(
+                &key,
+                &fingerprint,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
         {
             Ok(ClaimOutcome::Claimed { token }) => {

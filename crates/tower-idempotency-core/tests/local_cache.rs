@@ -35,7 +35,16 @@ fn response(body: &[u8]) -> CachedResponse {
 /// Claims and completes `key` through `cache`, returning the stored response.
 async fn complete(cache: &LocalReplayCache<CountingStore>, key: &str, body: &[u8]) {
     let fp = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed { token } = cache.claim(key, &fp, LEASE).await.unwrap() else {
+    let ClaimOutcome::Claimed { token } = cache
+        .claim(
+            key,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
+    else {
         panic!("a fresh key is claimed");
     };
     let done = cache.complete(key, token, &response(body), TTL).await;
@@ -44,11 +53,16 @@ async fn complete(cache: &LocalReplayCache<CountingStore>, key: &str, body: &[u8
 
 async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> Bytes {
     match cache
-        .claim(key, &Fingerprint([1; 32]), LEASE)
+        .claim(
+            key,
+            &Fingerprint([1; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
         .await
         .unwrap()
     {
-        ClaimOutcome::Completed(record) => record.response.body,
+        ClaimOutcome::Completed { record, .. } => record.response.body,
         other => panic!("expected a replay, got {other:?}"),
     }
 }
@@ -74,15 +88,33 @@ async fn another_instance_asks_the_store_once_then_replays_locally() {
     let reader = LocalReplayCache::new(shared.clone());
     let key = fresh_key("local-other-instance");
     let fp = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed { token } = writer.claim(&key, &fp, LEASE).await.unwrap() else {
+    let ClaimOutcome::Claimed { token } = writer
+        .claim(
+            &key,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
+    else {
         panic!("a fresh key is claimed");
     };
     let done = writer.complete(&key, token, &response(b"x"), TTL).await;
     assert_eq!(done.unwrap(), Ownership::Current);
 
     for _ in 0..5 {
-        match reader.claim(&key, &fp, LEASE).await.unwrap() {
-            ClaimOutcome::Completed(record) => assert_eq!(record.response.body, &b"x"[..]),
+        match reader
+            .claim(
+                &key,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                LEASE,
+            )
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, &b"x"[..]),
             other => panic!("expected a replay, got {other:?}"),
         }
     }
@@ -95,24 +127,57 @@ async fn released_and_stale_completions_are_not_cached() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let fp = Fingerprint([4; 32]);
     let released = fresh_key("local-released");
-    let ClaimOutcome::Claimed { token } = cache.claim(&released, &fp, LEASE).await.unwrap() else {
+    let ClaimOutcome::Claimed { token } = cache
+        .claim(
+            &released,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
+    else {
         panic!("a fresh key is claimed");
     };
     cache.release(&released, token).await.unwrap();
     assert!(matches!(
-        cache.claim(&released, &fp, LEASE).await.unwrap(),
+        cache
+            .claim(
+                &released,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                LEASE
+            )
+            .await
+            .unwrap(),
         ClaimOutcome::Claimed { .. }
     ));
 
     let stale = fresh_key("local-stale");
     let short = Duration::from_millis(50);
-    let ClaimOutcome::Claimed { token: old } = cache.claim(&stale, &fp, short).await.unwrap()
+    let ClaimOutcome::Claimed { token: old } = cache
+        .claim(
+            &stale,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            short,
+        )
+        .await
+        .unwrap()
     else {
         panic!("a fresh key is claimed");
     };
     // Waiting out the lease is what is under test; there is no event to await.
     tokio::time::sleep(short * 3).await;
-    let ClaimOutcome::Claimed { token: new } = cache.claim(&stale, &fp, LEASE).await.unwrap()
+    let ClaimOutcome::Claimed { token: new } = cache
+        .claim(
+            &stale,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
     else {
         panic!("an expired lease is reclaimed");
     };
@@ -120,7 +185,15 @@ async fn released_and_stale_completions_are_not_cached() {
     assert_eq!(done.unwrap(), Ownership::Stale);
     assert!(
         matches!(
-            cache.claim(&stale, &fp, LEASE).await.unwrap(),
+            cache
+                .claim(
+                    &stale,
+                    &fp,
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    LEASE
+                )
+                .await
+                .unwrap(),
             ClaimOutcome::InFlight { .. }
         ),
         "a refused completion must not be replayed from the cache"
@@ -136,12 +209,28 @@ async fn in_flight_records_are_never_cached() {
     let key = fresh_key("local-in-flight");
     let fp = Fingerprint([2; 32]);
     assert!(matches!(
-        cache.claim(&key, &fp, LEASE).await.unwrap(),
+        cache
+            .claim(
+                &key,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                LEASE
+            )
+            .await
+            .unwrap(),
         ClaimOutcome::Claimed { .. }
     ));
     for _ in 0..3 {
         assert!(matches!(
-            cache.claim(&key, &fp, LEASE).await.unwrap(),
+            cache
+                .claim(
+                    &key,
+                    &fp,
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    LEASE
+                )
+                .await
+                .unwrap(),
             ClaimOutcome::InFlight { .. }
         ));
     }
@@ -205,11 +294,18 @@ async fn a_local_replay_still_reports_the_original_fingerprint() {
     let key = fresh_key("local-fingerprint");
     complete(&cache, &key, b"x").await;
     match cache
-        .claim(&key, &Fingerprint([9; 32]), LEASE)
+        .claim(
+            &key,
+            &Fingerprint([9; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
         .await
         .unwrap()
     {
-        ClaimOutcome::Completed(record) => assert_eq!(record.fingerprint, Fingerprint([1; 32])),
+        ClaimOutcome::Completed { record, .. } => {
+            assert_eq!(record.fingerprint, Fingerprint([1; 32]))
+        }
         other => panic!("expected the completed record, got {other:?}"),
     }
     assert_eq!(
@@ -233,7 +329,16 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
     let key = fresh_key("local-record-ttl");
     let fp = Fingerprint([5; 32]);
     let record_ttl = Duration::from_millis(80);
-    let ClaimOutcome::Claimed { token } = cache.claim(&key, &fp, LEASE).await.unwrap() else {
+    let ClaimOutcome::Claimed { token } = cache
+        .claim(
+            &key,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
+    else {
         panic!("a fresh key is claimed");
     };
     let done = cache
@@ -241,14 +346,30 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
         .await;
     assert_eq!(done.unwrap(), Ownership::Current);
     assert!(matches!(
-        cache.claim(&key, &fp, LEASE).await.unwrap(),
-        ClaimOutcome::Completed(_)
+        cache
+            .claim(
+                &key,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                LEASE
+            )
+            .await
+            .unwrap(),
+        ClaimOutcome::Completed { .. }
     ));
     // Waiting out the record's TTL is what is under test; there is no event to await.
     tokio::time::sleep(record_ttl * 2).await;
     assert!(
         matches!(
-            cache.claim(&key, &fp, LEASE).await.unwrap(),
+            cache
+                .claim(
+                    &key,
+                    &fp,
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    LEASE
+                )
+                .await
+                .unwrap(),
             ClaimOutcome::Claimed { .. }
         ),
         "the record expired in the store, so the key is new again"
@@ -263,10 +384,59 @@ async fn a_forgotten_key_is_not_replayed_from_the_cache() {
     assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
     assert!(cache.forget(&key).await.unwrap());
     let fp = Fingerprint([1; 32]);
-    let again = cache.claim(&key, &fp, LEASE).await.unwrap();
+    let again = cache
+        .claim(
+            &key,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap();
     assert!(
         matches!(again, ClaimOutcome::Claimed { .. }),
         "the cached copy must go with the record: {again:?}"
     );
     assert_eq!(cache.inner().claims(), 2, "the claim reached the store");
+}
+
+/// A record another instance completed with a short TTL is cached from a claim's answer, and
+/// leaves the cache when it expires in the store, not when the cache's own (longer) TTL ends.
+#[tokio::test]
+async fn a_replay_cached_from_the_store_expires_with_the_record() {
+    let shared = Arc::new(MemoryStore::new());
+    let reader = LocalReplayCache::new(shared.clone()).ttl(Duration::from_secs(60));
+    let key = fresh_key("record-ttl");
+    let fp = Fingerprint([1; 32]);
+    let token = tower_idempotency_core::FencingToken::random().unwrap();
+    let record_ttl = Duration::from_millis(300);
+    assert!(matches!(
+        shared.claim(&key, &fp, token, LEASE).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    let done = shared
+        .complete(&key, token, &response(b"short"), record_ttl)
+        .await;
+    assert_eq!(done.unwrap(), Ownership::Current);
+    match reader
+        .claim(
+            &key,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed { ttl_remaining, .. } => assert!(ttl_remaining <= record_ttl),
+        other => panic!("expected the completed record, got {other:?}"),
+    }
+    assert_eq!(reader.len(), 1, "the replay is cached");
+    // Let the record expire in the store.
+    tokio::time::sleep(record_ttl * 2).await;
+    let mine = tower_idempotency_core::FencingToken::random().unwrap();
+    match reader.claim(&key, &fp, mine, LEASE).await.unwrap() {
+        ClaimOutcome::Claimed { token } => assert_eq!(token, mine),
+        other => panic!("the expired record must not be replayed from the cache, got {other:?}"),
+    }
 }

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, ServiceExt};
 use tower_idempotency_core::{
-    CachedResponse, ClaimOutcome, Fingerprint, IdempotencyLayer, MemoryStore, Outcome, Ownership,
-    Store, StoreError,
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer, MemoryStore,
+    Outcome, Ownership, Store, StoreError,
 };
 
 const SHARDS: usize = 16;
@@ -83,7 +83,7 @@ async fn a_shard_full_of_in_flight_records_refuses_and_evicts_nothing() {
     let mut refused = None;
     for i in 0..100 * SHARDS {
         let key = format!("k:{i}");
-        match store.claim(&key, &fp, LONG).await {
+        match store.claim(&key, &fp, tok(), LONG).await {
             Ok(ClaimOutcome::Claimed { token }) => held.push((key, token)),
             Err(StoreError::CapacityExceeded(_)) => {
                 refused = Some(key);
@@ -97,7 +97,7 @@ async fn a_shard_full_of_in_flight_records_refuses_and_evicts_nothing() {
     for (key, _) in &held {
         assert!(
             matches!(
-                store.claim(key, &fp, LONG).await,
+                store.claim(key, &fp, tok(), LONG).await,
                 Ok(ClaimOutcome::InFlight { .. })
             ),
             "an in-flight record is never evicted"
@@ -108,7 +108,7 @@ async fn a_shard_full_of_in_flight_records_refuses_and_evicts_nothing() {
         let done = store.complete(key, *token, &response(8), LONG).await;
         assert_eq!(done.unwrap(), Ownership::Current);
     }
-    let after = store.claim(&refused, &fp, LONG).await;
+    let after = store.claim(&refused, &fp, tok(), LONG).await;
     assert!(
         matches!(after, Ok(ClaimOutcome::Claimed { .. })),
         "{after:?}"
@@ -124,7 +124,7 @@ async fn the_byte_bound_evicts_the_oldest_completed_records() {
     // 200 records of 2 KiB: 400 KiB against a 128 KiB bound.
     for i in 0..200 {
         let key = format!("b:{i}");
-        let Ok(ClaimOutcome::Claimed { token }) = store.claim(&key, &fp, LONG).await else {
+        let Ok(ClaimOutcome::Claimed { token }) = store.claim(&key, &fp, tok(), LONG).await else {
             panic!("a fresh key is claimed while completed records can make room");
         };
         let done = store.complete(&key, token, &response(2048), LONG).await;
@@ -134,8 +134,8 @@ async fn the_byte_bound_evicts_the_oldest_completed_records() {
     assert!(store.evictions() > 0);
     // The newest record is kept.
     assert!(matches!(
-        store.claim("b:199", &fp, LONG).await,
-        Ok(ClaimOutcome::Completed(record)) if record.response.body.len() == 2048
+        store.claim("b:199", &fp, tok(), LONG).await,
+        Ok(ClaimOutcome::Completed { record, .. }) if record.response.body.len() == 2048
     ));
 }
 
@@ -143,7 +143,7 @@ async fn the_byte_bound_evicts_the_oldest_completed_records() {
 async fn a_record_larger_than_a_shard_may_hold_is_refused() {
     let store = MemoryStore::new().with_max_bytes(SHARDS * 1024);
     let fp = Fingerprint([3; 32]);
-    let Ok(ClaimOutcome::Claimed { token }) = store.claim("big", &fp, LONG).await else {
+    let Ok(ClaimOutcome::Claimed { token }) = store.claim("big", &fp, tok(), LONG).await else {
         panic!("a fresh key is claimed");
     };
     match store.complete("big", token, &response(2048), LONG).await {
@@ -161,4 +161,8 @@ async fn a_record_larger_than_a_shard_may_hold_is_refused() {
     };
     let done = store.complete("big", token, &omitted, LONG).await;
     assert_eq!(done.unwrap(), Ownership::Current);
+}
+
+fn tok() -> FencingToken {
+    FencingToken::random().expect("a token")
 }

@@ -114,9 +114,10 @@ impl Store for FlakyCompletion {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fingerprint, lease).await
+        self.inner.claim(key, fingerprint, token, lease).await
     }
     async fn renew(
         &self,
@@ -222,9 +223,10 @@ impl Store for HungRenewal {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fingerprint, lease).await
+        self.inner.claim(key, fingerprint, token, lease).await
     }
     async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
         self.renewal_pending.store(true, Ordering::SeqCst);
@@ -301,6 +303,7 @@ impl Store for HungClaim {
         &self,
         _: &str,
         _: &Fingerprint,
+        _: FencingToken,
         _: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         std::future::pending().await

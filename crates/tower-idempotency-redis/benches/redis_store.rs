@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
     let mut first = c.benchmark_group("first_request");
     for size in SIZES {
         let cached = response(size);
-        let record_len = 33
+        let record_len = 41
             + CompletedRecord {
                 fingerprint: fp,
                 response: cached.clone(),
@@ -71,7 +71,15 @@ fn bench(c: &mut Criterion) {
         first.bench_function(BenchmarkId::new("store_claim_complete", size), |b| {
             b.to_async(&runtime).iter(|| async {
                 let key = next_key();
-                let ClaimOutcome::Claimed { token } = store.claim(&key, &fp, lease).await.unwrap()
+                let ClaimOutcome::Claimed { token } = store
+                    .claim(
+                        &key,
+                        &fp,
+                        tower_idempotency_core::FencingToken::random().unwrap(),
+                        lease,
+                    )
+                    .await
+                    .unwrap()
                 else {
                     panic!("new key not claimed");
                 };
@@ -111,7 +119,15 @@ fn bench(c: &mut Criterion) {
         let cached = response(size);
         let key = next_key();
         let value = runtime.block_on(async {
-            let ClaimOutcome::Claimed { token } = store.claim(&key, &fp, lease).await.unwrap()
+            let ClaimOutcome::Claimed { token } = store
+                .claim(
+                    &key,
+                    &fp,
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    lease,
+                )
+                .await
+                .unwrap()
             else {
                 panic!("new key not claimed");
             };
@@ -124,8 +140,19 @@ fn bench(c: &mut Criterion) {
         });
         replay.bench_function(BenchmarkId::new("store_claim_replay", size), |b| {
             b.to_async(&runtime).iter(|| async {
-                match store.claim(&key, &fp, lease).await.unwrap() {
-                    ClaimOutcome::Completed(record) => assert_eq!(record.response.body.len(), size),
+                match store
+                    .claim(
+                        &key,
+                        &fp,
+                        tower_idempotency_core::FencingToken::random().unwrap(),
+                        lease,
+                    )
+                    .await
+                    .unwrap()
+                {
+                    ClaimOutcome::Completed { record, .. } => {
+                        assert_eq!(record.response.body.len(), size)
+                    }
                     other => panic!("expected a replay, got {other:?}"),
                 }
             })

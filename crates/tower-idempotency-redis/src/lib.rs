@@ -26,7 +26,9 @@
 //! | state | value | expiry |
 //! |---|---|---|
 //! | in flight | `'I'`, fencing token (8 bytes), request fingerprint (32 bytes), lease deadline (8 bytes, Unix ms) | `PX` = the lease |
-//! | completed | `'C'`, fingerprint (32 bytes), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
+//! | completed | `'D'`, fingerprint (32 bytes), the completing fencing token (8 bytes), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
+//!
+//! Records written without the token (`'C'`, fingerprint, response) are still read.
 //!
 //! Redis's own key expiry implements both the lease and the TTL, so no sweeper is needed and an
 //! expired record is simply absent.
@@ -36,7 +38,7 @@
 //! | call | what is sent | round trips |
 //! |---|---|---|
 //! | `claim` | `SET key <in-flight> NX PX <lease> GET`: creates the record, or returns the existing one (the whole completed record, or the holder's fingerprint and deadline) | 1 |
-//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'C'+fingerprint PX ttl`; `APPEND` the response | 1 |
+//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'D'+fingerprint+token PX ttl`; `APPEND` the response | 1 |
 //! | `complete`, larger record | pipeline: `SET <staging key> <record> PX 60000`, then script: check token; `RENAME` staging key to record; `SETRANGE` the fingerprint; `PEXPIRE ttl` (a stale holder's staged value is deleted instead) | 1 |
 //! | `renew` | script: check token; `SETRANGE` the deadline; `PEXPIRE` | 1 |
 //! | `release` | script: check token; `DEL` | 1 |
@@ -109,9 +111,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 const KIND_IN_FLIGHT: u8 = b'I';
+/// Completed, without the completing token (still read, no longer written).
 const KIND_COMPLETED: u8 = b'C';
+/// Completed, with the completing token, so a resent completion can tell it already applied.
+const KIND_COMPLETED_BY: u8 = b'D';
 const IN_FLIGHT_LEN: usize = 1 + 8 + 32 + 8;
 const COMPLETED_HEADER_LEN: usize = 1 + 32;
+const COMPLETED_BY_HEADER_LEN: usize = 1 + 32 + 8;
 /// Records up to this size go to Redis inside the script call; larger ones are staged with a
 /// plain `SET` first, because Redis copies every string passed into Lua, in proportion to its size
 /// (`cargo bench -p tower-idempotency-redis --bench redis_store` has a 64 KiB first request).
@@ -147,6 +153,37 @@ pub enum ConnectError {
     /// The URL was invalid or the server could not be reached.
     #[error("cannot connect to redis")]
     Redis(#[source] RedisError),
+    /// A server may evict keys under memory pressure (`maxmemory-policy` is not `noeviction`):
+    /// an evicted in-flight or completed record lets a duplicate run the handler again. Set the
+    /// policy to `noeviction`, or accept the risk with [`ConnectOptions::allow_eviction`].
+    #[error("redis maxmemory-policy is {policy}; records could be evicted (use noeviction)")]
+    EvictingPolicy {
+        /// The policy a server reported.
+        policy: String,
+    },
+}
+
+/// Options for [`RedisStore::connect_with`] and [`RedisStore::connect_cluster_with`].
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    allow_eviction: bool,
+}
+
+impl ConnectOptions {
+    /// The defaults: refuse a server whose `maxmemory-policy` may evict keys.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Connects even when a server's `maxmemory-policy` may evict keys (anything but
+    /// `noeviction`). Under memory pressure Redis may then delete an in-flight record (a
+    /// duplicate runs the handler while the first still runs) or a completed one (a retry runs
+    /// it again): only for deployments that accept that.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
 }
 
 #[derive(Clone)]
@@ -238,8 +275,18 @@ impl RedisStore {
     }
 
     /// Connects to one Redis server (`redis://host:port/db`) with a 2 s connection and response
-    /// timeout and 3 reconnection attempts, and preloads the scripts.
+    /// timeout and 3 reconnection attempts, checks that the server does not evict keys (see
+    /// [`ConnectError::EvictingPolicy`]), and preloads the scripts.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ConnectError> {
+        Self::connect_with(url, prefix, ConnectOptions::new()).await
+    }
+
+    /// [`connect`](Self::connect) with options.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        options: ConnectOptions,
+    ) -> Result<Self, ConnectError> {
         validate_prefix(prefix)?;
         let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
         let config = ConnectionManagerConfig::new()
@@ -250,15 +297,26 @@ impl RedisStore {
             .await
             .map_err(ConnectError::Redis)?;
         let store = Self::new(manager, prefix)?;
+        store.check_eviction(&options).await?;
         store.preload_scripts().await.map_err(ConnectError::Redis)?;
         Ok(store)
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://host:port`) with a 2 s
-    /// connection and response timeout, and preloads the scripts on every master.
+    /// connection and response timeout, checks that no master evicts keys (see
+    /// [`ConnectError::EvictingPolicy`]), and preloads the scripts on every master.
     pub async fn connect_cluster<'a>(
         nodes: impl IntoIterator<Item = &'a str>,
         prefix: &str,
+    ) -> Result<Self, ConnectError> {
+        Self::connect_cluster_with(nodes, prefix, ConnectOptions::new()).await
+    }
+
+    /// [`connect_cluster`](Self::connect_cluster) with options.
+    pub async fn connect_cluster_with<'a>(
+        nodes: impl IntoIterator<Item = &'a str>,
+        prefix: &str,
+        options: ConnectOptions,
     ) -> Result<Self, ConnectError> {
         validate_prefix(prefix)?;
         let client = redis::cluster::ClusterClientBuilder::new(nodes)
@@ -271,8 +329,51 @@ impl RedisStore {
             .await
             .map_err(ConnectError::Redis)?;
         let store = Self::cluster(connection, prefix)?;
+        store.check_eviction(&options).await?;
         store.preload_scripts().await.map_err(ConnectError::Redis)?;
         Ok(store)
+    }
+
+    async fn check_eviction(&self, options: &ConnectOptions) -> Result<(), ConnectError> {
+        let policies = self
+            .eviction_policies()
+            .await
+            .map_err(ConnectError::Redis)?;
+        match policies.into_iter().find(|p| p != "noeviction") {
+            Some(policy) if options.allow_eviction => {
+                tracing::warn!(%policy, "redis may evict idempotency records under memory pressure (eviction allowed by ConnectOptions)");
+                Ok(())
+            }
+            Some(policy) => Err(ConnectError::EvictingPolicy { policy }),
+            None => Ok(()),
+        }
+    }
+
+    /// The `maxmemory-policy` of the server, or of every master of a cluster, read from
+    /// `INFO memory` (which managed services that disable `CONFIG` still answer). Anything but
+    /// `noeviction` lets Redis delete records under memory pressure; [`connect`](Self::connect)
+    /// and [`connect_cluster`](Self::connect_cluster) check it, a store built with
+    /// [`new`](Self::new) or [`cluster`](Self::cluster) can call this itself.
+    pub async fn eviction_policies(&self) -> Result<Vec<String>, RedisError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let reply = match self.connection.clone() {
+            Connection::Single(mut c) => info.query_async::<Value>(&mut c).await?,
+            Connection::Cluster(mut c) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                c.route_command(info, all).await?
+            }
+        };
+        let mut policies = Vec::new();
+        collect_policies(&reply, &mut policies);
+        if policies.is_empty() {
+            return Err(RedisError::from((
+                ErrorKind::Parse,
+                "INFO memory has no maxmemory_policy",
+            )));
+        }
+        Ok(policies)
     }
 
     /// Bounds the encoded size of a completed record (default 16 MiB). Larger responses fail
@@ -330,11 +431,22 @@ impl RedisStore {
         }
     }
 
+    /// A two-command pipeline (a read and the key's `PTTL`) in one round trip.
     async fn command(&self, command: &Cmd) -> Result<Value, StoreError> {
         self.round_trip(async {
             match self.connection.clone() {
                 Connection::Single(mut c) => command.query_async::<Value>(&mut c).await,
                 Connection::Cluster(mut c) => command.query_async::<Value>(&mut c).await,
+            }
+        })
+        .await
+    }
+
+    async fn pipeline(&self, pipeline: &Pipeline) -> Result<(Value, i64), StoreError> {
+        self.round_trip(async {
+            match self.connection.clone() {
+                Connection::Single(mut c) => pipeline.query_async::<(Value, i64)>(&mut c).await,
+                Connection::Cluster(mut c) => pipeline.query_async::<(Value, i64)>(&mut c).await,
             }
         })
         .await
@@ -380,6 +492,28 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// Every `maxmemory_policy:` line in an `INFO` reply (one text per node in a cluster's reply).
+fn collect_policies(reply: &Value, policies: &mut Vec<String>) {
+    let text = match reply {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => text.clone(),
+        Value::Array(items) | Value::Set(items) => {
+            return items.iter().for_each(|v| collect_policies(v, policies))
+        }
+        Value::Map(pairs) => {
+            return pairs
+                .iter()
+                .for_each(|(_, v)| collect_policies(v, policies))
+        }
+        _ => return,
+    };
+    policies.extend(
+        text.lines()
+            .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+            .map(str::to_owned),
+    );
 }
 
 fn ownership(reply: Value) -> Result<Ownership, StoreError> {
@@ -449,18 +583,24 @@ fn fingerprint_from(bytes: &[u8]) -> Result<Fingerprint, StoreError> {
 }
 
 fn decode_completed(value: Vec<u8>) -> Result<CompletedRecord, StoreError> {
-    if value.len() < COMPLETED_HEADER_LEN || value[0] != KIND_COMPLETED {
+    let header = match value.first() {
+        Some(&KIND_COMPLETED) => COMPLETED_HEADER_LEN,
+        Some(&KIND_COMPLETED_BY) => COMPLETED_BY_HEADER_LEN,
+        _ => return Err(corrupt("record kind")),
+    };
+    if value.len() < header {
         return Err(corrupt("record kind"));
     }
-    let fingerprint = fingerprint_from(&value[1..COMPLETED_HEADER_LEN])?;
-    let mut record = CompletedRecord::decode(Bytes::from(value).slice(COMPLETED_HEADER_LEN..))
-        .map_err(StoreError::Corrupt)?;
+    let fingerprint = fingerprint_from(&value[1..33])?;
+    let mut record =
+        CompletedRecord::decode(Bytes::from(value).slice(header..)).map_err(StoreError::Corrupt)?;
     record.fingerprint = fingerprint;
     Ok(record)
 }
 
-/// Decodes a record value read at wall-clock time `now_ms`.
-fn decode_state(value: Vec<u8>, now_ms: u64) -> Result<RecordState, StoreError> {
+/// Decodes a record value read at wall-clock time `now_ms`, whose key had `pttl_ms` left (the
+/// `PTTL` reply: negative when the key vanished or has no expiry, which reads as no time left).
+fn decode_state(value: Vec<u8>, now_ms: u64, pttl_ms: i64) -> Result<RecordState, StoreError> {
     match value.first() {
         Some(&KIND_IN_FLIGHT) if value.len() == IN_FLIGHT_LEN => {
             let field = |range: std::ops::Range<usize>| -> [u8; 8] {
@@ -473,7 +613,10 @@ fn decode_state(value: Vec<u8>, now_ms: u64) -> Result<RecordState, StoreError> 
                 lease_remaining: Duration::from_millis(deadline.saturating_sub(now_ms)),
             })
         }
-        Some(&KIND_COMPLETED) => Ok(RecordState::Completed(decode_completed(value)?)),
+        Some(&KIND_COMPLETED | &KIND_COMPLETED_BY) => Ok(RecordState::Completed {
+            record: decode_completed(value)?,
+            ttl_remaining: Duration::from_millis(pttl_ms.max(0) as u64),
+        }),
         _ => Err(corrupt("record kind")),
     }
 }
@@ -487,35 +630,39 @@ fn in_flight_value(token: FencingToken, fingerprint: &Fingerprint, deadline_ms: 
     value
 }
 
-fn new_token() -> Result<FencingToken, StoreError> {
-    getrandom::u64()
-        .map(FencingToken)
-        .map_err(|e| StoreError::Backend(Box::new(e)))
-}
-
 #[async_trait::async_trait]
 impl Store for RedisStore {
     async fn claim(
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = new_token()?;
+        let record_key = self.redis_key(key);
         let lease_ms = expiry_ms(lease);
         let value = in_flight_value(token, fingerprint, unix_ms() + lease_ms);
-        // One atomic command: create the record unless one exists, and return the existing one.
-        let mut command = redis::cmd("SET");
-        command
-            .arg(self.redis_key(key))
+        // One atomic command: create the record unless one exists, and return the existing one;
+        // `PTTL` in the same round trip gives an existing record's remaining lifetime.
+        let mut pipeline = redis::pipe();
+        pipeline
+            .cmd("SET")
+            .arg(&record_key)
             .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(lease_ms)
-            .arg("GET");
-        match self.command(&command).await? {
+            .arg("GET")
+            .cmd("PTTL")
+            .arg(&record_key);
+        let (existing, pttl) = self.pipeline(&pipeline).await?;
+        match existing {
             Value::Nil => Ok(ClaimOutcome::Claimed { token }),
-            Value::BulkString(existing) => match decode_state(existing, unix_ms())? {
+            Value::BulkString(existing) => match decode_state(existing, unix_ms(), pttl)? {
+                // Our own record: a claim the client resent after its first attempt landed.
+                RecordState::InFlight { token: holder, .. } if holder == token => {
+                    Ok(ClaimOutcome::Claimed { token })
+                }
                 RecordState::InFlight {
                     fingerprint,
                     lease_remaining,
@@ -524,7 +671,13 @@ impl Store for RedisStore {
                     fingerprint,
                     lease_remaining,
                 }),
-                RecordState::Completed(record) => Ok(ClaimOutcome::Completed(record)),
+                RecordState::Completed {
+                    record,
+                    ttl_remaining,
+                } => Ok(ClaimOutcome::Completed {
+                    record,
+                    ttl_remaining,
+                }),
             },
             _ => Err(corrupt("SET reply")),
         }
@@ -563,7 +716,7 @@ impl Store for RedisStore {
             response: response.clone(),
         }
         .encode();
-        let size = COMPLETED_HEADER_LEN + encoded.len();
+        let size = COMPLETED_BY_HEADER_LEN + encoded.len();
         if size > self.max_record_bytes {
             return Err(StoreError::RecordTooLarge {
                 size,
@@ -582,8 +735,9 @@ impl Store for RedisStore {
         // Large: a plain SET to a staging key of this token (same hash tag, so same slot), then
         // the script renames it over the record, in one pipelined round trip.
         let mut staged = Vec::with_capacity(size);
-        staged.put_u8(KIND_COMPLETED);
+        staged.put_u8(KIND_COMPLETED_BY);
         staged.put_bytes(0, 32);
+        staged.put_slice(&token_bytes(token));
         staged.extend_from_slice(&encoded);
         drop(encoded);
         let staging_key = format!("{record_key}:staged:{:016x}", token.0);
@@ -614,11 +768,16 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        let mut command = redis::cmd("GET");
-        command.arg(self.redis_key(key));
-        match self.command(&command).await? {
-            Value::Nil => Ok(None),
-            Value::BulkString(value) => decode_state(value, unix_ms()).map(Some),
+        let record_key = self.redis_key(key);
+        let mut pipeline = redis::pipe();
+        pipeline
+            .cmd("GET")
+            .arg(&record_key)
+            .cmd("PTTL")
+            .arg(&record_key);
+        match self.pipeline(&pipeline).await? {
+            (Value::Nil, _) => Ok(None),
+            (Value::BulkString(value), pttl) => decode_state(value, unix_ms(), pttl).map(Some),
             _ => Err(corrupt("GET reply")),
         }
     }
@@ -706,9 +865,10 @@ mod tests {
             vec![b'I'; 50],
             vec![b'C'; 10],
             vec![b'C'; 40],
+            vec![b'D'; 40],
         ] {
             assert!(matches!(
-                decode_state(value, 100),
+                decode_state(value, 100, 1000),
                 Err(StoreError::Corrupt(_))
             ));
         }
@@ -719,7 +879,7 @@ mod tests {
         let value = in_flight_value(FencingToken(u64::MAX), &Fingerprint([9; 32]), 10_250);
         assert_eq!(value.len(), IN_FLIGHT_LEN);
         assert_eq!(
-            decode_state(value.clone(), 10_000).unwrap(),
+            decode_state(value.clone(), 10_000, 250).unwrap(),
             RecordState::InFlight {
                 fingerprint: Fingerprint([9; 32]),
                 token: FencingToken(u64::MAX),
@@ -728,7 +888,7 @@ mod tests {
         );
         // A reader whose clock is past the deadline sees no time left, never a negative one.
         assert!(matches!(
-            decode_state(value, 20_000).unwrap(),
+            decode_state(value, 20_000, 250).unwrap(),
             RecordState::InFlight { lease_remaining, .. } if lease_remaining.is_zero()
         ));
     }

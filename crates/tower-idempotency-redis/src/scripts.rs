@@ -8,7 +8,13 @@
 //!
 //! Record values (see the crate documentation):
 //! - in flight: `'I'`, token (8 bytes), fingerprint (32 bytes), lease deadline (8 bytes): 49 bytes;
-//! - completed: `'C'`, fingerprint (32 bytes), the encoded response.
+//! - completed: `'D'`, fingerprint (32 bytes), the completing token (8 bytes), the encoded
+//!   response (`'C'` records, without the token, are still read).
+//!
+//! A client may resend a script whose reply was lost (redis-rs's cluster client does after a
+//! connection error). A completion finding the record already completed by its own token
+//! answers 1, as the first attempt did; a renewal is repeatable as it is; a resent release finds
+//! nothing and answers 0, which changes nothing.
 //!
 //! Tokens are compared as the raw 8 bytes, never as Lua numbers: Lua numbers are doubles and would
 //! merge tokens above 2^53.
@@ -17,12 +23,15 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Reads the in-flight header and checks the token; shared by every script.
-/// `ok` is true when `KEYS[1]` is in flight with token `ARGV[1]`; `head` holds its 49 bytes.
+/// Reads the record's header and checks the token; shared by every script.
+/// `ok` is true when `KEYS[1]` is in flight with token `ARGV[1]`; `done` when it is completed
+/// by token `ARGV[1]`; `head` holds its first 49 bytes.
 const CHECK: &str = r"
 local head = redis.call('GETRANGE', KEYS[1], 0, 48)
 local ok = string.len(head) == 49 and string.byte(head, 1) == 73
   and string.sub(head, 2, 9) == ARGV[1]
+local done = string.len(head) >= 41 and string.byte(head, 1) == 68
+  and string.sub(head, 34, 41) == ARGV[1]
 ";
 
 fn script(body: &str) -> Script {
@@ -47,13 +56,16 @@ return 0
 /// Completes with a small response passed inline. `ARGV[2]`: TTL in ms; `ARGV[3]`: the encoded
 /// response. The fingerprint comes from the in-flight record (the caller of `complete` does not
 /// pass it); `APPEND` after `SET` keeps the expiry and spares Lua a concatenation.
-/// Returns 1 when the token is current, 0 otherwise.
+/// Returns 1 when the token is current or already completed the record, 0 otherwise.
 pub(crate) static COMPLETE_INLINE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 if ok then
-  redis.call('SET', KEYS[1], 'C' .. string.sub(head, 10, 41), 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], 'D' .. string.sub(head, 10, 41) .. ARGV[1], 'PX', ARGV[2])
   redis.call('APPEND', KEYS[1], ARGV[3])
+  return 1
+end
+if done then
   return 1
 end
 return 0
@@ -62,10 +74,10 @@ return 0
 });
 
 /// Completes with a large response already written to the staging key `KEYS[2]` as
-/// `'C'`, 32 placeholder bytes, encoded response. `ARGV[2]`: TTL in ms.
+/// `'D'`, 32 placeholder bytes, the token, encoded response. `ARGV[2]`: TTL in ms.
 /// `RENAME` moves the value without copying it and `SETRANGE` fills in the fingerprint in place.
-/// Returns 1 when the token is current, 0 otherwise (the staged value is dropped), and 2 when the
-/// staging key is missing.
+/// Returns 1 when the token is current or already completed the record, 0 otherwise (the staged
+/// value is dropped either way), and 2 when the staging key is missing.
 pub(crate) static COMPLETE_STAGED: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -79,6 +91,9 @@ if ok then
   return 1
 end
 redis.call('DEL', KEYS[2])
+if done then
+  return 1
+end
 return 0
 ",
     )

@@ -39,7 +39,15 @@ async fn records_spread_over_all_masters_by_hash_tag() {
     let lease = std::time::Duration::from_secs(30);
     for i in 0..60 {
         let key = format!("spread:{:064x}", i);
-        store.claim(&key, &fp, lease).await.unwrap();
+        store
+            .claim(
+                &key,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
+            .await
+            .unwrap();
         // The slot of the Redis key is the slot of the store key alone (the hash tag).
         let mut con = redis::Client::open(cluster.urls()[0].as_str())
             .unwrap()
@@ -130,12 +138,27 @@ async fn dead_master_fails_its_slots_quickly() {
     }
     let (on_victim, elsewhere) = (on_victim.unwrap(), elsewhere.unwrap());
     assert!(matches!(
-        store.claim(&on_victim, &fp, lease).await.unwrap(),
+        store
+            .claim(
+                &on_victim,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease
+            )
+            .await
+            .unwrap(),
         tower_idempotency_core::ClaimOutcome::Claimed { .. }
     ));
     cluster.nodes[0].kill();
     let started = std::time::Instant::now();
-    let result = store.claim(&on_victim, &fp, lease).await;
+    let result = store
+        .claim(
+            &on_victim,
+            &fp,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
+        .await;
     let elapsed = started.elapsed();
     assert!(
         matches!(
@@ -147,7 +170,14 @@ async fn dead_master_fails_its_slots_quickly() {
     );
     assert!(elapsed < std::time::Duration::from_secs(4), "{elapsed:?}");
     assert!(matches!(
-        store.claim(&elsewhere, &fp, lease).await,
+        store
+            .claim(
+                &elsewhere,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease
+            )
+            .await,
         Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
     ));
 }
@@ -168,8 +198,15 @@ async fn large_records_complete_whatever_the_store_key_starts_with() {
         body_omitted: false,
     };
     for key in ["}ns:1", "{ns:2", "n}s:3", "ns:4"] {
-        let tower_idempotency_core::ClaimOutcome::Claimed { token } =
-            store.claim(key, &fp, ttl).await.unwrap()
+        let tower_idempotency_core::ClaimOutcome::Claimed { token } = store
+            .claim(
+                key,
+                &fp,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                ttl,
+            )
+            .await
+            .unwrap()
         else {
             panic!("{key}: a fresh key is claimed")
         };
@@ -179,8 +216,23 @@ async fn large_records_complete_whatever_the_store_key_starts_with() {
             "{key}: {completed:?}"
         );
         assert!(matches!(
-            store.claim(key, &fp, ttl).await.unwrap(),
-            tower_idempotency_core::ClaimOutcome::Completed(record) if record.response.body.len() == 50_000
+            store.claim(key, &fp, tower_idempotency_core::FencingToken::random().unwrap(), ttl).await.unwrap(),
+            tower_idempotency_core::ClaimOutcome::Completed { record, .. } if record.response.body.len() == 50_000
         ));
     }
+}
+
+/// `connect_cluster` reads the eviction policy of every master, not of one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_cluster_checks_every_master_for_eviction() {
+    let Some(cluster) = common::Cluster::shared() else {
+        return;
+    };
+    let urls = cluster.urls();
+    let store =
+        tower_idempotency_redis::RedisStore::connect_cluster(urls.iter().map(String::as_str), "ev")
+            .await
+            .expect("the test cluster does not evict");
+    let policies = store.eviction_policies().await.expect("policies");
+    assert_eq!(policies, vec!["noeviction".to_owned(); 3], "one per master");
 }

@@ -16,7 +16,9 @@ use tower_idempotency_core::{
     conformance, CachedResponse, ClaimOutcome, Fingerprint, IdempotencyLayer, Ownership,
     RecordState, Store, StoreError,
 };
-use tower_idempotency_redis::{ConfigError, ConnectError, RedisStore, DEFAULT_MAX_RECORD_BYTES};
+use tower_idempotency_redis::{
+    ConfigError, ConnectError, ConnectOptions, RedisStore, DEFAULT_MAX_RECORD_BYTES,
+};
 
 fn response(body: impl Into<Bytes>) -> CachedResponse {
     CachedResponse {
@@ -43,7 +45,12 @@ async fn claimed(
     lease: Duration,
 ) -> tower_idempotency_core::FencingToken {
     match store
-        .claim(key, &Fingerprint([3; 32]), lease)
+        .claim(
+            key,
+            &Fingerprint([3; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .unwrap()
     {
@@ -89,7 +96,12 @@ async fn expired_lease_is_reclaimed_once_and_the_old_holder_is_fenced() {
             let (store, key) = (store.clone(), key.clone());
             tokio::spawn(async move {
                 store
-                    .claim(&key, &Fingerprint([3; 32]), Duration::from_secs(30))
+                    .claim(
+                        &key,
+                        &Fingerprint([3; 32]),
+                        tower_idempotency_core::FencingToken::random().unwrap(),
+                        Duration::from_secs(30),
+                    )
                     .await
                     .unwrap()
             })
@@ -122,7 +134,7 @@ async fn expired_lease_is_reclaimed_once_and_the_old_holder_is_fenced() {
         Ownership::Current
     );
     match store.get(&key).await.unwrap() {
-        Some(RecordState::Completed(record)) => assert_eq!(record.response.body, "new"),
+        Some(RecordState::Completed { record, .. }) => assert_eq!(record.response.body, "new"),
         other => panic!("expected the new holder's record, got {other:?}"),
     }
 }
@@ -164,8 +176,9 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
 }
 
 /// Counted by the server itself on a dedicated redis-server, over real HTTP through the layer:
-/// a new key costs one `SET … NX GET` (claim) and one `EVALSHA` (complete); a large response
-/// adds one pipelined `SET` of the staged value (same round trip); a replay is one `SET … NX GET`.
+/// a new key costs one `SET … NX GET` with a pipelined `PTTL` (claim) and one `EVALSHA`
+/// (complete); a large response adds one pipelined `SET` of the staged value (same round trip);
+/// a replay is one `SET … NX GET` and its `PTTL`.
 /// Commands run inside scripts also show up in `commandstats`, so the exact inner commands are
 /// asserted too: nothing else reached the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,9 +211,16 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
             .send()
     };
 
-    let small_first = counts(&[("set", 2), ("evalsha", 1), ("getrange", 1), ("append", 1)]);
+    let small_first = counts(&[
+        ("set", 2),
+        ("pttl", 1),
+        ("evalsha", 1),
+        ("getrange", 1),
+        ("append", 1),
+    ]);
     let large_first = counts(&[
         ("set", 2),
+        ("pttl", 1),
         ("evalsha", 1),
         ("getrange", 1),
         ("exists", 1),
@@ -228,8 +248,8 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
         assert_eq!(replay.bytes().await.unwrap().len(), body_len);
         assert_eq!(
             delta(&after_first, &command_stats(&url)),
-            counts(&[("set", 1)]),
-            "{path}: a replay is one SET NX GET"
+            counts(&[("set", 1), ("pttl", 1)]),
+            "{path}: a replay is one SET NX GET and its PTTL"
         );
     }
     serving.abort();
@@ -264,7 +284,12 @@ async fn dead_server_fails_calls_quickly() {
             "attempt {attempt} took {elapsed:?}"
         );
         let claim = store
-            .claim("dying:b", &Fingerprint([1; 32]), Duration::from_secs(1))
+            .claim(
+                "dying:b",
+                &Fingerprint([1; 32]),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(1),
+            )
             .await;
         assert!(
             matches!(
@@ -420,8 +445,17 @@ async fn stale_large_completion_leaves_no_staged_value_behind() {
         1,
         "the staged value became the record"
     );
-    match store.claim(&k, &Fingerprint([3; 32]), ttl).await.unwrap() {
-        ClaimOutcome::Completed(record) => {
+    match store
+        .claim(
+            &k,
+            &Fingerprint([3; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            ttl,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed { record, .. } => {
             assert_eq!(record.fingerprint, Fingerprint([3; 32]));
             assert_eq!(record.response, large(2));
         }
@@ -462,7 +496,7 @@ async fn scripts_are_reloaded_after_script_flush() {
             Ownership::Current
         );
         match store.get(&k).await.unwrap() {
-            Some(RecordState::Completed(record)) => assert_eq!(record.response.body, body),
+            Some(RecordState::Completed { record, .. }) => assert_eq!(record.response.body, body),
             other => panic!("expected a completed record, got {other:?}"),
         }
     }
@@ -505,7 +539,12 @@ async fn frozen_server_times_out() {
     assert!(signal("-STOP").success());
     let started = Instant::now();
     let result = store
-        .claim("frozen:b", &Fingerprint([1; 32]), Duration::from_secs(1))
+        .claim(
+            "frozen:b",
+            &Fingerprint([1; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(1),
+        )
         .await;
     let elapsed = started.elapsed();
     signal("-CONT");
@@ -517,4 +556,137 @@ async fn frozen_server_times_out() {
     assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     // Once the server answers again, so does the store.
     assert!(store.get("frozen:a").await.is_ok());
+}
+
+/// A server that may evict keys under memory pressure would lose records (a second execution):
+/// `connect` refuses it, naming the policy, unless eviction is allowed explicitly. A
+/// `noeviction` server is accepted as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_refused_unless_allowed() {
+    let Some(evicting) =
+        common::RedisServer::start(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+    else {
+        return;
+    };
+    match RedisStore::connect(&evicting.url(), "evict").await {
+        Err(ConnectError::EvictingPolicy { policy }) => assert_eq!(policy, "allkeys-lru"),
+        other => panic!("an evicting server must be refused, got {other:?}"),
+    }
+    let allowed = RedisStore::connect_with(
+        &evicting.url(),
+        "evict",
+        ConnectOptions::new().allow_eviction(true),
+    )
+    .await
+    .expect("eviction allowed explicitly");
+    assert_eq!(
+        allowed.eviction_policies().await.expect("policy"),
+        vec!["allkeys-lru".to_owned()]
+    );
+    let Some(safe) = common::RedisServer::start(&["--maxmemory-policy", "noeviction"]) else {
+        return;
+    };
+    let store = RedisStore::connect(&safe.url(), "evict")
+        .await
+        .expect("noeviction is fine");
+    assert_eq!(
+        store.eviction_policies().await.expect("policy"),
+        vec!["noeviction".to_owned()]
+    );
+}
+
+/// redis-rs's cluster client resends a command after a connection error, so a completion whose
+/// reply was lost can run twice. The second run finds the record completed by its own token and
+/// answers `Current` (not "not recorded"), changing nothing; another token is still `Stale`.
+/// Small (inline) and large (staged) completions alike, and the staged copy is not left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_completion_answers_current_and_changes_nothing() {
+    let Some(store) = common::standalone_store().await else {
+        return;
+    };
+    let cleanup = store.guard.clone();
+    for (case, body) in [
+        ("small", "first".repeat(10)),
+        ("large", "L".repeat(64 * 1024)),
+    ] {
+        let k = key(case);
+        let token = claimed(&store, &k, Duration::from_secs(60)).await;
+        let first = store
+            .complete(&k, token, &response(body.clone()), Duration::from_secs(60))
+            .await;
+        assert_eq!(first.unwrap(), Ownership::Current, "{case}");
+        let resent = store
+            .complete(&k, token, &response("second"), Duration::from_secs(60))
+            .await;
+        assert_eq!(
+            resent.unwrap(),
+            Ownership::Current,
+            "{case}: the resend is ours"
+        );
+        let other = tower_idempotency_core::FencingToken::random().unwrap();
+        let foreign = store
+            .complete(&k, other, &response("other"), Duration::from_secs(60))
+            .await;
+        assert_eq!(foreign.unwrap(), Ownership::Stale, "{case}");
+        match store.get(&k).await.unwrap() {
+            Some(RecordState::Completed { record, .. }) => {
+                assert_eq!(record.response.body, body.as_bytes(), "{case}: unchanged")
+            }
+            other => panic!("{case}: expected the first completion, got {other:?}"),
+        }
+    }
+    assert_eq!(cleanup.count_keys(), 2, "two records, no staged copy left");
+}
+
+/// Records completed in the earlier layout (`'C'`, fingerprint, response; no token) are still
+/// replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_without_the_completing_token_are_still_read() {
+    let Some(store) = common::standalone_store().await else {
+        return;
+    };
+    let k = key("legacy");
+    let fingerprint = Fingerprint([7; 32]);
+    let mut value = vec![b'C'];
+    value.extend_from_slice(fingerprint.as_bytes());
+    value.extend_from_slice(
+        &tower_idempotency_core::CompletedRecord {
+            fingerprint,
+            response: response("legacy"),
+        }
+        .encode(),
+    );
+    let mut connection = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(store.store.redis_key(&k))
+        .arg(value)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    match store
+        .claim(
+            &k,
+            &fingerprint,
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Completed {
+            record,
+            ttl_remaining,
+        } => {
+            assert_eq!(record.response.body, "legacy");
+            assert_eq!(record.fingerprint, fingerprint);
+            assert!(ttl_remaining <= Duration::from_secs(60) && !ttl_remaining.is_zero());
+        }
+        other => panic!("expected the legacy record, got {other:?}"),
+    }
 }

@@ -52,7 +52,12 @@ fn cached() -> CachedResponse {
 async fn claim_complete(store: &dyn Store, response: &CachedResponse) {
     let key = fresh_key();
     let ClaimOutcome::Claimed { token } = store
-        .claim(&key, &Fingerprint([1; 32]), LEASE)
+        .claim(
+            &key,
+            &Fingerprint([1; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
         .await
         .expect("claim")
     else {
@@ -67,7 +72,12 @@ async fn claim_complete(store: &dyn Store, response: &CachedResponse) {
 async fn completed_key(store: &dyn Store, response: &CachedResponse) -> String {
     let key = fresh_key();
     let ClaimOutcome::Claimed { token } = store
-        .claim(&key, &Fingerprint([1; 32]), LEASE)
+        .claim(
+            &key,
+            &Fingerprint([1; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
         .await
         .expect("claim")
     else {
@@ -82,10 +92,15 @@ async fn completed_key(store: &dyn Store, response: &CachedResponse) -> String {
 
 async fn replay(store: &dyn Store, key: &str) {
     let outcome = store
-        .claim(key, &Fingerprint([1; 32]), LEASE)
+        .claim(
+            key,
+            &Fingerprint([1; 32]),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            LEASE,
+        )
         .await
         .expect("claim");
-    assert!(matches!(outcome, ClaimOutcome::Completed(_)));
+    assert!(matches!(outcome, ClaimOutcome::Completed { .. }));
 }
 
 fn sqlite(c: &mut Criterion) {

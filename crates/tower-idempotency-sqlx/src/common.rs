@@ -49,21 +49,25 @@ impl RawRecord {
                     .ok_or(StoreError::Corrupt(CodecError::Invalid("status")))?;
                 let headers = decode_headers(self.headers.as_deref().unwrap_or_default())
                     .map_err(StoreError::Corrupt)?;
-                Ok(RecordState::Completed(CompletedRecord {
-                    fingerprint,
-                    response: CachedResponse {
-                        status,
-                        headers,
-                        body: self.body.map(Bytes::from).unwrap_or_default(),
-                        body_omitted: self.body_omitted,
+                Ok(RecordState::Completed {
+                    record: CompletedRecord {
+                        fingerprint,
+                        response: CachedResponse {
+                            status,
+                            headers,
+                            body: self.body.map(Bytes::from).unwrap_or_default(),
+                            body_omitted: self.body_omitted,
+                        },
                     },
-                }))
+                    ttl_remaining: self.remaining,
+                })
             }
             _ => Err(StoreError::Corrupt(CodecError::Invalid("state"))),
         }
     }
 
-    /// The claim statement returns the row after it ran; `claimed` says whether the row is ours.
+    /// The claim statement returns the row after it ran; `claimed` says whether the row is ours
+    /// (in flight with the caller's token).
     pub fn into_claim_outcome(self, claimed: bool) -> Result<ClaimOutcome, StoreError> {
         if claimed {
             return Ok(ClaimOutcome::Claimed {
@@ -79,7 +83,13 @@ impl RawRecord {
                 fingerprint,
                 lease_remaining,
             },
-            RecordState::Completed(record) => ClaimOutcome::Completed(record),
+            RecordState::Completed {
+                record,
+                ttl_remaining,
+            } => ClaimOutcome::Completed {
+                record,
+                ttl_remaining,
+            },
         })
     }
 }
@@ -165,10 +175,17 @@ where
     }
 }
 
-/// Fencing tokens are handed out as non-negative `i64`s; anything else can never be current.
+/// Fencing tokens are stored as non-negative `i64`s (every value of `FencingToken::random`);
+/// anything else can never be current.
 pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
     i64::try_from(token.0).ok()
 }
+
+/// A claim's token does not fit the `bigint` column (above `i64::MAX`; `FencingToken::random`
+/// never draws one).
+#[derive(Debug, thiserror::Error)]
+#[error("fencing token out of the stored range (above i64::MAX)")]
+pub(crate) struct TokenOutOfRange;
 
 /// Size of the data a completed row holds, as checked against the store's record limit.
 fn record_size(headers: &[u8], response: &CachedResponse) -> usize {

@@ -56,10 +56,11 @@
 //!
 //! # Fencing tokens
 //!
-//! Postgres draws tokens from a sequence `{table}_token_seq` (owned by the table), so a token is
-//! never handed out twice while the table exists. SQLite has no sequences and cannot run a second
-//! statement inside the claim, so it uses 63 random bits from the operating system's generator;
-//! the chance that a key ever sees the same token twice is about `claims_of_that_key / 2^63`.
+//! Both stores write the caller's token: 63 random bits the layer draws from the operating
+//! system per claim ([`FencingToken::random`](tower_idempotency_core::FencingToken::random)),
+//! stored as a non-negative 64-bit integer. No counter has to survive in the database (a
+//! sequence rolled back by a lossy failover would hand a token out twice); the chance that a key
+//! ever sees the same token twice is about `claims_of_that_key / 2^63`.
 //!
 //! # Example
 //!
@@ -117,9 +118,9 @@ pub const DEFAULT_TABLE: &str = "idempotency_records";
 /// The largest record (headers plus body) a store accepts unless configured otherwise: 16 MiB.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
 
-/// The longest table name accepted: the derived sequence and index names
-/// (`{table}_token_seq`, `{table}_expires_at_idx`) must fit Postgres's 63-byte identifier limit,
-/// or two long table names could truncate to the same derived name.
+/// The longest table name accepted: the derived index name (`{table}_expires_at_idx`) must fit
+/// Postgres's 63-byte identifier limit, or two long table names could truncate to the same
+/// derived name.
 pub const MAX_TABLE_NAME_LEN: usize = 48;
 
 /// A store configuration that was rejected before any SQL ran.

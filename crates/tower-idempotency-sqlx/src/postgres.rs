@@ -15,7 +15,10 @@ use tower_idempotency_core::store::{
 };
 
 use crate::{
-    common::{self, millis, on_lane, prepare_completion, token_param, RawRecord, PURGE_BATCH},
+    common::{
+        self, millis, on_lane, prepare_completion, token_param, RawRecord, TokenOutOfRange,
+        PURGE_BATCH,
+    },
     lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -23,8 +26,9 @@ use crate::{
 /// The DDL [`PostgresStore::migrate`] runs, for teams that run their own migrations.
 ///
 /// `table` must pass [`validate_table_name`](crate::validate_table_name); this function does not
-/// check it. Creates the table, its token sequence `{table}_token_seq` (owned by the table, so
-/// dropping the table drops it) and an index on `expires_at` for purging.
+/// check it. Creates the table and an index on `expires_at` for purging. Fencing tokens are the
+/// callers' random 63-bit values, so no sequence is needed (a `{table}_token_seq` left by an
+/// earlier schema is unused and may be dropped).
 pub fn schema_sql(table: &str) -> String {
     format!(
         r#"CREATE TABLE IF NOT EXISTS "{table}" (
@@ -38,7 +42,6 @@ pub fn schema_sql(table: &str) -> String {
     body         bytea,
     body_omitted boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
-CREATE SEQUENCE IF NOT EXISTS "{table}_token_seq" AS bigint OWNED BY "{table}".token;
 -- `CREATE INDEX IF NOT EXISTS` takes its table lock before it looks for the index, so on a
 -- live table it would queue behind every open transaction (a `claim_in` in a business
 -- transaction) and every store call would queue behind it. Look first.
@@ -86,15 +89,16 @@ impl Sql {
             // that turns out to be live (committed by a concurrent transaction after our
             // snapshot) it writes the row's own values back, which locks the newest version and
             // makes RETURNING report it; a plain fallback `SELECT` would read the snapshot and
-            // find nothing. On an expired row it installs the new claim. Comparing the returned
-            // token with the one drawn for this statement tells the two apart.
+            // find nothing. On an expired row it installs the new claim. An in-flight row with
+            // the caller's token ($4) is the caller's: a new one, or one an earlier attempt of
+            // the same claim wrote.
             claim: format!(
                 r#"WITH live AS (
-    SELECT false AS claimed, {RETURNED} FROM "{table}"
+    SELECT token = $4 AND state = 0 AS claimed, {RETURNED} FROM "{table}"
     WHERE key = $1 AND expires_at > statement_timestamp()
 ),
 next AS (
-    SELECT nextval('"{table}_token_seq"') AS token WHERE NOT EXISTS (SELECT 1 FROM live)
+    SELECT $4::bigint AS token WHERE NOT EXISTS (SELECT 1 FROM live)
 ),
 ins AS (
     INSERT INTO "{table}" AS cur (key, fingerprint, token, state, expires_at)
@@ -109,7 +113,7 @@ ins AS (
         body         = CASE WHEN {expired} THEN NULL ELSE cur.body END,
         body_omitted = CASE WHEN {expired} THEN false ELSE cur.body_omitted END,
         expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE cur.expires_at END
-    RETURNING cur.token = (SELECT token FROM next) AS claimed, {RETURNED}
+    RETURNING cur.token = $4 AND cur.state = 0 AS claimed, {RETURNED}
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
             ),
@@ -288,9 +292,10 @@ impl PostgresStore {
         conn: &mut PgConnection,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claim_with(conn, key, fingerprint, lease).await
+        self.claim_with(conn, key, fingerprint, token, lease).await
     }
 
     /// [`Store::complete`] on a connection or transaction of the caller's.
@@ -331,13 +336,16 @@ impl PostgresStore {
         executor: impl PgExecutor<'e>,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
         self.count();
         let row = sqlx::query(&self.sql.claim)
             .bind(key)
             .bind(&fingerprint.as_bytes()[..])
             .bind(millis(lease))
+            .bind(token)
             .fetch_one(executor)
             .await
             .map_err(|e| self.map_error(e, None))?;
@@ -447,10 +455,18 @@ impl Store for PostgresStore {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claim_once =
-            || async { on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease)) };
+        let claim_once = || async {
+            on_lane!(self, |conn| self.claim_with(
+                conn,
+                key,
+                fingerprint,
+                token,
+                lease
+            ))
+        };
         common::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
             .await
     }

@@ -19,7 +19,10 @@ use tower_idempotency_core::store::{
 };
 
 use crate::{
-    common::{self, millis, on_lane, prepare_completion, token_param, RawRecord, PURGE_BATCH},
+    common::{
+        self, millis, on_lane, prepare_completion, token_param, RawRecord, TokenOutOfRange,
+        PURGE_BATCH, STATE_IN_FLIGHT,
+    },
     lanes::{default_lane_count, Lanes},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -108,7 +111,11 @@ WHERE key = ?1 AND token = ?2 AND state = 0"#
 /// the host that opens the same file. Writes are serialised by SQLite's database lock.
 ///
 /// Every call is a single statement (see the [crate documentation](crate)). Times are unix
-/// milliseconds from the application host's clock; all processes sharing the file share it.
+/// milliseconds: the host's wall clock as it was when the store was made, advanced by the
+/// monotonic clock, so a step of the system clock while the store runs does not expire live
+/// leases (or extend them). Processes sharing the file agree on the time up to any clock step
+/// taken between their starts; start them after the clock is synchronised (e.g. after systemd's
+/// `time-sync.target`).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -125,6 +132,7 @@ pub struct SqliteStore {
     sql: Sql,
     max_record_bytes: usize,
     statements: AtomicU64,
+    clock: StoreClock,
 }
 
 impl SqliteStore {
@@ -142,6 +150,7 @@ impl SqliteStore {
             sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
+            clock: StoreClock::system(),
         })
     }
 
@@ -229,7 +238,7 @@ impl SqliteStore {
         loop {
             self.count();
             let done = sqlx::query(&self.sql.purge)
-                .bind(now_ms())
+                .bind(self.clock.now_ms())
                 .execute(self.pool())
                 .await
                 .map_err(|e| self.map_error(e, None))?
@@ -261,9 +270,10 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.claim_with(conn, key, fingerprint, lease).await
+        self.claim_with(conn, key, fingerprint, token, lease).await
     }
 
     /// [`Store::complete`] on a connection or transaction of the caller's.
@@ -304,10 +314,11 @@ impl SqliteStore {
         executor: impl SqliteExecutor<'e>,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = new_token()?;
-        let now = now_ms();
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let now = self.clock.now_ms();
         self.count();
         let row = sqlx::query(&self.sql.claim)
             .bind(key)
@@ -319,7 +330,8 @@ impl SqliteStore {
             .await
             .map_err(|e| self.map_error(e, None))?;
         let record = decode_row(&row, now).map_err(|e| self.map_error(e, None))?;
-        let claimed = record.token == token;
+        // In flight with the caller's token: a new claim, or one an earlier attempt wrote.
+        let claimed = record.token == token && record.state == STATE_IN_FLIGHT;
         record.into_claim_outcome(claimed)
     }
 
@@ -340,7 +352,7 @@ impl SqliteStore {
             .bind(headers)
             .bind(&response.body[..])
             .bind(response.body_omitted)
-            .bind(now_ms().saturating_add(millis(ttl)))
+            .bind(self.clock.now_ms().saturating_add(millis(ttl)))
             .execute(executor)
             .await
             .map_err(|e| self.map_error(e, Some(size)))?;
@@ -375,7 +387,7 @@ fn ownership(rows_affected: u64) -> Ownership {
     }
 }
 
-fn now_ms() -> i64 {
+fn wall_ms() -> i64 {
     // A clock before 1970 would be a broken host; treating it as the epoch keeps every record
     // expired rather than immortal.
     SystemTime::now()
@@ -384,10 +396,57 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// 63 random bits: SQLite has no sequence we could draw from inside the claim statement.
-fn new_token() -> Result<i64, StoreError> {
-    let bits = getrandom::u64().map_err(|e| StoreError::Backend(Box::new(e)))?;
-    Ok((bits & i64::MAX as u64) as i64)
+/// The store's time, in unix milliseconds: the wall clock read once, when the store is made,
+/// advanced by the monotonic clock from then on. A step of the system clock while the store
+/// runs (an NTP correction, an operator's `date -s`) therefore neither expires live leases nor
+/// stretches them; the monotonic clock is slewed along with the wall clock, so the two keep the
+/// same rate. A step shows up in the store's time only in a store made after it.
+struct StoreClock {
+    /// Unix milliseconds, read once.
+    wall: Box<dyn Fn() -> i64 + Send + Sync>,
+    /// Monotonic time since an arbitrary origin.
+    monotonic: Box<dyn Fn() -> Duration + Send + Sync>,
+    anchor_ms: i64,
+    anchor: Duration,
+}
+
+impl StoreClock {
+    fn system() -> Self {
+        let origin = std::time::Instant::now();
+        Self::new(Box::new(wall_ms), Box::new(move || origin.elapsed()))
+    }
+
+    fn new(
+        wall: Box<dyn Fn() -> i64 + Send + Sync>,
+        monotonic: Box<dyn Fn() -> Duration + Send + Sync>,
+    ) -> Self {
+        let (anchor_ms, anchor) = (wall(), monotonic());
+        Self {
+            wall,
+            monotonic,
+            anchor_ms,
+            anchor,
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        let elapsed = (self.monotonic)().saturating_sub(self.anchor);
+        self.anchor_ms.saturating_add(millis(elapsed))
+    }
+
+    /// How far the wall clock is from the store's time now (positive: the wall clock is ahead).
+    fn wall_offset_ms(&self) -> i64 {
+        (self.wall)().saturating_sub(self.now_ms())
+    }
+}
+
+impl std::fmt::Debug for StoreClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreClock")
+            .field("now_ms", &self.now_ms())
+            .field("wall_offset_ms", &self.wall_offset_ms())
+            .finish()
+    }
 }
 
 fn decode_row(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx::Error> {
@@ -424,7 +483,7 @@ impl SqliteStore {
             let done = sqlx::query(&self.sql.renew)
                 .bind(key)
                 .bind(token)
-                .bind(now_ms().saturating_add(millis(lease)))
+                .bind(self.clock.now_ms().saturating_add(millis(lease)))
                 .execute(conn)
                 .await
                 .map_err(|e| self.map_error(e, None))?;
@@ -439,10 +498,18 @@ impl Store for SqliteStore {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claim_once =
-            || async { on_lane!(self, |conn| self.claim_with(conn, key, fingerprint, lease)) };
+        let claim_once = || async {
+            on_lane!(self, |conn| self.claim_with(
+                conn,
+                key,
+                fingerprint,
+                token,
+                lease
+            ))
+        };
         common::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
             .await
     }
@@ -476,7 +543,7 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let get = sqlx::query(&self.sql.get).bind(key).bind(now);
         let row = on_lane!(self, |conn| async {
             self.count();
@@ -495,7 +562,7 @@ impl Store for SqliteStore {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let sql = forget_sql(&self.table);
-        let forget = sqlx::query(&sql).bind(key).bind(now_ms());
+        let forget = sqlx::query(&sql).bind(key).bind(self.clock.now_ms());
         let row = on_lane!(self, |conn| async {
             self.count();
             forget
@@ -515,4 +582,127 @@ impl Store for SqliteStore {
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.
 fn forget_sql(table: &str) -> String {
     format!(r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING expires_at > ?2 AS live"#)
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use std::sync::{
+        atomic::{AtomicI64, AtomicU64},
+        Arc,
+    };
+
+    use tower_idempotency_core::{FencingToken, Fingerprint};
+
+    use super::*;
+
+    /// A wall clock and a monotonic clock the test moves by hand.
+    #[derive(Default)]
+    struct Clocks {
+        wall_ms: AtomicI64,
+        monotonic_ms: AtomicU64,
+    }
+
+    impl Clocks {
+        fn store_clock(self: &Arc<Self>) -> StoreClock {
+            let (wall, monotonic) = (self.clone(), self.clone());
+            StoreClock::new(
+                Box::new(move || wall.wall_ms.load(Ordering::SeqCst)),
+                Box::new(move || {
+                    Duration::from_millis(monotonic.monotonic_ms.load(Ordering::SeqCst))
+                }),
+            )
+        }
+
+        fn advance(&self, wall_ms: i64, monotonic_ms: u64) {
+            self.wall_ms.fetch_add(wall_ms, Ordering::SeqCst);
+            self.monotonic_ms.fetch_add(monotonic_ms, Ordering::SeqCst);
+        }
+    }
+
+    /// A store on a fresh database file (each connection of `sqlite::memory:` is a database of
+    /// its own) and the clocks it runs on; the file is removed when the guard drops.
+    async fn store_on(clocks: &Arc<Clocks>) -> (SqliteStore, FileGuard) {
+        let path = std::env::temp_dir().join(format!("tidem-clock-{}.db", getrandom_suffix()));
+        let guard = FileGuard(path.clone());
+        let mut store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        store.clock = clocks.store_clock();
+        (store, guard)
+    }
+
+    fn getrandom_suffix() -> u64 {
+        FencingToken::random().expect("random").0
+    }
+
+    struct FileGuard(std::path::PathBuf);
+
+    impl Drop for FileGuard {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut path = self.0.clone().into_os_string();
+                path.push(suffix);
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wall_clock_step_forward_does_not_expire_a_live_lease() {
+        let clocks = Arc::new(Clocks::default());
+        clocks.advance(1_700_000_000_000, 5_000);
+        let (store, _file) = store_on(&clocks).await;
+        let (fp, lease) = (Fingerprint([1; 32]), Duration::from_secs(60));
+        let holder = FencingToken::random().unwrap();
+        let claimed = store.claim("k:1", &fp, holder, lease).await.unwrap();
+        assert_eq!(claimed, ClaimOutcome::Claimed { token: holder });
+        // One second passes; the system clock is stepped two hours ahead meanwhile.
+        clocks.advance(2 * 3600 * 1000 + 1000, 1000);
+        match store
+            .claim("k:1", &fp, FencingToken::random().unwrap(), lease)
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::InFlight {
+                lease_remaining, ..
+            } => {
+                assert_eq!(lease_remaining, Duration::from_secs(59))
+            }
+            other => panic!("the live lease must still hold, got {other:?}"),
+        }
+        let done = store
+            .complete("k:1", holder, &response(), lease)
+            .await
+            .unwrap();
+        assert_eq!(done, Ownership::Current, "the holder keeps its key");
+    }
+
+    #[tokio::test]
+    async fn a_wall_clock_step_back_does_not_extend_a_lease() {
+        let clocks = Arc::new(Clocks::default());
+        clocks.advance(1_700_000_000_000, 5_000);
+        let (store, _file) = store_on(&clocks).await;
+        let (fp, lease) = (Fingerprint([2; 32]), Duration::from_secs(60));
+        let first = FencingToken::random().unwrap();
+        store.claim("k:2", &fp, first, lease).await.unwrap();
+        // The lease's 60 s pass on the monotonic clock while the wall clock is stepped back.
+        clocks.advance(-3600 * 1000, 61_000);
+        let second = FencingToken::random().unwrap();
+        let outcome = store.claim("k:2", &fp, second, lease).await.unwrap();
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Claimed { token: second },
+            "the lease is over"
+        );
+    }
+
+    fn response() -> CachedResponse {
+        CachedResponse {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::from_static(b"ok"),
+            body_omitted: false,
+        }
+    }
 }

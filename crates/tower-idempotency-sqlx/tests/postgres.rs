@@ -91,7 +91,12 @@ async fn hundred_claimers_over_two_pools_one_winner() {
             // An expired in-flight record: the race is over its reclaim, not an insert.
             token_of(
                 stores[0]
-                    .claim(&key, &fingerprint(9), short)
+                    .claim(
+                        &key,
+                        &fingerprint(9),
+                        tower_idempotency_core::FencingToken::random().unwrap(),
+                        short,
+                    )
                     .await
                     .expect("claim"),
             );
@@ -110,7 +115,12 @@ async fn hundred_claimers_over_two_pools_one_winner() {
                     (
                         i,
                         store
-                            .claim(&key, &fingerprint(i), Duration::from_secs(60))
+                            .claim(
+                                &key,
+                                &fingerprint(i),
+                                tower_idempotency_core::FencingToken::random().unwrap(),
+                                Duration::from_secs(60),
+                            )
                             .await
                             .expect("claim"),
                     )
@@ -145,7 +155,12 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
     let lease = Duration::from_millis(300);
     token_of(
         crashed
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -155,7 +170,12 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
 
     let restarted = table.store().await.expect("reconnect");
     match restarted
-        .claim(&key, &fingerprint(2), lease)
+        .claim(
+            &key,
+            &fingerprint(2),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .expect("claim")
     {
@@ -171,7 +191,12 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     token_of(
         restarted
-            .claim(&key, &fingerprint(2), lease)
+            .claim(
+                &key,
+                &fingerprint(2),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -202,7 +227,12 @@ async fn unreachable_database_is_unavailable() {
         .expect("url");
     let store = PostgresStore::new(pool, "idem").expect("name");
     let result = store
-        .claim(&random_key("down"), &fingerprint(1), Duration::from_secs(1))
+        .claim(
+            &random_key("down"),
+            &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(1),
+        )
         .await;
     assert!(
         matches!(result, Err(StoreError::Unavailable(_))),
@@ -222,7 +252,12 @@ async fn oversize_record_is_rejected_and_the_key_can_be_released() {
     let lease = Duration::from_secs(60);
     let token = token_of(
         store
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -254,7 +289,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &rolled_back, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &rolled_back,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -269,7 +310,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &committed, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &committed,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -281,7 +328,7 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     assert_eq!(done.expect("complete"), Ownership::Current);
     tx.commit().await.expect("commit");
     match store.get(&committed).await.expect("get") {
-        Some(RecordState::Completed(record)) => assert_eq!(record.response.body, "kept"),
+        Some(RecordState::Completed { record, .. }) => assert_eq!(record.response.body, "kept"),
         other => panic!("expected the committed record, got {other:?}"),
     }
 
@@ -289,7 +336,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &released, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &released,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -312,7 +365,13 @@ async fn duplicate_waits_for_the_claiming_transaction() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &key, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -320,7 +379,12 @@ async fn duplicate_waits_for_the_claiming_transaction() {
         let (store, key) = (store.clone(), key.clone());
         async move {
             store
-                .claim(&key, &fingerprint(1), lease)
+                .claim(
+                    &key,
+                    &fingerprint(1),
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    lease,
+                )
                 .await
                 .expect("claim")
         }
@@ -337,7 +401,7 @@ async fn duplicate_waits_for_the_claiming_transaction() {
     assert_eq!(done.expect("complete"), Ownership::Current);
     tx.commit().await.expect("commit");
     match duplicate.await.expect("task") {
-        ClaimOutcome::Completed(record) => assert_eq!(record.response.body, "committed"),
+        ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, "committed"),
         other => panic!("expected the committed record, got {other:?}"),
     }
 }
@@ -365,14 +429,24 @@ async fn replays_and_duplicates_do_not_write() {
     };
     let token = token_of(
         store
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
     let in_flight = version(key.clone()).await;
     for _ in 0..3 {
         let outcome = store
-            .claim(&key, &fingerprint(2), lease)
+            .claim(
+                &key,
+                &fingerprint(2),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim");
         assert!(
@@ -387,10 +461,18 @@ async fn replays_and_duplicates_do_not_write() {
     assert_ne!(completed, in_flight);
     for _ in 0..3 {
         let outcome = store
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim");
-        assert!(matches!(outcome, ClaimOutcome::Completed(_)), "{outcome:?}");
+        assert!(
+            matches!(outcome, ClaimOutcome::Completed { .. }),
+            "{outcome:?}"
+        );
     }
     assert_eq!(version(key).await, completed);
 }
@@ -414,7 +496,12 @@ async fn purge_deletes_only_expired_records() {
         let key = random_key(&format!("purge{i}"));
         let token = token_of(
             store
-                .claim(&key, &fingerprint(1), short)
+                .claim(
+                    &key,
+                    &fingerprint(1),
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    short,
+                )
                 .await
                 .expect("claim"),
         );
@@ -428,7 +515,12 @@ async fn purge_deletes_only_expired_records() {
     let live = random_key("live");
     token_of(
         store
-            .claim(&live, &fingerprint(1), Duration::from_secs(60))
+            .claim(
+                &live,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim"),
     );
@@ -454,7 +546,12 @@ async fn background_purger_runs_and_stops_with_the_store() {
     let key = random_key("purger");
     token_of(
         store
-            .claim(&key, &fingerprint(1), Duration::from_millis(100))
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_millis(100),
+            )
             .await
             .expect("claim"),
     );
@@ -472,7 +569,7 @@ async fn background_purger_runs_and_stops_with_the_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrations_and_token_sequence() {
+async fn concurrent_migrations() {
     let table = PgTable::new();
     let Some(store) = table.store().await else {
         return;
@@ -487,42 +584,114 @@ async fn concurrent_migrations_and_token_sequence() {
     for migration in migrations {
         migration.await.expect("task").expect("concurrent migrate");
     }
-    // Tokens come from the table's sequence: strictly increasing, even across release.
-    let key = random_key("tokens");
-    let lease = Duration::from_secs(60);
-    let mut last = 0;
-    for _ in 0..3 {
-        let token = token_of(
-            store
-                .claim(&key, &fingerprint(1), lease)
-                .await
-                .expect("claim"),
-        );
-        assert!(token.0 > last, "{token:?} after {last}");
-        last = token.0;
-        store.release(&key, token).await.expect("release");
-    }
-    let owned: Option<String> = sqlx::query_scalar(
-        "SELECT d.refobjid::regclass::text FROM pg_depend d \
-         WHERE d.objid = $1::regclass AND d.deptype = 'a'",
-    )
-    .bind(format!(r#""{}_token_seq""#, store.table()))
-    .fetch_optional(store.pool())
-    .await
-    .expect("pg_depend");
-    assert_eq!(
-        owned.as_deref(),
-        Some(store.table()),
-        "dropping the table drops its sequence"
+    let key = random_key("migrated");
+    let token = token_of(
+        store
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("claim"),
     );
+    assert_eq!(
+        store.release(&key, token).await.expect("release"),
+        Ownership::Current
+    );
+}
+
+/// A lossy failover rolls back a claim together with anything the database drew for it (a
+/// sequence's value included). The next claim must still get a token the lost holder does not
+/// have, or the lost holder, still running, would complete the new holder's row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_unique_after_a_lossy_failover() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    store.migrate().await.expect("migrate");
+    let lease = Duration::from_secs(60);
+    let key = random_key("failover");
+    let sequence = format!(r#""{}_token_seq""#, store.table());
+    let has_sequence = |pool: sqlx::PgPool| {
+        let sequence = sequence.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                .bind(sequence)
+                .fetch_one(&pool)
+                .await
+                .expect("to_regclass")
+        }
+    };
+    // Where a sequence exists, remember its position before the claim, to rewind it.
+    let position: Option<(i64, bool)> = if has_sequence(store.pool().clone()).await {
+        Some(
+            sqlx::query_as(&format!("SELECT last_value, is_called FROM {sequence}"))
+                .fetch_one(store.pool())
+                .await
+                .expect("last_value"),
+        )
+    } else {
+        None
+    };
+    let lost = token_of(
+        store
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
+            .await
+            .expect("claim"),
+    );
+    // The failover: the promoted replica never saw the claim, nor the sequence advance.
+    sqlx::query(&format!(
+        r#"DELETE FROM "{}" WHERE key = $1"#,
+        store.table()
+    ))
+    .bind(&key)
+    .execute(store.pool())
+    .await
+    .expect("lose the claim");
+    if let Some((value, called)) = position {
+        sqlx::query(&format!("SELECT setval('{sequence}', $1, $2)"))
+            .bind(value)
+            .bind(called)
+            .execute(store.pool())
+            .await
+            .expect("rewind the sequence");
+    }
+    let current = token_of(
+        store
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
+            .await
+            .expect("claim after the failover"),
+    );
+    assert_ne!(
+        lost, current,
+        "the new holder must not share the lost holder's token"
+    );
+    let stale = store.complete(&key, lost, &response("stale"), lease).await;
+    assert_eq!(stale.expect("complete"), Ownership::Stale);
+    let done = store
+        .complete(&key, current, &response("fresh"), lease)
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
 }
 
 #[test]
 fn schema_sql_names_the_table() {
     let sql = postgres_schema_sql("orders_idem");
     assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "orders_idem""#));
-    assert!(sql.contains(r#""orders_idem_token_seq""#));
-    assert!(sql.contains(r#"OWNED BY "orders_idem".token"#));
+    assert!(!sql.contains("SEQUENCE"), "tokens need no sequence");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,6 +712,7 @@ async fn missing_table_is_a_backend_error() {
         .claim(
             &random_key("nomigrate"),
             &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
             Duration::from_secs(1),
         )
         .await;
@@ -634,7 +804,13 @@ async fn blocked_claim(
 ) {
     let mut blocker = owner.pool().begin().await.expect("begin");
     let held = owner
-        .claim_in(&mut blocker, key, &fingerprint(1), Duration::from_secs(60))
+        .claim_in(
+            &mut blocker,
+            key,
+            &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(60),
+        )
         .await
         .expect("claim in the blocking transaction");
     assert!(matches!(held, ClaimOutcome::Claimed { .. }), "{held:?}");
@@ -643,7 +819,12 @@ async fn blocked_claim(
         let key = key.to_owned();
         async move {
             store
-                .claim(&key, &fingerprint(2), Duration::from_secs(60))
+                .claim(
+                    &key,
+                    &fingerprint(2),
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    Duration::from_secs(60),
+                )
                 .await
         }
     });
@@ -688,7 +869,12 @@ async fn a_cancelled_statement_gives_its_connection_back() {
     let other = random_key("free");
     let free = tokio::time::timeout(
         Duration::from_secs(10),
-        store.claim(&other, &fingerprint(3), Duration::from_secs(60)),
+        store.claim(
+            &other,
+            &fingerprint(3),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(60),
+        ),
     )
     .await
     .expect("the lane must not wait for the cancelled statement")
@@ -804,6 +990,7 @@ async fn migrate_on_a_live_table_does_not_wait_for_open_transactions() {
                 &mut tx,
                 &random_key("txn"),
                 &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
                 Duration::from_secs(60),
             )
             .await
@@ -829,7 +1016,13 @@ async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
     let mut tx = store.pool().begin().await.expect("begin");
     token_of(
         store
-            .claim_in(&mut tx, &key, &fingerprint(1), Duration::from_secs(60))
+            .claim_in(
+                &mut tx,
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim_in"),
     );

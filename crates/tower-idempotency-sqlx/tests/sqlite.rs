@@ -79,7 +79,12 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
     let lease = Duration::from_millis(300);
     token_of(
         crashed
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -89,7 +94,12 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
 
     let restarted = file.store("idem").await;
     match restarted
-        .claim(&key, &fingerprint(2), lease)
+        .claim(
+            &key,
+            &fingerprint(2),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .expect("claim")
     {
@@ -101,13 +111,23 @@ async fn crashed_holder_blocks_until_its_lease_expires() {
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     token_of(
         restarted
-            .claim(&key, &fingerprint(2), lease)
+            .claim(
+                &key,
+                &fingerprint(2),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
     assert!(matches!(
         restarted
-            .claim(&key, &fingerprint(2), lease)
+            .claim(
+                &key,
+                &fingerprint(2),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease
+            )
             .await
             .expect("claim"),
         ClaimOutcome::InFlight { .. }
@@ -140,7 +160,12 @@ async fn oversize_record_is_rejected_and_the_key_can_be_released() {
     let lease = Duration::from_secs(60);
     let token = token_of(
         store
-            .claim(&key, &fingerprint(1), lease)
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -169,6 +194,7 @@ async fn closed_pool_is_unavailable() {
         .claim(
             &random_key("closed"),
             &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
             Duration::from_secs(1),
         )
         .await;
@@ -188,7 +214,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &rolled_back, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &rolled_back,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -207,7 +239,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
         .expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &committed, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &committed,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -217,7 +255,7 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     assert_eq!(done.expect("complete"), Ownership::Current);
     tx.commit().await.expect("commit");
     match store.get(&committed).await.expect("get") {
-        Some(RecordState::Completed(record)) => assert_eq!(record.response.body, "kept"),
+        Some(RecordState::Completed { record, .. }) => assert_eq!(record.response.body, "kept"),
         other => panic!("expected the committed record, got {other:?}"),
     }
 
@@ -225,7 +263,13 @@ async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
     let mut tx = store.pool().begin().await.expect("begin");
     let token = token_of(
         store
-            .claim_in(&mut tx, &released, &fingerprint(1), lease)
+            .claim_in(
+                &mut tx,
+                &released,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
             .await
             .expect("claim"),
     );
@@ -252,7 +296,12 @@ async fn purge_deletes_only_expired_records() {
         let key = random_key(&format!("purge{i}"));
         let token = token_of(
             store
-                .claim(&key, &fingerprint(1), short)
+                .claim(
+                    &key,
+                    &fingerprint(1),
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    short,
+                )
                 .await
                 .expect("claim"),
         );
@@ -266,7 +315,12 @@ async fn purge_deletes_only_expired_records() {
     let live = random_key("live");
     token_of(
         store
-            .claim(&live, &fingerprint(1), Duration::from_secs(60))
+            .claim(
+                &live,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim"),
     );
@@ -289,7 +343,12 @@ async fn background_purger_runs_and_stops_with_the_store() {
     let key = random_key("purger");
     token_of(
         store
-            .claim(&key, &fingerprint(1), Duration::from_millis(100))
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_millis(100),
+            )
             .await
             .expect("claim"),
     );
@@ -327,6 +386,7 @@ async fn missing_table_is_a_backend_error() {
         .claim(
             &random_key("nomigrate"),
             &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
             Duration::from_secs(1),
         )
         .await;
@@ -350,6 +410,7 @@ fn a_store_can_be_dropped_after_its_runtime() {
             .claim(
                 &random_key("outlive"),
                 &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
                 Duration::from_secs(60),
             )
             .await
@@ -387,7 +448,13 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
         .expect("begin");
     token_of(
         store
-            .claim_in(&mut tx, &key, &fingerprint(1), Duration::from_secs(60))
+            .claim_in(
+                &mut tx,
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim_in"),
     );
@@ -406,7 +473,12 @@ async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
     let lease = Duration::from_millis(1000);
     let token = token_of(
         store
-            .claim(&key, &fingerprint(1), Duration::from_millis(200))
+            .claim(
+                &key,
+                &fingerprint(1),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_millis(200),
+            )
             .await
             .expect("claim"),
     );
@@ -423,7 +495,12 @@ async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
     other_writer.rollback().await.expect("rollback");
     assert_eq!(renewing.await.unwrap().expect("renew"), Ownership::Current);
     let next = store
-        .claim(&key, &fingerprint(3), lease)
+        .claim(
+            &key,
+            &fingerprint(3),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .expect("claim");
     assert!(

@@ -81,7 +81,14 @@ where
     for id in ids {
         let id = id.as_ref().to_owned();
         let key = event_key(namespace, &id);
-        let outcome = store.claim(&key, &fingerprint(), lease).await?;
+        let outcome = store
+            .claim(
+                &key,
+                &fingerprint(),
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                lease,
+            )
+            .await?;
         claims.push(EventClaim { id, key, outcome });
     }
     Ok(claims)
@@ -149,7 +156,7 @@ mod tests {
             .await
             .unwrap();
         assert!(second[0].is_new());
-        assert!(matches!(second[1].outcome, ClaimOutcome::Completed(_)));
+        assert!(matches!(second[1].outcome, ClaimOutcome::Completed { .. }));
         assert!(second[2].is_new());
         assert_ne!(event_key("sg", "a"), event_key("other", "a"));
         assert_eq!(event_key("sg", "a").len(), 3 + 64);

@@ -1,5 +1,7 @@
 //! The key's claim together with the [`Authenticator`] check (see its documentation).
 
+use std::future::Future;
+
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
@@ -7,13 +9,13 @@ use super::{layer::Config, service::within};
 use crate::{
     authenticator::Authenticator,
     scope::MAX_NAMESPACE_LEN,
-    store::{ClaimOutcome, Fingerprint, StoreError},
+    store::{ClaimOutcome, FencingToken, Fingerprint},
 };
 
-/// The key's claim as the store answered it (`None`: timed out), or a refusal.
+/// The key's claim as the store answered it (an error: why it did not), or a refusal.
 pub(crate) enum Checked {
     /// Go on with this answer to the key's claim.
-    Claim(Option<Result<ClaimOutcome, StoreError>>),
+    Claim(Result<ClaimOutcome, String>),
     /// The authenticator was first seen under another key; any claim of this key was released.
     Replayed,
 }
@@ -36,13 +38,9 @@ pub(crate) fn of(parts: &Parts, key: &str) -> Option<(Authenticator, Fingerprint
 pub(crate) async fn claim(
     config: &Config,
     store_key: &str,
-    fingerprint: &Fingerprint,
+    key_claim: impl Future<Output = Result<ClaimOutcome, String>>,
     authenticator: Option<(Authenticator, Fingerprint)>,
 ) -> Checked {
-    let key_claim = within(
-        config.store_timeout(),
-        config.store.claim(store_key, fingerprint, config.lease),
-    );
     let Some((authenticator, owner)) = authenticator else {
         return Checked::Claim(key_claim.await);
     };
@@ -50,24 +48,30 @@ pub(crate) async fn claim(
     // Kept in flight, never completed: one round trip, and a store evicting completed
     // records when full never drops it before its time.
     let lease = config.ttl.max(config.lease);
-    let (claim, seen) = tokio::join!(
-        key_claim,
-        within(
+    let record_claim = async {
+        let token = FencingToken::random().map_err(|e| format!("no fencing token: {e}"))?;
+        match within(
             config.store_timeout(),
-            config.store.claim(&record, &owner, lease)
+            config.store.claim(&record, &owner, token, lease),
         )
-    );
+        .await
+        {
+            Some(Ok(outcome)) => Ok(outcome),
+            Some(Err(error)) => Err(error.to_string()),
+            None => Err(format!("timed out after {:?}", config.store_timeout())),
+        }
+    };
+    let (claim, seen) = tokio::join!(key_claim, record_claim);
     let verdict = match seen {
-        Some(Ok(ClaimOutcome::Claimed { .. })) => Ok(true),
-        Some(Ok(ClaimOutcome::InFlight { fingerprint, .. })) => Ok(fingerprint == owner),
-        Some(Ok(ClaimOutcome::Completed(done))) => Ok(done.fingerprint == owner),
-        Some(Err(error)) => Err(Some(error)),
-        None => Err(None),
+        Ok(ClaimOutcome::Claimed { .. }) => Ok(true),
+        Ok(ClaimOutcome::InFlight { fingerprint, .. }) => Ok(fingerprint == owner),
+        Ok(ClaimOutcome::Completed { record, .. }) => Ok(record.fingerprint == owner),
+        Err(error) => Err(error),
     };
     if matches!(verdict, Ok(true)) {
         return Checked::Claim(claim);
     }
-    if let Some(Ok(ClaimOutcome::Claimed { token })) = &claim {
+    if let Ok(ClaimOutcome::Claimed { token }) = &claim {
         match within(
             config.store_timeout(),
             config.store.release(store_key, *token),
@@ -85,7 +89,7 @@ pub(crate) async fn claim(
             tracing::warn!("refused a credential already used under another idempotency key");
             Checked::Replayed
         }
-        Err(error) => Checked::Claim(error.map(Err)),
+        Err(error) => Checked::Claim(Err(error)),
     }
 }
 

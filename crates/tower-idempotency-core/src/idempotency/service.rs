@@ -26,7 +26,9 @@ use crate::{
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
     problem::{Problem, Rejection},
-    store::{BoxError, CachedResponse, ClaimOutcome, FencingToken, Ownership, StoreError},
+    store::{
+        BoxError, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, StoreError,
+    },
     BODY_OMITTED_HEADER, REPLAYED_HEADER,
 };
 
@@ -199,7 +201,8 @@ where
         Err(error) => return Ok(reject(Rejection::from(error), Outcome::Rejected)),
     };
 
-    let claim = match authenticated::claim(&config, &store_key, &fingerprint, authenticator).await {
+    let key_claim = claim(&config, &store_key, &fingerprint);
+    let claim = match authenticated::claim(&config, &store_key, key_claim, authenticator).await {
         Checked::Claim(claim) => claim,
         Checked::Replayed => {
             return Ok(reject(
@@ -209,12 +212,8 @@ where
         }
     };
     let claim = match claim {
-        Some(Ok(claim)) => claim,
-        failed => {
-            let error = match failed {
-                Some(Err(error)) => error.to_string(),
-                _ => format!("timed out after {:?}", config.store_timeout()),
-            };
+        Ok(claim) => claim,
+        Err(error) => {
             if config.fail_open {
                 tracing::warn!(%error, "idempotency store failed; running the handler UNGUARDED (fail-open is enabled)");
                 let request = Request::from_parts(parts, ReqBody::from(body));
@@ -229,7 +228,7 @@ where
     };
 
     match claim {
-        ClaimOutcome::Completed(record) if record.fingerprint == fingerprint => {
+        ClaimOutcome::Completed { record, .. } if record.fingerprint == fingerprint => {
             match replay(record.response) {
                 Some(response) => Ok(with_outcome(response, Outcome::Replayed)),
                 None => {
@@ -245,7 +244,7 @@ where
                 }
             }
         }
-        ClaimOutcome::Completed(_) => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
+        ClaimOutcome::Completed { .. } => Ok(reject(Rejection::KeyReused, Outcome::Mismatch)),
         ClaimOutcome::InFlight {
             fingerprint: holder,
             ..
@@ -287,6 +286,79 @@ where
                 Err(_panic) => Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed)),
             }
         }
+    }
+}
+
+/// Claims `key` with a fresh token within the store timeout. A claim that failed, timed out or
+/// was abandoned (the caller went away while it ran) may still have landed: the store may finish
+/// a statement, or execute a command whose reply never arrives. Such a claim is released with its
+/// own token in the background (see [`ReleaseUnanswered`]), so its key is not blocked for a
+/// lease while nothing runs. The error is for logs only.
+async fn claim(
+    config: &Arc<Config>,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<ClaimOutcome, String> {
+    let token = FencingToken::random().map_err(|e| format!("no fencing token: {e}"))?;
+    let mut unanswered = ReleaseUnanswered {
+        config: Some(config.clone()),
+        key,
+        token,
+    };
+    let claimed = within(
+        config.store_timeout(),
+        config.store.claim(key, fingerprint, token, config.lease),
+    )
+    .await;
+    match claimed {
+        Some(Ok(outcome)) => {
+            unanswered.config = None;
+            Ok(outcome)
+        }
+        Some(Err(error)) => Err(error.to_string()),
+        None => Err(format!("timed out after {:?}", config.store_timeout())),
+    }
+}
+
+/// Releases a claim that got no answer, when dropped armed (`config` set): at once, and once more
+/// after the store timeout if the first release found nothing (a statement still running on the
+/// server may land after it). Each attempt is bounded by the store timeout; a claim that never
+/// landed makes both no-ops (`Stale`). Tracked, so a drain waits for it.
+struct ReleaseUnanswered<'a> {
+    config: Option<Arc<Config>>,
+    key: &'a str,
+    token: FencingToken,
+}
+
+impl Drop for ReleaseUnanswered<'_> {
+    fn drop(&mut self) {
+        let Some(config) = self.config.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (key, token) = (self.key.to_owned(), self.token);
+        let tasks = config.tasks.clone();
+        let release = async move {
+            for attempt in 0..2 {
+                if attempt > 0 {
+                    tokio::time::sleep(config.store_timeout()).await;
+                }
+                match within(config.store_timeout(), config.store.release(&key, token)).await {
+                    Some(Ok(Ownership::Current)) => {
+                        tracing::info!("released a claim whose answer never arrived");
+                        return;
+                    }
+                    Some(Ok(Ownership::Stale)) => {}
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "releasing an unanswered claim failed")
+                    }
+                    None => tracing::warn!("releasing an unanswered claim timed out"),
+                }
+            }
+        };
+        runtime.spawn(tasks.track_future(release.instrument(Span::current())));
     }
 }
 

@@ -25,15 +25,16 @@ pub const DEFAULT_LOCAL_CACHE_TTL: Duration = Duration::from_secs(5);
 /// Wraps any [`Store`]; every call except a replay goes to that store unchanged. A record enters
 /// the cache when this instance completes it (the store accepted the completion), or when the
 /// store answers a claim with [`ClaimOutcome::Completed`], and is served locally for at most
-/// [`ttl`](Self::ttl) (default 5 s, never past the record's own TTL when this instance wrote it)
-/// or until the byte bound ([`max_bytes`](Self::max_bytes), default 64 MiB) evicts it. In-flight records are never cached:
+/// [`ttl`](Self::ttl) (default 5 s, and never past the record's remaining lifetime in the store,
+/// which the store reports with the record) or until the byte bound ([`max_bytes`](Self::max_bytes), default 64 MiB) evicts it. In-flight records are never cached:
 /// only the store decides who runs the handler, so the exactly-once guarantee does not depend on
 /// the cache.
 ///
 /// **The trade-off (staleness).** A completed record never changes in the store until it expires,
 /// so a locally served replay is byte-identical to the store's. What the cache can get wrong is
-/// *absence*: a record that expires in the store, or that an operator deletes to let a key run
-/// again, may still be replayed by an instance that cached it, for up to `ttl`. Keep `ttl` far
+/// *absence*: a record that an operator deletes to let a key run again may still be replayed by
+/// an instance that cached it, for up to `ttl` (a record that expires in the store leaves the
+/// cache no later). Keep `ttl` far
 /// below the layer's record TTL (hours by default) and delete keys by waiting `ttl` after the
 /// deletion before retrying.
 ///
@@ -63,7 +64,10 @@ pub struct LocalReplayCache<S> {
 #[derive(Clone)]
 struct Entry {
     record: CompletedRecord,
+    /// Served locally until then: the cache's TTL, capped by `expires_at`.
     served_until: Instant,
+    /// When the record expires in the store.
+    expires_at: Instant,
 }
 
 #[derive(Clone)]
@@ -149,11 +153,21 @@ fn new_cache(max_bytes: u64) -> Cache<String, Entry, RecordWeight> {
 }
 
 impl<S> LocalReplayCache<S> {
-    fn remember(&self, key: &str, record: CompletedRecord, served_until: Instant) {
+    fn remember(
+        &self,
+        key: &str,
+        record: CompletedRecord,
+        served_until: Instant,
+        expires_at: Instant,
+    ) {
+        if served_until <= Instant::now() {
+            return;
+        }
         let key = key.to_owned();
         let entry = Entry {
             record,
             served_until,
+            expires_at,
         };
         // One large response must not flush hundreds of small ones.
         if RecordWeight.weight(&key, &entry) <= self.max_bytes / 16 {
@@ -180,20 +194,30 @@ impl<S: Store> Store for LocalReplayCache<S> {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let now = Instant::now();
         if let Some(entry) = self.entries.get(key) {
             if entry.served_until > now {
                 self.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(ClaimOutcome::Completed(entry.record));
+                return Ok(ClaimOutcome::Completed {
+                    record: entry.record,
+                    ttl_remaining: entry.expires_at.saturating_duration_since(now),
+                });
             }
             self.entries.remove(key);
         }
-        let outcome = self.inner.claim(key, fingerprint, lease).await?;
+        let outcome = self.inner.claim(key, fingerprint, token, lease).await?;
         match &outcome {
-            ClaimOutcome::Completed(record) => {
-                self.remember(key, record.clone(), deadline_after(now, self.ttl))
+            ClaimOutcome::Completed {
+                record,
+                ttl_remaining,
+            } => {
+                // Never past the record's own end in the store.
+                let expires_at = deadline_after(now, *ttl_remaining);
+                let served_until = deadline_after(now, self.ttl).min(expires_at);
+                self.remember(key, record.clone(), served_until, expires_at)
             }
             ClaimOutcome::Claimed { token } => {
                 self.claimed.insert(key.to_owned(), (*token, *fingerprint));
@@ -231,10 +255,12 @@ impl<S: Store> Store for LocalReplayCache<S> {
                         ..response.clone()
                     },
                 };
+                let now = Instant::now();
                 self.remember(
                     key,
                     record,
-                    deadline_after(Instant::now(), self.ttl.min(ttl)),
+                    deadline_after(now, self.ttl.min(ttl)),
+                    deadline_after(now, ttl),
                 );
             }
         }

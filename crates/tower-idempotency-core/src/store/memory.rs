@@ -153,7 +153,6 @@ pub struct MemoryStore {
     hasher: RandomState,
     max_per_shard: usize,
     max_bytes_per_shard: usize,
-    next_token: AtomicU64,
     evictions: AtomicU64,
     warned_eviction: AtomicBool,
 }
@@ -224,7 +223,6 @@ impl MemoryStore {
             hasher: RandomState::default(),
             max_per_shard: Self::DEFAULT_MAX_ENTRIES.div_ceil(SHARDS),
             max_bytes_per_shard: Self::DEFAULT_MAX_BYTES.div_ceil(SHARDS),
-            next_token: AtomicU64::new(1),
             evictions: AtomicU64::new(0),
             warned_eviction: AtomicBool::new(false),
         }
@@ -322,11 +320,19 @@ impl Store for MemoryStore {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let now = Instant::now();
         let mut shard = lock(self.shard(key));
         match shard.map.get(key) {
+            Some(Entry::InFlight {
+                token: holder,
+                lease_until,
+                ..
+            }) if *lease_until > now && *holder == token => {
+                return Ok(ClaimOutcome::Claimed { token })
+            }
             Some(Entry::InFlight {
                 fingerprint,
                 lease_until,
@@ -339,7 +345,12 @@ impl Store for MemoryStore {
             }
             Some(Entry::Completed {
                 record, expires_at, ..
-            }) if *expires_at > now => return Ok(ClaimOutcome::Completed(record.clone())),
+            }) if *expires_at > now => {
+                return Ok(ClaimOutcome::Completed {
+                    record: record.clone(),
+                    ttl_remaining: *expires_at - now,
+                })
+            }
             Some(_) => {}
             None => {
                 if shard.map.len() >= self.max_per_shard {
@@ -350,7 +361,6 @@ impl Store for MemoryStore {
                 }
             }
         }
-        let token = FencingToken(self.next_token.fetch_add(1, Ordering::Relaxed));
         let lease_until = deadline_after(now, lease);
         shard.note_deadline(lease_until);
         shard.insert(
@@ -457,14 +467,19 @@ impl Store for MemoryStore {
                 token: *token,
                 lease_remaining: *lease_until - now,
             }),
-            Some(Entry::Completed { record, .. }) => Some(RecordState::Completed(record.clone())),
+            Some(Entry::Completed {
+                record, expires_at, ..
+            }) => Some(RecordState::Completed {
+                record: record.clone(),
+                ttl_remaining: *expires_at - now,
+            }),
             None => None,
         })
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let now = Instant::now();
-        let removed = lock(self.shard(key)).map.remove(key);
+        let removed = lock(self.shard(key)).remove(key);
         Ok(removed.is_some_and(|entry| entry.is_live(now)))
     }
 }
@@ -476,8 +491,14 @@ mod tests {
     /// Completes `key` with `body` and returns the body the store replays.
     async fn stored_body(store: &MemoryStore, key: &str, body: Bytes) -> Bytes {
         let fp = Fingerprint([3; 32]);
-        let Ok(ClaimOutcome::Claimed { token }) =
-            store.claim(key, &fp, Duration::from_secs(60)).await
+        let Ok(ClaimOutcome::Claimed { token }) = store
+            .claim(
+                key,
+                &fp,
+                FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
+            .await
         else {
             panic!("fresh key");
         };
@@ -491,8 +512,16 @@ mod tests {
             .complete(key, token, &response, Duration::from_secs(60))
             .await;
         assert_eq!(done.unwrap(), Ownership::Current);
-        match store.claim(key, &fp, Duration::from_secs(60)).await {
-            Ok(ClaimOutcome::Completed(record)) => record.response.body,
+        match store
+            .claim(
+                key,
+                &fp,
+                FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
+            .await
+        {
+            Ok(ClaimOutcome::Completed { record, .. }) => record.response.body,
             other => panic!("expected the completed record, got {other:?}"),
         }
     }
@@ -519,7 +548,10 @@ mod tests {
         let store = MemoryStore::new().with_max_entries(1);
         let fp = Fingerprint([1; 32]);
         let long = Duration::from_secs(60);
-        let Ok(ClaimOutcome::Claimed { token }) = store.claim("a", &fp, long).await else {
+        let Ok(ClaimOutcome::Claimed { token }) = store
+            .claim("a", &fp, FencingToken::random().unwrap(), long)
+            .await
+        else {
             panic!("fresh key");
         };
         // A key that lands in the shard of "a", found while "a" is in flight and cannot be
@@ -527,7 +559,10 @@ mod tests {
         let mut same_shard = None;
         for i in 0..10_000 {
             let key = format!("b:{i}");
-            match store.claim(&key, &fp, long).await {
+            match store
+                .claim(&key, &fp, FencingToken::random().unwrap(), long)
+                .await
+            {
                 Ok(ClaimOutcome::Claimed { token }) => {
                     store.release(&key, token).await.unwrap();
                 }
@@ -550,7 +585,9 @@ mod tests {
         assert_eq!(done.unwrap(), Ownership::Current);
         // Waiting for the TTL to pass is the point of the test; there is no event to await.
         tokio::time::sleep(ttl * 2).await;
-        let after = store.claim(&key, &fp, long).await;
+        let after = store
+            .claim(&key, &fp, FencingToken::random().unwrap(), long)
+            .await;
         assert!(
             matches!(after, Ok(ClaimOutcome::Claimed { .. })),
             "the expired completion must be purged to make room: {after:?}"
@@ -565,7 +602,15 @@ mod tests {
         let lease = Duration::from_millis(100);
         let mut refused = None;
         for i in 0..10 * SHARDS {
-            match store.claim(&format!("k:{i}"), &fp, lease).await {
+            match store
+                .claim(
+                    &format!("k:{i}"),
+                    &fp,
+                    FencingToken::random().unwrap(),
+                    lease,
+                )
+                .await
+            {
                 Ok(ClaimOutcome::Claimed { .. }) => {}
                 Err(StoreError::CapacityExceeded(limit)) => {
                     refused = Some(i);
@@ -578,10 +623,24 @@ mod tests {
         let refused = refused.expect("a bounded store must refuse once full");
         assert!(store.len() <= SHARDS);
         // Live records are never evicted to make room: that would let a duplicate run twice.
-        let blocked = store.claim(&format!("k:{refused}"), &fp, lease).await;
+        let blocked = store
+            .claim(
+                &format!("k:{refused}"),
+                &fp,
+                FencingToken::random().unwrap(),
+                lease,
+            )
+            .await;
         assert!(matches!(blocked, Err(StoreError::CapacityExceeded(_))));
         tokio::time::sleep(lease * 2).await;
-        let after = store.claim(&format!("k:{refused}"), &fp, lease).await;
+        let after = store
+            .claim(
+                &format!("k:{refused}"),
+                &fp,
+                FencingToken::random().unwrap(),
+                lease,
+            )
+            .await;
         assert!(
             matches!(after, Ok(ClaimOutcome::Claimed { .. })),
             "{after:?}"

@@ -16,17 +16,24 @@
 //!
 //! # The contract in detail
 //! - **Claim.** If no record exists, or the record is in flight with an expired lease, or the
-//!   record is completed with an expired TTL, the store writes a new in-flight record with a new
-//!   fencing token and answers [`ClaimOutcome::Claimed`]. Otherwise it answers with the existing
-//!   record's state ([`ClaimOutcome::InFlight`] or [`ClaimOutcome::Completed`]) *from the same
-//!   atomic step*, so the duplicate needs no second round trip. The store never compares
-//!   fingerprints itself: it reports the existing record's fingerprint and the layer decides.
-//! - **Fencing tokens** are unique per key for the lifetime of the store: a token handed out once
-//!   is never handed out again for that key, even after the record was released or purged (a
-//!   global counter, a database sequence or 64 random bits all qualify). `complete`, `renew` and
-//!   `release` succeed only when the record's current token equals the caller's; otherwise they
-//!   change nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key
-//!   nobody reclaimed yet may still be accepted or may be answered `Stale`: both are allowed.
+//!   record is completed with an expired TTL, the store writes a new in-flight record with the
+//!   caller's fencing token and answers [`ClaimOutcome::Claimed`]. A live in-flight record that
+//!   already carries the caller's token is the caller's own claim (a resent claim whose first
+//!   attempt landed) and is answered `Claimed` too. Otherwise the store answers with the existing
+//!   record's state ([`ClaimOutcome::InFlight`] or [`ClaimOutcome::Completed`], with the time
+//!   the record has left) *from the same atomic step*, so the duplicate needs no second round
+//!   trip. The store never compares fingerprints itself: it reports the existing record's
+//!   fingerprint and the layer decides.
+//! - **Fencing tokens** are chosen by the caller of `claim`, one per claim: the layer draws 63
+//!   random bits from the operating system ([`FencingToken::random`]), so tokens stay unique
+//!   without any counter surviving in the store, and a caller that gave up on a claim still
+//!   knows the token to release it with. A store persists the token as it is (every value of
+//!   `FencingToken::random` fits a non-negative SQL `bigint`). `complete`, `renew` and `release`
+//!   succeed only when the record's current token equals the caller's; otherwise they change
+//!   nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key nobody
+//!   reclaimed yet may still be accepted or may be answered `Stale`: both are allowed. A store
+//!   whose client may resend a command may answer `Current` to a `complete` that finds the
+//!   record already completed by the same token.
 //! - **Leases** bound how long a crashed holder blocks its key. Expired leases need no background
 //!   sweep to become claimable: `claim` treats them as absent.
 //! - **TTL** bounds how long a completed record is replayed. After it the key behaves as new.
@@ -81,6 +88,17 @@ impl fmt::Debug for Fingerprint {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub u64);
 
+impl FencingToken {
+    /// A fresh token: 63 random bits from the operating system's CSPRNG, so it fits a
+    /// non-negative `i64` (a SQL `bigint`). Two claims share a token with a chance of 2⁻⁶³.
+    ///
+    /// Fails only when the operating system cannot provide random bytes.
+    pub fn random() -> std::io::Result<Self> {
+        let bits = getrandom::u64().map_err(std::io::Error::from)?;
+        Ok(Self(bits >> 1))
+    }
+}
+
 /// A response as it is cached and replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedResponse {
@@ -120,7 +138,12 @@ pub enum ClaimOutcome {
         lease_remaining: Duration,
     },
     /// The key completed earlier; replay this response.
-    Completed(CompletedRecord),
+    Completed {
+        /// The completed record.
+        record: CompletedRecord,
+        /// Time left before the record expires in the store; a cache must not serve it longer.
+        ttl_remaining: Duration,
+    },
 }
 
 /// Whether a fenced call came from the current holder of the key.
@@ -146,7 +169,12 @@ pub enum RecordState {
         lease_remaining: Duration,
     },
     /// Finished, with its cached response.
-    Completed(CompletedRecord),
+    Completed {
+        /// The completed record.
+        record: CompletedRecord,
+        /// Time left before the record expires.
+        ttl_remaining: Duration,
+    },
 }
 
 /// Why a store call failed. The layer answers every one of these with `503` (fail closed).
@@ -184,11 +212,14 @@ pub enum StoreError {
 /// bytes, visible ASCII only, so it can be used as a primary key or a Redis key as it is.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Atomically claims `key`, or reports the existing record's state in the same step.
+    /// Atomically claims `key` with the caller's `token`, or reports the existing record's state
+    /// in the same step. A live in-flight record that already carries `token` is answered
+    /// [`ClaimOutcome::Claimed`].
     async fn claim(
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError>;
 
@@ -231,9 +262,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         &self,
         key: &str,
         fingerprint: &Fingerprint,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        (**self).claim(key, fingerprint, lease).await
+        (**self).claim(key, fingerprint, token, lease).await
     }
 
     async fn renew(

@@ -378,7 +378,12 @@ pub async fn closing_the_pool_does_not_wait_for_the_store<F>(
 {
     let lease = Duration::from_secs(60);
     store
-        .claim(&random_key("close"), &fingerprint(1), lease)
+        .claim(
+            &random_key("close"),
+            &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .expect("claim");
     // `close` is called only now: sqlx marks the pool closed when `Pool::close` is called.
@@ -423,14 +428,28 @@ pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
     let lease = Duration::from_millis(1000);
     let waiting = tokio::spawn({
         let (store, key) = (store.clone(), key.to_owned());
-        async move { store.claim(&key, &fingerprint(2), lease).await }
+        async move {
+            store
+                .claim(
+                    &key,
+                    &fingerprint(2),
+                    tower_idempotency_core::FencingToken::random().unwrap(),
+                    lease,
+                )
+                .await
+        }
     });
     // Time passing is the point: hold the lock for longer than the waiting claim's lease.
     tokio::time::sleep(lease * 3 / 2).await;
     release_lock.await;
     let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
     let next = store
-        .claim(key, &fingerprint(3), lease)
+        .claim(
+            key,
+            &fingerprint(3),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            lease,
+        )
         .await
         .expect("claim");
     assert!(
