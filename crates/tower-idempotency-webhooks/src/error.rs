@@ -25,11 +25,13 @@ use tower_idempotency_core::Problem;
 /// | [`UnsupportedVersion`](Self::UnsupportedVersion) | `webhook-unsupported-version` | 401 |
 /// | [`SignatureMismatch`](Self::SignatureMismatch) | `webhook-signature-mismatch` | 401 |
 /// | [`TimestampOutsideTolerance`](Self::TimestampOutsideTolerance) | `webhook-timestamp-outside-tolerance` | 401 |
+/// | [`MethodNotAllowed`](Self::MethodNotAllowed) | `webhook-method-not-allowed` | 405 |
 /// | [`MissingConfiguration`](Self::MissingConfiguration) | `webhook-missing-configuration` | 500 |
 ///
 /// The rule: a request that is *structurally* broken is `400`; a well-formed request whose
 /// credentials do not authenticate it (wrong secret, tampered body, replayed outside the window,
-/// only signature schemes this verifier cannot check) is `401`. A verifier configured without any
+/// only signature schemes this verifier cannot check) is `401`; a method the provider never sends
+/// is `405`. A verifier configured without any
 /// secret is a server bug, not the sender's fault, hence `500`. Every status is non-2xx, so the
 /// provider retries; none of them caches anything, because verification runs before the store.
 ///
@@ -122,6 +124,9 @@ pub enum VerifyError {
         /// The version in the event, kept for logs; not part of the message.
         received: String,
     },
+    /// The request's method is one the provider never sends deliveries with.
+    #[error("the webhook provider does not send requests with this method")]
+    MethodNotAllowed,
     /// The verifier has no secret or key to check with.
     #[error("webhook verifier has no {what} configured")]
     MissingConfiguration {
@@ -138,6 +143,7 @@ impl VerifyError {
             | Self::SignatureMismatch
             | Self::TimestampOutsideTolerance { .. } => StatusCode::UNAUTHORIZED,
             Self::MissingConfiguration { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -159,6 +165,7 @@ impl VerifyError {
             Self::InvalidEventId { .. } => "webhook-invalid-event-id",
             Self::ApiVersionMismatch { .. } => "webhook-api-version-mismatch",
             Self::MissingConfiguration { .. } => "webhook-missing-configuration",
+            Self::MethodNotAllowed => "webhook-method-not-allowed",
         }
     }
 
@@ -178,6 +185,7 @@ impl VerifyError {
             Self::InvalidEventId { .. } => "Webhook event id invalid",
             Self::ApiVersionMismatch { .. } => "Webhook API version mismatch",
             Self::MissingConfiguration { .. } => "Webhook verifier not configured",
+            Self::MethodNotAllowed => "Webhook method not allowed",
         }
     }
 }

@@ -1,8 +1,11 @@
-//! Every provider not covered by `e2e.rs`, through its `IdempotencyLayer` constructor over real
-//! HTTP (axum on 127.0.0.1:0, core's MemoryStore, reqwest), driven by one table-driven helper:
-//! 20 identical deliveries at once run the handler once (the other 19 get `409`), a retry is
-//! replayed byte for byte, a delivery signed with the wrong key and a tampered one get a webhook
-//! problem and never reach the handler, and a new event runs it again.
+//! Every provider, through its `IdempotencyLayer` constructor over real HTTP (axum on
+//! 127.0.0.1:0, core's MemoryStore, reqwest), driven by one table-driven helper: 20 identical
+//! deliveries at once run the handler once (the other 19 get `409`), a retry is replayed byte
+//! for byte, the same signed bytes sent to another spelling of the route's path are replayed
+//! (or refused, where the provider signs the path), a delivery signed with the wrong key and a
+//! tampered one get a webhook problem and never reach the handler, a new event runs it again,
+//! and no other method reaches the handler: a signed delivery sent with a method the provider
+//! never uses is `405`, an unsigned request with any method a webhook problem.
 
 use std::{
     collections::hash_map::RandomState,
@@ -14,38 +17,54 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use axum::{extract::State, routing::post, Router};
+use axum::{extract::State, routing::any, Router};
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
+use http::{Extensions, Method};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
-    linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook, WebhookLayerExt,
+    github, linear, mailgun, paddle, shopify, slack, square, standard, stripe, twilio, zoom,
+    VerifiedWebhook, WebhookLayerExt,
 };
 
 const BURST: usize = 20;
 
 struct Shared {
     calls: AtomicUsize,
+    /// Signalled by each call as it starts.
+    entered: tokio::sync::Notify,
     /// Closed during the burst so that every duplicate arrives while the first still runs.
     gate: Semaphore,
 }
 
-async fn count(State(shared): State<Arc<Shared>>, webhook: VerifiedWebhook) -> String {
+/// Counts every request that reaches it, verified or not: one that the layer let through
+/// unverified would show up here.
+async fn count(State(shared): State<Arc<Shared>>, extensions: Extensions) -> String {
     let n = shared.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.entered.notify_one();
     drop(shared.gate.acquire().await.unwrap());
-    format!(
-        "{} handled {} (call {n})",
-        webhook.provider(),
-        webhook.event_id()
-    )
+    match extensions.get::<VerifiedWebhook>() {
+        Some(webhook) => format!(
+            "{} handled {} (call {n})",
+            webhook.provider(),
+            webhook.event_id()
+        ),
+        None => format!("unverified (call {n})"),
+    }
 }
+
+/// The route every case is mounted on, and the path deliveries are sent to.
+const ROUTE: &str = "/hook/{account}";
+const PATH: &str = "/hook/acct_1";
+/// Another spelling of [`PATH`]: the same route and the same `Path` value.
+const PATH_VARIANT: &str = "/hook/acct_%31";
 
 async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/hook")
+    format!("http://{addr}")
 }
 
 fn now() -> u64 {
@@ -77,15 +96,30 @@ struct Delivery(Vec<(&'static str, String)>, String);
 /// with the real key (`genuine`) or an attacker's. `signed != sent` is a tampered delivery.
 type Make = Box<dyn Fn(bool, &Msg, &Msg) -> Delivery>;
 
+/// What the idempotency key of a delivery is.
+#[derive(Clone, Copy)]
+enum Key {
+    /// The id the provider sends.
+    EventId,
+    /// `sha256:<hex>` of the body.
+    BodyDigest,
+    /// `sha256:<hex>` of what Twilio signed: the URL, then the form parameters sorted.
+    TwilioSigned,
+}
+
 struct Case {
     provider: &'static str,
     layer: IdempotencyLayer,
     body: fn(&str) -> String,
     make: Make,
-    /// The key is `sha256:<hex>` of the body rather than an id the provider sends.
-    digest_key: bool,
+    key: Key,
     /// False where the provider's credential does not cover the body (GitLab's bare token).
     detects_tampering: bool,
+    /// The signature covers the request's path (Twilio, Square): bytes signed for [`PATH`]
+    /// are refused at [`PATH_VARIANT`] rather than replayed.
+    signs_path: bool,
+    /// Methods besides `POST` the provider sends deliveries with.
+    other_methods: &'static [Method],
 }
 
 /// The next burst answer; a timeout rather than a hang if the layer made a duplicate wait.
@@ -99,24 +133,26 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<reqwest::Response>) -> reqwest::R
 async fn exercise(case: Case) {
     let shared = Arc::new(Shared {
         calls: AtomicUsize::new(0),
+        entered: tokio::sync::Notify::new(),
         gate: Semaphore::new(0),
     });
     let app = Router::new()
-        .route("/hook", post(count))
+        .route(ROUTE, any(count))
         .route_layer(case.layer)
         .with_state(shared.clone());
-    let url = serve(app).await;
+    let base = serve(app).await;
     let client = reqwest::Client::new();
-    let send = |Delivery(headers, body): Delivery| {
-        let request = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body);
+    let send_to = |method: Method, path: &str, Delivery(headers, body): Delivery| {
+        let mut request = client.request(method, format!("{base}{path}")).body(body);
+        if !headers.iter().any(|(name, _)| *name == "content-type") {
+            request = request.header("content-type", "application/json");
+        }
         headers
             .into_iter()
             .fold(request, |r, (name, value)| r.header(name, value))
             .send()
     };
+    let send = |delivery: Delivery| send_to(Method::POST, PATH, delivery);
     let msg = |n: u32| {
         let id = format!("{}-e2e-{n}", case.provider.replace('-', "_"));
         Msg {
@@ -126,10 +162,16 @@ async fn exercise(case: Case) {
     };
     let (first, second) = (msg(1), msg(2));
     let expected = |msg: &Msg, delivery: &Delivery, call: usize| {
-        let key = if case.digest_key {
-            format!("sha256:{}", hex::encode(Sha256::digest(&delivery.1)))
-        } else {
-            msg.id.clone()
+        let key = match case.key {
+            Key::EventId => msg.id.clone(),
+            Key::BodyDigest => format!("sha256:{}", hex::encode(Sha256::digest(&delivery.1))),
+            Key::TwilioSigned => {
+                let mut params = form_params(&delivery.1);
+                params.sort_unstable();
+                let signed: String = params.concat();
+                let url = format!("{TWILIO_URL}{PATH}{signed}");
+                format!("sha256:{}", hex::encode(Sha256::digest(url)))
+            }
         };
         format!("{} handled {key} (call {call})", case.provider)
     };
@@ -148,6 +190,10 @@ async fn exercise(case: Case) {
             case.provider
         );
     }
+    // The winner's claim answered the others before its handler necessarily started.
+    tokio::time::timeout(Duration::from_secs(10), shared.entered.notified())
+        .await
+        .expect("the winner's handler did not start within 10 s");
     assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{}", case.provider);
     shared.gate.add_permits(1000);
     let winner = next(&mut rx).await;
@@ -166,6 +212,29 @@ async fn exercise(case: Case) {
         case.provider
     );
     assert_eq!(retry.bytes().await.unwrap(), winner);
+
+    // The same signed bytes at another spelling of the path: the same route and `Path` value,
+    // so the same event. Replayed, or refused where the signature covers the path.
+    let respelled = send_to(
+        Method::POST,
+        PATH_VARIANT,
+        (case.make)(true, &first, &first),
+    )
+    .await
+    .unwrap();
+    let context = format!("{} at {PATH_VARIANT}", case.provider);
+    if case.signs_path {
+        assert_eq!(respelled.status(), 401, "{context}");
+    } else {
+        assert_eq!(respelled.status(), 200, "{context}");
+        assert_eq!(
+            respelled.headers()["idempotent-replayed"],
+            "true",
+            "{context}"
+        );
+        assert_eq!(respelled.bytes().await.unwrap(), winner, "{context}");
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{context}");
 
     // Forgeries of a new event: were one let through, it would run the handler.
     let mut forgeries = vec![("wrong key", (case.make)(false, &second, &second))];
@@ -200,6 +269,49 @@ async fn exercise(case: Case) {
     let fresh = send(delivery.clone()).await.unwrap();
     assert_eq!(fresh.status(), 200, "{}", case.provider);
     assert_eq!(fresh.text().await.unwrap(), expected(&second, &delivery, 2));
+
+    // Every other method: a genuinely signed new event is `405` where the provider never sends
+    // that method, and an unsigned request (a query a handler could read) is a webhook problem.
+    let third = msg(3);
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::PATCH] {
+        let context = format!("{} {method}", case.provider);
+        if !case.other_methods.contains(&method) {
+            let signed = send_to(method.clone(), PATH, (case.make)(true, &third, &third));
+            let response = signed.await.unwrap();
+            assert_eq!(response.status(), 405, "{context} signed");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{context} signed"
+            );
+        }
+        let unsigned = Delivery(Vec::new(), String::new());
+        let path = format!("{PATH}?CallSid=CA1&MessageSid=SM1&id={}", third.id);
+        let response = send_to(method.clone(), &path, unsigned).await.unwrap();
+        assert!(
+            response.status().is_client_error(),
+            "{context} unsigned: {}",
+            response.status()
+        );
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{context} unsigned"
+        );
+    }
+    assert_eq!(
+        shared.calls.load(Ordering::SeqCst),
+        2,
+        "{}: a request with another method reached the handler",
+        case.provider
+    );
+}
+
+/// The `name=value` pairs of a test form body (no percent-encoding in these bodies).
+fn form_params(body: &str) -> Vec<String> {
+    body.split('&')
+        .map(|pair| pair.replacen('=', "", 1))
+        .collect()
 }
 
 fn key(genuine: bool, real: &'static str) -> &'static str {
@@ -240,7 +352,9 @@ fn standard_case(names: [&'static str; 3]) -> Case {
         layer,
         body: json_event,
         make,
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     }
 }
@@ -293,7 +407,9 @@ async fn standard_webhooks_v1a_ed25519() {
             .unwrap(),
         body: json_event,
         make,
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -314,7 +430,9 @@ async fn shopify() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -337,7 +455,9 @@ async fn paddle() {
                 sent.body.clone(),
             )
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -360,7 +480,9 @@ async fn linear() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -381,7 +503,9 @@ async fn gitlab() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         // The token is a bare shared secret: the body is protected by TLS only.
         detects_tampering: false,
     })
@@ -405,7 +529,9 @@ async fn zoom() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: true,
+        key: Key::BodyDigest,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -439,7 +565,9 @@ async fn discord() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -473,7 +601,9 @@ async fn sendgrid() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: true,
+        key: Key::BodyDigest,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -482,7 +612,7 @@ async fn sendgrid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn square() {
     // Square signs the URL as registered, not the loopback address the test connects to.
-    const URL: &str = "https://hooks.example.com/square?shop=7";
+    const URL: &str = "https://hooks.example.com/hook/acct_1";
     exercise(Case {
         provider: square::PROVIDER,
         layer: IdempotencyLayer::square(URL, ["sq-signature-key"], MemoryStore::new()).unwrap(),
@@ -498,7 +628,9 @@ async fn square() {
                 sent.body.clone(),
             )
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: true,
+        other_methods: &[],
         detects_tampering: true,
     })
     .await;
@@ -521,8 +653,116 @@ async fn mailgun() {
             body["signature"] = signature;
             Delivery(Vec::new(), body.to_string())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe() {
+    exercise(Case {
+        provider: stripe::PROVIDER,
+        layer: IdempotencyLayer::stripe(["whsec_e2e_stripe"], MemoryStore::new()),
+        body: json_event,
+        make: Box::new(|genuine, signed, sent| {
+            let signature = stripe::sign(
+                key(genuine, "whsec_e2e_stripe"),
+                now(),
+                signed.body.as_bytes(),
+            );
+            Delivery(
+                vec![(stripe::SIGNATURE_HEADER, signature)],
+                sent.body.clone(),
+            )
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github() {
+    exercise(Case {
+        provider: github::PROVIDER,
+        layer: IdempotencyLayer::github(["gh-e2e-secret"], MemoryStore::new()),
+        body: |id| format!(r#"{{"action":"opened","number":1,"ref":"{id}"}}"#),
+        make: Box::new(|genuine, signed, sent| {
+            let signature = github::sign(key(genuine, "gh-e2e-secret"), signed.body.as_bytes());
+            let headers = vec![
+                ("x-hub-signature-256", signature),
+                ("x-github-delivery", sent.id.clone()),
+                ("x-github-event", "pull_request".into()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack() {
+    exercise(Case {
+        provider: slack::PROVIDER,
+        layer: IdempotencyLayer::slack(["slack-e2e-secret"], MemoryStore::new()),
+        body: |id| {
+            format!(r#"{{"type":"event_callback","event_id":"{id}","event":{{"type":"message"}}}}"#)
+        },
+        make: Box::new(|genuine, signed, sent| {
+            let ts = now();
+            let signature =
+                slack::sign(key(genuine, "slack-e2e-secret"), ts, signed.body.as_bytes());
+            let headers = vec![
+                ("x-slack-signature", signature),
+                ("x-slack-request-timestamp", ts.to_string()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+    })
+    .await;
+}
+
+/// The public base URL Twilio calls (behind a proxy: not the loopback address).
+const TWILIO_URL: &str = "https://sms.example.com";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twilio() {
+    exercise(Case {
+        provider: twilio::PROVIDER,
+        layer: IdempotencyLayer::twilio(TWILIO_URL, ["twilio-e2e-token"], MemoryStore::new())
+            .unwrap(),
+        body: |id| format!("MessageSid={id}&MessageStatus=delivered&To=15551230000"),
+        make: Box::new(|genuine, signed, sent| {
+            let pairs: Vec<(&str, &str)> = signed
+                .body
+                .split('&')
+                .map(|pair| pair.split_once('=').unwrap())
+                .collect();
+            let url = format!("{TWILIO_URL}{PATH}");
+            let signature = twilio::sign(key(genuine, "twilio-e2e-token"), &url, &pairs);
+            let headers = vec![
+                ("x-twilio-signature", signature),
+                ("content-type", "application/x-www-form-urlencoded".into()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::TwilioSigned,
+        detects_tampering: true,
+        signs_path: true,
+        other_methods: &[Method::GET],
     })
     .await;
 }

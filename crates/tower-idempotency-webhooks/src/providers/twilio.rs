@@ -252,6 +252,11 @@ impl Verifier for TwilioVerifier {
         DEFAULT_TTL
     }
 
+    /// `GET` and `POST`: a Twilio webhook is configured with either.
+    fn accepts_method(&self, method: &http::Method) -> bool {
+        method == http::Method::POST || method == http::Method::GET
+    }
+
     fn verify(
         &self,
         parts: &Parts,
