@@ -1020,12 +1020,46 @@ fn square_vector_url_and_negatives() {
     assert_eq!(square::sign("asdf1234", url, body), SQUARE_SIG);
     let v = square::SquareVerifier::new(url, ["asdf1234"]).unwrap();
     let h = "x-square-hmacsha256-signature";
-    let hook = verify(&v, &[(h, SQUARE_SIG)], body, NOW).unwrap();
+    let at = |path: &str| {
+        let mut parts = common::parts(&[(h, SQUARE_SIG)]);
+        parts.uri = path.parse().unwrap();
+        v.verify(
+            &parts,
+            &bytes::Bytes::copy_from_slice(body),
+            common::at(NOW),
+        )
+    };
+    let hook = at("/webhooks/square").unwrap();
     assert_eq!(hook.event_id(), "ac3ac95b-f97d-458c-a6e6-18981597e05f");
+    // A tail of the registered path (a proxy or `Router::nest` stripped `/webhooks`).
+    assert!(at("/square").is_ok());
+    // Square signed the registered URL, not these: another query, route or spelling.
+    for elsewhere in [
+        "/webhooks/square?tenant=evil",
+        "/webhooks/other",
+        "/hook",
+        "/webhooks/%73quare",
+        "/x/webhooks/square",
+        "/uare",
+    ] {
+        assert_eq!(
+            at(elsewhere).unwrap_err(),
+            VerifyError::SignatureMismatch,
+            "{elsewhere}"
+        );
+    }
     // The same delivery checked against another registered URL does not verify.
     let elsewhere = square::SquareVerifier::new("https://example.com/other", ["asdf1234"]).unwrap();
+    let mut parts = common::parts(&[(h, SQUARE_SIG)]);
+    parts.uri = "/other".parse().unwrap();
     assert_eq!(
-        verify(&elsewhere, &[(h, SQUARE_SIG)], body, NOW).unwrap_err(),
+        elsewhere
+            .verify(
+                &parts,
+                &bytes::Bytes::copy_from_slice(body),
+                common::at(NOW)
+            )
+            .unwrap_err(),
         VerifyError::SignatureMismatch
     );
     assert_eq!(
