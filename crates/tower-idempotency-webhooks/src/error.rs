@@ -218,6 +218,13 @@ pub enum ConfigError {
         /// What is wrong (never the secret itself).
         reason: &'static str,
     },
+    /// A shared secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN)
+    /// bytes: anyone could sign with an empty one, and guess a short one.
+    #[error("a secret is empty or shorter than {min_len} bytes")]
+    WeakSecret {
+        /// The shortest accepted length in bytes.
+        min_len: usize,
+    },
     /// A public key is not in the provider's format.
     #[error("invalid public key: {reason}")]
     InvalidPublicKey {

@@ -8,7 +8,7 @@
 //! // `X-Acme-Signature: sha256=<hex of HMAC-SHA256("{ts}.{body}")>`, `X-Acme-Timestamp`,
 //! // keyed by the body's `/event/id`.
 //! let verifier = HmacVerifier::builder("acme")
-//!     .secrets(["s3cret"])
+//!     .secrets(["s3cret-key"])
 //!     .signature_header("x-acme-signature")
 //!     .prefix("sha256=")
 //!     .encoding(Encoding::Hex)
@@ -33,7 +33,7 @@ use smallvec::SmallVec;
 
 use crate::{
     error::{ConfigError, VerifyError},
-    secret::{self, Secret},
+    secret::Secret,
     util::{
         self, Encoding, HeaderKey as _, HmacAlgorithm, ParsedName, DEFAULT_TOLERANCE,
         MAX_SIGNATURES,
@@ -134,7 +134,7 @@ impl HmacVerifier {
 impl HmacVerifierBuilder {
     /// The secrets (current first).
     pub fn secrets<S: Into<Secret>>(mut self, secrets: impl IntoIterator<Item = S>) -> Self {
-        self.secrets = secret::collect(secrets);
+        self.secrets = secrets.into_iter().map(Into::into).collect();
         self
     }
 
@@ -194,9 +194,12 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// Checks the configuration: the required settings are there, and every header name is a
-    /// valid HTTP header name (any case), else [`ConfigError::InvalidHeaderName`].
+    /// Checks the configuration: the required settings are there, every secret is at least
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes (else [`ConfigError::WeakSecret`]), and
+    /// every header name is a valid HTTP header name (any case), else
+    /// [`ConfigError::InvalidHeaderName`].
     pub fn build(self) -> Result<HmacVerifier, ConfigError> {
+        self.secrets.iter().try_for_each(Secret::check)?;
         let header = self.header.ok_or(ConfigError::Missing {
             what: "signature header",
         })?;

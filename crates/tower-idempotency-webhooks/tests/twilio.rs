@@ -5,7 +5,10 @@
 //! MultiDict case, the `:443` / `:80` / `:1234` port cases and the `bodySHA256` JSON case), and
 //! were re-computed independently with Python's hmac module before being pasted here.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::LazyLock,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -15,7 +18,11 @@ use tower_idempotency_webhooks::{
     ConfigError, Verifier, VerifyError,
 };
 
-const TOKEN: &str = "12345";
+/// The published vectors' auth token; shorter than any verifier accepts, so the vectors are
+/// checked through [`twilio::sign`] and verification runs with [`TOKEN`].
+const VECTOR_TOKEN: &str = "12345";
+/// An auth token of the length Twilio issues (32 hex digits).
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 const PATH: &str = "/myapp.php?foo=1&bar=2";
 const URL: &str = "https://mycompany.com/myapp.php?foo=1&bar=2";
 const PARAMS: &[(&str, &str)] = &[
@@ -27,18 +34,56 @@ const PARAMS: &[(&str, &str)] = &[
 ];
 const FORM_BODY: &str = "CallSid=CA1234567890ABCDE&Digits=1234&From=%2B14158675309&To=%2B18005551212&Caller=%2B14158675309";
 /// Over the URL without a port.
-const SIG: &str = "RSOYDt4T1cUTdK1PDd93/VVr8B8=";
+const VECTOR_SIG: &str = "RSOYDt4T1cUTdK1PDd93/VVr8B8=";
 /// Over `https://mycompany.com:443/...`.
-const SIG_443: &str = "kvajT1Ptam85bY51eRf/AJRuM3w=";
+const VECTOR_SIG_443: &str = "kvajT1Ptam85bY51eRf/AJRuM3w=";
 /// Over `http://mycompany.com:80/...`.
-const SIG_HTTP_80: &str = "0ZXoZLH/DfblKGATFgpif+LLRf4=";
+const VECTOR_SIG_HTTP_80: &str = "0ZXoZLH/DfblKGATFgpif+LLRf4=";
 /// Over `http://mycompany.com:1234/...`.
-const SIG_HTTP_1234: &str = "Zmvh+3yNM1Phv2jhDCwEM3q5ebU=";
+const VECTOR_SIG_HTTP_1234: &str = "Zmvh+3yNM1Phv2jhDCwEM3q5ebU=";
 /// `Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234`: repeated names sorted by value.
-const SIG_DUPLICATES: &str = "IK+Dwps556ElfBT0I3Rgjkr1wJU=";
+const VECTOR_SIG_DUPLICATES: &str = "IK+Dwps556ElfBT0I3Rgjkr1wJU=";
 const JSON_BODY: &str = r#"{"property": "value", "boolean": true}"#;
 const JSON_HASH: &str = "0a1ff7634d9ab3b95db5c9a2dfe9416e41502b283a80c7cf19632632f96e6620";
-const SIG_JSON: &str = "a9nBmqA0ju/hNViExpshrM61xv4=";
+const VECTOR_SIG_JSON: &str = "a9nBmqA0ju/hNViExpshrM61xv4=";
+
+/// The vectors' requests signed with [`TOKEN`].
+static SIG: LazyLock<String> = LazyLock::new(|| twilio::sign(TOKEN, URL, PARAMS));
+static SIG_443: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "https://mycompany.com:443/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_HTTP_80: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "http://mycompany.com:80/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_HTTP_1234: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "http://mycompany.com:1234/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_DUPLICATES: LazyLock<String> = LazyLock::new(|| twilio::sign(TOKEN, URL, DUPLICATES));
+static SIG_JSON: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        &twilio::url_with_body_sha256(URL, JSON_BODY.as_bytes()),
+        &[],
+    )
+});
+const DUPLICATES: &[(&str, &str)] = &[
+    ("Sid", "CA123"),
+    ("SidAccount", "AC123"),
+    ("Digits", "5678"),
+    ("Digits", "1234"),
+];
 
 const FORM: &str = "application/x-www-form-urlencoded";
 
@@ -84,21 +129,30 @@ fn verifier(base: &str) -> TwilioVerifier {
 
 #[test]
 fn published_vectors_and_sign_agree() {
-    assert_eq!(twilio::sign(TOKEN, URL, PARAMS), SIG);
+    assert_eq!(twilio::sign(VECTOR_TOKEN, URL, PARAMS), VECTOR_SIG);
+    let with_port = |url: &str| twilio::sign(VECTOR_TOKEN, url, PARAMS);
     assert_eq!(
-        twilio::sign(
-            TOKEN,
-            "https://mycompany.com:443/myapp.php?foo=1&bar=2",
-            PARAMS
-        ),
-        SIG_443
+        with_port("https://mycompany.com:443/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_443
+    );
+    assert_eq!(
+        with_port("http://mycompany.com:80/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_HTTP_80
+    );
+    assert_eq!(
+        with_port("http://mycompany.com:1234/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_HTTP_1234
+    );
+    assert_eq!(
+        twilio::sign(VECTOR_TOKEN, URL, DUPLICATES),
+        VECTOR_SIG_DUPLICATES
     );
     let hashed = twilio::url_with_body_sha256(URL, JSON_BODY.as_bytes());
     assert_eq!(hashed, format!("{URL}&bodySHA256={JSON_HASH}"));
-    assert_eq!(twilio::sign(TOKEN, &hashed, &[]), SIG_JSON);
+    assert_eq!(twilio::sign(VECTOR_TOKEN, &hashed, &[]), VECTOR_SIG_JSON);
 
     let v = verifier("https://mycompany.com");
-    let hook = post(&v, PATH, &headers(&form(SIG)), FORM_BODY).unwrap();
+    let hook = post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).unwrap();
     assert_eq!(hook.provider(), "twilio");
     let mut sorted = PARAMS.to_vec();
     sorted.sort_unstable();
@@ -113,19 +167,19 @@ fn published_vectors_and_sign_agree() {
 fn port_variants_are_both_accepted() {
     // Signed with :443 while the base URL has no port, and the other way round.
     let v = verifier("https://mycompany.com");
-    assert!(post(&v, PATH, &headers(&form(SIG_443)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_443)), FORM_BODY).is_ok());
     let v = verifier("https://mycompany.com:443/");
-    assert!(post(&v, PATH, &headers(&form(SIG)), FORM_BODY).is_ok());
-    assert!(post(&v, PATH, &headers(&form(SIG_443)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_443)), FORM_BODY).is_ok());
     // http: the default port is 80; a non-default port is tried with and without.
     let v = verifier("http://mycompany.com");
-    assert!(post(&v, PATH, &headers(&form(SIG_HTTP_80)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_HTTP_80)), FORM_BODY).is_ok());
     let v = verifier("http://mycompany.com:1234");
-    assert!(post(&v, PATH, &headers(&form(SIG_HTTP_1234)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_HTTP_1234)), FORM_BODY).is_ok());
     // A signature over another port is not one of the variants.
     let v = verifier("http://mycompany.com:8080");
     assert_eq!(
-        post(&v, PATH, &headers(&form(SIG_HTTP_1234)), FORM_BODY).unwrap_err(),
+        post(&v, PATH, &headers(&form(&SIG_HTTP_1234)), FORM_BODY).unwrap_err(),
         VerifyError::SignatureMismatch
     );
 }
@@ -135,13 +189,13 @@ fn repeated_parameters_sort_by_value() {
     let v = verifier("https://mycompany.com");
     // Body order differs from the sorted order on purpose.
     let body = "Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234";
-    let hook = post(&v, PATH, &headers(&form(SIG_DUPLICATES)), body).unwrap();
+    let hook = post(&v, PATH, &headers(&form(&SIG_DUPLICATES)), body).unwrap();
     assert_eq!(
         hook.event_id(),
         signed_key(&format!("{URL}Digits1234Digits5678SidCA123SidAccountAC123"))
     );
     let swapped = "Digits=1234&Sid=CA123&Digits=5678&SidAccount=AC123";
-    let again = post(&v, PATH, &headers(&form(SIG_DUPLICATES)), swapped).unwrap();
+    let again = post(&v, PATH, &headers(&form(&SIG_DUPLICATES)), swapped).unwrap();
     assert_eq!(again.event_id(), hook.event_id());
 }
 
@@ -150,7 +204,7 @@ fn json_body_is_covered_by_body_sha256() {
     let v = verifier("https://mycompany.com");
     let path = format!("{PATH}&bodySHA256={JSON_HASH}");
     let json = [
-        ("x-twilio-signature", SIG_JSON),
+        ("x-twilio-signature", SIG_JSON.as_str()),
         ("content-type", "application/json"),
         ("i-twilio-idempotency-token", "idem-json-1"),
     ];
@@ -244,8 +298,8 @@ fn base_url_prefix_and_raw_path_are_signed_verbatim() {
 
 #[test]
 fn rotation_reports_the_matching_token() {
-    let v = TwilioVerifier::new("https://mycompany.com", ["new-token", TOKEN]).unwrap();
-    let hook = post(&v, PATH, &headers(&form(SIG)), FORM_BODY).unwrap();
+    let v = TwilioVerifier::new("https://mycompany.com", ["new-auth-token", TOKEN]).unwrap();
+    let hook = post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).unwrap();
     assert_eq!(hook.secret_index(), Some(1));
 }
 
@@ -253,7 +307,7 @@ fn rotation_reports_the_matching_token() {
 fn negative_cases() {
     let v = verifier("https://mycompany.com");
     let h = "x-twilio-signature";
-    let good_list = form(SIG);
+    let good_list = form(&SIG);
     let good = headers(&good_list);
     let err =
         |list: &[(&str, &str)], path: &str, body: &str| post(&v, path, list, body).unwrap_err();
@@ -271,14 +325,18 @@ fn negative_cases() {
     ));
     assert_eq!(
         err(
-            &[(h, SIG), (h, SIG), ("content-type", FORM)],
+            &[(h, &*SIG), (h, &*SIG), ("content-type", FORM)],
             PATH,
             FORM_BODY
         ),
         VerifyError::DuplicateHeader { name: h }
     );
     // Wrong token, tampered parameter, tampered query, another host.
-    let wrong = TwilioVerifier::new("https://mycompany.com", ["54321"]).unwrap();
+    let wrong = TwilioVerifier::new(
+        "https://mycompany.com",
+        ["fedcba9876543210fedcba9876543210"],
+    )
+    .unwrap();
     assert_eq!(
         post(&wrong, PATH, &good, FORM_BODY).unwrap_err(),
         VerifyError::SignatureMismatch
@@ -299,7 +357,7 @@ fn negative_cases() {
     // A JSON body without bodySHA256 is signed by nothing.
     assert!(matches!(
         err(
-            &[(h, SIG), ("content-type", "application/json")],
+            &[(h, &*SIG), ("content-type", "application/json")],
             PATH,
             JSON_BODY
         ),
@@ -367,7 +425,7 @@ proptest! {
 
     #[test]
     fn form_sign_then_verify_in_any_order_and_any_change_rejects(
-        token in "[ -~]{1,40}",
+        token in "[ -~]{8,40}",
         mut params in proptest::collection::vec(("[A-Za-z]{1,12}", ".{0,40}"), 1..12),
         rotate in 0usize..12,
         with_port in any::<bool>(),

@@ -44,9 +44,12 @@ pub struct LinearVerifier {
 
 impl LinearVerifier {
     /// Accepts deliveries signed with any of `secrets`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }

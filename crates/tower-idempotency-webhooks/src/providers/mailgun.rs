@@ -38,9 +38,12 @@ pub struct MailgunVerifier {
 
 impl MailgunVerifier {
     /// Accepts events signed with any of the webhook signing `keys`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(keys: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(keys),
+            secrets: secret::collect(PROVIDER, keys),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }

@@ -54,6 +54,9 @@ pub struct SquareVerifier {
 impl SquareVerifier {
     /// Accepts deliveries to `notification_url` (as registered) signed with any of the
     /// subscription's signature `keys`.
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a key is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(
         notification_url: impl Into<String>,
         keys: impl IntoIterator<Item = S>,
@@ -68,7 +71,7 @@ impl SquareVerifier {
             });
         }
         Ok(Self {
-            secrets: secret::collect(keys),
+            secrets: secret::try_collect(keys)?,
             path: parsed.path().into(),
             query: parsed.query().unwrap_or_default().into(),
             url: url.into(),

@@ -94,6 +94,9 @@ impl TwilioVerifier {
     ///
     /// Fails with [`ConfigError::InvalidUrl`] unless `public_url` is an absolute `http(s)` URL
     /// with a host and without credentials, query or fragment.
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a key is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(
         public_url: &str,
         auth_tokens: impl IntoIterator<Item = S>,
@@ -124,7 +127,7 @@ impl TwilioVerifier {
             .ok_or(ConfigError::InvalidUrl { reason: "no port" })?;
         let scheme = url.scheme();
         Ok(Self {
-            secrets: secret::collect(auth_tokens),
+            secrets: secret::try_collect(auth_tokens)?,
             origin: format!("{scheme}://{host}").into(),
             origin_with_port: format!("{scheme}://{host}:{port}").into(),
             prefix: url.path().trim_end_matches('/').into(),
