@@ -243,6 +243,13 @@ pub enum ConfigError {
         /// The name as configured.
         name: &'static str,
     },
+    /// The generic verifier's signed parts would let a forger reuse a signature: they leave
+    /// out the body or the header the key comes from, or put two variable parts side by side.
+    #[error("signed parts refused: {reason}")]
+    InvalidSignedParts {
+        /// Why.
+        reason: &'static str,
+    },
     /// A builder was finished without a required setting.
     #[error("missing setting: {what}")]
     Missing {

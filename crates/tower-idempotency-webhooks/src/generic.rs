@@ -162,7 +162,9 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// The signed string, as a sequence of parts.
+    /// The signed string, as a sequence of parts. [`build`](Self::build) refuses a list
+    /// without [`Part::Body`], without [`Part::Id`] when the id comes from a header, or with two
+    /// of `Timestamp`, `Id` and `Body` side by side without a non-empty literal between them.
     pub fn signed_parts(mut self, parts: impl IntoIterator<Item = Part>) -> Self {
         self.parts = parts.into_iter().collect();
         self
@@ -206,6 +208,7 @@ impl HmacVerifierBuilder {
         let event_id = self
             .event_id
             .ok_or(ConfigError::Missing { what: "event id" })?;
+        check_signed_parts(&self.parts, &event_id)?;
         if self.parts.contains(&Part::Timestamp) && self.timestamp_header.is_none() {
             return Err(ConfigError::Missing {
                 what: "timestamp header (the signed parts use the timestamp)",
@@ -243,6 +246,39 @@ impl HmacVerifierBuilder {
             ttl: self.ttl,
         })
     }
+}
+
+/// Refuses signed parts a forger could reuse a signature across.
+fn check_signed_parts(parts: &[Part], event_id: &EventId) -> Result<(), ConfigError> {
+    let refuse = |reason| Err(ConfigError::InvalidSignedParts { reason });
+    if parts.is_empty() {
+        return refuse("the list is empty, so the signature covers nothing");
+    }
+    if !parts.contains(&Part::Body) {
+        return refuse("the body is not signed, so any body passes under a captured signature");
+    }
+    if matches!(event_id, EventId::Header(_)) && !parts.contains(&Part::Id) {
+        return refuse(
+            "the id header is not signed (add Part::Id), so a captured delivery could be \
+             replayed under a new id",
+        );
+    }
+    let variable = |part: &Part| !matches!(part, Part::Literal(text) if !text.is_empty());
+    let mut previous_variable = false;
+    for part in parts {
+        if matches!(part, Part::Literal("")) {
+            continue;
+        }
+        let is_variable = variable(part);
+        if is_variable && previous_variable {
+            return refuse(
+                "two of timestamp, id and body are adjacent without a separator literal, so \
+                 where one ends and the next begins is not signed",
+            );
+        }
+        previous_variable = is_variable;
+    }
+    Ok(())
 }
 
 impl HmacVerifier {

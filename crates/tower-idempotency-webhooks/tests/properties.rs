@@ -358,6 +358,7 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
         let built = HmacVerifier::builder("x")
             .secrets([K])
             .signature_header(signature)
+            .signed_parts([Part::Id, Part::Literal("."), Part::Body])
             .event_id(EventId::Header(id))
             .build();
         let bad = if signature.contains(' ') {
@@ -384,12 +385,13 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
     let v = HmacVerifier::builder("x")
         .secrets([K])
         .signature_header("X-Sig")
+        .signed_parts([Part::Id, Part::Literal("."), Part::Body])
         .event_id(EventId::Header("X-Id"))
         .build()
         .unwrap();
     let body = b"{}";
     let p = parts(&[
-        ("x-sig", v.sign(K, None, None, body)),
+        ("x-sig", v.sign(K, None, Some("e1"), body)),
         ("x-id", "e1".into()),
     ]);
     assert_eq!(
@@ -494,4 +496,63 @@ fn empty_and_short_secrets_are_refused_at_construction() {
     for (provider, build) in fallible {
         assert_eq!(build(shortest), Ok(()), "{provider}");
     }
+}
+
+/// Configurations whose signature covers nothing useful are refused with a reason: without
+/// the body, an empty list, a key from a header the signature does not cover, and two variable
+/// parts side by side (where one ends and the next begins is then unsigned).
+#[test]
+fn generic_builder_refuses_signed_parts_that_sign_nothing_useful() {
+    let builder = || {
+        HmacVerifier::builder("acme")
+            .secrets([K])
+            .signature_header("x-sig")
+            .timestamp_header("x-ts")
+            .event_id(EventId::Header("x-id"))
+    };
+    let cases: &[(&[Part], &str)] = &[
+        (&[], "empty"),
+        (&[Part::Timestamp, Part::Literal("."), Part::Id], "body"),
+        (&[Part::Timestamp, Part::Literal("."), Part::Body], "id"),
+        (
+            &[Part::Id, Part::Literal("."), Part::Timestamp, Part::Body],
+            "separat",
+        ),
+        (
+            &[
+                Part::Id,
+                Part::Literal(""),
+                Part::Timestamp,
+                Part::Literal("."),
+                Part::Body,
+            ],
+            "separat",
+        ),
+    ];
+    for (parts, reason) in cases {
+        let refused = builder().signed_parts(parts.to_vec()).build();
+        let message = refused
+            .map(|_| String::new())
+            .unwrap_or_else(|error| error.to_string());
+        assert!(message.contains(reason), "{parts:?}: {message:?}");
+    }
+    // A key from the body needs no `Part::Id`; literals in between make the parts unambiguous.
+    assert!(HmacVerifier::builder("acme")
+        .secrets([K])
+        .signature_header("x-sig")
+        .timestamp_header("x-ts")
+        .signed_parts([Part::Timestamp, Part::Literal("."), Part::Body])
+        .event_id(EventId::JsonPointer("/id"))
+        .build()
+        .is_ok());
+    assert!(builder()
+        .signed_parts([
+            Part::Id,
+            Part::Literal("."),
+            Part::Timestamp,
+            Part::Literal("."),
+            Part::Body,
+        ])
+        .build()
+        .is_ok());
 }
