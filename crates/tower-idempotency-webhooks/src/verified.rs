@@ -142,10 +142,15 @@ impl VerifiedWebhook {
     }
 
     /// The body parsed as JSON, parsed at most once.
+    ///
+    /// Of an object key repeated in the body, the first is kept, as the verifiers' key reader
+    /// does, so `json()["id"]` is the id the delivery was keyed by. (serde_json's own `Value`,
+    /// e.g. axum's `Json<Value>`, keeps the last: read the delivery from here, or deserialize
+    /// into a struct, which refuses repeated fields.)
     pub fn json(&self) -> Result<&serde_json::Value, NotJson> {
         self.inner
             .json
-            .get_or_init(|| serde_json::from_slice(&self.inner.body).ok())
+            .get_or_init(|| crate::util::parse_json(&self.inner.body).ok())
             .as_ref()
             .ok_or(NotJson)
     }

@@ -556,3 +556,28 @@ fn generic_builder_refuses_signed_parts_that_sign_nothing_useful() {
         .build()
         .is_ok());
 }
+
+/// A signed body that repeats the key its id comes from: the key reader and `json()` read the
+/// same (first) value, so the handler never sees another id than the one the delivery is keyed
+/// by. Every verifier in the table.
+#[test]
+fn a_repeated_id_key_gives_the_handler_the_id_the_key_was_read_from() {
+    let body = format!(
+        r#"{{"id":"evt_first","event_id":"evt_first","webhookTimestamp":{},"nested":{{"id":1,"id":2}},"id":"evt_second","event_id":"evt_second"}}"#,
+        1_700_000_000_000u64
+    );
+    for (verifier, parts) in deliveries(K, TS, "evt_first", body.as_bytes()) {
+        let name = verifier.provider();
+        let hook = verifier
+            .verify(&parts, &Bytes::from(body.clone()), at(TS))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let json = hook.json().unwrap();
+        assert_eq!(json["id"], "evt_first", "{name}");
+        assert_eq!(json["event_id"], "evt_first", "{name}");
+        assert_eq!(json["nested"]["id"], 1, "{name}");
+        // Zoom keys by a digest of the body.
+        if name != "zoom" {
+            assert_eq!(hook.event_id(), "evt_first", "{name}");
+        }
+    }
+}
