@@ -397,6 +397,9 @@ impl Verifier for HmacVerifier {
         };
         let mut webhook =
             VerifiedWebhook::new(self.provider, id, body.clone()).with_secret_index(index);
+        // `build` refuses a header id the signed parts leave out, so both are signed.
+        let signed = [&self.timestamp_header, &self.id_header];
+        webhook = webhook.with_signed_headers(signed.into_iter().flatten().map(|h| h.label()));
         if let Some((_, _, signed)) = timestamp {
             webhook = webhook.with_signed_at(signed);
         }

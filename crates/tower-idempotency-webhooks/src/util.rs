@@ -8,7 +8,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http::{
     header::{GetAll, HeaderName, HeaderValue},

@@ -31,6 +31,8 @@ struct Inner {
     secret_index: Option<usize>,
     json: OnceLock<Option<serde_json::Value>>,
     challenge: Option<ChallengeResponse>,
+    signed_headers: Vec<&'static str>,
+    event_id_signed: bool,
 }
 
 /// The answer a provider expects to an endpoint-validation request (Slack `url_verification`,
@@ -82,6 +84,8 @@ impl VerifiedWebhook {
                 secret_index: None,
                 json: OnceLock::new(),
                 challenge: None,
+                signed_headers: Vec::new(),
+                event_id_signed: true,
             }),
         }
     }
@@ -106,6 +110,21 @@ impl VerifiedWebhook {
     /// twice. It must be the parse of the body.
     pub fn with_json(mut self, value: serde_json::Value) -> Self {
         let _ = self.inner_mut().json.set(Some(value));
+        self
+    }
+
+    /// Records the request headers (lowercase names) the signature covers besides the body,
+    /// e.g. a timestamp header, for [`is_signed_header`](Self::is_signed_header).
+    pub fn with_signed_headers(mut self, names: impl IntoIterator<Item = &'static str>) -> Self {
+        self.inner_mut().signed_headers.extend(names);
+        self
+    }
+
+    /// Records that the event id comes from a header no signature covers (GitHub's
+    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Event-Id`): whoever relays a captured
+    /// delivery can change it. Custom verifiers with such an id call this too.
+    pub fn with_unsigned_event_id(mut self) -> Self {
+        self.inner_mut().event_id_signed = false;
         self
     }
 
@@ -134,6 +153,29 @@ impl VerifiedWebhook {
     /// later secret means the sender still uses an old one: finish the rotation.
     pub fn secret_index(&self) -> Option<usize> {
         self.inner.secret_index
+    }
+
+    /// Whether the signature covers request header `name` (any case). The body is always
+    /// covered (except by GitLab's bare token); most headers are not, including ones handlers
+    /// like to dispatch on (`X-GitHub-Event`, `X-Shopify-Topic`, `X-Shopify-Shop-Domain`,
+    /// `X-Gitlab-Event`): whoever relays a captured delivery can rewrite those, so take the
+    /// event type from the signed body where the provider puts it there.
+    pub fn is_signed_header(&self, name: &str) -> bool {
+        self.inner
+            .signed_headers
+            .iter()
+            .any(|signed| signed.eq_ignore_ascii_case(name))
+    }
+
+    /// The header names recorded with [`with_signed_headers`](Self::with_signed_headers).
+    pub fn signed_headers(&self) -> &[&'static str] {
+        &self.inner.signed_headers
+    }
+
+    /// Whether the signature covers the event id (the idempotency key). `false` for ids read
+    /// from an unsigned header ([`with_unsigned_event_id`](Self::with_unsigned_event_id)).
+    pub fn is_event_id_signed(&self) -> bool {
+        self.inner.event_id_signed
     }
 
     /// The exact bytes that were verified.

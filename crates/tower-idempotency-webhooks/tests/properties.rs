@@ -581,3 +581,48 @@ fn a_repeated_id_key_gives_the_handler_the_id_the_key_was_read_from() {
         }
     }
 }
+
+/// Which inputs the signature covers, per verifier: handlers can tell a signed header or id
+/// from one anyone relaying the delivery could rewrite.
+#[test]
+fn verified_webhooks_tell_signed_from_unsigned_inputs() {
+    let body = json_body("evt_1", "x");
+    for (verifier, mut parts) in deliveries(K, TS, "evt_1", &body) {
+        let name = verifier.provider();
+        // Headers handlers like to dispatch on, which no provider signs.
+        for header in ["x-github-event", "x-shopify-topic", "x-gitlab-event"] {
+            parts.headers.insert(header, "push".parse().unwrap());
+        }
+        let hook = verifier
+            .verify(&parts, &Bytes::from(body.clone()), at(TS))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (id_signed, signed): (bool, &[&str]) = match name {
+            "github" | "shopify" | "linear" => (false, &[]),
+            "slack" => (true, &["x-slack-request-timestamp"]),
+            "zoom" => (true, &["x-zm-request-timestamp"]),
+            "acme" => (true, &["x-acme-timestamp", "x-acme-id"]),
+            _ => (true, &[]),
+        };
+        assert_eq!(hook.is_event_id_signed(), id_signed, "{name}");
+        for header in signed {
+            assert!(hook.is_signed_header(header), "{name} {header}");
+            assert!(
+                hook.is_signed_header(&header.to_uppercase()),
+                "{name} {header}"
+            );
+        }
+        for header in ["x-github-event", "x-shopify-topic", "x-gitlab-event"] {
+            assert!(!hook.is_signed_header(header), "{name} {header}");
+        }
+    }
+    let token = "gitlab-token";
+    let gitlab = gitlab::GitLabVerifier::new([token]);
+    let parts = parts(&[
+        ("x-gitlab-token", token.into()),
+        ("idempotency-key", "k1".into()),
+        ("x-gitlab-event", "Push Hook".into()),
+    ]);
+    let hook = gitlab.verify(&parts, &Bytes::from(body), at(TS)).unwrap();
+    assert!(!hook.is_event_id_signed());
+    assert!(!hook.is_signed_header("x-gitlab-event"));
+}

@@ -106,7 +106,8 @@ impl Verifier for DiscordVerifier {
         util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
         let [id, kind] = util::json_fields(body, ["/id", "/type"])?;
         let id = util::scalar_id(id, "/id")?;
-        let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone());
+        let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_signed_headers([TIMESTAMP_HEADER]);
         if kind.as_ref().and_then(util::Scalar::as_u64) == Some(1) {
             webhook =
                 webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({ "type": 1 })));

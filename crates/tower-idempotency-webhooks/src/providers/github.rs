@@ -83,7 +83,9 @@ impl Verifier for GitHubVerifier {
         let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
         let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let id = util::header_id(&parts.headers, &DELIVERY)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_unsigned_event_id())
     }
 }
 

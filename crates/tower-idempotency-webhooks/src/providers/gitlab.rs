@@ -84,6 +84,8 @@ impl Verifier for GitLabVerifier {
                 other => other,
             })?,
         };
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_unsigned_event_id())
     }
 }

@@ -91,7 +91,8 @@ impl Verifier for LinearVerifier {
         let id = util::header_id(&parts.headers, &DELIVERY)?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
-            .with_secret_index(index))
+            .with_secret_index(index)
+            .with_unsigned_event_id())
     }
 }
 

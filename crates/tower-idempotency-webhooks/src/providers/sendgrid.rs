@@ -119,7 +119,8 @@ impl Verifier for SendGridVerifier {
         Ok(
             VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
                 .with_signed_at(signed)
-                .with_secret_index(index),
+                .with_secret_index(index)
+                .with_signed_headers([TIMESTAMP_HEADER]),
         )
     }
 }

@@ -103,7 +103,9 @@ impl Verifier for ShopifyVerifier {
             })?,
         };
         let id = util::check_id(id.to_owned(), location)?;
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_unsigned_event_id())
     }
 }
 

@@ -111,7 +111,10 @@ impl Verifier for SlackVerifier {
                 body.clone(),
             )
         };
-        Ok(webhook.with_signed_at(signed).with_secret_index(index))
+        Ok(webhook
+            .with_signed_at(signed)
+            .with_secret_index(index)
+            .with_signed_headers([TIMESTAMP_HEADER]))
     }
 }
 

@@ -94,7 +94,8 @@ impl Verifier for ZoomVerifier {
                     None => false,
                 }
             })?;
-        let mut webhook = VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone());
+        let mut webhook = VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
+            .with_signed_headers([TIMESTAMP_HEADER]);
         if event.as_ref().and_then(util::Scalar::as_str) == Some("endpoint.url_validation") {
             let plain = plain.as_ref().and_then(util::Scalar::as_str).ok_or(
                 VerifyError::MalformedBody {
