@@ -79,7 +79,10 @@ pub use clock::{Clock, SystemClock};
 pub use error::{ConfigError, VerifyError};
 pub use ext::WebhookLayerExt;
 pub use secret::{Secret, MIN_SECRET_LEN};
-pub use util::{Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_HEADER_LEN, MAX_SIGNATURES};
+pub use util::{
+    Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_HEADER_LEN,
+    MAX_SIGNATURES,
+};
 pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
 pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 

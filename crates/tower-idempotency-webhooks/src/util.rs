@@ -23,6 +23,10 @@ use crate::{error::VerifyError, secret::Secret};
 pub const MAX_HEADER_LEN: usize = 8 * 1024;
 /// Most signatures accepted in one header (rotation rarely needs more than two).
 pub const MAX_SIGNATURES: usize = 16;
+/// Most asymmetric (Ed25519) signatures one header may carry. Each costs a hash of the whole
+/// body per public key before anything is authenticated, where an HMAC costs one per secret
+/// for all candidates; providers send one per active key (two during a rotation).
+pub const MAX_ASYMMETRIC_SIGNATURES: usize = 4;
 /// The default replay window, in both directions.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 const MAX_ITEMS: usize = 2 * MAX_SIGNATURES + 4;

@@ -1079,3 +1079,35 @@ fn square_vector_url_and_negatives() {
 }
 
 const SQUARE_SIG: &str = "11N21HjqFKWRsdJxwSH/Xl5KNw336tVVHc3WdbJzBNs=";
+
+/// Each `v1a` signature costs an Ed25519 check (a hash of the whole body) per public key, and
+/// none of that work is authenticated: the header may carry at most
+/// [`MAX_ASYMMETRIC_SIGNATURES`] of them, refused before any is checked.
+#[test]
+fn standard_webhooks_v1a_signatures_are_capped_before_any_check() {
+    use base64::Engine as _;
+    use ed25519_dalek::{Signer, SigningKey};
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let signing = SigningKey::from_bytes(&[7u8; 32]);
+    let pk = format!("whpk_{}", b64.encode(signing.verifying_key().as_bytes()));
+    let asym = standard::StandardWebhooksVerifier::from_public_keys([pk]).unwrap();
+    let ts = SW_TS.to_string();
+    let message = [SW_ID.as_bytes(), b".", ts.as_bytes(), b".", SW_BODY].concat();
+    let genuine = format!("v1a,{}", b64.encode(signing.sign(&message).to_bytes()));
+    let forged = format!("v1a,{}", b64.encode([1u8; 64]));
+    let (i, t, s) = ("webhook-id", "webhook-timestamp", "webhook-signature");
+    let with = |count: usize| {
+        let mut members = vec![forged.clone(); count - 1];
+        members.push(genuine.clone());
+        let header = members.join(" ");
+        verify(&asym, &[(i, SW_ID), (t, &ts), (s, &header)], SW_BODY, SW_TS)
+    };
+    assert!(with(MAX_ASYMMETRIC_SIGNATURES).is_ok());
+    assert_eq!(
+        with(MAX_ASYMMETRIC_SIGNATURES + 1).unwrap_err(),
+        VerifyError::MalformedHeader {
+            name: s,
+            reason: "too many v1a signatures",
+        }
+    );
+}

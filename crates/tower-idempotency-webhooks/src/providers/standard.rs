@@ -21,7 +21,9 @@ use smallvec::SmallVec;
 use crate::{
     error::{ConfigError, VerifyError},
     secret::Secret,
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    util::{
+        self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES,
+    },
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -214,6 +216,12 @@ impl Verifier for StandardWebhooksVerifier {
                 "v1a" => asymmetric.push(signature),
                 _ => {}
             }
+        }
+        if asymmetric.len() > MAX_ASYMMETRIC_SIGNATURES {
+            return Err(VerifyError::MalformedHeader {
+                name: names.signature.as_str(),
+                reason: "too many v1a signatures",
+            });
         }
         let usable_v1 = !symmetric.is_empty() && !self.secrets.is_empty();
         let usable_v1a = !asymmetric.is_empty() && !self.public_keys.is_empty();
