@@ -184,9 +184,16 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// The replay window; zero disables it.
+    /// The replay window; zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 
@@ -322,6 +329,10 @@ impl Verifier for HmacVerifier {
 
     fn default_ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(

@@ -29,7 +29,8 @@
 //!
 //! Every verifier accepts several secrets (rotation), compares in constant time, bounds header
 //! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
-//! window in both directions (`tolerance(Duration::ZERO)` disables it explicitly).
+//! window in both directions (`disable_replay_window()` turns it off explicitly; a zero
+//! tolerance panics).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -517,9 +517,18 @@ pub(crate) fn check_window(
     Ok(())
 }
 
-/// `Some(d)`, or `None` (disabled) for zero.
+/// `Some(d)`.
+///
+/// # Panics
+/// On zero, which reads as "no tolerance" but would disable the check: the verifiers'
+/// `disable_replay_window` says that.
 pub(crate) fn tolerance(duration: Duration) -> Option<Duration> {
-    (!duration.is_zero()).then_some(duration)
+    assert!(
+        !duration.is_zero(),
+        "a zero replay window would disable the timestamp check; call disable_replay_window() \
+         to turn it off"
+    );
+    Some(duration)
 }
 
 /// Parses the body as JSON, keeping the first of repeated object keys as [`json_fields`] does
@@ -1076,7 +1085,7 @@ mod tests {
             check_window("t", 10_000 + 301, now, tol),
             Err(VerifyError::TimestampOutsideTolerance { skew_secs: 301, .. })
         ));
-        assert!(check_window("t", 1, now, tolerance(Duration::ZERO)).is_ok());
+        assert!(check_window("t", 1, now, None).is_ok());
     }
 
     #[test]

@@ -37,6 +37,12 @@ pub trait Verifier: Send + Sync + 'static {
         DEFAULT_WEBHOOK_TTL
     }
 
+    /// The replay window around the signed timestamp, for schemes that sign one and check it
+    /// (default `None`). The webhook layer keeps records at least twice as long.
+    fn replay_window(&self) -> Option<Duration> {
+        None
+    }
+
     /// Whether the provider sends deliveries with `method` (default: `POST` only). The webhook
     /// layer guards every method and answers the others `405` before verifying anything.
     fn accepts_method(&self, method: &Method) -> bool {
@@ -64,6 +70,10 @@ impl<V: Verifier + ?Sized> Verifier for Arc<V> {
 
     fn accepts_method(&self, method: &Method) -> bool {
         (**self).accepts_method(method)
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        (**self).replay_window()
     }
 
     fn verify(
@@ -131,6 +141,10 @@ impl<V: Verifier> WebhookKeys<V> {
     pub fn into_layer(self, store: impl Store) -> IdempotencyLayer {
         let provider = self.verifier.provider();
         let ttl = self.verifier.default_ttl();
+        let min_ttl = self
+            .verifier
+            .replay_window()
+            .map_or(Duration::ZERO, |window| window.saturating_mul(2));
         let fingerprint = Fingerprint(Sha256::digest(provider.as_bytes()).into());
         IdempotencyLayer::new(self, store)
             .namespace(provider)
@@ -138,6 +152,7 @@ impl<V: Verifier> WebhookKeys<V> {
             .principal(PrincipalSource::Disabled)
             .route_scope(RouteScope::MatchedPath)
             .ttl(ttl)
+            .min_ttl(min_ttl)
             .fingerprint(FingerprintMode::Custom(Arc::new(move |_, _| fingerprint)))
     }
 }

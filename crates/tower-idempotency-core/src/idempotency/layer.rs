@@ -69,6 +69,7 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) max_lease_renewal: Duration,
     pub(crate) ttl: Duration,
+    pub(crate) min_ttl: Duration,
     pub(crate) in_flight_limit: Option<Arc<Semaphore>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) accepting: Arc<AtomicBool>,
@@ -126,6 +127,7 @@ impl IdempotencyLayer {
                 lease: DEFAULT_LEASE,
                 max_lease_renewal: DEFAULT_MAX_LEASE_RENEWAL,
                 ttl: DEFAULT_TTL,
+                min_ttl: Duration::ZERO,
                 in_flight_limit: None,
                 tasks: TaskTracker::new(),
                 accepting: Arc::new(AtomicBool::new(true)),
@@ -247,8 +249,21 @@ impl IdempotencyLayer {
 
     /// How long a completed response is replayed (default 24 h). `Duration::MAX` (or anything
     /// over [`LONGEST_DURATION`], a hundred years) means [`LONGEST_DURATION`].
+    ///
+    /// A TTL below the layer's [`min_ttl`](Self::min_ttl) is raised to it.
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl.min(LONGEST_DURATION))
+        self.with(|c| c.ttl = ttl.min(LONGEST_DURATION).max(c.min_ttl))
+    }
+
+    /// The shortest TTL this layer accepts (default none): the TTL is raised to it now and
+    /// whenever [`ttl`](Self::ttl) sets a shorter one. The webhook layers set it to twice the
+    /// verifier's replay window, so a captured delivery replayed inside the window still finds
+    /// its record.
+    pub fn min_ttl(self, floor: Duration) -> Self {
+        self.with(|c| {
+            c.min_ttl = floor.min(LONGEST_DURATION);
+            c.ttl = c.ttl.max(c.min_ttl);
+        })
     }
 
     /// Bounds the guarded handlers running at once; beyond it requests are answered `503` before

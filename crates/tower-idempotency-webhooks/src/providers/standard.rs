@@ -153,9 +153,16 @@ impl StandardWebhooksVerifier {
         self
     }
 
-    /// The replay window (default 300 s, the specification's); zero disables it.
+    /// The replay window (default 300 s, the specification's); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -181,6 +188,10 @@ impl Verifier for StandardWebhooksVerifier {
 
     fn default_ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(

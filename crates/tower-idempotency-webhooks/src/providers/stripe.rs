@@ -59,10 +59,17 @@ impl StripeVerifier {
         }
     }
 
-    /// The replay window around the signed `t` (default 300 s, Stripe's own); `Duration::ZERO`
-    /// disables the check.
+    /// The replay window around the signed `t` (default 300 s, Stripe's own); zero panics (see
+    /// `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 
@@ -82,6 +89,10 @@ impl Verifier for StripeVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
