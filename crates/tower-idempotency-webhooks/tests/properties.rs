@@ -421,6 +421,7 @@ fn panic_message(build: impl FnOnce()) -> Option<String> {
 fn empty_and_short_secrets_are_refused_at_construction() {
     use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
     type Build = fn(&str);
+    type TryBuild = fn(&str) -> Result<(), ConfigError>;
     let infallible: &[(&str, Build)] = &[
         ("stripe", |s| {
             drop(IdempotencyLayer::stripe([s], MemoryStore::new()))
@@ -455,7 +456,7 @@ fn empty_and_short_secrets_are_refused_at_construction() {
             drop(stripe::StripeVerifier::new(["whsec_long_enough", s]))
         }),
     ];
-    let fallible: &[(&str, fn(&str) -> Result<(), ConfigError>)] = &[
+    let fallible: &[(&str, TryBuild)] = &[
         ("twilio", |s| {
             IdempotencyLayer::twilio("https://example.com", [s], MemoryStore::new()).map(drop)
         }),
