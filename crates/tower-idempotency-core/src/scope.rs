@@ -1,6 +1,7 @@
 //! Scoping: the key a store sees is built from a namespace, the method, the path, an optional
 //! principal and the client's key, so equal keys from two tenants or two endpoints never collide.
-//! The path is the one the request arrived with, before `Router::nest` stripped a prefix.
+//! The path is the one the request arrived with, before `Router::nest` stripped a prefix; with
+//! [`RouteScope::MatchedPath`] the route template and no method take their place.
 
 use std::{fmt, sync::Arc};
 
