@@ -2,7 +2,7 @@
 //! guarded by `IdempotencyLayer` and configured only by environment variables.
 //!
 //! ```text
-//! STRIPE_WEBHOOK_SECRET=whsec_test GITHUB_WEBHOOK_SECRET=s3cret \
+//! STRIPE_WEBHOOK_SECRET=whsec_test GITHUB_WEBHOOK_SECRET=s3cret-key \
 //!     cargo run --release --example receiver
 //! ```
 //!
@@ -241,6 +241,13 @@ fn webhook_layers(
     let mut layers = Vec::new();
     for provider in providers() {
         if let Some(secrets) = secrets(provider.var) {
+            // Refused here as a start error rather than by the constructor's panic.
+            for secret in &secrets {
+                webhooks::Secret::try_new(secret).map_err(|source| StartError::Provider {
+                    name: provider.var,
+                    source,
+                })?;
+            }
             let layer = (provider.build)(secrets, store.clone()).map_err(|source| {
                 StartError::Provider {
                     name: provider.var,

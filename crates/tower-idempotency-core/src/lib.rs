@@ -33,7 +33,7 @@ pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};
 pub use outcome::Outcome;
 pub use policy::{CacheDirective, CachePolicy};
 pub use problem::{Problem, Rejection};
-pub use scope::{Principal, PrincipalSource};
+pub use scope::{Principal, PrincipalSource, RouteScope};
 pub use shutdown::ShutdownHandle;
 pub use store::{
     CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,

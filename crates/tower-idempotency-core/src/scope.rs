@@ -1,6 +1,7 @@
 //! Scoping: the key a store sees is built from a namespace, the method, the path, an optional
 //! principal and the client's key, so equal keys from two tenants or two endpoints never collide.
-//! The path is the one the request arrived with, before `Router::nest` stripped a prefix.
+//! The path is the one the request arrived with, before `Router::nest` stripped a prefix; with
+//! [`RouteScope::MatchedPath`] the route template and no method take their place.
 
 use std::{fmt, sync::Arc};
 
@@ -73,11 +74,29 @@ impl PrincipalSource {
     }
 }
 
-/// Builds scoped store keys: `{namespace}:{hex(sha256(method, path, principal, key))}`.
+/// Which part of the request's route scopes its keys, besides the namespace and principal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteScope {
+    /// The method and the path the request arrived with (the default): `POST /orders` and
+    /// `PATCH /orders/1` never share a record.
+    #[default]
+    MethodAndPath,
+    /// The route template axum matched ([`MatchedPath`](axum::extract::MatchedPath), e.g.
+    /// `/hooks/{account}`), not the method: every spelling of one route (`/hooks/acct_%31` and
+    /// `/hooks/acct_1`) and every method shares one record per key. Requests without a
+    /// `MatchedPath` (outside an axum `Router`) use the path they arrived with. For keys that
+    /// name one event whatever the request looks like: verified webhook event ids.
+    MatchedPath,
+}
+
+/// Builds scoped store keys: `{namespace}:{hex(sha256(method, path, principal, key))}`
+/// (with [`RouteScope::MatchedPath`], `sha256("*", route template, principal, key)`).
 #[derive(Clone, Debug)]
 pub struct Scope {
     namespace: String,
     principal: PrincipalSource,
+    route: RouteScope,
 }
 
 /// Longest accepted namespace, so scoped keys stay at most 320 bytes.
@@ -98,7 +117,19 @@ impl Scope {
         Self {
             namespace,
             principal,
+            route: RouteScope::default(),
         }
+    }
+
+    /// This scope with `route` deciding which part of the route scopes keys.
+    pub fn route(mut self, route: RouteScope) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// Which part of the route scopes keys.
+    pub fn route_scope(&self) -> RouteScope {
+        self.route
     }
 
     /// The namespace.
@@ -122,13 +153,18 @@ impl Scope {
     /// same input as another; hashing bounds the length and keeps the raw key out of the store.
     pub fn store_key(&self, parts: &Parts, key: &str) -> String {
         let principal = self.principal.principal(parts);
-        store_key_from_parts(
-            &self.namespace,
-            parts.method.as_str(),
-            request_uri(parts).path(),
-            principal.as_deref(),
-            key,
-        )
+        let (method, path) = match self.route {
+            RouteScope::MethodAndPath => (parts.method.as_str(), request_uri(parts).path()),
+            // `*` is no method name, so these keys never equal a method-scoped one.
+            RouteScope::MatchedPath => (
+                "*",
+                parts
+                    .extensions
+                    .get::<axum::extract::MatchedPath>()
+                    .map_or_else(|| request_uri(parts).path(), |matched| matched.as_str()),
+            ),
+        };
+        store_key_from_parts(&self.namespace, method, path, principal.as_deref(), key)
     }
 }
 
@@ -276,6 +312,63 @@ mod tests {
             scope.store_key(&parts, "k"),
             store_key_from_parts("orders", "POST", "/shops/1/orders", None, "k")
         );
+    }
+
+    #[test]
+    fn matched_path_scope_ignores_the_method_and_the_path_spelling() {
+        let scope = Scope::new("hooks", PrincipalSource::Disabled).route(RouteScope::MatchedPath);
+        let with_route = |method: &str, path: &str| {
+            let mut parts = parts(method, path, None);
+            parts.extensions.insert(matched_path("/hooks/{account}"));
+            parts
+        };
+        let base = scope.store_key(&with_route("POST", "/hooks/acct_1"), "evt");
+        assert_eq!(
+            base,
+            scope.store_key(&with_route("POST", "/hooks/acct_%31"), "evt")
+        );
+        assert_eq!(
+            base,
+            scope.store_key(&with_route("GET", "/hooks/acct_1"), "evt")
+        );
+        assert_ne!(
+            base,
+            scope.store_key(&with_route("POST", "/hooks/acct_1"), "evt2")
+        );
+        // Without a matched route, the path the request arrived with.
+        assert_eq!(
+            scope.store_key(&parts("POST", "/hooks/acct_1", None), "evt"),
+            scope.store_key(&parts("PUT", "/hooks/acct_1", None), "evt"),
+        );
+        assert_ne!(
+            scope.store_key(&parts("POST", "/hooks/acct_1", None), "evt"),
+            scope.store_key(&parts("POST", "/hooks/acct_%31", None), "evt"),
+        );
+        let by_method = Scope::new("hooks", PrincipalSource::Disabled);
+        assert_ne!(
+            base,
+            by_method.store_key(&with_route("POST", "/hooks/{account}"), "evt")
+        );
+    }
+
+    /// The `MatchedPath` axum's router inserts for `template` (it has no public constructor).
+    fn matched_path(template: &'static str) -> axum::extract::MatchedPath {
+        use axum::{extract::MatchedPath, routing::any, Router};
+        use tower::ServiceExt as _;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let app = Router::new().route(
+            template,
+            any(move |matched: MatchedPath| async move { tx.send(matched).unwrap() }),
+        );
+        let request = http::Request::builder()
+            .uri(template.replace(['{', '}'], ""))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(app.oneshot(request)).unwrap();
+        rx.recv().unwrap()
     }
 
     #[test]

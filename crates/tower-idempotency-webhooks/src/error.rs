@@ -25,11 +25,13 @@ use tower_idempotency_core::Problem;
 /// | [`UnsupportedVersion`](Self::UnsupportedVersion) | `webhook-unsupported-version` | 401 |
 /// | [`SignatureMismatch`](Self::SignatureMismatch) | `webhook-signature-mismatch` | 401 |
 /// | [`TimestampOutsideTolerance`](Self::TimestampOutsideTolerance) | `webhook-timestamp-outside-tolerance` | 401 |
+/// | [`MethodNotAllowed`](Self::MethodNotAllowed) | `webhook-method-not-allowed` | 405 |
 /// | [`MissingConfiguration`](Self::MissingConfiguration) | `webhook-missing-configuration` | 500 |
 ///
 /// The rule: a request that is *structurally* broken is `400`; a well-formed request whose
 /// credentials do not authenticate it (wrong secret, tampered body, replayed outside the window,
-/// only signature schemes this verifier cannot check) is `401`. A verifier configured without any
+/// only signature schemes this verifier cannot check) is `401`; a method the provider never sends
+/// is `405`. A verifier configured without any
 /// secret is a server bug, not the sender's fault, hence `500`. Every status is non-2xx, so the
 /// provider retries; none of them caches anything, because verification runs before the store.
 ///
@@ -122,6 +124,9 @@ pub enum VerifyError {
         /// The version in the event, kept for logs; not part of the message.
         received: String,
     },
+    /// The request's method is one the provider never sends deliveries with.
+    #[error("the webhook provider does not send requests with this method")]
+    MethodNotAllowed,
     /// The verifier has no secret or key to check with.
     #[error("webhook verifier has no {what} configured")]
     MissingConfiguration {
@@ -138,6 +143,7 @@ impl VerifyError {
             | Self::SignatureMismatch
             | Self::TimestampOutsideTolerance { .. } => StatusCode::UNAUTHORIZED,
             Self::MissingConfiguration { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -159,6 +165,7 @@ impl VerifyError {
             Self::InvalidEventId { .. } => "webhook-invalid-event-id",
             Self::ApiVersionMismatch { .. } => "webhook-api-version-mismatch",
             Self::MissingConfiguration { .. } => "webhook-missing-configuration",
+            Self::MethodNotAllowed => "webhook-method-not-allowed",
         }
     }
 
@@ -178,6 +185,7 @@ impl VerifyError {
             Self::InvalidEventId { .. } => "Webhook event id invalid",
             Self::ApiVersionMismatch { .. } => "Webhook API version mismatch",
             Self::MissingConfiguration { .. } => "Webhook verifier not configured",
+            Self::MethodNotAllowed => "Webhook method not allowed",
         }
     }
 }
@@ -210,6 +218,13 @@ pub enum ConfigError {
         /// What is wrong (never the secret itself).
         reason: &'static str,
     },
+    /// A shared secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN)
+    /// bytes: anyone could sign with an empty one, and guess a short one.
+    #[error("a secret is empty or shorter than {min_len} bytes")]
+    WeakSecret {
+        /// The shortest accepted length in bytes.
+        min_len: usize,
+    },
     /// A public key is not in the provider's format.
     #[error("invalid public key: {reason}")]
     InvalidPublicKey {
@@ -227,6 +242,13 @@ pub enum ConfigError {
     InvalidHeaderName {
         /// The name as configured.
         name: &'static str,
+    },
+    /// The generic verifier's signed parts would let a forger reuse a signature: they leave
+    /// out the body or the header the key comes from, or put two variable parts side by side.
+    #[error("signed parts refused: {reason}")]
+    InvalidSignedParts {
+        /// Why.
+        reason: &'static str,
     },
     /// A builder was finished without a required setting.
     #[error("missing setting: {what}")]

@@ -12,6 +12,12 @@ use crate::{error::ConfigError, secret::Secret};
 /// store by the provider's name and keeps completed deliveries longer than the provider retries
 /// (see each verifier's `DEFAULT_TTL`). Tune the result with the layer's builder methods.
 ///
+/// Every secret must be at least [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes: anyone can
+/// sign with an empty one (an unset environment variable read with `unwrap_or_default()`). The
+/// infallible constructors panic on a shorter one, as `Router::route` does on an invalid path,
+/// with a message naming the provider and the rule, never the secret; the fallible ones return
+/// [`ConfigError::WeakSecret`]. Check untrusted configuration first with [`Secret::try_new`].
+///
 /// ```
 /// use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 /// use tower_idempotency_webhooks::WebhookLayerExt;
@@ -26,14 +32,26 @@ pub trait WebhookLayerExt: Sized {
     fn webhook<V: Verifier>(verifier: V, store: impl Store) -> Self;
 
     /// Stripe (`Stripe-Signature`), keyed by the event `id`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "stripe")]
     fn stripe<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// GitHub (`X-Hub-Signature-256`), keyed by `X-GitHub-Delivery`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "github")]
     fn github<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// Slack Events API (`X-Slack-Signature`), keyed by `event_id`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "slack")]
     fn slack<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
@@ -56,22 +74,42 @@ pub trait WebhookLayerExt: Sized {
     ) -> Result<Self, ConfigError>;
 
     /// Shopify (`X-Shopify-Hmac-Sha256`), keyed by `X-Shopify-Event-Id`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "shopify")]
     fn shopify<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// Paddle Billing (`Paddle-Signature`), keyed by `event_id`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "paddle")]
     fn paddle<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// Linear (`Linear-Signature`), keyed by `Linear-Delivery`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "linear")]
     fn linear<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// GitLab (`X-Gitlab-Token`), keyed by `Idempotency-Key`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "gitlab")]
     fn gitlab<S: Into<Secret>>(tokens: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// Zoom (`x-zm-signature`), keyed by a digest of the body.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "zoom")]
     fn zoom<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
@@ -92,11 +130,18 @@ pub trait WebhookLayerExt: Sized {
     ) -> Result<Self, ConfigError>;
 
     /// Mailgun (signature in the body), keyed by `event-data.id`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes
+    /// (check first with [`Secret::try_new`]).
     #[cfg(feature = "mailgun")]
     fn mailgun<S: Into<Secret>>(keys: impl IntoIterator<Item = S>, store: impl Store) -> Self;
 
     /// Square (`x-square-hmacsha256-signature`), keyed by `event_id`; `notification_url` is
     /// the URL exactly as registered with Square.
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a secret is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     #[cfg(feature = "square")]
     fn square<S: Into<Secret>>(
         notification_url: impl Into<String>,
@@ -104,8 +149,11 @@ pub trait WebhookLayerExt: Sized {
         store: impl Store,
     ) -> Result<Self, ConfigError>;
 
-    /// Twilio (`X-Twilio-Signature`), keyed by `I-Twilio-Idempotency-Token`, else the resource
-    /// Sid; `public_url` is the base URL Twilio calls (the request's path and query are appended).
+    /// Twilio (`X-Twilio-Signature`), keyed by a digest of the signed URL and parameters;
+    /// `public_url` is the base URL Twilio calls (the request's path and query are appended).
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a secret is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     #[cfg(feature = "twilio")]
     fn twilio<S: Into<Secret>>(
         public_url: &str,

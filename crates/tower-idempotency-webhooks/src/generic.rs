@@ -8,7 +8,7 @@
 //! // `X-Acme-Signature: sha256=<hex of HMAC-SHA256("{ts}.{body}")>`, `X-Acme-Timestamp`,
 //! // keyed by the body's `/event/id`.
 //! let verifier = HmacVerifier::builder("acme")
-//!     .secrets(["s3cret"])
+//!     .secrets(["s3cret-key"])
 //!     .signature_header("x-acme-signature")
 //!     .prefix("sha256=")
 //!     .encoding(Encoding::Hex)
@@ -33,7 +33,7 @@ use smallvec::SmallVec;
 
 use crate::{
     error::{ConfigError, VerifyError},
-    secret::{self, Secret},
+    secret::Secret,
     util::{
         self, Encoding, HeaderKey as _, HmacAlgorithm, ParsedName, DEFAULT_TOLERANCE,
         MAX_SIGNATURES,
@@ -134,7 +134,7 @@ impl HmacVerifier {
 impl HmacVerifierBuilder {
     /// The secrets (current first).
     pub fn secrets<S: Into<Secret>>(mut self, secrets: impl IntoIterator<Item = S>) -> Self {
-        self.secrets = secret::collect(secrets);
+        self.secrets = secrets.into_iter().map(Into::into).collect();
         self
     }
 
@@ -162,7 +162,9 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// The signed string, as a sequence of parts.
+    /// The signed string, as a sequence of parts. [`build`](Self::build) refuses a list
+    /// without [`Part::Body`], without [`Part::Id`] when the id comes from a header, or with two
+    /// of `Timestamp`, `Id` and `Body` side by side without a non-empty literal between them.
     pub fn signed_parts(mut self, parts: impl IntoIterator<Item = Part>) -> Self {
         self.parts = parts.into_iter().collect();
         self
@@ -182,9 +184,16 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// The replay window; zero disables it.
+    /// The replay window; zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 
@@ -194,15 +203,19 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// Checks the configuration: the required settings are there, and every header name is a
-    /// valid HTTP header name (any case), else [`ConfigError::InvalidHeaderName`].
+    /// Checks the configuration: the required settings are there, every secret is at least
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes (else [`ConfigError::WeakSecret`]), and
+    /// every header name is a valid HTTP header name (any case), else
+    /// [`ConfigError::InvalidHeaderName`].
     pub fn build(self) -> Result<HmacVerifier, ConfigError> {
+        self.secrets.iter().try_for_each(Secret::check)?;
         let header = self.header.ok_or(ConfigError::Missing {
             what: "signature header",
         })?;
         let event_id = self
             .event_id
             .ok_or(ConfigError::Missing { what: "event id" })?;
+        check_signed_parts(&self.parts, &event_id)?;
         if self.parts.contains(&Part::Timestamp) && self.timestamp_header.is_none() {
             return Err(ConfigError::Missing {
                 what: "timestamp header (the signed parts use the timestamp)",
@@ -240,6 +253,39 @@ impl HmacVerifierBuilder {
             ttl: self.ttl,
         })
     }
+}
+
+/// Refuses signed parts a forger could reuse a signature across.
+fn check_signed_parts(parts: &[Part], event_id: &EventId) -> Result<(), ConfigError> {
+    let refuse = |reason| Err(ConfigError::InvalidSignedParts { reason });
+    if parts.is_empty() {
+        return refuse("the list is empty, so the signature covers nothing");
+    }
+    if !parts.contains(&Part::Body) {
+        return refuse("the body is not signed, so any body passes under a captured signature");
+    }
+    if matches!(event_id, EventId::Header(_)) && !parts.contains(&Part::Id) {
+        return refuse(
+            "the id header is not signed (add Part::Id), so a captured delivery could be \
+             replayed under a new id",
+        );
+    }
+    let variable = |part: &Part| !matches!(part, Part::Literal(text) if !text.is_empty());
+    let mut previous_variable = false;
+    for part in parts {
+        if matches!(part, Part::Literal("")) {
+            continue;
+        }
+        let is_variable = variable(part);
+        if is_variable && previous_variable {
+            return refuse(
+                "two of timestamp, id and body are adjacent without a separator literal, so \
+                 where one ends and the next begins is not signed",
+            );
+        }
+        previous_variable = is_variable;
+    }
+    Ok(())
 }
 
 impl HmacVerifier {
@@ -283,6 +329,10 @@ impl Verifier for HmacVerifier {
 
     fn default_ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -358,6 +408,9 @@ impl Verifier for HmacVerifier {
         };
         let mut webhook =
             VerifiedWebhook::new(self.provider, id, body.clone()).with_secret_index(index);
+        // `build` refuses a header id the signed parts leave out, so both are signed.
+        let signed = [&self.timestamp_header, &self.id_header];
+        webhook = webhook.with_signed_headers(signed.into_iter().flatten().map(|h| h.label()));
         if let Some((_, _, signed)) = timestamp {
             webhook = webhook.with_signed_at(signed);
         }

@@ -29,7 +29,8 @@
 //!
 //! Every verifier accepts several secrets (rotation), compares in constant time, bounds header
 //! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
-//! window in both directions (`tolerance(Duration::ZERO)` disables it explicitly).
+//! window in both directions (`disable_replay_window()` turns it off explicitly; a zero
+//! tolerance panics).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -78,8 +79,11 @@ pub use providers::zoom;
 pub use clock::{Clock, SystemClock};
 pub use error::{ConfigError, VerifyError};
 pub use ext::WebhookLayerExt;
-pub use secret::Secret;
-pub use util::{Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_HEADER_LEN, MAX_SIGNATURES};
+pub use secret::{Secret, MIN_SECRET_LEN};
+pub use util::{
+    Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_HEADER_LEN,
+    MAX_SIGNATURES,
+};
 pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
 pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 

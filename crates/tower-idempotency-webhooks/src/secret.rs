@@ -7,6 +7,15 @@ use std::{
 
 use hmac::{digest::KeyInit, Hmac, Mac};
 
+use crate::error::ConfigError;
+
+/// The shortest shared secret (signing secret, auth token, verification token) a verifier
+/// accepts: 8 bytes. Every provider's generated secrets are far longer (Stripe `whsec_` + 32,
+/// Slack and Twilio 32 hex digits, Square and Zoom 22 characters); the rule catches the empty
+/// secret of an unset environment variable (`env::var(..).unwrap_or_default()`), which would
+/// let anyone sign, and placeholder values.
+pub const MIN_SECRET_LEN: usize = 8;
+
 /// A shared secret (signing secret, auth token, verification token).
 ///
 /// Cheap to clone. `Debug` prints `[redacted]`, and the bytes are only reachable inside this
@@ -33,6 +42,33 @@ impl Secret {
             sha256: OnceLock::new(),
             sha512: OnceLock::new(),
         }))
+    }
+
+    /// A secret from raw bytes, refused with [`ConfigError::WeakSecret`] when it is empty or
+    /// shorter than [`MIN_SECRET_LEN`] bytes, the check every verifier makes when it is built.
+    ///
+    /// ```
+    /// use tower_idempotency_webhooks::{ConfigError, Secret};
+    /// let secret = std::env::var("STRIPE_WEBHOOK_SECRET").unwrap_or_default();
+    /// match Secret::try_new(&secret) {
+    ///     Ok(_) => { /* IdempotencyLayer::stripe([secret], store) */ }
+    ///     Err(ConfigError::WeakSecret { min_len }) => assert_eq!(min_len, 8),
+    ///     Err(other) => panic!("{other}"),
+    /// }
+    /// ```
+    pub fn try_new(bytes: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let secret = Self::new(bytes);
+        secret.check()?;
+        Ok(secret)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.0.bytes.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::WeakSecret {
+                min_len: MIN_SECRET_LEN,
+            });
+        }
+        Ok(())
     }
 
     pub(crate) fn expose(&self) -> &[u8] {
@@ -98,8 +134,24 @@ impl From<&[u8]> for Secret {
 
 /// Collects secrets for a verifier: the first is the current one, the others are accepted too
 /// while a rotation is in progress.
-pub(crate) fn collect<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Arc<[Secret]> {
-    secrets.into_iter().map(Into::into).collect()
+///
+/// # Panics
+/// If a secret is empty or shorter than [`MIN_SECRET_LEN`] bytes; the message names the
+/// provider and the rule, never the secret.
+pub(crate) fn collect<S: Into<Secret>>(
+    provider: &str,
+    secrets: impl IntoIterator<Item = S>,
+) -> Arc<[Secret]> {
+    try_collect(secrets).unwrap_or_else(|error| panic!("{provider} webhook verifier: {error}"))
+}
+
+/// [`collect`], refusing a weak secret with [`ConfigError::WeakSecret`] instead.
+pub(crate) fn try_collect<S: Into<Secret>>(
+    secrets: impl IntoIterator<Item = S>,
+) -> Result<Arc<[Secret]>, ConfigError> {
+    let secrets: Arc<[Secret]> = secrets.into_iter().map(Into::into).collect();
+    secrets.iter().try_for_each(Secret::check)?;
+    Ok(secrets)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http::{
     header::{GetAll, HeaderName, HeaderValue},
@@ -24,6 +23,10 @@ use crate::{error::VerifyError, secret::Secret};
 pub const MAX_HEADER_LEN: usize = 8 * 1024;
 /// Most signatures accepted in one header (rotation rarely needs more than two).
 pub const MAX_SIGNATURES: usize = 16;
+/// Most asymmetric (Ed25519) signatures one header may carry. Each costs a hash of the whole
+/// body per public key before anything is authenticated, where an HMAC costs one per secret
+/// for all candidates; providers send one per active key (two during a rotation).
+pub const MAX_ASYMMETRIC_SIGNATURES: usize = 4;
 /// The default replay window, in both directions.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 const MAX_ITEMS: usize = 2 * MAX_SIGNATURES + 4;
@@ -515,14 +518,118 @@ pub(crate) fn check_window(
     Ok(())
 }
 
-/// `Some(d)`, or `None` (disabled) for zero.
+/// `Some(d)`.
+///
+/// # Panics
+/// On zero, which reads as "no tolerance" but would disable the check: the verifiers'
+/// `disable_replay_window` says that.
 pub(crate) fn tolerance(duration: Duration) -> Option<Duration> {
-    (!duration.is_zero()).then_some(duration)
+    assert!(
+        !duration.is_zero(),
+        "a zero replay window would disable the timestamp check; call disable_replay_window() \
+         to turn it off"
+    );
+    Some(duration)
 }
 
-/// Parses the body as JSON.
-pub(crate) fn parse_json(body: &Bytes) -> Result<serde_json::Value, VerifyError> {
-    serde_json::from_slice(body).map_err(|_| VerifyError::BodyNotJson)
+/// Parses the body as JSON, keeping the first of repeated object keys as [`json_fields`] does
+/// (serde_json's own `Value` keeps the last), so the id a delivery is keyed by and the document
+/// the handler reads never disagree.
+pub(crate) fn parse_json(body: &[u8]) -> Result<serde_json::Value, VerifyError> {
+    use serde::de::DeserializeSeed as _;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    first_wins::Document
+        .deserialize(&mut de)
+        .and_then(|value| de.end().map(|()| value))
+        .map_err(|_| VerifyError::BodyNotJson)
+}
+
+mod first_wins {
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Number, Value};
+
+    /// A JSON document as a [`Value`], the first of repeated object keys kept.
+    pub(super) struct Document;
+
+    impl<'de> DeserializeSeed<'de> for Document {
+        type Value = Value;
+
+        fn deserialize<D: de::Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
+            de.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Document {
+        type Value = Value;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::Number(v.into()))
+        }
+
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element_seed(Document)? {
+                items.push(item);
+            }
+            Ok(Value::Array(items))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut object = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let value = map.next_value_seed(Document)?;
+                merge(&mut object, key, value);
+            }
+            Ok(Value::Object(object))
+        }
+    }
+
+    /// Adds `key: value` to `object` as the field reader sees repeated keys: the first value
+    /// wins, except that two objects under one key are merged (the field reader finds a field
+    /// in either), again first wins inside.
+    fn merge(object: &mut Map<String, Value>, key: String, value: Value) {
+        match (object.get_mut(&key), value) {
+            (None, value) => {
+                object.insert(key, value);
+            }
+            (Some(Value::Object(first)), Value::Object(later)) => {
+                for (key, value) in later {
+                    merge(first, key, value);
+                }
+            }
+            (Some(_), _) => {}
+        }
+    }
 }
 
 /// A scalar read by [`json_fields`].
@@ -996,7 +1103,7 @@ mod tests {
             check_window("t", 10_000 + 301, now, tol),
             Err(VerifyError::TimestampOutsideTolerance { skew_secs: 301, .. })
         ));
-        assert!(check_window("t", 1, now, tolerance(Duration::ZERO)).is_ok());
+        assert!(check_window("t", 1, now, None).is_ok());
     }
 
     #[test]
@@ -1045,6 +1152,11 @@ mod tests {
         assert_eq!(c, Some(Scalar::U64(1)));
         assert_eq!(dup, Some(Scalar::Str("first".into())));
         assert_eq!(value["dup"], "last");
+        // The document handed to handlers reads repeated keys as the field reader does.
+        let document = parse_json(body).unwrap();
+        assert_eq!(document["dup"], "first");
+        assert_eq!(document.pointer("/deep/a/b"), Some(&"x\"y".into()));
+        assert_eq!(document.pointer("/deep/a/c"), Some(&1.into()));
         assert_eq!(escaped, Some(Scalar::Str("k".into())));
         assert_eq!(missing, None);
         assert_eq!(arr, Some(Scalar::Other));

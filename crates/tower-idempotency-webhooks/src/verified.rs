@@ -32,6 +32,8 @@ struct Inner {
     json: OnceLock<Option<serde_json::Value>>,
     challenge: Option<ChallengeResponse>,
     authenticator: Option<Authenticator>,
+    signed_headers: Vec<&'static str>,
+    event_id_signed: bool,
 }
 
 /// The answer a provider expects to an endpoint-validation request (Slack `url_verification`,
@@ -84,6 +86,8 @@ impl VerifiedWebhook {
                 json: OnceLock::new(),
                 challenge: None,
                 authenticator: None,
+                signed_headers: Vec::new(),
+                event_id_signed: true,
             }),
         }
     }
@@ -108,6 +112,21 @@ impl VerifiedWebhook {
     /// twice. It must be the parse of the body.
     pub fn with_json(mut self, value: serde_json::Value) -> Self {
         let _ = self.inner_mut().json.set(Some(value));
+        self
+    }
+
+    /// Records the request headers (lowercase names) the signature covers besides the body,
+    /// e.g. a timestamp header, for [`is_signed_header`](Self::is_signed_header).
+    pub fn with_signed_headers(mut self, names: impl IntoIterator<Item = &'static str>) -> Self {
+        self.inner_mut().signed_headers.extend(names);
+        self
+    }
+
+    /// Records that the event id comes from a header no signature covers (GitHub's
+    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Event-Id`): whoever relays a captured
+    /// delivery can change it. Custom verifiers with such an id call this too.
+    pub fn with_unsigned_event_id(mut self) -> Self {
+        self.inner_mut().event_id_signed = false;
         self
     }
 
@@ -155,16 +174,44 @@ impl VerifiedWebhook {
         self.inner.secret_index
     }
 
+    /// Whether the signature covers request header `name` (any case). The body is always
+    /// covered (except by GitLab's bare token); most headers are not, including ones handlers
+    /// like to dispatch on (`X-GitHub-Event`, `X-Shopify-Topic`, `X-Shopify-Shop-Domain`,
+    /// `X-Gitlab-Event`): whoever relays a captured delivery can rewrite those, so take the
+    /// event type from the signed body where the provider puts it there.
+    pub fn is_signed_header(&self, name: &str) -> bool {
+        self.inner
+            .signed_headers
+            .iter()
+            .any(|signed| signed.eq_ignore_ascii_case(name))
+    }
+
+    /// The header names recorded with [`with_signed_headers`](Self::with_signed_headers).
+    pub fn signed_headers(&self) -> &[&'static str] {
+        &self.inner.signed_headers
+    }
+
+    /// Whether the signature covers the event id (the idempotency key). `false` for ids read
+    /// from an unsigned header ([`with_unsigned_event_id`](Self::with_unsigned_event_id)).
+    pub fn is_event_id_signed(&self) -> bool {
+        self.inner.event_id_signed
+    }
+
     /// The exact bytes that were verified.
     pub fn body(&self) -> &Bytes {
         &self.inner.body
     }
 
     /// The body parsed as JSON, parsed at most once.
+    ///
+    /// Of an object key repeated in the body, the first is kept, as the verifiers' key reader
+    /// does, so `json()["id"]` is the id the delivery was keyed by. (serde_json's own `Value`,
+    /// e.g. axum's `Json<Value>`, keeps the last: read the delivery from here, or deserialize
+    /// into a struct, which refuses repeated fields.)
     pub fn json(&self) -> Result<&serde_json::Value, NotJson> {
         self.inner
             .json
-            .get_or_init(|| serde_json::from_slice(&self.inner.body).ok())
+            .get_or_init(|| crate::util::parse_json(&self.inner.body).ok())
             .as_ref()
             .ok_or(NotJson)
     }

@@ -7,10 +7,11 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::request::Parts;
+use http::{request::Parts, Method};
 use sha2::{Digest, Sha256};
 use tower_idempotency_core::{
-    Fingerprint, FingerprintMode, IdempotencyLayer, KeySource, Problem, Store,
+    Fingerprint, FingerprintMode, IdempotencyLayer, KeySource, PrincipalSource, Problem,
+    RouteScope, Store,
 };
 
 use crate::{
@@ -36,6 +37,18 @@ pub trait Verifier: Send + Sync + 'static {
         DEFAULT_WEBHOOK_TTL
     }
 
+    /// The replay window around the signed timestamp, for schemes that sign one and check it
+    /// (default `None`). The webhook layer keeps records at least twice as long.
+    fn replay_window(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Whether the provider sends deliveries with `method` (default: `POST` only). The webhook
+    /// layer guards every method and answers the others `405` before verifying anything.
+    fn accepts_method(&self, method: &Method) -> bool {
+        method == Method::POST
+    }
+
     /// Verifies `body` (the exact bytes received) against the request's headers and URI at
     /// `now`, and returns the delivery with its event id.
     fn verify(
@@ -53,6 +66,14 @@ impl<V: Verifier + ?Sized> Verifier for Arc<V> {
 
     fn default_ttl(&self) -> Duration {
         (**self).default_ttl()
+    }
+
+    fn accepts_method(&self, method: &Method) -> bool {
+        (**self).accepts_method(method)
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        (**self).replay_window()
     }
 
     fn verify(
@@ -120,6 +141,15 @@ impl<V: Verifier> WebhookKeys<V> {
     /// An [`IdempotencyLayer`] keyed by this source, namespaced by the provider's name, with the
     /// provider's TTL and a fingerprint that is the same for every delivery of this provider.
     ///
+    /// It guards every method ([`IdempotencyLayer::all_methods`]): the methods the provider
+    /// sends ([`Verifier::accepts_method`]) are verified, the others answered `405`
+    /// ([`VerifyError::MethodNotAllowed`]), so no request reaches the handler unverified.
+    ///
+    /// Keys are scoped by the provider's namespace and the route template only
+    /// ([`RouteScope::MatchedPath`], no principal): an event id names one event however the
+    /// path is spelled (`/hooks/acct_%31` and `/hooks/acct_1` reach the same handler with the
+    /// same `Path` value) and whoever relays it, so every spelling runs it once.
+    ///
     /// The fingerprint is constant on purpose: the signature already authenticates the body,
     /// and providers re-render a retried event (Stripe's `pending_webhooks`, a fresh Mailgun
     /// token), so a differing body under the same event id is still the same event and must be
@@ -127,16 +157,27 @@ impl<V: Verifier> WebhookKeys<V> {
     pub fn into_layer(self, store: impl Store) -> IdempotencyLayer {
         let provider = self.verifier.provider();
         let ttl = self.verifier.default_ttl();
+        let min_ttl = self
+            .verifier
+            .replay_window()
+            .map_or(Duration::ZERO, |window| window.saturating_mul(2));
         let fingerprint = Fingerprint(Sha256::digest(provider.as_bytes()).into());
         IdempotencyLayer::new(self, store)
             .namespace(provider)
+            .all_methods()
+            .principal(PrincipalSource::Disabled)
+            .route_scope(RouteScope::MatchedPath)
             .ttl(ttl)
+            .min_ttl(min_ttl)
             .fingerprint(FingerprintMode::Custom(Arc::new(move |_, _| fingerprint)))
     }
 }
 
 impl<V: Verifier> KeySource for WebhookKeys<V> {
     fn derive(&self, parts: &mut Parts, body: &Bytes) -> Result<Option<String>, Problem> {
+        if !self.verifier.accepts_method(&parts.method) {
+            return Err(VerifyError::MethodNotAllowed.into());
+        }
         let webhook = self.verifier.verify(parts, body, self.clock.now())?;
         // Custom verifiers may skip the checks the built-in ones make.
         let key = util::check_id(webhook.event_id().to_owned(), "event id")?;

@@ -1,10 +1,13 @@
-//! Every provider not covered by `e2e.rs`, through its `IdempotencyLayer` constructor over real
-//! HTTP (axum on 127.0.0.1:0, core's MemoryStore, reqwest), driven by one table-driven helper:
-//! 20 identical deliveries at once run the handler once (the other 19 get `409`), a retry is
-//! replayed byte for byte, a delivery signed with the wrong key and a tampered one get a webhook
-//! problem and never reach the handler, a new event runs it again, and the first delivery
-//! captured and re-sent with only its unsigned parts changed (a new delivery id, Mailgun's event
-//! data) is refused without running the handler.
+//! Every provider, through its `IdempotencyLayer` constructor over real HTTP (axum on
+//! 127.0.0.1:0, core's MemoryStore, reqwest), driven by one table-driven helper: 20 identical
+//! deliveries at once run the handler once (the other 19 get `409`), a retry is replayed byte
+//! for byte, the same signed bytes sent to another spelling of the route's path are replayed
+//! (or refused, where the provider signs the path), a delivery signed with the wrong key and a
+//! tampered one get a webhook problem and never reach the handler, a new event runs it again,
+//! and no other method reaches the handler: a signed delivery sent with a method the provider
+//! never uses is `405`, an unsigned request with any method a webhook problem.
+//! Last, the first delivery captured and re-sent with only its unsigned parts changed (a new
+//! delivery id, Mailgun's event data) is refused without running the handler.
 
 use std::{
     collections::hash_map::RandomState,
@@ -16,39 +19,54 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use axum::{extract::State, routing::post, Router};
+use axum::{extract::State, routing::any, Router};
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
+use http::{Extensions, Method};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
-    github, linear, mailgun, paddle, shopify, square, standard, zoom, VerifiedWebhook,
-    WebhookLayerExt,
+    github, linear, mailgun, paddle, shopify, slack, square, standard, stripe, twilio, zoom,
+    VerifiedWebhook, WebhookLayerExt,
 };
 
 const BURST: usize = 20;
 
 struct Shared {
     calls: AtomicUsize,
+    /// Signalled by each call as it starts.
+    entered: tokio::sync::Notify,
     /// Closed during the burst so that every duplicate arrives while the first still runs.
     gate: Semaphore,
 }
 
-async fn count(State(shared): State<Arc<Shared>>, webhook: VerifiedWebhook) -> String {
+/// Counts every request that reaches it, verified or not: one that the layer let through
+/// unverified would show up here.
+async fn count(State(shared): State<Arc<Shared>>, extensions: Extensions) -> String {
     let n = shared.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.entered.notify_one();
     drop(shared.gate.acquire().await.unwrap());
-    format!(
-        "{} handled {} (call {n})",
-        webhook.provider(),
-        webhook.event_id()
-    )
+    match extensions.get::<VerifiedWebhook>() {
+        Some(webhook) => format!(
+            "{} handled {} (call {n})",
+            webhook.provider(),
+            webhook.event_id()
+        ),
+        None => format!("unverified (call {n})"),
+    }
 }
+
+/// The route every case is mounted on, and the path deliveries are sent to.
+const ROUTE: &str = "/hook/{account}";
+const PATH: &str = "/hook/acct_1";
+/// Another spelling of [`PATH`]: the same route and the same `Path` value.
+const PATH_VARIANT: &str = "/hook/acct_%31";
 
 async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/hook")
+    format!("http://{addr}")
 }
 
 fn now() -> u64 {
@@ -80,17 +98,32 @@ struct Delivery(Vec<(&'static str, String)>, String);
 /// with the real key (`genuine`) or an attacker's. `signed != sent` is a tampered delivery.
 type Make = Box<dyn Fn(bool, &Msg, &Msg) -> Delivery>;
 
+/// What the idempotency key of a delivery is.
+#[derive(Clone, Copy)]
+enum Key {
+    /// The id the provider sends.
+    EventId,
+    /// `sha256:<hex>` of the body.
+    BodyDigest,
+    /// `sha256:<hex>` of what Twilio signed: the URL, then the form parameters sorted.
+    TwilioSigned,
+}
+
 struct Case {
     provider: &'static str,
     layer: IdempotencyLayer,
     body: fn(&str) -> String,
     make: Make,
-    /// The key is `sha256:<hex>` of the body rather than an id the provider sends.
-    digest_key: bool,
+    key: Key,
     /// False where the provider's credential does not cover the body (GitLab's bare token).
     detects_tampering: bool,
     /// The captured first delivery made to name another event without re-signing it.
     recapture: Recapture,
+    /// The signature covers the request's path (Twilio, Square): bytes signed for [`PATH`]
+    /// are refused at [`PATH_VARIANT`] rather than replayed.
+    signs_path: bool,
+    /// Methods besides `POST` the provider sends deliveries with.
+    other_methods: &'static [Method],
 }
 
 /// How a captured delivery can be re-sent under another key without a new signature, and what
@@ -130,24 +163,26 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<reqwest::Response>) -> reqwest::R
 async fn exercise(case: Case) {
     let shared = Arc::new(Shared {
         calls: AtomicUsize::new(0),
+        entered: tokio::sync::Notify::new(),
         gate: Semaphore::new(0),
     });
     let app = Router::new()
-        .route("/hook", post(count))
+        .route(ROUTE, any(count))
         .route_layer(case.layer)
         .with_state(shared.clone());
-    let url = serve(app).await;
+    let base = serve(app).await;
     let client = reqwest::Client::new();
-    let send = |Delivery(headers, body): Delivery| {
-        let request = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body);
+    let send_to = |method: Method, path: &str, Delivery(headers, body): Delivery| {
+        let mut request = client.request(method, format!("{base}{path}")).body(body);
+        if !headers.iter().any(|(name, _)| *name == "content-type") {
+            request = request.header("content-type", "application/json");
+        }
         headers
             .into_iter()
             .fold(request, |r, (name, value)| r.header(name, value))
             .send()
     };
+    let send = |delivery: Delivery| send_to(Method::POST, PATH, delivery);
     let msg = |n: u32| {
         let id = format!("{}-e2e-{n}", case.provider.replace('-', "_"));
         Msg {
@@ -157,10 +192,16 @@ async fn exercise(case: Case) {
     };
     let (first, second) = (msg(1), msg(2));
     let expected = |msg: &Msg, delivery: &Delivery, call: usize| {
-        let key = if case.digest_key {
-            format!("sha256:{}", hex::encode(Sha256::digest(&delivery.1)))
-        } else {
-            msg.id.clone()
+        let key = match case.key {
+            Key::EventId => msg.id.clone(),
+            Key::BodyDigest => format!("sha256:{}", hex::encode(Sha256::digest(&delivery.1))),
+            Key::TwilioSigned => {
+                let mut params = form_params(&delivery.1);
+                params.sort_unstable();
+                let signed: String = params.concat();
+                let url = format!("{TWILIO_URL}{PATH}{signed}");
+                format!("sha256:{}", hex::encode(Sha256::digest(url)))
+            }
         };
         format!("{} handled {key} (call {call})", case.provider)
     };
@@ -179,6 +220,10 @@ async fn exercise(case: Case) {
             case.provider
         );
     }
+    // The winner's claim answered the others before its handler necessarily started.
+    tokio::time::timeout(Duration::from_secs(10), shared.entered.notified())
+        .await
+        .expect("the winner's handler did not start within 10 s");
     assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{}", case.provider);
     shared.gate.add_permits(1000);
     let winner = next(&mut rx).await;
@@ -197,6 +242,29 @@ async fn exercise(case: Case) {
         case.provider
     );
     assert_eq!(retry.bytes().await.unwrap(), winner);
+
+    // The same signed bytes at another spelling of the path: the same route and `Path` value,
+    // so the same event. Replayed, or refused where the signature covers the path.
+    let respelled = send_to(
+        Method::POST,
+        PATH_VARIANT,
+        (case.make)(true, &first, &first),
+    )
+    .await
+    .unwrap();
+    let context = format!("{} at {PATH_VARIANT}", case.provider);
+    if case.signs_path {
+        assert_eq!(respelled.status(), 401, "{context}");
+    } else {
+        assert_eq!(respelled.status(), 200, "{context}");
+        assert_eq!(
+            respelled.headers()["idempotent-replayed"],
+            "true",
+            "{context}"
+        );
+        assert_eq!(respelled.bytes().await.unwrap(), winner, "{context}");
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{context}");
 
     // Forgeries of a new event: were one let through, it would run the handler.
     let mut forgeries = vec![("wrong key", (case.make)(false, &second, &second))];
@@ -232,6 +300,41 @@ async fn exercise(case: Case) {
     assert_eq!(fresh.status(), 200, "{}", case.provider);
     assert_eq!(fresh.text().await.unwrap(), expected(&second, &delivery, 2));
 
+    // Every other method: a genuinely signed new event is `405` where the provider never sends
+    // that method, and an unsigned request (a query a handler could read) is a webhook problem.
+    let third = msg(3);
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::PATCH] {
+        let context = format!("{} {method}", case.provider);
+        if !case.other_methods.contains(&method) {
+            let signed = send_to(method.clone(), PATH, (case.make)(true, &third, &third));
+            let response = signed.await.unwrap();
+            assert_eq!(response.status(), 405, "{context} signed");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{context} signed"
+            );
+        }
+        let unsigned = Delivery(Vec::new(), String::new());
+        let path = format!("{PATH}?CallSid=CA1&MessageSid=SM1&id={}", third.id);
+        let response = send_to(method.clone(), &path, unsigned).await.unwrap();
+        assert!(
+            response.status().is_client_error(),
+            "{context} unsigned: {}",
+            response.status()
+        );
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{context} unsigned"
+        );
+    }
+    assert_eq!(
+        shared.calls.load(Ordering::SeqCst),
+        2,
+        "{}: a request with another method reached the handler",
+        case.provider
+    );
     // Someone holding the first delivery re-sends it so that it names a third event.
     let captured = (case.make)(true, &first, &first);
     let third = msg(3);
@@ -269,6 +372,13 @@ async fn exercise(case: Case) {
             assert_eq!(shared.calls.load(Ordering::SeqCst), 3, "{context}");
         }
     }
+}
+
+/// The `name=value` pairs of a test form body (no percent-encoding in these bodies).
+fn form_params(body: &str) -> Vec<String> {
+    body.split('&')
+        .map(|pair| pair.replacen('=', "", 1))
+        .collect()
 }
 
 fn key(genuine: bool, real: &'static str) -> &'static str {
@@ -309,7 +419,9 @@ fn standard_case(names: [&'static str; 3]) -> Case {
         layer,
         body: json_event,
         make,
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Header(names[0], Expect::Refused("webhook-signature-mismatch")),
     }
@@ -363,32 +475,11 @@ async fn standard_webhooks_v1a_ed25519() {
             .unwrap(),
         body: json_event,
         make,
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Header("webhook-id", Expect::Refused("webhook-signature-mismatch")),
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn github() {
-    const SECRET: &str = "gh-e2e-webhook-secret-7f3a9c1e5b2d";
-    exercise(Case {
-        provider: github::PROVIDER,
-        layer: IdempotencyLayer::github([SECRET], MemoryStore::new()),
-        body: |id| format!(r#"{{"action":"opened","issue":{{"title":"{id}"}}}}"#),
-        make: Box::new(|genuine, signed, sent| {
-            let signature = github::sign(key(genuine, SECRET), signed.body.as_bytes());
-            let headers = vec![
-                (github::SIGNATURE_HEADER, signature),
-                (github::DELIVERY_HEADER, sent.id.clone()),
-                ("x-github-event", "issues".into()),
-            ];
-            Delivery(headers, sent.body.clone())
-        }),
-        digest_key: false,
-        detects_tampering: true,
-        recapture: Recapture::Header(github::DELIVERY_HEADER, REPLAYED),
     })
     .await;
 }
@@ -408,7 +499,9 @@ async fn shopify() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Header(shopify::EVENT_ID_HEADER, REPLAYED),
     })
@@ -432,7 +525,9 @@ async fn paddle() {
                 sent.body.clone(),
             )
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Signed,
     })
@@ -456,7 +551,9 @@ async fn linear() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Header(linear::DELIVERY_HEADER, REPLAYED),
     })
@@ -478,7 +575,9 @@ async fn gitlab() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         // The token is a bare shared secret: the body is protected by TLS only.
         detects_tampering: false,
         // A bare token: a captured delivery holds the credential itself, nothing to record.
@@ -504,7 +603,9 @@ async fn zoom() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: true,
+        key: Key::BodyDigest,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Signed,
     })
@@ -539,7 +640,9 @@ async fn discord() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Signed,
     })
@@ -574,7 +677,9 @@ async fn sendgrid() {
             ];
             Delivery(headers, sent.body.clone())
         }),
-        digest_key: true,
+        key: Key::BodyDigest,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Signed,
     })
@@ -584,7 +689,7 @@ async fn sendgrid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn square() {
     // Square signs the URL as registered, not the loopback address the test connects to.
-    const URL: &str = "https://hooks.example.com/square?shop=7";
+    const URL: &str = "https://hooks.example.com/hook/acct_1";
     exercise(Case {
         provider: square::PROVIDER,
         layer: IdempotencyLayer::square(URL, ["sq-signature-key"], MemoryStore::new()).unwrap(),
@@ -600,7 +705,9 @@ async fn square() {
                 sent.body.clone(),
             )
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: true,
+        other_methods: &[],
         detects_tampering: true,
         recapture: Recapture::Signed,
     })
@@ -624,7 +731,9 @@ async fn mailgun() {
             body["signature"] = signature;
             Delivery(Vec::new(), body.to_string())
         }),
-        digest_key: false,
+        key: Key::EventId,
+        signs_path: false,
+        other_methods: &[],
         detects_tampering: true,
         // The same signature block (timestamp, token, signature) next to another event's data.
         recapture: Recapture::Custom(
@@ -636,6 +745,116 @@ async fn mailgun() {
             }),
             REPLAYED,
         ),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe() {
+    exercise(Case {
+        provider: stripe::PROVIDER,
+        layer: IdempotencyLayer::stripe(["whsec_e2e_stripe"], MemoryStore::new()),
+        body: json_event,
+        make: Box::new(|genuine, signed, sent| {
+            let signature = stripe::sign(
+                key(genuine, "whsec_e2e_stripe"),
+                now(),
+                signed.body.as_bytes(),
+            );
+            Delivery(
+                vec![(stripe::SIGNATURE_HEADER, signature)],
+                sent.body.clone(),
+            )
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+        recapture: Recapture::Signed,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn github() {
+    exercise(Case {
+        provider: github::PROVIDER,
+        layer: IdempotencyLayer::github(["gh-e2e-secret"], MemoryStore::new()),
+        body: |id| format!(r#"{{"action":"opened","number":1,"ref":"{id}"}}"#),
+        make: Box::new(|genuine, signed, sent| {
+            let signature = github::sign(key(genuine, "gh-e2e-secret"), signed.body.as_bytes());
+            let headers = vec![
+                ("x-hub-signature-256", signature),
+                ("x-github-delivery", sent.id.clone()),
+                ("x-github-event", "pull_request".into()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+        recapture: Recapture::Header(github::DELIVERY_HEADER, REPLAYED),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack() {
+    exercise(Case {
+        provider: slack::PROVIDER,
+        layer: IdempotencyLayer::slack(["slack-e2e-secret"], MemoryStore::new()),
+        body: |id| {
+            format!(r#"{{"type":"event_callback","event_id":"{id}","event":{{"type":"message"}}}}"#)
+        },
+        make: Box::new(|genuine, signed, sent| {
+            let ts = now();
+            let signature =
+                slack::sign(key(genuine, "slack-e2e-secret"), ts, signed.body.as_bytes());
+            let headers = vec![
+                ("x-slack-signature", signature),
+                ("x-slack-request-timestamp", ts.to_string()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::EventId,
+        detects_tampering: true,
+        signs_path: false,
+        other_methods: &[],
+        recapture: Recapture::Signed,
+    })
+    .await;
+}
+
+/// The public base URL Twilio calls (behind a proxy: not the loopback address).
+const TWILIO_URL: &str = "https://sms.example.com";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twilio() {
+    exercise(Case {
+        provider: twilio::PROVIDER,
+        layer: IdempotencyLayer::twilio(TWILIO_URL, ["twilio-e2e-token"], MemoryStore::new())
+            .unwrap(),
+        body: |id| format!("MessageSid={id}&MessageStatus=delivered&To=15551230000"),
+        make: Box::new(|genuine, signed, sent| {
+            let pairs: Vec<(&str, &str)> = signed
+                .body
+                .split('&')
+                .map(|pair| pair.split_once('=').unwrap())
+                .collect();
+            let url = format!("{TWILIO_URL}{PATH}");
+            let signature = twilio::sign(key(genuine, "twilio-e2e-token"), &url, &pairs);
+            let headers = vec![
+                ("x-twilio-signature", signature),
+                ("content-type", "application/x-www-form-urlencoded".into()),
+            ];
+            Delivery(headers, sent.body.clone())
+        }),
+        key: Key::TwilioSigned,
+        detects_tampering: true,
+        signs_path: true,
+        other_methods: &[Method::GET],
+        recapture: Recapture::Signed,
     })
     .await;
 }

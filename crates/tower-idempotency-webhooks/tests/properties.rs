@@ -116,13 +116,15 @@ fn deliveries(secret: &str, ts: u64, id: &str, body: &[u8]) -> Vec<(Box<dyn Veri
 }
 
 const TS: u64 = 1_700_000_000;
+/// A secret of the shortest accepted length.
+const K: &str = "k-secret";
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn sign_then_verify_accepts_and_any_flip_rejects(
-        secret in "[ -~]{1,64}",
+        secret in "[ -~]{8,64}",
         id in "[A-Za-z0-9_-]{1,40}",
         filler in ".{0,200}",
         skew in -300i64..=300,
@@ -168,8 +170,8 @@ proptest! {
             "x-zm-signature", "x-zm-request-timestamp", "x-acme-signature", "x-acme-timestamp",
         ];
         let body = json_body("evt", "x");
-        let gitlab = gitlab::GitLabVerifier::new(["tok"]);
-        for (verifier, mut parts) in deliveries("s", TS, "evt", &body) {
+        let gitlab = gitlab::GitLabVerifier::new(["tok-secret"]);
+        for (verifier, mut parts) in deliveries("s-secret", TS, "evt", &body) {
             // Replace one header (or add it) with arbitrary bytes, keep the others valid.
             parts.headers.insert(names[which], value.clone());
             let _ = verifier.verify(&parts, &Bytes::from(body.clone()), at(TS));
@@ -182,7 +184,7 @@ proptest! {
         // The asymmetric schemes' and Mailgun's parsers, with every header arbitrary.
         let discord = discord::DiscordVerifier::new(["d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"]).unwrap();
         let sendgrid = sendgrid::SendGridVerifier::new(["MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA=="]).unwrap();
-        let mailgun = mailgun::MailgunVerifier::new(["k"]);
+        let mailgun = mailgun::MailgunVerifier::new([K]);
         let mut parts = parts(&[]);
         for name in ["x-signature-ed25519", "x-signature-timestamp", "x-twilio-email-event-webhook-signature", "x-twilio-email-event-webhook-timestamp"] {
             parts.headers.insert(name, value.clone());
@@ -199,7 +201,7 @@ proptest! {
             "signature": { "timestamp": ts, "token": token, "signature": sig },
             "event-data": { "id": id },
         }).to_string();
-        let result = mailgun::MailgunVerifier::new(["k"]).verify(&parts(&[]), &Bytes::from(body), at(TS));
+        let result = mailgun::MailgunVerifier::new([K]).verify(&parts(&[]), &Bytes::from(body), at(TS));
         prop_assert!(result.is_err());
     }
 }
@@ -223,7 +225,7 @@ fn generic_builder_requires_its_settings() {
     // A timestamp header the signature does not cover could be rewritten to pass any window.
     assert_eq!(
         HmacVerifier::builder("x")
-            .secrets(["k"])
+            .secrets([K])
             .signature_header("h")
             .timestamp_header("x-ts")
             .event_id(EventId::BodySha256)
@@ -234,13 +236,13 @@ fn generic_builder_requires_its_settings() {
         }
     );
     let v = HmacVerifier::builder("x")
-        .secrets(["k"])
+        .secrets([K])
         .signature_header("h")
         .event_id(EventId::JsonPointer("/id"))
         .build()
         .unwrap();
     let body = br#"{"id":42}"#;
-    let p = parts(&[("h", v.sign("k", None, None, body))]);
+    let p = parts(&[("h", v.sign(K, None, None, body))]);
     assert_eq!(
         v.verify(&p, &Bytes::from_static(body), at(TS))
             .unwrap()
@@ -248,7 +250,7 @@ fn generic_builder_requires_its_settings() {
         "42"
     );
     let body = br#"{"no":1}"#;
-    let p = parts(&[("h", v.sign("k", None, None, body))]);
+    let p = parts(&[("h", v.sign(K, None, None, body))]);
     assert_eq!(
         v.verify(&p, &Bytes::from_static(body), at(TS)).unwrap_err(),
         VerifyError::MissingEventId { location: "/id" }
@@ -273,12 +275,12 @@ fn generic_json_pointer_ids_through_the_scan_and_the_document() {
         "/items/x",
     ] {
         let v = HmacVerifier::builder("x")
-            .secrets(["k"])
+            .secrets([K])
             .signature_header("h")
             .event_id(EventId::JsonPointer(pointer))
             .build()
             .unwrap();
-        let p = parts(&[("h", v.sign("k", None, None, body))]);
+        let p = parts(&[("h", v.sign(K, None, None, body))]);
         let expected = match document.pointer(pointer) {
             Some(serde_json::Value::String(s)) => Ok(s.clone()),
             Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
@@ -302,15 +304,15 @@ fn generic_json_pointer_ids_through_the_scan_and_the_document() {
 #[test]
 fn generic_signatures_are_separated_by_commas_and_or_whitespace() {
     let v = HmacVerifier::builder("x")
-        .secrets(["k"])
+        .secrets([K])
         .signature_header("x-sig")
         .prefix("v1=")
         .event_id(EventId::BodySha256)
         .build()
         .unwrap();
     let body = b"{}";
-    let good = v.sign("k", None, None, body);
-    let bad = v.sign("other", None, None, body);
+    let good = v.sign(K, None, None, body);
+    let bad = v.sign("other-secret", None, None, body);
     let verify = |value: String| {
         v.verify(
             &parts(&[("x-sig", value)]),
@@ -354,8 +356,9 @@ fn generic_signatures_are_separated_by_commas_and_or_whitespace() {
 fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
     for (signature, id) in [("bad header", "x-id"), ("x-sig", "x\nid")] {
         let built = HmacVerifier::builder("x")
-            .secrets(["k"])
+            .secrets([K])
             .signature_header(signature)
+            .signed_parts([Part::Id, Part::Literal("."), Part::Body])
             .event_id(EventId::Header(id))
             .build();
         let bad = if signature.contains(' ') {
@@ -370,7 +373,7 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
     }
     assert_eq!(
         HmacVerifier::builder("x")
-            .secrets(["k"])
+            .secrets([K])
             .signature_header("x-sig")
             .timestamp_header("x ts")
             .event_id(EventId::BodySha256)
@@ -380,14 +383,15 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
     );
     // Header names are matched case-insensitively, whatever case the builder was given.
     let v = HmacVerifier::builder("x")
-        .secrets(["k"])
+        .secrets([K])
         .signature_header("X-Sig")
+        .signed_parts([Part::Id, Part::Literal("."), Part::Body])
         .event_id(EventId::Header("X-Id"))
         .build()
         .unwrap();
     let body = b"{}";
     let p = parts(&[
-        ("x-sig", v.sign("k", None, None, body)),
+        ("x-sig", v.sign(K, None, Some("e1"), body)),
         ("x-id", "e1".into()),
     ]);
     assert_eq!(
@@ -396,4 +400,230 @@ fn generic_builder_refuses_invalid_header_names_and_accepts_any_case() {
             .event_id(),
         "e1"
     );
+}
+
+/// A panic's message, for the constructors that refuse a configuration by panicking.
+fn panic_message(build: impl FnOnce()) -> Option<String> {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(build)).err()?;
+    Some(
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default(),
+    )
+}
+
+/// Anyone can sign with an empty secret (`env::var(..).unwrap_or_default()`): every provider
+/// with a shared secret refuses an empty or short one when it is built, naming the provider
+/// and the rule, never the secret.
+#[test]
+fn empty_and_short_secrets_are_refused_at_construction() {
+    use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+    type Build = fn(&str);
+    type TryBuild = fn(&str) -> Result<(), ConfigError>;
+    let infallible: &[(&str, Build)] = &[
+        ("stripe", |s| {
+            drop(IdempotencyLayer::stripe([s], MemoryStore::new()))
+        }),
+        ("github", |s| {
+            drop(IdempotencyLayer::github([s], MemoryStore::new()))
+        }),
+        ("slack", |s| {
+            drop(IdempotencyLayer::slack([s], MemoryStore::new()))
+        }),
+        ("shopify", |s| {
+            drop(IdempotencyLayer::shopify([s], MemoryStore::new()))
+        }),
+        ("paddle", |s| {
+            drop(IdempotencyLayer::paddle([s], MemoryStore::new()))
+        }),
+        ("linear", |s| {
+            drop(IdempotencyLayer::linear([s], MemoryStore::new()))
+        }),
+        ("gitlab", |s| {
+            drop(IdempotencyLayer::gitlab([s], MemoryStore::new()))
+        }),
+        ("zoom", |s| {
+            drop(IdempotencyLayer::zoom([s], MemoryStore::new()))
+        }),
+        ("mailgun", |s| {
+            drop(IdempotencyLayer::mailgun([s], MemoryStore::new()))
+        }),
+        // The verifiers themselves, for `WebhookKeys::new(..)` users; a good secret next to
+        // a bad one does not hide it.
+        ("stripe", |s| {
+            drop(stripe::StripeVerifier::new(["whsec_long_enough", s]))
+        }),
+    ];
+    let fallible: &[(&str, TryBuild)] = &[
+        ("twilio", |s| {
+            IdempotencyLayer::twilio("https://example.com", [s], MemoryStore::new()).map(drop)
+        }),
+        ("square", |s| {
+            IdempotencyLayer::square("https://example.com/sq", [s], MemoryStore::new()).map(drop)
+        }),
+        ("generic", |s| {
+            HmacVerifier::builder("acme")
+                .secrets([s])
+                .signature_header("x-sig")
+                .event_id(EventId::BodySha256)
+                .build()
+                .map(drop)
+        }),
+        ("Secret::try_new", |s| Secret::try_new(s).map(drop)),
+    ];
+    let refused = ConfigError::WeakSecret {
+        min_len: MIN_SECRET_LEN,
+    };
+    for secret in ["", "7_bytes"] {
+        for (provider, build) in infallible {
+            let message = panic_message(|| build(secret))
+                .unwrap_or_else(|| panic!("{provider} accepted {secret:?}"));
+            assert!(message.contains(provider), "{message}");
+            assert!(message.contains(&refused.to_string()), "{message}");
+            assert!(secret.is_empty() || !message.contains(secret), "{message}");
+        }
+        for (provider, build) in fallible {
+            assert_eq!(build(secret), Err(refused.clone()), "{provider} {secret:?}");
+        }
+    }
+    // The shortest accepted secret is accepted by every one of them.
+    let shortest = "8__bytes";
+    assert_eq!(shortest.len(), MIN_SECRET_LEN);
+    for (provider, build) in infallible {
+        assert_eq!(panic_message(|| build(shortest)), None, "{provider}");
+    }
+    for (provider, build) in fallible {
+        assert_eq!(build(shortest), Ok(()), "{provider}");
+    }
+}
+
+/// Configurations whose signature covers nothing useful are refused with a reason: without
+/// the body, an empty list, a key from a header the signature does not cover, and two variable
+/// parts side by side (where one ends and the next begins is then unsigned).
+#[test]
+fn generic_builder_refuses_signed_parts_that_sign_nothing_useful() {
+    let builder = || {
+        HmacVerifier::builder("acme")
+            .secrets([K])
+            .signature_header("x-sig")
+            .timestamp_header("x-ts")
+            .event_id(EventId::Header("x-id"))
+    };
+    let cases: &[(&[Part], &str)] = &[
+        (&[], "empty"),
+        (&[Part::Timestamp, Part::Literal("."), Part::Id], "body"),
+        (&[Part::Timestamp, Part::Literal("."), Part::Body], "id"),
+        (
+            &[Part::Id, Part::Literal("."), Part::Timestamp, Part::Body],
+            "separat",
+        ),
+        (
+            &[
+                Part::Id,
+                Part::Literal(""),
+                Part::Timestamp,
+                Part::Literal("."),
+                Part::Body,
+            ],
+            "separat",
+        ),
+    ];
+    for (parts, reason) in cases {
+        let refused = builder().signed_parts(parts.to_vec()).build();
+        let message = refused
+            .map(|_| String::new())
+            .unwrap_or_else(|error| error.to_string());
+        assert!(message.contains(reason), "{parts:?}: {message:?}");
+    }
+    // A key from the body needs no `Part::Id`; literals in between make the parts unambiguous.
+    assert!(HmacVerifier::builder("acme")
+        .secrets([K])
+        .signature_header("x-sig")
+        .timestamp_header("x-ts")
+        .signed_parts([Part::Timestamp, Part::Literal("."), Part::Body])
+        .event_id(EventId::JsonPointer("/id"))
+        .build()
+        .is_ok());
+    assert!(builder()
+        .signed_parts([
+            Part::Id,
+            Part::Literal("."),
+            Part::Timestamp,
+            Part::Literal("."),
+            Part::Body,
+        ])
+        .build()
+        .is_ok());
+}
+
+/// A signed body that repeats the key its id comes from: the key reader and `json()` read the
+/// same (first) value, so the handler never sees another id than the one the delivery is keyed
+/// by. Every verifier in the table.
+#[test]
+fn a_repeated_id_key_gives_the_handler_the_id_the_key_was_read_from() {
+    let body = format!(
+        r#"{{"id":"evt_first","event_id":"evt_first","webhookTimestamp":{},"nested":{{"id":1,"id":2}},"id":"evt_second","event_id":"evt_second"}}"#,
+        1_700_000_000_000u64
+    );
+    for (verifier, parts) in deliveries(K, TS, "evt_first", body.as_bytes()) {
+        let name = verifier.provider();
+        let hook = verifier
+            .verify(&parts, &Bytes::from(body.clone()), at(TS))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let json = hook.json().unwrap();
+        assert_eq!(json["id"], "evt_first", "{name}");
+        assert_eq!(json["event_id"], "evt_first", "{name}");
+        assert_eq!(json["nested"]["id"], 1, "{name}");
+        // Zoom keys by a digest of the body.
+        if name != "zoom" {
+            assert_eq!(hook.event_id(), "evt_first", "{name}");
+        }
+    }
+}
+
+/// Which inputs the signature covers, per verifier: handlers can tell a signed header or id
+/// from one anyone relaying the delivery could rewrite.
+#[test]
+fn verified_webhooks_tell_signed_from_unsigned_inputs() {
+    let body = json_body("evt_1", "x");
+    for (verifier, mut parts) in deliveries(K, TS, "evt_1", &body) {
+        let name = verifier.provider();
+        // Headers handlers like to dispatch on, which no provider signs.
+        for header in ["x-github-event", "x-shopify-topic", "x-gitlab-event"] {
+            parts.headers.insert(header, "push".parse().unwrap());
+        }
+        let hook = verifier
+            .verify(&parts, &Bytes::from(body.clone()), at(TS))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (id_signed, signed): (bool, &[&str]) = match name {
+            "github" | "shopify" | "linear" => (false, &[]),
+            "slack" => (true, &["x-slack-request-timestamp"]),
+            "zoom" => (true, &["x-zm-request-timestamp"]),
+            "acme" => (true, &["x-acme-timestamp", "x-acme-id"]),
+            _ => (true, &[]),
+        };
+        assert_eq!(hook.is_event_id_signed(), id_signed, "{name}");
+        for header in signed {
+            assert!(hook.is_signed_header(header), "{name} {header}");
+            assert!(
+                hook.is_signed_header(&header.to_uppercase()),
+                "{name} {header}"
+            );
+        }
+        for header in ["x-github-event", "x-shopify-topic", "x-gitlab-event"] {
+            assert!(!hook.is_signed_header(header), "{name} {header}");
+        }
+    }
+    let token = "gitlab-token";
+    let gitlab = gitlab::GitLabVerifier::new([token]);
+    let parts = parts(&[
+        ("x-gitlab-token", token.into()),
+        ("idempotency-key", "k1".into()),
+        ("x-gitlab-event", "Push Hook".into()),
+    ]);
+    let hook = gitlab.verify(&parts, &Bytes::from(body), at(TS)).unwrap();
+    assert!(!hook.is_event_id_signed());
+    assert!(!hook.is_signed_header("x-gitlab-event"));
 }

@@ -5,7 +5,10 @@
 //! MultiDict case, the `:443` / `:80` / `:1234` port cases and the `bodySHA256` JSON case), and
 //! were re-computed independently with Python's hmac module before being pasted here.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::LazyLock,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -15,7 +18,11 @@ use tower_idempotency_webhooks::{
     ConfigError, Verifier, VerifyError,
 };
 
-const TOKEN: &str = "12345";
+/// The published vectors' auth token; shorter than any verifier accepts, so the vectors are
+/// checked through [`twilio::sign`] and verification runs with [`TOKEN`].
+const VECTOR_TOKEN: &str = "12345";
+/// An auth token of the length Twilio issues (32 hex digits).
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 const PATH: &str = "/myapp.php?foo=1&bar=2";
 const URL: &str = "https://mycompany.com/myapp.php?foo=1&bar=2";
 const PARAMS: &[(&str, &str)] = &[
@@ -27,18 +34,56 @@ const PARAMS: &[(&str, &str)] = &[
 ];
 const FORM_BODY: &str = "CallSid=CA1234567890ABCDE&Digits=1234&From=%2B14158675309&To=%2B18005551212&Caller=%2B14158675309";
 /// Over the URL without a port.
-const SIG: &str = "RSOYDt4T1cUTdK1PDd93/VVr8B8=";
+const VECTOR_SIG: &str = "RSOYDt4T1cUTdK1PDd93/VVr8B8=";
 /// Over `https://mycompany.com:443/...`.
-const SIG_443: &str = "kvajT1Ptam85bY51eRf/AJRuM3w=";
+const VECTOR_SIG_443: &str = "kvajT1Ptam85bY51eRf/AJRuM3w=";
 /// Over `http://mycompany.com:80/...`.
-const SIG_HTTP_80: &str = "0ZXoZLH/DfblKGATFgpif+LLRf4=";
+const VECTOR_SIG_HTTP_80: &str = "0ZXoZLH/DfblKGATFgpif+LLRf4=";
 /// Over `http://mycompany.com:1234/...`.
-const SIG_HTTP_1234: &str = "Zmvh+3yNM1Phv2jhDCwEM3q5ebU=";
+const VECTOR_SIG_HTTP_1234: &str = "Zmvh+3yNM1Phv2jhDCwEM3q5ebU=";
 /// `Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234`: repeated names sorted by value.
-const SIG_DUPLICATES: &str = "IK+Dwps556ElfBT0I3Rgjkr1wJU=";
+const VECTOR_SIG_DUPLICATES: &str = "IK+Dwps556ElfBT0I3Rgjkr1wJU=";
 const JSON_BODY: &str = r#"{"property": "value", "boolean": true}"#;
 const JSON_HASH: &str = "0a1ff7634d9ab3b95db5c9a2dfe9416e41502b283a80c7cf19632632f96e6620";
-const SIG_JSON: &str = "a9nBmqA0ju/hNViExpshrM61xv4=";
+const VECTOR_SIG_JSON: &str = "a9nBmqA0ju/hNViExpshrM61xv4=";
+
+/// The vectors' requests signed with [`TOKEN`].
+static SIG: LazyLock<String> = LazyLock::new(|| twilio::sign(TOKEN, URL, PARAMS));
+static SIG_443: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "https://mycompany.com:443/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_HTTP_80: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "http://mycompany.com:80/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_HTTP_1234: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        "http://mycompany.com:1234/myapp.php?foo=1&bar=2",
+        PARAMS,
+    )
+});
+static SIG_DUPLICATES: LazyLock<String> = LazyLock::new(|| twilio::sign(TOKEN, URL, DUPLICATES));
+static SIG_JSON: LazyLock<String> = LazyLock::new(|| {
+    twilio::sign(
+        TOKEN,
+        &twilio::url_with_body_sha256(URL, JSON_BODY.as_bytes()),
+        &[],
+    )
+});
+const DUPLICATES: &[(&str, &str)] = &[
+    ("Sid", "CA123"),
+    ("SidAccount", "AC123"),
+    ("Digits", "5678"),
+    ("Digits", "1234"),
+];
 
 const FORM: &str = "application/x-www-form-urlencoded";
 
@@ -84,23 +129,35 @@ fn verifier(base: &str) -> TwilioVerifier {
 
 #[test]
 fn published_vectors_and_sign_agree() {
-    assert_eq!(twilio::sign(TOKEN, URL, PARAMS), SIG);
+    assert_eq!(twilio::sign(VECTOR_TOKEN, URL, PARAMS), VECTOR_SIG);
+    let with_port = |url: &str| twilio::sign(VECTOR_TOKEN, url, PARAMS);
     assert_eq!(
-        twilio::sign(
-            TOKEN,
-            "https://mycompany.com:443/myapp.php?foo=1&bar=2",
-            PARAMS
-        ),
-        SIG_443
+        with_port("https://mycompany.com:443/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_443
+    );
+    assert_eq!(
+        with_port("http://mycompany.com:80/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_HTTP_80
+    );
+    assert_eq!(
+        with_port("http://mycompany.com:1234/myapp.php?foo=1&bar=2"),
+        VECTOR_SIG_HTTP_1234
+    );
+    assert_eq!(
+        twilio::sign(VECTOR_TOKEN, URL, DUPLICATES),
+        VECTOR_SIG_DUPLICATES
     );
     let hashed = twilio::url_with_body_sha256(URL, JSON_BODY.as_bytes());
     assert_eq!(hashed, format!("{URL}&bodySHA256={JSON_HASH}"));
-    assert_eq!(twilio::sign(TOKEN, &hashed, &[]), SIG_JSON);
+    assert_eq!(twilio::sign(VECTOR_TOKEN, &hashed, &[]), VECTOR_SIG_JSON);
 
     let v = verifier("https://mycompany.com");
-    let hook = post(&v, PATH, &headers(&form(SIG)), FORM_BODY).unwrap();
+    let hook = post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).unwrap();
     assert_eq!(hook.provider(), "twilio");
-    assert_eq!(hook.event_id(), "CA1234567890ABCDE");
+    let mut sorted = PARAMS.to_vec();
+    sorted.sort_unstable();
+    let signed: String = sorted.iter().map(|(k, v)| format!("{k}{v}")).collect();
+    assert_eq!(hook.event_id(), signed_key(&format!("{URL}{signed}")));
     assert_eq!(hook.secret_index(), Some(0));
     assert_eq!(hook.body().as_ref(), FORM_BODY.as_bytes());
     assert_eq!(v.signed_url(PATH), URL);
@@ -110,19 +167,19 @@ fn published_vectors_and_sign_agree() {
 fn port_variants_are_both_accepted() {
     // Signed with :443 while the base URL has no port, and the other way round.
     let v = verifier("https://mycompany.com");
-    assert!(post(&v, PATH, &headers(&form(SIG_443)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_443)), FORM_BODY).is_ok());
     let v = verifier("https://mycompany.com:443/");
-    assert!(post(&v, PATH, &headers(&form(SIG)), FORM_BODY).is_ok());
-    assert!(post(&v, PATH, &headers(&form(SIG_443)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_443)), FORM_BODY).is_ok());
     // http: the default port is 80; a non-default port is tried with and without.
     let v = verifier("http://mycompany.com");
-    assert!(post(&v, PATH, &headers(&form(SIG_HTTP_80)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_HTTP_80)), FORM_BODY).is_ok());
     let v = verifier("http://mycompany.com:1234");
-    assert!(post(&v, PATH, &headers(&form(SIG_HTTP_1234)), FORM_BODY).is_ok());
+    assert!(post(&v, PATH, &headers(&form(&SIG_HTTP_1234)), FORM_BODY).is_ok());
     // A signature over another port is not one of the variants.
     let v = verifier("http://mycompany.com:8080");
     assert_eq!(
-        post(&v, PATH, &headers(&form(SIG_HTTP_1234)), FORM_BODY).unwrap_err(),
+        post(&v, PATH, &headers(&form(&SIG_HTTP_1234)), FORM_BODY).unwrap_err(),
         VerifyError::SignatureMismatch
     );
 }
@@ -132,10 +189,14 @@ fn repeated_parameters_sort_by_value() {
     let v = verifier("https://mycompany.com");
     // Body order differs from the sorted order on purpose.
     let body = "Sid=CA123&SidAccount=AC123&Digits=5678&Digits=1234";
-    let hook = post(&v, PATH, &headers(&form(SIG_DUPLICATES)), body).unwrap();
-    assert_eq!(hook.event_id(), "CA123");
+    let hook = post(&v, PATH, &headers(&form(&SIG_DUPLICATES)), body).unwrap();
+    assert_eq!(
+        hook.event_id(),
+        signed_key(&format!("{URL}Digits1234Digits5678SidCA123SidAccountAC123"))
+    );
     let swapped = "Digits=1234&Sid=CA123&Digits=5678&SidAccount=AC123";
-    assert!(post(&v, PATH, &headers(&form(SIG_DUPLICATES)), swapped).is_ok());
+    let again = post(&v, PATH, &headers(&form(&SIG_DUPLICATES)), swapped).unwrap();
+    assert_eq!(again.event_id(), hook.event_id());
 }
 
 #[test]
@@ -143,80 +204,51 @@ fn json_body_is_covered_by_body_sha256() {
     let v = verifier("https://mycompany.com");
     let path = format!("{PATH}&bodySHA256={JSON_HASH}");
     let json = [
-        ("x-twilio-signature", SIG_JSON),
+        ("x-twilio-signature", SIG_JSON.as_str()),
         ("content-type", "application/json"),
         ("i-twilio-idempotency-token", "idem-json-1"),
     ];
     let hook = post(&v, &path, &json, JSON_BODY).unwrap();
-    assert_eq!(hook.event_id(), "idem-json-1");
+    // The key is the signed URL, whose bodySHA256 covers the body; not the unsigned token.
+    assert_eq!(
+        hook.event_id(),
+        signed_key(&format!("https://mycompany.com{path}"))
+    );
+    assert_eq!(
+        post(&v, &path, &json[..2], JSON_BODY).unwrap().event_id(),
+        hook.event_id()
+    );
     // Tampered body: the URL (and its signature) are genuine, the hash is not the body's.
     let tampered = JSON_BODY.replace("true", "false");
     assert_eq!(
         post(&v, &path, &json, &tampered).unwrap_err(),
         VerifyError::SignatureMismatch
     );
-    // Without the token header the key comes from the JSON body's Sid; this body has none.
-    assert_eq!(
-        post(&v, &path, &json[..2], JSON_BODY).unwrap_err(),
-        VerifyError::MissingEventId {
-            location: "i-twilio-idempotency-token or a resource Sid parameter"
-        }
-    );
     let body = r#"{"CallSid":"CA1","CallStatus":"completed"}"#;
     let url = twilio::url_with_body_sha256("https://mycompany.com/status", body.as_bytes());
     let sig = twilio::sign(TOKEN, &url, &[]);
     let path = url.strip_prefix("https://mycompany.com").unwrap();
     let hook = post(&v, path, &[("x-twilio-signature", &sig)], body).unwrap();
-    assert_eq!(hook.event_id(), "CA1:completed");
+    assert_eq!(hook.event_id(), signed_key(&url));
     assert_eq!(hook.json().unwrap()["CallStatus"], "completed");
 }
 
 #[test]
-fn keys_token_first_then_sid_status_and_sequence() {
+fn each_status_callback_is_its_own_event_and_get_is_keyed_by_its_url() {
     let v = verifier("https://example.com");
-    type Params<'a> = &'a [(&'a str, &'a str)];
-    let cases: &[(Params, Option<&str>, &str)] = &[
-        (
-            &[
-                ("MessageSid", "SM1"),
-                ("SmsSid", "SM1"),
-                ("MessageStatus", "delivered"),
-            ],
-            None,
-            "SM1:delivered",
-        ),
-        (
-            &[
-                ("CallSid", "CA1"),
-                ("CallStatus", "ringing"),
-                ("SequenceNumber", "0"),
-            ],
-            None,
-            "CA1:ringing:0",
-        ),
-        (
-            &[
-                ("CallSid", "CA1"),
-                ("RecordingSid", "RE1"),
-                ("RecordingStatus", "completed"),
-            ],
-            None,
-            "CA1:completed",
-        ),
-        (&[("MessageSid", "SM1")], Some("token-7"), "token-7"),
-    ];
-    for (params, token, expected) in cases {
+    let status = |status: &str| {
+        let params = [("MessageSid", "SM1"), ("MessageStatus", status)];
         let body: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(params.iter())
             .finish();
-        let sig = twilio::sign(TOKEN, "https://example.com/sms", params);
-        let mut list = form(&sig);
-        if let Some(token) = token {
-            list.push(("i-twilio-idempotency-token", (*token).to_owned()));
-        }
-        let hook = post(&v, "/sms", &headers(&list), &body).unwrap();
-        assert_eq!(hook.event_id(), *expected);
-    }
+        let sig = twilio::sign(TOKEN, "https://example.com/sms", &params);
+        post(&v, "/sms", &headers(&form(&sig)), &body)
+            .unwrap()
+            .event_id()
+            .to_owned()
+    };
+    assert_ne!(status("sent"), status("delivered"));
+    assert_eq!(status("sent"), status("sent"));
     // GET webhooks: the parameters are in the query, the signature covers the URL only.
     let url = "https://example.com/voice?CallSid=CA9&From=%2B1555";
     let sig = twilio::sign(TOKEN, url, &[]);
@@ -226,12 +258,26 @@ fn keys_token_first_then_sid_status_and_sequence() {
         &[("x-twilio-signature", &sig)],
     );
     let hook = v.verify(&parts, &Bytes::new(), now()).unwrap();
-    assert_eq!(hook.event_id(), "CA9");
-    // No token and no Sid.
-    let sig = twilio::sign(TOKEN, "https://example.com/sms", &[("Body", "hi")]);
+    assert_eq!(hook.event_id(), signed_key(url));
+    // Twilio sends no body with a GET: one would be unsigned.
     assert!(matches!(
-        post(&v, "/sms", &headers(&form(&sig)), "Body=hi").unwrap_err(),
-        VerifyError::MissingEventId { .. }
+        v.verify(&parts, &Bytes::from_static(b"CallSid=CA9"), now()),
+        Err(VerifyError::MalformedBody { .. })
+    ));
+}
+
+/// An unauthenticated form body is refused by its parameter count before anything is decoded.
+#[test]
+fn form_parameters_are_capped() {
+    let v = verifier("https://example.com");
+    let at_cap = vec!["a=1"; twilio::MAX_FORM_PARAMS].join("&");
+    let params = vec![("a", "1"); twilio::MAX_FORM_PARAMS];
+    let sig = twilio::sign(TOKEN, "https://example.com/sms", &params);
+    assert!(post(&v, "/sms", &headers(&form(&sig)), &at_cap).is_ok());
+    let over = format!("{at_cap}&a=1");
+    assert!(matches!(
+        post(&v, "/sms", &headers(&form(&sig)), &over),
+        Err(VerifyError::MalformedBody { .. })
     ));
 }
 
@@ -252,8 +298,8 @@ fn base_url_prefix_and_raw_path_are_signed_verbatim() {
 
 #[test]
 fn rotation_reports_the_matching_token() {
-    let v = TwilioVerifier::new("https://mycompany.com", ["new-token", TOKEN]).unwrap();
-    let hook = post(&v, PATH, &headers(&form(SIG)), FORM_BODY).unwrap();
+    let v = TwilioVerifier::new("https://mycompany.com", ["new-auth-token", TOKEN]).unwrap();
+    let hook = post(&v, PATH, &headers(&form(&SIG)), FORM_BODY).unwrap();
     assert_eq!(hook.secret_index(), Some(1));
 }
 
@@ -261,7 +307,7 @@ fn rotation_reports_the_matching_token() {
 fn negative_cases() {
     let v = verifier("https://mycompany.com");
     let h = "x-twilio-signature";
-    let good_list = form(SIG);
+    let good_list = form(&SIG);
     let good = headers(&good_list);
     let err =
         |list: &[(&str, &str)], path: &str, body: &str| post(&v, path, list, body).unwrap_err();
@@ -279,14 +325,18 @@ fn negative_cases() {
     ));
     assert_eq!(
         err(
-            &[(h, SIG), (h, SIG), ("content-type", FORM)],
+            &[(h, &*SIG), (h, &*SIG), ("content-type", FORM)],
             PATH,
             FORM_BODY
         ),
         VerifyError::DuplicateHeader { name: h }
     );
     // Wrong token, tampered parameter, tampered query, another host.
-    let wrong = TwilioVerifier::new("https://mycompany.com", ["54321"]).unwrap();
+    let wrong = TwilioVerifier::new(
+        "https://mycompany.com",
+        ["fedcba9876543210fedcba9876543210"],
+    )
+    .unwrap();
     assert_eq!(
         post(&wrong, PATH, &good, FORM_BODY).unwrap_err(),
         VerifyError::SignatureMismatch
@@ -307,7 +357,7 @@ fn negative_cases() {
     // A JSON body without bodySHA256 is signed by nothing.
     assert!(matches!(
         err(
-            &[(h, SIG), ("content-type", "application/json")],
+            &[(h, &*SIG), ("content-type", "application/json")],
             PATH,
             JSON_BODY
         ),
@@ -334,14 +384,6 @@ fn negative_cases() {
         err(&rule, PATH, FORM_BODY),
         VerifyError::UnsupportedVersion { name: h }
     );
-    // An over-long or control-character token.
-    let mut long = good.clone();
-    let token = "t".repeat(300);
-    long.push(("i-twilio-idempotency-token", &token));
-    assert!(matches!(
-        err(&long, PATH, FORM_BODY),
-        VerifyError::InvalidEventId { .. }
-    ));
     // No token configured.
     let empty = TwilioVerifier::new("https://mycompany.com", Vec::<String>::new()).unwrap();
     assert_eq!(
@@ -383,7 +425,7 @@ proptest! {
 
     #[test]
     fn form_sign_then_verify_in_any_order_and_any_change_rejects(
-        token in "[ -~]{1,40}",
+        token in "[ -~]{8,40}",
         mut params in proptest::collection::vec(("[A-Za-z]{1,12}", ".{0,40}"), 1..12),
         rotate in 0usize..12,
         with_port in any::<bool>(),
@@ -449,4 +491,39 @@ proptest! {
         let _ = list;
         prop_assert!(v.verify(&parts, &Bytes::from(body), now()).is_err());
     }
+}
+
+/// `sha256:<hex>` of `signed`, the key of a delivery whose signed string it is.
+fn signed_key(signed: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    format!("sha256:{}", hex::encode(Sha256::digest(signed.as_bytes())))
+}
+
+/// Twilio's signed string has no separators between names and values, so a body re-split
+/// under one signature verifies: it must be the same event (one key), not a second one.
+#[test]
+fn re_split_parameters_under_one_signature_are_one_event() {
+    let v = verifier("https://example.com");
+    let params = [
+        ("MessageSid", "SM1"),
+        ("MessageStatus", "delivered"),
+        ("SmsSid", "SM1"),
+    ];
+    let sig = twilio::sign(TOKEN, "https://example.com/sms", &params);
+    let list = form(&sig);
+    let genuine = "MessageSid=SM1&MessageStatus=delivered&SmsSid=SM1";
+    let re_split = "MessageSid=SM1&MessageStatus=deliveredSmsSidSM1";
+    let a = post(&v, "/sms", &headers(&list), genuine).unwrap();
+    let b = post(&v, "/sms", &headers(&list), re_split).unwrap();
+    assert_eq!(a.event_id(), b.event_id());
+    assert_eq!(
+        a.event_id(),
+        signed_key("https://example.com/smsMessageSidSM1MessageStatusdeliveredSmsSidSM1")
+    );
+    // The unsigned idempotency token does not change the key: a relayed capture with a new
+    // token is still the same event.
+    let mut with_token = list.clone();
+    with_token.push(("i-twilio-idempotency-token", "relayed-2".into()));
+    let c = post(&v, "/sms", &headers(&with_token), genuine).unwrap();
+    assert_eq!(c.event_id(), a.event_id());
 }

@@ -13,7 +13,7 @@ use crate::{
     fingerprint::FingerprintMode,
     key::{ClientKey, KeySource},
     policy::CachePolicy,
-    scope::{PrincipalSource, Scope},
+    scope::{PrincipalSource, RouteScope, Scope},
     shutdown::ShutdownHandle,
     store::{Store, LONGEST_DURATION},
 };
@@ -39,11 +39,29 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default ceiling on lease renewal for one slow handler: 10 min.
 pub const DEFAULT_MAX_LEASE_RENEWAL: Duration = Duration::from_secs(10 * 60);
 
+/// Which methods a layer guards.
+#[derive(Clone, Debug)]
+pub(crate) enum Methods {
+    /// These; others pass straight through.
+    Only(Vec<Method>),
+    /// Every method.
+    All,
+}
+
+impl Methods {
+    pub(crate) fn guards(&self, method: &Method) -> bool {
+        match self {
+            Self::Only(methods) => methods.contains(method),
+            Self::All => true,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) key_source: Arc<dyn KeySource>,
-    pub(crate) methods: Vec<Method>,
+    pub(crate) methods: Methods,
     pub(crate) max_body: usize,
     pub(crate) discard_bytes: usize,
     pub(crate) discard_time: Duration,
@@ -59,6 +77,7 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) max_lease_renewal: Duration,
     pub(crate) ttl: Duration,
+    pub(crate) min_ttl: Duration,
     pub(crate) in_flight_limit: Option<Arc<Semaphore>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) accepting: Arc<AtomicBool>,
@@ -112,7 +131,7 @@ impl IdempotencyLayer {
             config: Arc::new(Config {
                 store: Arc::new(store),
                 key_source: Arc::new(source),
-                methods: vec![Method::POST, Method::PATCH],
+                methods: Methods::Only(vec![Method::POST, Method::PATCH]),
                 max_body: DEFAULT_MAX_BODY,
                 discard_bytes: DEFAULT_DISCARD_BYTES,
                 discard_time: DEFAULT_DISCARD_TIME,
@@ -128,6 +147,7 @@ impl IdempotencyLayer {
                 lease: DEFAULT_LEASE,
                 max_lease_renewal: DEFAULT_MAX_LEASE_RENEWAL,
                 ttl: DEFAULT_TTL,
+                min_ttl: Duration::ZERO,
                 in_flight_limit: None,
                 tasks: TaskTracker::new(),
                 accepting: Arc::new(AtomicBool::new(true)),
@@ -152,7 +172,14 @@ impl IdempotencyLayer {
 
     /// The methods to guard (default `POST` and `PATCH`); others pass straight through.
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.with(|c| c.methods = methods.into_iter().collect())
+        self.with(|c| c.methods = Methods::Only(methods.into_iter().collect()))
+    }
+
+    /// Guards every method: nothing passes through unguarded, and the key source decides
+    /// what to refuse (the webhook layers answer the methods their provider never sends
+    /// with `405`).
+    pub fn all_methods(self) -> Self {
+        self.with(|c| c.methods = Methods::All)
     }
 
     /// Cap on the buffered request body (default 1 MiB); larger bodies are answered `413`.
@@ -184,13 +211,25 @@ impl IdempotencyLayer {
     /// # Panics
     /// If it is empty, over 255 bytes, or not made of `[A-Za-z0-9._-]`.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        self.with(|c| c.scope = Scope::new(namespace, c.scope.principal_source().clone()))
+        self.with(|c| {
+            c.scope = Scope::new(namespace, c.scope.principal_source().clone())
+                .route(c.scope.route_scope())
+        })
     }
 
     /// Where the principal (tenant) that scopes keys comes from (default: the
     /// [`Principal`](crate::Principal) request extension, when present).
     pub fn principal(self, source: PrincipalSource) -> Self {
-        self.with(|c| c.scope = Scope::new(c.scope.namespace().to_owned(), source))
+        self.with(|c| {
+            c.scope =
+                Scope::new(c.scope.namespace().to_owned(), source).route(c.scope.route_scope())
+        })
+    }
+
+    /// Which part of the route scopes keys (default [`RouteScope::MethodAndPath`]; the webhook
+    /// layers use [`RouteScope::MatchedPath`]).
+    pub fn route_scope(self, route: RouteScope) -> Self {
+        self.with(|c| c.scope = c.scope.clone().route(route))
     }
 
     /// Refuses a guarded request that has no principal, instead of scoping its key without one
@@ -268,8 +307,21 @@ impl IdempotencyLayer {
 
     /// How long a completed response is replayed (default 24 h). `Duration::MAX` (or anything
     /// over [`LONGEST_DURATION`], a hundred years) means [`LONGEST_DURATION`].
+    ///
+    /// A TTL below the layer's [`min_ttl`](Self::min_ttl) is raised to it.
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl.min(LONGEST_DURATION))
+        self.with(|c| c.ttl = ttl.min(LONGEST_DURATION).max(c.min_ttl))
+    }
+
+    /// The shortest TTL this layer accepts (default none): the TTL is raised to it now and
+    /// whenever [`ttl`](Self::ttl) sets a shorter one. The webhook layers set it to twice the
+    /// verifier's replay window, so a captured delivery replayed inside the window still finds
+    /// its record.
+    pub fn min_ttl(self, floor: Duration) -> Self {
+        self.with(|c| {
+            c.min_ttl = floor.min(LONGEST_DURATION);
+            c.ttl = c.ttl.max(c.min_ttl);
+        })
     }
 
     /// Bounds the guarded handlers running at once; beyond it requests are answered `503` before

@@ -5,7 +5,8 @@
 //! 1. buffers the body under a cap (`413` past it, checked against `Content-Length` first);
 //! 2. derives the key through its [`KeySource`](crate::KeySource) (`400` for a missing or invalid
 //!    `Idempotency-Key`, a provider's own problem for a bad signature);
-//! 3. scopes it by namespace, method, path and principal, and fingerprints the request;
+//! 3. scopes it by namespace, method, path and principal (or by namespace and route template,
+//!    see [`RouteScope`](crate::scope::RouteScope)), and fingerprints the request;
 //! 4. claims it in the [`Store`](crate::Store): a claim runs the handler (to completion even if the caller
 //!    disconnects), an
 //!    in-flight duplicate gets `409`, a completed key is replayed with `Idempotent-Replayed: true`,

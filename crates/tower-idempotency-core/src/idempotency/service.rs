@@ -76,7 +76,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
-        if !config.methods.contains(request.method()) {
+        if !config.methods.guards(request.method()) {
             return Box::pin(pass_through(inner, request, Outcome::PassedThrough));
         }
         let span = tracing::info_span!(

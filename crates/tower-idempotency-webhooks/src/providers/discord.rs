@@ -62,9 +62,16 @@ impl DiscordVerifier {
         })
     }
 
-    /// The replay window (default 300 s); zero disables it.
+    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -76,6 +83,10 @@ impl Verifier for DiscordVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -106,7 +117,8 @@ impl Verifier for DiscordVerifier {
         util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
         let [id, kind] = util::json_fields(body, ["/id", "/type"])?;
         let id = util::scalar_id(id, "/id")?;
-        let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone());
+        let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_signed_headers([TIMESTAMP_HEADER]);
         if kind.as_ref().and_then(util::Scalar::as_u64) == Some(1) {
             webhook =
                 webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({ "type": 1 })));

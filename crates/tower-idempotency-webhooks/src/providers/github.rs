@@ -50,9 +50,12 @@ pub struct GitHubVerifier {
 
 impl GitHubVerifier {
     /// Accepts deliveries signed with any of `secrets`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
         }
     }
 }
@@ -88,7 +91,8 @@ impl Verifier for GitHubVerifier {
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_secret_index(index)
-            .with_authenticator(authenticator))
+            .with_authenticator(authenticator)
+            .with_unsigned_event_id())
     }
 }
 

@@ -41,9 +41,12 @@ pub struct GitLabVerifier {
 
 impl GitLabVerifier {
     /// Accepts deliveries carrying any of `tokens`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(tokens: impl IntoIterator<Item = S>) -> Self {
         Self {
-            tokens: secret::collect(tokens),
+            tokens: secret::collect(PROVIDER, tokens),
         }
     }
 }
@@ -81,6 +84,8 @@ impl Verifier for GitLabVerifier {
                 other => other,
             })?,
         };
-        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
+        Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
+            .with_secret_index(index)
+            .with_unsigned_event_id())
     }
 }

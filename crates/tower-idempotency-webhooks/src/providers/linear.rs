@@ -48,17 +48,27 @@ pub struct LinearVerifier {
 
 impl LinearVerifier {
     /// Accepts deliveries signed with any of `secrets`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }
 
     /// The replay window around `webhookTimestamp` (default 300 s; Linear suggests one
-    /// minute); zero disables it.
+    /// minute); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -70,6 +80,10 @@ impl Verifier for LinearVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -96,7 +110,8 @@ impl Verifier for LinearVerifier {
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index)
-            .with_authenticator(authenticator))
+            .with_authenticator(authenticator)
+            .with_unsigned_event_id())
     }
 }
 

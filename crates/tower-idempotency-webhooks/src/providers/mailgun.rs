@@ -41,16 +41,26 @@ pub struct MailgunVerifier {
 
 impl MailgunVerifier {
     /// Accepts events signed with any of the webhook signing `keys`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(keys: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(keys),
+            secrets: secret::collect(PROVIDER, keys),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }
 
-    /// The replay window (default 300 s); zero disables it.
+    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -64,6 +74,10 @@ impl Verifier for MailgunVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(

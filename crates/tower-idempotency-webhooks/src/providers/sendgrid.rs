@@ -68,9 +68,16 @@ impl SendGridVerifier {
         })
     }
 
-    /// The replay window (default 300 s); zero disables it.
+    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -99,6 +106,10 @@ impl Verifier for SendGridVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -137,7 +148,8 @@ impl Verifier for SendGridVerifier {
         Ok(
             VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
                 .with_signed_at(signed)
-                .with_secret_index(index),
+                .with_secret_index(index)
+                .with_signed_headers([TIMESTAMP_HEADER]),
         )
     }
 }

@@ -44,9 +44,12 @@ pub struct ShopifyVerifier {
 
 impl ShopifyVerifier {
     /// Accepts deliveries signed with any of the app's client `secrets`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
         }
     }
 }
@@ -103,11 +106,12 @@ impl Verifier for ShopifyVerifier {
             })?,
         };
         let id = util::check_id(id.to_owned(), location)?;
-        // The event id is not signed: remember the verified MAC.
+        // The delivery id is not signed: remember the verified MAC.
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_secret_index(index)
-            .with_authenticator(authenticator))
+            .with_authenticator(authenticator)
+            .with_unsigned_event_id())
     }
 }
 

@@ -51,16 +51,26 @@ pub struct SlackVerifier {
 
 impl SlackVerifier {
     /// Accepts deliveries signed with any of the app's signing `secrets`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }
 
-    /// The replay window (default 300 s, Slack's recommendation); zero disables it.
+    /// The replay window (default 300 s, Slack's recommendation); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -72,6 +82,10 @@ impl Verifier for SlackVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -108,7 +122,10 @@ impl Verifier for SlackVerifier {
                 body.clone(),
             )
         };
-        Ok(webhook.with_signed_at(signed).with_secret_index(index))
+        Ok(webhook
+            .with_signed_at(signed)
+            .with_secret_index(index)
+            .with_signed_headers([TIMESTAMP_HEADER]))
     }
 }
 

@@ -4,7 +4,11 @@
 //!
 //! **Gotcha:** the URL is the notification URL exactly as registered with Square (scheme, host,
 //! path and query), not what the application sees behind a proxy, so it is configured, not
-//! read from the request. Square retries failed deliveries for up to 24 hours, so
+//! read from the request. Square signs that URL, not the request's, so the request's path and
+//! query are compared with it: the query must be the registered one byte for byte, and the
+//! path the registered one or a tail of it that starts at a `/` (a proxy or `Router::nest`
+//! strips the leading segments), else [`VerifyError::SignatureMismatch`]. A `?tenant=evil` or
+//! another route under the same layer does not pass on the strength of the signature. Square retries failed deliveries for up to 24 hours, so
 //! [`DEFAULT_TTL`] is two days. No timestamp is signed. The legacy SHA-1
 //! `x-square-signature` alone is [`VerifyError::UnsupportedVersion`].
 
@@ -41,11 +45,18 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 24 * 60 * 60);
 pub struct SquareVerifier {
     secrets: Arc<[Secret]>,
     url: Arc<str>,
+    /// The registered URL's path, as written.
+    path: Arc<str>,
+    /// The registered URL's query, as written (empty without one).
+    query: Arc<str>,
 }
 
 impl SquareVerifier {
     /// Accepts deliveries to `notification_url` (as registered) signed with any of the
     /// subscription's signature `keys`.
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a key is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(
         notification_url: impl Into<String>,
         keys: impl IntoIterator<Item = S>,
@@ -60,9 +71,20 @@ impl SquareVerifier {
             });
         }
         Ok(Self {
-            secrets: secret::collect(keys),
+            secrets: secret::try_collect(keys)?,
+            path: parsed.path().into(),
+            query: parsed.query().unwrap_or_default().into(),
             url: url.into(),
         })
+    }
+
+    /// Whether a request to `uri` is one Square sends to the registered URL: the same query,
+    /// and the same path or a tail of it starting at a `/`.
+    fn is_registered(&self, uri: &http::Uri) -> bool {
+        let path = uri.path();
+        uri.query().unwrap_or_default() == &*self.query
+            && path.starts_with('/')
+            && self.path.ends_with(path)
     }
 }
 
@@ -95,6 +117,11 @@ impl Verifier for SquareVerifier {
             }
         };
         let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        // The signature covers the registered URL only: a request elsewhere is not what Square
+        // signed, whatever the signature says.
+        if !self.is_registered(&parts.uri) {
+            return Err(VerifyError::SignatureMismatch);
+        }
         let index = util::match_hmac(
             HmacAlgorithm::Sha256,
             &self.secrets,

@@ -21,7 +21,9 @@ use smallvec::SmallVec;
 use crate::{
     error::{ConfigError, VerifyError},
     secret::Secret,
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_SIGNATURES},
+    util::{
+        self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES,
+    },
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -151,9 +153,16 @@ impl StandardWebhooksVerifier {
         self
     }
 
-    /// The replay window (default 300 s, the specification's); zero disables it.
+    /// The replay window (default 300 s, the specification's); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -179,6 +188,10 @@ impl Verifier for StandardWebhooksVerifier {
 
     fn default_ttl(&self) -> Duration {
         self.ttl
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -222,6 +235,12 @@ impl Verifier for StandardWebhooksVerifier {
             return Err(VerifyError::MalformedHeader {
                 name: names.signature.as_str(),
                 reason: "signature without `version,` prefix",
+            });
+        }
+        if asymmetric.len() > MAX_ASYMMETRIC_SIGNATURES {
+            return Err(VerifyError::MalformedHeader {
+                name: names.signature.as_str(),
+                reason: "too many v1a signatures",
             });
         }
         let usable_v1 = !symmetric.is_empty() && !self.secrets.is_empty();

@@ -20,14 +20,21 @@
 //!
 //! # The key
 //!
-//! The `I-Twilio-Idempotency-Token` header Twilio sends with its webhooks for deduplicating
-//! retries, else the resource Sid from the signed parameters (the form body, the
-//! query of a `GET` webhook, or the top level of a `bodySHA256` JSON body), in this order:
-//! [`SID_PARAMS`] (first present wins), qualified by the first present of [`STATUS_PARAMS`] and
-//! by `SequenceNumber`, because one resource produces several distinct callbacks (a message
-//! goes `queued`, `sent`, `delivered`; a call `ringing`, `in-progress`, `completed`), and these
-//! must not be answered with each other's cached response. Neither present: `400`
-//! ([`VerifyError::MissingEventId`]).
+//! `sha256:<hex>` of exactly what the signature covers: the URL in its port-less form, then
+//! each form parameter's name and value in sorted order (for a `GET` or a `bodySHA256` URL, the
+//! URL alone, whose query carries the parameters or the body's hash). Twilio's signed string
+//! has no separators, so `MessageStatus=delivered&SmsSid=SM1` and
+//! `MessageStatus=deliveredSmsSidSM1` verify under one signature; keyed by the signed string,
+//! both are one event and run the handler once. A retry resends the same request, so it has
+//! the same key; each status callback of one resource (`queued`, `sent`, `delivered`) differs
+//! in its parameters, so each is its own event.
+//!
+//! The `I-Twilio-Idempotency-Token` header is not part of the key: no signature covers it, so
+//! whoever relays a captured delivery could change it to run the event again.
+//!
+//! A form body has at most [`MAX_FORM_PARAMS`] parameters (Twilio sends a few dozen), so an
+//! unauthenticated body cannot make the verifier decode and sort hundreds of thousands of them
+//! before the MAC fails. A `GET` webhook has no body.
 //!
 //! Twilio signs no timestamp: there is no replay window, the idempotency record is the replay
 //! protection. Requests signed under a Webhooks Rule (`X-Twilio-Webhooks-Signature-Settings`
@@ -56,7 +63,7 @@ use crate::{
 pub const PROVIDER: &str = "twilio";
 /// The signature header.
 pub const SIGNATURE_HEADER: &str = "x-twilio-signature";
-/// Twilio's per-event idempotency token: the key when present.
+/// Twilio's per-event idempotency token, which no signature covers: not part of the key.
 pub const IDEMPOTENCY_TOKEN_HEADER: &str = "i-twilio-idempotency-token";
 /// Present when a Webhooks Rule signs with a shared key instead of the auth token.
 pub const SIGNATURE_SETTINGS_HEADER: &str = "x-twilio-webhooks-signature-settings";
@@ -65,58 +72,9 @@ pub const BODY_SHA256_PARAM: &str = "bodySHA256";
 /// One day: Twilio retries a failed webhook only within its connection-override budget
 /// (at most 5 retries within 15 s).
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
-/// The resource Sids tried, in order, when no `I-Twilio-Idempotency-Token` is present.
-/// `MessageSid` precedes the legacy `SmsSid`/`SmsMessageSid` (same value); `AccountSid` is not
-/// a resource id and never used.
-pub const SID_PARAMS: &[&str] = &[
-    "MessageSid",
-    "SmsMessageSid",
-    "SmsSid",
-    "CallSid",
-    "RecordingSid",
-    "TranscriptionSid",
-    "ConferenceSid",
-    "ParticipantSid",
-    "FaxSid",
-    "EventSid",
-    "Sid",
-];
-/// Status parameters that qualify a Sid (first present wins), so each status callback of one
-/// resource is its own event.
-pub const STATUS_PARAMS: &[&str] = &[
-    "MessageStatus",
-    "SmsStatus",
-    "CallStatus",
-    "RecordingStatus",
-    "TranscriptionStatus",
-    "StatusCallbackEvent",
-    "EventType",
-];
-const SEQUENCE_PARAM: &str = "SequenceNumber";
-/// [`SID_PARAMS`], [`STATUS_PARAMS`] and `SequenceNumber` as JSON pointers, read in one pass.
-const JSON_KEY_FIELDS: [&str; 19] = [
-    "/MessageSid",
-    "/SmsMessageSid",
-    "/SmsSid",
-    "/CallSid",
-    "/RecordingSid",
-    "/TranscriptionSid",
-    "/ConferenceSid",
-    "/ParticipantSid",
-    "/FaxSid",
-    "/EventSid",
-    "/Sid",
-    "/MessageStatus",
-    "/SmsStatus",
-    "/CallStatus",
-    "/RecordingStatus",
-    "/TranscriptionStatus",
-    "/StatusCallbackEvent",
-    "/EventType",
-    "/SequenceNumber",
-];
+/// The most form parameters a delivery may have; more is [`VerifyError::MalformedBody`].
+pub const MAX_FORM_PARAMS: usize = 1024;
 const FORM: &str = "application/x-www-form-urlencoded";
-const KEY_LOCATION: &str = "i-twilio-idempotency-token or a resource Sid parameter";
 
 /// Verifies Twilio webhooks (Messaging, Voice, Studio, ... status callbacks and requests).
 #[derive(Clone, Debug)]
@@ -136,6 +94,9 @@ impl TwilioVerifier {
     ///
     /// Fails with [`ConfigError::InvalidUrl`] unless `public_url` is an absolute `http(s)` URL
     /// with a host and without credentials, query or fragment.
+    ///
+    /// Fails with [`ConfigError::WeakSecret`] if a key is empty or shorter than
+    /// [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(
         public_url: &str,
         auth_tokens: impl IntoIterator<Item = S>,
@@ -166,7 +127,7 @@ impl TwilioVerifier {
             .ok_or(ConfigError::InvalidUrl { reason: "no port" })?;
         let scheme = url.scheme();
         Ok(Self {
-            secrets: secret::collect(auth_tokens),
+            secrets: secret::try_collect(auth_tokens)?,
             origin: format!("{scheme}://{host}").into(),
             origin_with_port: format!("{scheme}://{host}:{port}").into(),
             prefix: url.path().trim_end_matches('/').into(),
@@ -214,35 +175,6 @@ pub(crate) fn sorted_params(body: &[u8]) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
     params
 }
 
-/// The key from `I-Twilio-Idempotency-Token`, else from the Sid and status parameters found by
-/// `lookup`.
-fn event_key<'a>(
-    parts: &Parts,
-    lookup: impl Fn(&str) -> Option<Cow<'a, str>>,
-) -> Result<String, VerifyError> {
-    if let Some(token) = util::header(&parts.headers, IDEMPOTENCY_TOKEN_HEADER)? {
-        return util::check_id(token.to_owned(), IDEMPOTENCY_TOKEN_HEADER);
-    }
-    let present = |names: &[&str]| {
-        names
-            .iter()
-            .find_map(|name| lookup(name).filter(|v| !v.is_empty()))
-    };
-    let sid = present(SID_PARAMS).ok_or(VerifyError::MissingEventId {
-        location: KEY_LOCATION,
-    })?;
-    let mut key = sid.into_owned();
-    if let Some(status) = present(STATUS_PARAMS) {
-        key.push(':');
-        key.push_str(&status);
-    }
-    if let Some(sequence) = present(&[SEQUENCE_PARAM]) {
-        key.push(':');
-        key.push_str(&sequence);
-    }
-    util::check_id(key, KEY_LOCATION)
-}
-
 impl Verifier for TwilioVerifier {
     fn provider(&self) -> &'static str {
         PROVIDER
@@ -250,6 +182,11 @@ impl Verifier for TwilioVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    /// `GET` and `POST`: a Twilio webhook is configured with either.
+    fn accepts_method(&self, method: &http::Method) -> bool {
+        method == http::Method::POST || method == http::Method::GET
     }
 
     fn verify(
@@ -274,7 +211,20 @@ impl Verifier for TwilioVerifier {
         let signed = if let Some(hash) = query_param(query, BODY_SHA256_PARAM) {
             // A malformed hash cannot match the body; the signature check below decides first.
             Signed::BodyHash(hex::decode(hash.as_bytes()).unwrap_or_default())
+        } else if parts.method == http::Method::GET {
+            if !body.is_empty() {
+                return Err(VerifyError::MalformedBody {
+                    reason: "a GET webhook has no body",
+                });
+            }
+            Signed::Nothing
         } else if is_form(parts) {
+            // Counted before anything is decoded: the separators bound the parameters.
+            if body.iter().filter(|&&b| b == b'&').count() >= MAX_FORM_PARAMS {
+                return Err(VerifyError::MalformedBody {
+                    reason: "more form parameters than a Twilio webhook has",
+                });
+            }
             Signed::Form(sorted_params(body))
         } else if body.is_empty() {
             Signed::Nothing
@@ -304,36 +254,19 @@ impl Verifier for TwilioVerifier {
         }
         let index = matched?;
 
-        let id = match &signed {
-            Signed::BodyHash(expected) => {
-                let actual = Sha256::digest(body);
-                if !bool::from(actual.as_slice().ct_eq(expected.as_slice())) {
-                    return Err(VerifyError::SignatureMismatch);
-                }
-                // Only parsed when the header does not name the event.
-                if parts.headers.contains_key(IDEMPOTENCY_TOKEN_HEADER) {
-                    event_key(parts, |_| None)?
-                } else {
-                    let fields = util::json_fields(body, JSON_KEY_FIELDS)?;
-                    let id = event_key(parts, |name| {
-                        JSON_KEY_FIELDS
-                            .iter()
-                            .position(|field| &field[1..] == name)
-                            .and_then(|i| fields[i].as_ref())
-                            .and_then(util::Scalar::as_str)
-                            .map(|s| Cow::Owned(s.to_owned()))
-                    })?;
-                    id
-                }
+        if let Signed::BodyHash(expected) = &signed {
+            let actual = Sha256::digest(body);
+            if !bool::from(actual.as_slice().ct_eq(expected.as_slice())) {
+                return Err(VerifyError::SignatureMismatch);
             }
-            Signed::Form(params) => event_key(parts, |name| {
-                params
-                    .iter()
-                    .find(|(key, _)| key == name)
-                    .map(|(_, value)| Cow::Owned(value.to_string()))
-            })?,
-            Signed::Nothing => event_key(parts, |name| query_param(query, name))?,
-        };
+        }
+        // The key: the signed string in its port-less form, whichever form matched.
+        let mut signed_string = Sha256::new();
+        signed_string.update(self.origin.as_bytes());
+        for chunk in &chunks[1..] {
+            signed_string.update(chunk);
+        }
+        let id = format!("sha256:{}", hex::encode(signed_string.finalize()));
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
 }
@@ -375,21 +308,4 @@ pub fn url_with_body_sha256(url: &str, body: &[u8]) -> String {
         "{url}{separator}{BODY_SHA256_PARAM}={}",
         hex::encode(Sha256::digest(body))
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_key_fields_are_the_key_params() {
-        let names: Vec<&str> = SID_PARAMS
-            .iter()
-            .chain(STATUS_PARAMS)
-            .chain(&[SEQUENCE_PARAM])
-            .copied()
-            .collect();
-        let fields: Vec<&str> = JSON_KEY_FIELDS.iter().map(|f| &f[1..]).collect();
-        assert_eq!(names, fields);
-    }
 }

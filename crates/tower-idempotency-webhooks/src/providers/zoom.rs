@@ -53,16 +53,26 @@ pub struct ZoomVerifier {
 
 impl ZoomVerifier {
     /// Accepts deliveries signed with any of the app's secret `tokens`.
+    ///
+    /// # Panics
+    /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(secrets),
+            secrets: secret::collect(PROVIDER, secrets),
             tolerance: Some(DEFAULT_TOLERANCE),
         }
     }
 
-    /// The replay window (default 300 s); zero disables it.
+    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = util::tolerance(tolerance);
+        self
+    }
+
+    /// Turns the replay window off: a captured delivery then verifies at any time, and only
+    /// the idempotency record (for its TTL) keeps it from running twice.
+    pub fn disable_replay_window(mut self) -> Self {
+        self.tolerance = None;
         self
     }
 }
@@ -74,6 +84,10 @@ impl Verifier for ZoomVerifier {
 
     fn default_ttl(&self) -> Duration {
         DEFAULT_TTL
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
     }
 
     fn verify(
@@ -91,7 +105,8 @@ impl Verifier for ZoomVerifier {
                     None => false,
                 }
             })?;
-        let mut webhook = VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone());
+        let mut webhook = VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
+            .with_signed_headers([TIMESTAMP_HEADER]);
         if event.as_ref().and_then(util::Scalar::as_str) == Some("endpoint.url_validation") {
             let plain = plain.as_ref().and_then(util::Scalar::as_str).ok_or(
                 VerifyError::MalformedBody {
