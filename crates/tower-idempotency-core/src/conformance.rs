@@ -87,6 +87,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         self.store.get(key).await
     }
+
+    fn transactions(&self) -> Option<&dyn crate::store::TransactionalStore> {
+        self.store.transactions()
+    }
 }
 
 /// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did

@@ -26,7 +26,7 @@ pub mod store;
 pub mod conformance;
 
 pub use fingerprint::FingerprintMode;
-pub use idempotency::{IdempotencyLayer, IdempotencyService};
+pub use idempotency::{IdempotencyLayer, IdempotencyService, TransactionalError};
 pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};
 pub use outcome::Outcome;
 pub use policy::{CacheDirective, CachePolicy};
@@ -37,6 +37,7 @@ pub use store::{
     CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,
     MemoryStore, Ownership, RecordState, Store, StoreError, LONGEST_DURATION,
 };
+pub use store::{CommitError, StoreTransaction, TransactionalStore};
 
 use http::HeaderName;
 

@@ -33,6 +33,7 @@ mod detach;
 mod future;
 mod layer;
 mod service;
+mod transactional;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
@@ -41,3 +42,4 @@ pub use layer::{
     DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, MIN_LEASE,
 };
 pub use service::IdempotencyService;
+pub use transactional::TransactionalError;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
+use futures_util::{future::Either, FutureExt};
 use http::{header, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -16,7 +16,7 @@ use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
-use super::{detach::DetachOnDrop, layer::Config, ResponseBody, ResponseFuture};
+use super::{detach::DetachOnDrop, layer::Config, transactional, ResponseBody, ResponseFuture};
 use crate::{
     outcome::Outcome,
     policy::{cacheable_headers, CacheDirective},
@@ -82,7 +82,7 @@ where
     }
 }
 
-type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+pub(super) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
@@ -96,14 +96,17 @@ where
     Ok(with_outcome(response.map(ResponseBody::inner), outcome))
 }
 
-fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
+pub(super) fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
     Span::current().record("outcome", outcome.as_str());
     tracing::debug!(outcome = outcome.as_str(), "idempotency outcome");
     response.extensions_mut().insert(outcome);
     response
 }
 
-fn reject<B>(problem: impl Into<Problem>, outcome: Outcome) -> Response<ResponseBody<B>> {
+pub(super) fn reject<B>(
+    problem: impl Into<Problem>,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
     with_outcome(problem.into().into_response(), outcome)
 }
 
@@ -233,14 +236,26 @@ where
             // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
             // waits for it in both cases; instrumented so the span follows a detached handler.
             // Boxed first, so the wrappers around it move a pointer, not the whole future.
-            let execute = Box::pin(execute(
-                config.clone(),
-                inner,
-                request,
-                store_key,
-                token,
-                permit,
-            ));
+            let execute = Box::pin(if config.transactional {
+                // The handler's writes commit with the completion: see `transactional.rs`.
+                Either::Left(transactional::execute(
+                    config.clone(),
+                    inner,
+                    request,
+                    store_key,
+                    token,
+                    permit,
+                ))
+            } else {
+                Either::Right(execute(
+                    config.clone(),
+                    inner,
+                    request,
+                    store_key,
+                    token,
+                    permit,
+                ))
+            });
             let run = config
                 .tasks
                 .track_future(AssertUnwindSafe(execute).catch_unwind().instrument(span));
@@ -278,7 +293,7 @@ fn replay<B>(cached: CachedResponse) -> Option<Response<ResponseBody<B>>> {
 }
 
 /// What the handler produced, before the key is settled.
-enum Produced<B, E> {
+pub(super) enum Produced<B, E> {
     /// Complete the key with `cached`, answer `response`.
     Complete(Response<ResponseBody<B>>, CachedResponse),
     /// Release the key, answer `response`.
@@ -377,7 +392,7 @@ where
     }
 }
 
-async fn release(config: &Config, key: &str, token: FencingToken) {
+pub(super) async fn release(config: &Config, key: &str, token: FencingToken) {
     match within(config.store_timeout, config.store.release(key, token)).await {
         Some(Ok(_)) => {}
         Some(Err(error)) => {
@@ -394,7 +409,7 @@ async fn release(config: &Config, key: &str, token: FencingToken) {
 /// reads the clock and builds a timer entry, a few percent of an in-process replay in the
 /// profile. The limit therefore runs from the end of the first poll, which for a store that
 /// returns `Pending` promptly, as an async store must, is the same moment.
-async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
+pub(super) async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
     let mut future = pin!(future);
     if let Poll::Ready(output) = futures_util::poll!(&mut future) {
         return Some(output);
@@ -403,7 +418,7 @@ async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
 }
 
 /// Runs `work` while renewing the lease every third of its length, up to the renewal ceiling.
-async fn renewing_lease<F: Future>(
+pub(super) async fn renewing_lease<F: Future>(
     config: &Config,
     key: &str,
     token: FencingToken,
@@ -439,7 +454,7 @@ async fn renewing_lease<F: Future>(
     }
 }
 
-enum Capped<B> {
+pub(super) enum Capped<B> {
     Whole(Bytes),
     Over(Bytes, B),
     Failed,
@@ -448,7 +463,7 @@ enum Capped<B> {
 /// Reads a body until it ends or exceeds `cap` (then `Over` with what was read and the rest of
 /// the body). A single-frame body (the common case) is kept as it is, without a copy and without
 /// the frame queue that `http_body_util`'s `collect` allocates per request.
-async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
+pub(super) async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {

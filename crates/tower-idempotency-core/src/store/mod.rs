@@ -36,10 +36,12 @@
 mod codec;
 mod local_cache;
 mod memory;
+mod transaction;
 
 pub use codec::{decode_headers, encode_headers, CodecError};
 pub use local_cache::{LocalReplayCache, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL};
 pub use memory::MemoryStore;
+pub use transaction::{CommitError, StoreTransaction, TransactionalStore};
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -211,6 +213,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads a record without changing it. Expired records read as `None`.
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError>;
+
+    /// The store's transactions, for the layer's transactional mode
+    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)): `None`
+    /// (the default) for a store that cannot commit the handler's writes together with the
+    /// completion.
+    fn transactions(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -249,6 +259,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         (**self).get(key).await
+    }
+
+    fn transactions(&self) -> Option<&dyn TransactionalStore> {
+        (**self).transactions()
     }
 }
 
