@@ -105,6 +105,9 @@ mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transactional;
 
+#[cfg(all(feature = "conformance", any(feature = "sqlite", feature = "postgres")))]
+pub mod conformance;
+
 #[cfg(feature = "postgres")]
 pub use postgres::{schema_sql as postgres_schema_sql, PostgresStore};
 #[cfg(feature = "sqlite")]

@@ -64,6 +64,23 @@ type Shared<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
 /// [`IdempotentTx`]. Only the layer commits or rolls it back.
 pub struct TxHandle<DB: Database>(Shared<DB>);
 
+impl<DB: Database> TxHandle<DB> {
+    /// Wraps an open transaction, for a [`TransactionalStore`] of your own whose handlers take
+    /// [`IdempotentTx`]: put the handle into the request's extensions in
+    /// [`StoreTransaction::attach`] and [`take`](Self::take) it back to complete and commit.
+    ///
+    /// [`TransactionalStore`]: tower_idempotency_core::store::TransactionalStore
+    pub fn new(transaction: Transaction<'static, DB>) -> Self {
+        Self(Arc::new(Mutex::new(Some(transaction))))
+    }
+
+    /// Takes the transaction out: `None` while a handler's [`IdempotentTx`] holds it, or once it
+    /// was taken.
+    pub fn take(&self) -> Option<Transaction<'static, DB>> {
+        self.0.try_lock().ok()?.take()
+    }
+}
+
 impl<DB: Database> Clone for TxHandle<DB> {
     fn clone(&self) -> Self {
         Self(self.0.clone())
@@ -245,7 +262,7 @@ where
         .map_err(map_error)?;
     Ok(Box::new(SqlTransaction {
         backend,
-        handle: TxHandle(Arc::new(Mutex::new(Some(transaction)))),
+        handle: TxHandle::new(transaction),
         key: key.to_owned(),
         token,
     }))
