@@ -357,8 +357,14 @@ impl<DB: EffectsDb> EffectsServer<DB> {
     }
 
     /// Waits until a `hold` handler has written its row and waits.
+    ///
+    /// # Panics
+    /// After 30 s: the handler never got there (e.g. its request was refused).
     pub async fn entered(&self) {
-        self.app.entered.notified().await;
+        let entered = self.app.entered.notified();
+        tokio::time::timeout(std::time::Duration::from_secs(30), entered)
+            .await
+            .expect("no `hold` handler reached its hold point within 30 s");
     }
 
     /// Lets one `hold` handler answer.
