@@ -403,19 +403,19 @@ mod payments {
         Postgres(sqlx::PgPool),
     }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     #[derive(serde::Deserialize)]
     pub struct Payment {
         amount: i64,
     }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     fn answer(id: i64, amount: i64) -> Response {
         let body = json!({ "payment_id": format!("pay_{id}"), "amount": amount });
         (StatusCode::CREATED, Json(body)).into_response()
     }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     fn key(headers: &HeaderMap) -> &str {
         // The layer refuses requests without a key before they get here.
         headers
@@ -424,7 +424,7 @@ mod payments {
             .unwrap_or_default()
     }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     fn failed(error: sqlx::Error) -> Response {
         tracing::error!(%error, "inserting the payment failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()

@@ -128,7 +128,9 @@ async fn rows(store: &str, key: &str) -> Vec<i64> {
         pool.close().await;
         ids
     } else {
-        let pool = sqlx::PgPool::connect(store).await.expect("connect postgres");
+        let pool = sqlx::PgPool::connect(store)
+            .await
+            .expect("connect postgres");
         let ids = sqlx::query_scalar("SELECT id FROM payments WHERE idempotency_key = $1")
             .bind(key)
             .fetch_all(&pool)
@@ -215,8 +217,14 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
             assert_eq!(effects[format!("payments:{key}")], 1, "{label}: {effects}");
         }
     }
-    assert!(cut > 0, "{label}: no kill cut a request; the test proved nothing");
-    eprintln!("{label}: {rounds} kills cut {cut} of {} payments", rounds * 4);
+    assert!(
+        cut > 0,
+        "{label}: no kill cut a request; the test proved nothing"
+    );
+    eprintln!(
+        "{label}: {rounds} kills cut {cut} of {} payments",
+        rounds * 4
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,7 +275,10 @@ impl Drop for Database {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_exactly_once_postgres() {
     if !reachable(&host_port(&database_url())) {
-        skip("payments crash test (postgres)", "Postgres is not reachable");
+        skip(
+            "payments crash test (postgres)",
+            "Postgres is not reachable",
+        );
         return;
     }
     let database = Database {

@@ -111,8 +111,9 @@ CREATE TABLE "{table}" (idempotency_key text NOT NULL, amount bigint NOT NULL,
         parent: Option<i64>,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let sql =
-                format!(r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES ($1, $2, $3)"#);
+            let sql = format!(
+                r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES ($1, $2, $3)"#
+            );
             sqlx::query(&sql)
                 .bind(key)
                 .bind(amount)
@@ -168,8 +169,9 @@ CREATE TABLE "{table}" (idempotency_key TEXT NOT NULL, amount INTEGER NOT NULL,
         parent: Option<i64>,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let sql =
-                format!(r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES (?1, ?2, ?3)"#);
+            let sql = format!(
+                r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES (?1, ?2, ?3)"#
+            );
             sqlx::query(&sql)
                 .bind(key)
                 .bind(amount)
@@ -374,7 +376,13 @@ impl<DB: EffectsDb> EffectsServer<DB> {
 
     /// `POST {path}` with `key` and `x-effect: mode`: status, whether it was a replay, body.
     pub async fn post(&self, path: &str, key: &str, mode: &str) -> (StatusCode, bool, String) {
-        send(&reqwest::Client::new(), &format!("{}{path}", self.base), key, mode).await
+        send(
+            &reqwest::Client::new(),
+            &format!("{}{path}", self.base),
+            key,
+            mode,
+        )
+        .await
     }
 
     /// Drops the effects table.
@@ -567,4 +575,3 @@ pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) 
     assert_eq!(server.rows(&key).await, 1);
     server.finish().await;
 }
-

@@ -14,8 +14,10 @@ use tower_idempotency_core::{
 };
 use tower_idempotency_sqlx::conformance::{self, EffectsServer, Fixture};
 
-async fn pg_fixture() -> Option<(Fixture<sqlx::Postgres>, Arc<tower_idempotency_sqlx::PostgresStore>)>
-{
+async fn pg_fixture() -> Option<(
+    Fixture<sqlx::Postgres>,
+    Arc<tower_idempotency_sqlx::PostgresStore>,
+)> {
     let guarded = pg_store().await?;
     let store = guarded.store.clone();
     let fixture = Fixture {
@@ -25,7 +27,10 @@ async fn pg_fixture() -> Option<(Fixture<sqlx::Postgres>, Arc<tower_idempotency_
     Some((fixture, store))
 }
 
-async fn sqlite_fixture() -> (Fixture<sqlx::Sqlite>, Arc<tower_idempotency_sqlx::SqliteStore>) {
+async fn sqlite_fixture() -> (
+    Fixture<sqlx::Sqlite>,
+    Arc<tower_idempotency_sqlx::SqliteStore>,
+) {
     let guarded = sqlite_store().await;
     let store = guarded.store.clone();
     let fixture = Fixture {
@@ -126,10 +131,20 @@ async fn postgres_stale_holder_writes_are_rolled_back() {
     server.open_gate();
     let (status, body) = stale.await.expect("task");
     assert_eq!(status.as_u16(), 409, "{body}");
-    assert_eq!(problem_type(&body), "urn:tower-idempotency:problem:lease-lost");
-    assert_eq!(server.rows(&key).await, 1, "the stale holder's row was rolled back");
+    assert_eq!(
+        problem_type(&body),
+        "urn:tower-idempotency:problem:lease-lost"
+    );
+    assert_eq!(
+        server.rows(&key).await,
+        1,
+        "the stale holder's row was rolled back"
+    );
     let (status, replayed, replay) = server.post("/effects", &key, "ok").await;
-    assert_eq!((status, replayed, replay), (StatusCode::CREATED, true, second));
+    assert_eq!(
+        (status, replayed, replay),
+        (StatusCode::CREATED, true, second)
+    );
     server.finish().await;
 }
 
@@ -171,7 +186,10 @@ async fn sqlite_an_open_transaction_keeps_an_expired_key() {
     let (status, body) = first.await.expect("task");
     assert_eq!(status.as_u16(), 201, "{body}");
     let (status, replayed, replay) = server.post("/effects", &key, "ok").await;
-    assert_eq!((status, replayed, replay), (StatusCode::CREATED, true, body));
+    assert_eq!(
+        (status, replayed, replay),
+        (StatusCode::CREATED, true, body)
+    );
     assert_eq!(server.rows(&key).await, 1);
     server.finish().await;
 }
