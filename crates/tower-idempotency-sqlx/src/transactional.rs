@@ -1,5 +1,6 @@
 //! The transactional mode for the SQL stores: [`IdempotentTx`], the extractor a handler writes
-//! through, and the stores' [`TransactionalStore`] implementation.
+//! through, and the stores' [`TransactionalStore`](tower_idempotency_core::store::TransactionalStore)
+//! implementation.
 //!
 //! With [`IdempotencyLayer::transactional`](tower_idempotency_core::IdempotencyLayer::transactional)
 //! the layer opens a transaction on the store's pool after the claim committed, hands it to the

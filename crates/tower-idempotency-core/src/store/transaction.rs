@@ -1,27 +1,27 @@
 //! The optional capability behind the layer's transactional mode
 //! ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)): the handler's
 //! database writes and the key's completion commit in one transaction.
-//!
-//! A store that can offer it (the SQL stores of `tower-idempotency-sqlx`) returns itself from
-//! [`Store::transactions`](super::Store::transactions). For each claimed request the layer then:
-//!
-//! 1. calls [`TransactionalStore::begin`] after the claim committed, and hands the transaction to
-//!    the handler through the request's extensions ([`StoreTransaction::attach`]);
-//! 2. runs the handler, which writes through that transaction;
-//! 3. for a response the cache policy keeps, calls [`StoreTransaction::commit_with`]: the
-//!    completion, fenced by the claim's token, runs **inside** the transaction, then it commits.
-//!    A stale token rolls everything back;
-//! 4. for anything else (a response the policy releases, an error, a panic) calls
-//!    [`StoreTransaction::rollback`] and releases the key.
-//!
-//! Dropping a [`StoreTransaction`] unfinished (a crash, a cancelled task) must roll it back.
 
 use std::time::Duration;
 
 use super::{CachedResponse, FencingToken, Ownership, StoreError};
 
 /// A store whose records live in a database that can run the handler's writes and the key's
-/// completion in one transaction. See the [module documentation](self).
+/// completion in one transaction.
+///
+/// A store that can offer it (the SQL stores of `tower-idempotency-sqlx`) returns itself from
+/// [`Store::transactions`](super::Store::transactions). For each claimed request the layer then:
+///
+/// 1. calls [`TransactionalStore::begin`] after the claim committed, and hands the transaction to
+///    the handler through the request's extensions ([`StoreTransaction::attach`]);
+/// 2. runs the handler, which writes through that transaction;
+/// 3. for a response the cache policy keeps, calls [`StoreTransaction::commit_with`]: the
+///    completion, fenced by the claim's token, runs **inside** the transaction, then it commits.
+///    A stale token rolls everything back;
+/// 4. for anything else (a response the policy releases, an error, a panic) calls
+///    [`StoreTransaction::rollback`] and releases the key.
+///
+/// Dropping a [`StoreTransaction`] unfinished (a crash, a cancelled task) must roll it back.
 #[async_trait::async_trait]
 pub trait TransactionalStore: Send + Sync {
     /// Opens a transaction for the holder of `key` with `token` (the claim is already
