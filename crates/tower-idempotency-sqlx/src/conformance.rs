@@ -575,3 +575,34 @@ pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) 
     assert_eq!(server.rows(&key).await, 1);
     server.finish().await;
 }
+
+/// A caller that disconnects while its handler holds the transaction does not cancel it: the
+/// handler finishes on a task of its own and commits once; the retry replays its result.
+pub async fn caller_disconnect_still_commits_once<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("disconnect");
+    let caller = {
+        let (url, key) = (format!("{}/effects", server.base), key.clone());
+        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await })
+    };
+    server.entered().await;
+    caller.abort();
+    assert!(caller.await.is_err(), "the caller went away");
+    server.open_gate();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, replayed, _) = loop {
+        let answer = server.post("/effects", &key, "ok").await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the detached handler never committed"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(server.rows(&key).await, 1);
+    assert_eq!(server.executions(), 1);
+    server.finish().await;
+}

@@ -69,7 +69,8 @@ suite!(
     released_answers_write_nothing,
     directive_commits_a_non_2xx,
     failed_commit_writes_nothing,
-    misconfiguration_is_refused
+    misconfiguration_is_refused,
+    caller_disconnect_still_commits_once
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
