@@ -37,11 +37,17 @@
 //!
 //! The first line on stdout is
 //! `listening on http://ADDR`. Routes: `POST /webhooks/<provider>`, `POST /orders` (requires
-//! `Idempotency-Key`, answers `201 {"order_id", "request"}`), `GET /effects`, `GET /health`.
+//! `Idempotency-Key`, answers `201 {"order_id", "request"}`), `GET /effects`, `GET /health`, and
+//! on a SQL store (`sqlite://`, `postgres://`) `POST /payments` (requires `Idempotency-Key`,
+//! body `{"amount": N}`; runs in the transactional mode: inserts one row into the table
+//! `payments` of the store's database, waits `HANDLER_DELAY_MS` inside the transaction, answers
+//! `201 {"payment_id", "amount"}`).
 //!
 //! `GET /effects` counts how many times each handler ran per key, named `<route>:<event key>`.
 //! The counts live in this process's memory: they count the executions of this process only and
 //! start from zero after a restart (persisting them would make them survive one; out of scope).
+//! The exception is `payments:<key>`: the rows of `payments` for that key, read from the
+//! database, so they survive restarts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -73,6 +79,10 @@ use tower_idempotency::{
     ConnectStoreError, IdempotencyLayer, Outcome, ShutdownHandle, Store, VerifiedWebhook,
     WebhookLayerExt, IDEMPOTENCY_KEY,
 };
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use tower_idempotency::{sqlx, IdempotentTx};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 const DEFAULT_STORE: &str = "sqlite://receiver.db";
@@ -106,6 +116,8 @@ enum StartError {
     },
     #[error(transparent)]
     Store(#[from] ConnectStoreError),
+    #[error("the payments table could not be prepared")]
+    Payments(#[source] BoxError),
     #[error("cannot listen: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -307,6 +319,7 @@ struct App {
     effects: Effects,
     store: Arc<dyn Store>,
     handler_delay: Duration,
+    payments: Option<payments::Payments>,
 }
 
 impl App {
@@ -367,8 +380,174 @@ async fn create_order(State(app): State<App>, headers: HeaderMap, body: Bytes) -
     (StatusCode::CREATED, Json(order)).into_response()
 }
 
-async fn effects(State(app): State<App>) -> Json<BTreeMap<String, u64>> {
-    Json(app.effects.snapshot())
+async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64>>, StatusCode> {
+    let mut effects = app.effects.snapshot();
+    if let Some(payments) = &app.payments {
+        let rows = payments.rows().await.map_err(|error| {
+            tracing::error!(%error, "reading the payments table failed");
+            StatusCode::SERVICE_UNAVAILABLE
+        })?;
+        for (key, count) in rows {
+            effects.insert(format!("payments:{key}"), count);
+        }
+    }
+    Ok(Json(effects))
+}
+
+/// `POST /payments`: the transactional mode on the SQL stores. The handler inserts one row
+/// `(idempotency_key, amount)` into `payments` through the request's transaction, which the layer
+/// commits together with the key's completion: a crash before the commit leaves no row, and the
+/// retry writes the only one.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod payments {
+    use super::*;
+
+    /// The payments table's own pool (for its DDL and `GET /effects`), by database.
+    #[derive(Clone)]
+    pub enum Payments {
+        #[cfg(feature = "sqlite")]
+        Sqlite(sqlx::SqlitePool),
+        #[cfg(feature = "postgres")]
+        Postgres(sqlx::PgPool),
+    }
+
+    #[derive(serde::Deserialize)]
+    pub struct Payment {
+        amount: i64,
+    }
+
+    fn answer(id: i64, amount: i64) -> Response {
+        let body = json!({ "payment_id": format!("pay_{id}"), "amount": amount });
+        (StatusCode::CREATED, Json(body)).into_response()
+    }
+
+    fn key(headers: &HeaderMap) -> &str {
+        // The layer refuses requests without a key before they get here.
+        headers
+            .get(&IDEMPOTENCY_KEY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    fn failed(error: sqlx::Error) -> Response {
+        tracing::error!(%error, "inserting the payment failed");
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+
+    impl Payments {
+        /// Opens a small pool of its own on the store's database and creates `payments`.
+        pub async fn open(url: &str) -> Result<Option<Self>, BoxError> {
+            match url.split(':').next().unwrap_or_default() {
+                #[cfg(feature = "sqlite")]
+                "sqlite" => {
+                    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                        .create_if_missing(true)
+                        .busy_timeout(Duration::from_secs(5));
+                    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                        .max_connections(2)
+                        .connect_with(options)
+                        .await?;
+                    sqlx::raw_sql(
+                        "CREATE TABLE IF NOT EXISTS payments (\
+                         id INTEGER PRIMARY KEY AUTOINCREMENT, \
+                         idempotency_key TEXT NOT NULL, amount INTEGER NOT NULL)",
+                    )
+                    .execute(&pool)
+                    .await?;
+                    Ok(Some(Self::Sqlite(pool)))
+                }
+                #[cfg(feature = "postgres")]
+                "postgres" | "postgresql" => {
+                    let pool = sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(2)
+                        .connect(url)
+                        .await?;
+                    sqlx::raw_sql(
+                        "SELECT pg_advisory_xact_lock(hashtext('receiver:payments'));\
+                         CREATE TABLE IF NOT EXISTS payments (\
+                         id bigserial PRIMARY KEY, \
+                         idempotency_key text NOT NULL, amount bigint NOT NULL)",
+                    )
+                    .execute(&pool)
+                    .await?;
+                    Ok(Some(Self::Postgres(pool)))
+                }
+                _ => Ok(None),
+            }
+        }
+
+        /// The route, behind `layer` (transactional on this database's store).
+        pub fn route(&self, layer: IdempotencyLayer) -> Router<App> {
+            let router = match self {
+                #[cfg(feature = "sqlite")]
+                Self::Sqlite(_) => Router::new().route("/payments", post(pay_sqlite)),
+                #[cfg(feature = "postgres")]
+                Self::Postgres(_) => Router::new().route("/payments", post(pay_postgres)),
+            };
+            router.route_layer(layer)
+        }
+
+        /// Rows of `payments` per idempotency key.
+        pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+            let sql = "SELECT idempotency_key, count(*) FROM payments GROUP BY idempotency_key";
+            let rows: Vec<(String, i64)> = match self {
+                #[cfg(feature = "sqlite")]
+                Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+                #[cfg(feature = "postgres")]
+                Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            };
+            Ok(rows
+                .into_iter()
+                .map(|(key, n)| (key, n.max(0) as u64))
+                .collect())
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn pay_sqlite(
+        State(app): State<App>,
+        mut tx: IdempotentTx<sqlx::Sqlite>,
+        headers: HeaderMap,
+        Json(payment): Json<Payment>,
+    ) -> Response {
+        let inserted: Result<i64, _> = sqlx::query_scalar(
+            "INSERT INTO payments (idempotency_key, amount) VALUES (?1, ?2) RETURNING id",
+        )
+        .bind(key(&headers))
+        .bind(payment.amount)
+        .fetch_one(&mut *tx)
+        .await;
+        let id = match inserted {
+            Ok(id) => id,
+            Err(error) => return failed(error),
+        };
+        // Inside the transaction: a crash now leaves no row.
+        tokio::time::sleep(app.handler_delay).await;
+        answer(id, payment.amount)
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn pay_postgres(
+        State(app): State<App>,
+        mut tx: IdempotentTx<sqlx::Postgres>,
+        headers: HeaderMap,
+        Json(payment): Json<Payment>,
+    ) -> Response {
+        let inserted: Result<i64, _> = sqlx::query_scalar(
+            "INSERT INTO payments (idempotency_key, amount) VALUES ($1, $2) RETURNING id",
+        )
+        .bind(key(&headers))
+        .bind(payment.amount)
+        .fetch_one(&mut *tx)
+        .await;
+        let id = match inserted {
+            Ok(id) => id,
+            Err(error) => return failed(error),
+        };
+        // Inside the transaction: a crash now leaves no row.
+        tokio::time::sleep(app.handler_delay).await;
+        answer(id, payment.amount)
+    }
 }
 
 /// `200` when the store answers a read within two seconds, `503` otherwise.
@@ -430,10 +609,34 @@ async fn log_request(request: Request, next: Next) -> Response {
 // ---------------------------------------------------------------------------------------------
 // Startup and shutdown
 
+/// Without a SQL store feature there is no `POST /payments`.
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+mod payments {
+    use super::*;
+
+    #[derive(Clone)]
+    pub enum Payments {}
+
+    impl Payments {
+        pub async fn open(_url: &str) -> Result<Option<Self>, BoxError> {
+            Ok(None)
+        }
+
+        pub fn route(&self, _layer: IdempotencyLayer) -> Router<App> {
+            match *self {}
+        }
+
+        pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+            match *self {}
+        }
+    }
+}
+
 /// The router, and the shutdown handle of every idempotency layer in it.
 fn build_app(
     config: &Config,
     store: Arc<dyn Store>,
+    payments: Option<payments::Payments>,
 ) -> Result<(Router, Vec<ShutdownHandle>), StartError> {
     let mut handles = Vec::new();
     let mut router = Router::new()
@@ -452,10 +655,20 @@ fn build_app(
             .route("/orders", post(create_order))
             .route_layer(orders),
     );
+    if let Some(payments) = &payments {
+        let layer = IdempotencyLayer::client_keys(store.clone())
+            .namespace("payments")
+            .transactional();
+        let layer = config.tune(layer);
+        handles.push(layer.shutdown_handle());
+        tracing::info!(path = "/payments", "transactional route mounted");
+        router = router.merge(payments.route(layer));
+    }
     let app = App {
         effects: Effects::default(),
         store,
         handler_delay: config.handler_delay,
+        payments,
     };
     let router = router
         .layer(middleware::from_fn(log_request))
@@ -502,7 +715,10 @@ async fn run() -> Result<(), StartError> {
     let config = Config::from_env()?;
     let store = connect_store(&config.store_url).await?;
     tracing::info!(store = config.store_kind(), "store ready");
-    let (router, handles) = build_app(&config, store)?;
+    let payments = payments::Payments::open(&config.store_url)
+        .await
+        .map_err(StartError::Payments)?;
+    let (router, handles) = build_app(&config, store, payments)?;
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     let addr = listener.local_addr()?;
     // On stdout, alone, so scripts and tests can read the address (logs go to stderr).

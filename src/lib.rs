@@ -51,6 +51,9 @@ pub use tower_idempotency_sqlx::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use tower_idempotency_sqlx::PostgresStore;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection};
+
 #[cfg(feature = "redis")]
 pub use tower_idempotency_redis::RedisStore;
 

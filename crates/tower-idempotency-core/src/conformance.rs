@@ -93,6 +93,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         self.store.forget(key).await
     }
+
+    fn transactions(&self) -> Option<&dyn crate::store::TransactionalStore> {
+        self.store.transactions()
+    }
 }
 
 /// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did

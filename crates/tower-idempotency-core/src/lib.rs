@@ -28,7 +28,7 @@ pub mod conformance;
 
 pub use authenticator::Authenticator;
 pub use fingerprint::{FingerprintError, FingerprintMode};
-pub use idempotency::{IdempotencyLayer, IdempotencyService};
+pub use idempotency::{IdempotencyLayer, IdempotencyService, TransactionalError};
 pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};
 pub use outcome::Outcome;
 pub use policy::{CacheDirective, CachePolicy};
@@ -39,6 +39,7 @@ pub use store::{
     CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,
     MemoryStore, Ownership, RecordState, Store, StoreError, LONGEST_DURATION,
 };
+pub use store::{CommitError, StoreTransaction, TransactionalStore};
 
 use http::HeaderName;
 

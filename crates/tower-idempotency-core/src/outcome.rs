@@ -44,6 +44,12 @@ pub enum Outcome {
     /// The store failed and the layer was explicitly configured to fail open: the handler ran
     /// unguarded.
     FailedOpen,
+    /// Transactional mode: the handler ran, but its transaction was rolled back (the lease was
+    /// lost, or the completion or the commit failed); none of its writes landed.
+    RolledBack,
+    /// Transactional mode: the connection failed during the commit; whether the handler's
+    /// writes and the completion landed is unknown until the key is read again.
+    CommitUnknown,
 }
 
 impl Outcome {
@@ -63,6 +69,8 @@ impl Outcome {
             Self::Overloaded => "overloaded",
             Self::HandlerFailed => "handler_failed",
             Self::FailedOpen => "failed_open",
+            Self::RolledBack => "rolled_back",
+            Self::CommitUnknown => "commit_unknown",
         }
     }
 }

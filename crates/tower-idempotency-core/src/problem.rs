@@ -118,6 +118,29 @@ pub enum Rejection {
     /// key. The handler did not run. `401`.
     #[error("this request's signature was already used with a different idempotency key")]
     ReplayedSignature,
+    /// Transactional mode: the lease was lost before the handler's transaction committed
+    /// (another request holds or completed the key), so the transaction was rolled back and none
+    /// of the handler's writes landed. `409`; a retry gets the other holder's result.
+    #[error("the lease on this idempotency key was lost; the handler's writes were rolled back")]
+    LeaseLost {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// Transactional mode: the handler's transaction could not be committed; none of its writes
+    /// landed and the key was released. `503`; a retry runs the handler again.
+    #[error("the handler's transaction could not be committed; nothing was written")]
+    CommitFailed {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// Transactional mode: the connection failed while the handler's transaction was
+    /// committing, so whether it committed is unknown. `503`; a retry is safe either way: it
+    /// replays the result if the commit landed and runs the handler if it did not.
+    #[error("the outcome of the handler's commit is unknown; retry to learn it")]
+    CommitOutcomeUnknown {
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
 }
 
 impl From<Rejection> for Problem {
@@ -198,6 +221,24 @@ impl From<Rejection> for Problem {
                 "replayed-signature",
                 "Signature already used for another request",
                 None,
+            ),
+            Rejection::LeaseLost { retry_after } => (
+                StatusCode::CONFLICT,
+                "lease-lost",
+                "Idempotency lease lost; writes rolled back",
+                Some(retry_after),
+            ),
+            Rejection::CommitFailed { retry_after } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "commit-failed",
+                "Transaction not committed",
+                Some(retry_after),
+            ),
+            Rejection::CommitOutcomeUnknown { retry_after } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "commit-outcome-unknown",
+                "Transaction outcome unknown",
+                Some(retry_after),
             ),
         };
         Problem {

@@ -103,11 +103,19 @@ mod lanes;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod transactional;
+
+#[cfg(all(feature = "conformance", any(feature = "sqlite", feature = "postgres")))]
+pub mod conformance;
 
 #[cfg(feature = "postgres")]
 pub use postgres::{schema_sql as postgres_schema_sql, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{schema_sql as sqlite_schema_sql, SqliteStore, SQLITE_BUSY_TIMEOUT};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{IdempotentTx, TxHandle, TxRejection};
 
 /// The sqlx version this crate is built on, re-exported so pools and transactions match it.
 pub use sqlx;

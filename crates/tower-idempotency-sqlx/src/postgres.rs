@@ -451,6 +451,11 @@ impl PostgresStore {
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {
+    /// The transactional mode's transactions (see [`crate::transactional`]).
+    fn transactions(&self) -> Option<&dyn tower_idempotency_core::store::TransactionalStore> {
+        Some(self)
+    }
+
     async fn claim(
         &self,
         key: &str,

@@ -494,6 +494,11 @@ impl SqliteStore {
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    /// The transactional mode's transactions (see [`crate::transactional`]).
+    fn transactions(&self) -> Option<&dyn tower_idempotency_core::store::TransactionalStore> {
+        Some(self)
+    }
+
     async fn claim(
         &self,
         key: &str,

@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-use super::IdempotencyService;
+use super::{IdempotencyService, TransactionalError};
 use crate::{
     fingerprint::FingerprintMode,
     key::{ClientKey, KeySource},
@@ -81,6 +81,8 @@ pub(crate) struct Config {
     pub(crate) in_flight_limit: Option<Arc<Semaphore>>,
     pub(crate) tasks: TaskTracker,
     pub(crate) accepting: Arc<AtomicBool>,
+    /// The handler's writes commit with the completion (see `transactional.rs`).
+    pub(crate) transactional: bool,
 }
 
 impl Config {
@@ -151,6 +153,7 @@ impl IdempotencyLayer {
                 in_flight_limit: None,
                 tasks: TaskTracker::new(),
                 accepting: Arc::new(AtomicBool::new(true)),
+                transactional: false,
             }),
         }
     }
@@ -328,6 +331,39 @@ impl IdempotencyLayer {
     /// anything is claimed.
     pub fn max_in_flight(self, limit: usize) -> Self {
         self.with(|c| c.in_flight_limit = Some(Arc::new(Semaphore::new(limit))))
+    }
+
+    /// Runs every claimed handler inside a database transaction of the store and commits the
+    /// handler's writes together with the key's completion, fenced by the claim's token:
+    /// effects exactly once. The handler writes through the transaction it extracts
+    /// (`tower_idempotency_sqlx::IdempotentTx`). A response the cache policy releases, an error,
+    /// a panic or a lost lease rolls the writes back. See `docs/guarantees.md`, "Transactional
+    /// mode".
+    ///
+    /// # Panics
+    /// If the store has no transactions ([`Store::transactions`] is `None`, e.g. the memory or
+    /// Redis store), so the mode can never silently run without one. Use
+    /// [`try_transactional`](Self::try_transactional) to get an error instead.
+    pub fn transactional(self) -> Self {
+        match self.try_transactional() {
+            Ok(layer) => layer,
+            Err(error) => panic!("IdempotencyLayer::transactional: {error}"),
+        }
+    }
+
+    /// Like [`transactional`](Self::transactional), but answers
+    /// [`TransactionalError::Unsupported`] instead of panicking when the store has no
+    /// transactions.
+    pub fn try_transactional(self) -> Result<Self, TransactionalError> {
+        if self.config.store.transactions().is_none() {
+            return Err(TransactionalError::Unsupported);
+        }
+        Ok(self.with(|c| c.transactional = true))
+    }
+
+    /// Whether [`transactional`](Self::transactional) is on.
+    pub fn is_transactional(&self) -> bool {
+        self.config.transactional
     }
 
     /// A handle to drain running handlers on shutdown. Shared by every service of this layer.

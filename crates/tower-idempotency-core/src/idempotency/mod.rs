@@ -35,6 +35,7 @@ mod detach;
 mod future;
 mod layer;
 mod service;
+mod transactional;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
@@ -44,3 +45,4 @@ pub use layer::{
     MIN_LEASE,
 };
 pub use service::IdempotencyService;
+pub use transactional::TransactionalError;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
+use futures_util::{future::Either, FutureExt};
 use http::{header, HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -20,7 +20,7 @@ use super::{
     authenticated::{self, Checked},
     detach::DetachOnDrop,
     layer::Config,
-    ResponseBody, ResponseFuture,
+    transactional, ResponseBody, ResponseFuture,
 };
 use crate::{
     outcome::Outcome,
@@ -89,7 +89,7 @@ where
     }
 }
 
-type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+pub(super) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
@@ -103,14 +103,17 @@ where
     Ok(with_outcome(response.map(ResponseBody::inner), outcome))
 }
 
-fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
+pub(super) fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
     Span::current().record("outcome", outcome.as_str());
     tracing::debug!(outcome = outcome.as_str(), "idempotency outcome");
     response.extensions_mut().insert(outcome);
     response
 }
 
-fn reject<B>(problem: impl Into<Problem>, outcome: Outcome) -> Response<ResponseBody<B>> {
+pub(super) fn reject<B>(
+    problem: impl Into<Problem>,
+    outcome: Outcome,
+) -> Response<ResponseBody<B>> {
     with_outcome(problem.into().into_response(), outcome)
 }
 
@@ -266,14 +269,26 @@ where
             // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
             // waits for it in both cases; instrumented so the span follows a detached handler.
             // Boxed first, so the wrappers around it move a pointer, not the whole future.
-            let execute = Box::pin(execute(
-                config.clone(),
-                inner,
-                request,
-                store_key,
-                token,
-                permit,
-            ));
+            let execute = Box::pin(if config.transactional {
+                // The handler's writes commit with the completion: see `transactional.rs`.
+                Either::Left(transactional::execute(
+                    config.clone(),
+                    inner,
+                    request,
+                    store_key,
+                    token,
+                    permit,
+                ))
+            } else {
+                Either::Right(execute(
+                    config.clone(),
+                    inner,
+                    request,
+                    store_key,
+                    token,
+                    permit,
+                ))
+            });
             let run = config
                 .tasks
                 .track_future(AssertUnwindSafe(execute).catch_unwind().instrument(span));
@@ -384,7 +399,7 @@ fn replay<B>(cached: CachedResponse) -> Option<Response<ResponseBody<B>>> {
 }
 
 /// What the handler produced, before the key is settled.
-enum Produced<B, E> {
+pub(super) enum Produced<B, E> {
     /// Complete the key with `cached`, answer `response`.
     Complete(Response<ResponseBody<B>>, CachedResponse),
     /// Release the key, answer `response`.
@@ -397,7 +412,7 @@ enum Produced<B, E> {
 
 async fn execute<S, ReqBody, ResBody>(
     config: Arc<Config>,
-    mut inner: S,
+    inner: S,
     request: Request<ReqBody>,
     key: String,
     token: FencingToken,
@@ -409,39 +424,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let work = async {
-        let response = match inner.call(request).await {
-            Ok(response) => response,
-            Err(error) => return Produced::Error(error),
-        };
-        let (parts, body) = response.into_parts();
-        let directive = parts.extensions.get::<CacheDirective>().copied();
-        if !config.cache_policy.completes(parts.status, directive) {
-            return Produced::Release(Response::from_parts(parts, ResponseBody::inner(body)));
-        }
-        let (body, answer_body, body_omitted) =
-            match read_body(Box::pin(body), config.max_cached_body).await {
-                Capped::Whole(bytes, Some(trailers)) => {
-                    // A replay could not carry the trailers (gRPC's status travels in them), so
-                    // the response is answered whole and not cached.
-                    tracing::debug!("the response has trailers; not cached, key released");
-                    let body = ResponseBody::full_with_trailers(bytes, Some(trailers));
-                    return Produced::Release(Response::from_parts(parts, body));
-                }
-                Capped::Whole(bytes, None) => (bytes.clone(), ResponseBody::full(bytes), false),
-                Capped::Over(prefix, rest) => {
-                    (Bytes::new(), ResponseBody::prefixed(prefix, rest), true)
-                }
-                Capped::Failed => return Produced::BodyFailed,
-            };
-        let cached = CachedResponse {
-            status: parts.status,
-            headers: cacheable_headers(&parts.headers),
-            body,
-            body_omitted,
-        };
-        Produced::Complete(Response::from_parts(parts, answer_body), cached)
-    };
+    let work = produce(&config, inner, request);
     let started = Instant::now();
     let (produced, lease_ends) = renewing_lease(
         &config,
@@ -477,6 +460,50 @@ where
             Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed))
         }
     }
+}
+
+/// Runs the handler and reads its response as far as the cache policy needs: the response to
+/// answer, and the copy to cache when the key is to be completed.
+pub(super) async fn produce<S, ReqBody, ResBody>(
+    config: &Config,
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Produced<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let response = match inner.call(request).await {
+        Ok(response) => response,
+        Err(error) => return Produced::Error(error),
+    };
+    let (parts, body) = response.into_parts();
+    let directive = parts.extensions.get::<CacheDirective>().copied();
+    if !config.cache_policy.completes(parts.status, directive) {
+        return Produced::Release(Response::from_parts(parts, ResponseBody::inner(body)));
+    }
+    let (body, answer_body, body_omitted) = match read_body(Box::pin(body), config.max_cached_body)
+        .await
+    {
+        Capped::Whole(bytes, Some(trailers)) => {
+            // A replay could not carry the trailers (gRPC's status travels in them), so
+            // the response is answered whole and not cached.
+            tracing::debug!("the response has trailers; not cached, key released");
+            let body = ResponseBody::full_with_trailers(bytes, Some(trailers));
+            return Produced::Release(Response::from_parts(parts, body));
+        }
+        Capped::Whole(bytes, None) => (bytes.clone(), ResponseBody::full(bytes), false),
+        Capped::Over(prefix, rest) => (Bytes::new(), ResponseBody::prefixed(prefix, rest), true),
+        Capped::Failed => return Produced::BodyFailed,
+    };
+    let cached = CachedResponse {
+        status: parts.status,
+        headers: cacheable_headers(&parts.headers),
+        body,
+        body_omitted,
+    };
+    Produced::Complete(Response::from_parts(parts, answer_body), cached)
 }
 
 /// First wait before retrying a failed completion; it doubles after every attempt.
@@ -526,7 +553,7 @@ async fn record(
     }
 }
 
-async fn release(config: &Config, key: &str, token: FencingToken) {
+pub(super) async fn release(config: &Config, key: &str, token: FencingToken) {
     match within(config.store_timeout(), config.store.release(key, token)).await {
         Some(Ok(_)) => {}
         Some(Err(error)) => {
@@ -557,7 +584,7 @@ pub(super) async fn within<F: Future>(limit: Duration, future: F) -> Option<F::O
 ///
 /// The renewals run beside `work` in the same task: `work` is polled while a renewal waits on
 /// the store.
-async fn renewing_lease<F: Future>(
+pub(super) async fn renewing_lease<F: Future>(
     config: &Config,
     key: &str,
     token: FencingToken,
@@ -644,7 +671,7 @@ where
     let _ = tokio::time::timeout(config.discard_time, drain).await;
 }
 
-enum Capped<B> {
+pub(super) enum Capped<B> {
     /// The whole body, and its trailers if it had any.
     Whole(Bytes, Option<http::HeaderMap>),
     Over(Bytes, B),
@@ -654,7 +681,7 @@ enum Capped<B> {
 /// Reads a body until it ends (then `Whole`, with its trailers) or exceeds `cap` (then `Over`
 /// with what was read and the rest of the body). A single-frame body (the common case) is kept as it is, without a copy and without
 /// the frame queue that `http_body_util`'s `collect` allocates per request.
-async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
+pub(super) async fn read_body<B>(mut body: B, cap: usize) -> Capped<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {

@@ -46,10 +46,12 @@
 mod codec;
 mod local_cache;
 mod memory;
+mod transaction;
 
 pub use codec::{decode_headers, encode_headers, CodecError};
 pub use local_cache::{LocalReplayCache, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL};
 pub use memory::MemoryStore;
+pub use transaction::{CommitError, StoreTransaction, TransactionalStore};
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -254,6 +256,14 @@ pub trait Store: Send + Sync + 'static {
     /// `complete`, `renew` or `release` answers [`Ownership::Stale`] (its token is gone), so the
     /// handler may run a second time for a retry sent meanwhile. Not used by the layer itself.
     async fn forget(&self, key: &str) -> Result<bool, StoreError>;
+
+    /// The store's transactions, for the layer's transactional mode
+    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)): `None`
+    /// (the default) for a store that cannot commit the handler's writes together with the
+    /// completion.
+    fn transactions(&self) -> Option<&dyn TransactionalStore> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -297,6 +307,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         (**self).forget(key).await
+    }
+
+    fn transactions(&self) -> Option<&dyn TransactionalStore> {
+        (**self).transactions()
     }
 }
 

@@ -1,0 +1,289 @@
+//! The transactional mode against crashes: the reference receiver (`examples/receiver.rs`) runs
+//! as a child process with `POST /payments` (one row per payment, written in the same
+//! transaction as the key's completion) and is SIGKILLed at random points of its handlers, many
+//! times, on SQLite and on Postgres. After each restart the retries of every key end with exactly
+//! one row in `payments`, and the replay names that row.
+#![cfg(all(feature = "sqlite", feature = "postgres", feature = "webhooks", unix))]
+
+mod support;
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    io::BufRead,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use support::*;
+use tower_idempotency::sqlx::{self, Executor};
+
+/// The receiver binary next to this test's directory, built here when missing or older than its
+/// source (`cargo test --test payments_crash` builds no examples).
+fn receiver_binary() -> PathBuf {
+    let test_exe = std::env::current_exe().unwrap();
+    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+    let binary = profile_dir.join("examples").join("receiver");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/receiver.rs");
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    if modified(&binary) < modified(&source) {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "receiver", "--all-features"])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(profile_dir.parent().unwrap())
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building the receiver example failed");
+    }
+    binary
+}
+
+const LEASE_MS: u64 = 600;
+const HANDLER_DELAY_MS: u64 = 300;
+
+/// The receiver as a child process, SIGKILLed on drop.
+struct Receiver {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Receiver {
+    fn start(store: &str, handler_delay_ms: u64) -> Self {
+        let mut child = std::process::Command::new(receiver_binary())
+            .env_clear()
+            .env("RECEIVER_ADDR", "127.0.0.1:0")
+            .env("IDEMPOTENCY_STORE", store)
+            .env("HANDLER_DELAY_MS", handler_delay_ms.to_string())
+            .env("IDEMPOTENCY_LEASE_MS", LEASE_MS.to_string())
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn receiver");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, base }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL: no drain, no destructors, no rollback sent.
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Paid {
+    status: u16,
+    replayed: bool,
+    body: Value,
+}
+
+async fn pay(client: &reqwest::Client, base: &str, key: &str) -> Result<Paid, reqwest::Error> {
+    let response = client
+        .post(format!("{base}/payments"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 4200}"#)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let body = serde_json::from_slice(&response.bytes().await?).unwrap_or(Value::Null);
+    Ok(Paid {
+        status,
+        replayed,
+        body,
+    })
+}
+
+/// A pseudo-random number below `bound`, from the OS-seeded `RandomState`.
+fn random_below(bound: u64) -> u64 {
+    RandomState::new().hash_one(Instant::now()) % bound
+}
+
+/// The rows of `payments` for `key` (their ids), read from the database.
+async fn rows(store: &str, key: &str) -> Vec<i64> {
+    if store.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
+        let ids = sqlx::query_scalar("SELECT id FROM payments WHERE idempotency_key = ?1")
+            .bind(key)
+            .fetch_all(&pool)
+            .await
+            .expect("read payments");
+        pool.close().await;
+        ids
+    } else {
+        let pool = sqlx::PgPool::connect(store)
+            .await
+            .expect("connect postgres");
+        let ids = sqlx::query_scalar("SELECT id FROM payments WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_all(&pool)
+            .await
+            .expect("read payments");
+        pool.close().await;
+        ids
+    }
+}
+
+/// `rounds` times: 4 payments sent at once to a receiver whose handlers hold their transaction
+/// for 300 ms after writing, SIGKILLed at a random point of the first 450 ms; then, in a new
+/// process, every key is retried until it succeeds. Each key ends with exactly one row, its
+/// replay names that row, and `GET /effects` (read from the database) counts one.
+async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut cut = 0;
+    for round in 0..rounds {
+        let keys: Vec<String> = (0..4)
+            .map(|n| format!("pay-{}-{round}-{n}", random_suffix()))
+            .collect();
+        let mut first = Receiver::start(store, HANDLER_DELAY_MS);
+        let sent: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (client, base, key) = (client.clone(), first.base.clone(), key.clone());
+                tokio::spawn(async move { pay(&client, &base, &key).await })
+            })
+            .collect();
+        // The point of the crash is the point of this test: a random moment after the sends.
+        tokio::time::sleep(Duration::from_millis(random_below(
+            HANDLER_DELAY_MS * 3 / 2,
+        )))
+        .await;
+        first.kill();
+        for task in sent {
+            match task.await.unwrap() {
+                Ok(paid) => assert!(
+                    paid.status == 201 || paid.status == 409,
+                    "{label}: {}",
+                    paid.status
+                ),
+                Err(_) => cut += 1,
+            }
+        }
+
+        let second = Receiver::start(store, 0);
+        let deadline = Instant::now() + Duration::from_millis(LEASE_MS) + Duration::from_secs(10);
+        for key in &keys {
+            let paid = loop {
+                let paid = pay(&client, &second.base, key).await.expect("retry");
+                if paid.status == 201 {
+                    break paid;
+                }
+                // Until the dead holder's lease expires.
+                assert_eq!(paid.status, 409, "{label}: {key}: {}", paid.body);
+                assert!(Instant::now() < deadline, "{label}: {key} is stuck");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let replay = pay(&client, &second.base, key).await.expect("replay");
+            assert!(replay.replayed, "{label}: {key}");
+            assert_eq!(replay.body, paid.body, "{label}: {key}");
+            let ids = rows(store, key).await;
+            assert_eq!(ids.len(), 1, "{label}: {key}: exactly one row, got {ids:?}");
+            assert_eq!(
+                replay.body["payment_id"],
+                format!("pay_{}", ids[0]),
+                "{label}: {key}: the replay names the row"
+            );
+        }
+        let effects = client
+            .get(format!("{}/effects", second.base))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let effects: Value = serde_json::from_slice(&effects).expect("effects JSON");
+        for key in &keys {
+            assert_eq!(effects[format!("payments:{key}")], 1, "{label}: {effects}");
+        }
+    }
+    assert!(
+        cut > 0,
+        "{label}: no kill cut a request; the test proved nothing"
+    );
+    eprintln!(
+        "{label}: {rounds} kills cut {cut} of {} payments",
+        rounds * 4
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_exactly_once_sqlite() {
+    let dir = std::env::temp_dir().join(format!("tidem-payments-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}/payments.db", dir.display());
+    killed_at_random_points(&store, "sqlite", 8).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A database of its own (the receiver uses fixed table names), dropped at the end.
+struct Database {
+    name: String,
+}
+
+async fn admin(sql: &str) {
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .expect("connect postgres");
+    pool.execute(sql).await.expect(sql);
+    pool.close().await;
+}
+
+impl Database {
+    fn url(&self) -> String {
+        let url = database_url();
+        let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
+        let authority = rest.split('/').next().unwrap_or(rest);
+        format!("{scheme}://{authority}/{}", self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(admin(&sql));
+        })
+        .join();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_exactly_once_postgres() {
+    if !reachable(&host_port(&database_url())) {
+        skip(
+            "payments crash test (postgres)",
+            "Postgres is not reachable",
+        );
+        return;
+    }
+    let database = Database {
+        name: format!("tidem_payments_{}", random_suffix()),
+    };
+    admin(&format!("CREATE DATABASE {}", database.name)).await;
+    killed_at_random_points(&database.url(), "postgres", 8).await;
+}
