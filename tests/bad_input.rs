@@ -1314,7 +1314,7 @@ async fn bad_input_catalog() {
     // GitHub, Shopify and Linear also claim the record of their signature (`Authenticator`).
     let signature_records = controls
         .iter()
-        .filter(|req| ["/github", "/shopify", "/linear"].contains(&req.path.as_ref()))
+        .filter(|req| ["/github", "/shopify", "/linear"].contains(&req.path))
         .count();
     assert_eq!(signature_records, 3);
     assert_eq!(store.claims(), controls.len() + signature_records);
