@@ -34,6 +34,7 @@
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

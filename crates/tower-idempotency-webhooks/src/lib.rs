@@ -30,6 +30,7 @@
 //! Every verifier accepts several secrets (rotation), compares in constant time, bounds header
 //! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
 //! window in both directions (`tolerance(Duration::ZERO)` disables it explicitly).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
