@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Fails when a publishable crate's package would hold more than a user needs: only the crate's
-# sources, its README, the changelog, the licence texts and the files cargo adds itself are
-# allowed (no benches, tests, fuzz corpora, data files or target directories).
+# The packaging dry run: `cargo package` of every publishable crate (those without
+# `publish = false`) in dependency order, each then built from its package alone against the
+# packages before it, as crates.io would see it (nothing is uploaded). Then fails when a package
+# holds more than a user needs: only the crate's sources, its README, the changelog, the licence
+# texts and the files cargo adds itself are allowed (no benches, tests, fuzz corpora, data files
+# or target directories).
 #
 #   scripts/package-check.sh            (run from anywhere in the workspace)
 #
-# `cargo package --workspace` (the CI step before this one) builds each package on its own.
+# Uncommitted changes are packaged too (--allow-dirty) so the script also runs on a work tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +20,10 @@ crates=$(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
 import json, sys
 meta = json.load(sys.stdin)
 print(" ".join(p["name"] for p in meta["packages"] if p.get("publish") != []))')
+
+package_args=()
+for crate in $crates; do package_args+=(-p "$crate"); done
+cargo package --locked "${dirty[@]}" "${package_args[@]}"
 
 status=0
 for crate in $crates; do
