@@ -35,6 +35,7 @@
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records (docs/cli.md) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -9,6 +9,7 @@
 //! - Every refusal is an RFC 9457 [`Problem`].
 //!
 //! [tower-idempotency]: https://docs.rs/tower-idempotency
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

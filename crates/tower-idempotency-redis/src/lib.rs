@@ -84,6 +84,7 @@
 //! Reads are never sent to replicas, because a claim must see the latest write. As with any Redis
 //! deployment, an asynchronous failover can lose the last writes a master acknowledged: a claim
 //! lost that way lets one duplicate run the handler again.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod scripts;

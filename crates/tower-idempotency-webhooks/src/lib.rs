@@ -31,6 +31,7 @@
 //! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
 //! window in both directions (`disable_replay_window()` turns it off explicitly; a zero
 //! tolerance panics).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
