@@ -171,8 +171,10 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
         first.kill();
         for task in sent {
             match task.await.unwrap() {
+                // 503: on SQLite a claim waits for the write lock that other payments'
+                // transactions hold, and gives up after the store timeout (a third of the lease).
                 Ok(paid) => assert!(
-                    paid.status == 201 || paid.status == 409,
+                    matches!(paid.status, 201 | 409 | 503),
                     "{label}: {}",
                     paid.status
                 ),
@@ -188,8 +190,14 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
                 if paid.status == 201 {
                     break paid;
                 }
-                // Until the dead holder's lease expires.
-                assert_eq!(paid.status, 409, "{label}: {key}: {}", paid.body);
+                // Until the dead holder's lease expires (409), or while SQLite's write lock is
+                // busy (503).
+                assert!(
+                    matches!(paid.status, 409 | 503),
+                    "{label}: {key}: {} {}",
+                    paid.status,
+                    paid.body
+                );
                 assert!(Instant::now() < deadline, "{label}: {key} is stuck");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
