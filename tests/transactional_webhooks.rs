@@ -82,7 +82,9 @@ fn stripe_delivery(event: &str) -> (String, Vec<(&'static str, String)>) {
 }
 
 fn github_delivery(event: &str) -> (String, Vec<(&'static str, String)>) {
-    let body = r#"{"action":"opened"}"#.to_owned();
+    // Each event's body differs, as GitHub's do: one signature seen under two delivery ids is
+    // refused as a replayed capture (`replayed-signature`).
+    let body = format!(r#"{{"action":"opened","issue":{{"title":"{event}"}}}}"#);
     let signature = github::sign(GITHUB_SECRET, body.as_bytes());
     (
         body,
