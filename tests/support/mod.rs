@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     hash::{BuildHasher, RandomState},
-    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -15,8 +14,7 @@ use std::{
 
 use axum::{extract::State, http::HeaderMap, response::Response, routing::post, Router};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::{watch, Notify},
 };
 use tower_idempotency::Outcome;
@@ -174,6 +172,7 @@ pub fn problem_type(body: &[u8]) -> String {
 pub const STORE_UNAVAILABLE: &str = "urn:tower-idempotency:problem:store-unavailable";
 
 mod proxy;
+#[allow(unused_imports)] // Each test binary uses a different subset.
 pub use proxy::{Mode, Proxy};
 
 /// A `redis-server` of our own on a fixed loopback port and directory, with an fsync-always
