@@ -119,7 +119,10 @@ impl ProxiedCluster {
     }
 
     /// Arms the proxy of the master that owns `redis_key`'s slot (the node its commands go to)
-    /// to lose the reply to the next command containing every one of `needles`.
+    /// to lose the reply to the next command containing every one of `needles`. Only that
+    /// proxy: while the client rebuilds the lost connection it may send the resend to another
+    /// master first (which answers `MOVED`), and losing that reply as well would be a second
+    /// fault.
     fn lose_reply_to(&self, redis_key: &str, needles: &[&[u8]]) {
         let mut con = redis::Client::open(self.cluster.urls()[0].as_str())
             .unwrap()
@@ -266,17 +269,12 @@ async fn over_http_lost_replies_run_the_handler_once() {
     };
     let store = cluster.store().await;
     let prefix = store.prefix().to_owned();
-    // The record key the layer's claim of `key` writes (default scope: method and path).
-    let record_of = |key: &str| {
-        store.redis_key(&store_key_from_parts(
-            "cluster-resend",
-            "POST",
-            "/orders",
-            None,
-            key,
-        ))
-    };
+    // The store key the layer uses for `key` (default scope: method and path), and its record.
+    let store_key =
+        |key: &str| store_key_from_parts("cluster-resend", "POST", "/orders", None, key);
+    let record_of = |key: &str| store.redis_key(&store_key(key));
     let (claim_lost, completion_lost) = (record_of("claim-lost"), record_of("completion-lost"));
+    let reader = store.clone();
     let executions = Arc::new(AtomicUsize::new(0));
     let handler = {
         let executions = executions.clone();
@@ -331,7 +329,7 @@ async fn over_http_lost_replies_run_the_handler_once() {
     assert_eq!(fresh.len(), 1, "one request ran the handler: {answers:?}");
     for (status, replayed) in &answers {
         assert!(
-            *status == StatusCode::CONFLICT || (*status == StatusCode::CREATED),
+            *status == StatusCode::CONFLICT || *status == StatusCode::CREATED,
             "duplicates are refused or replayed: {status} {replayed}"
         );
     }
@@ -351,6 +349,15 @@ async fn over_http_lost_replies_run_the_handler_once() {
         "a retry is replayed"
     );
     assert_eq!(executions.load(Ordering::SeqCst), 2);
+    for key in ["claim-lost", "completion-lost"] {
+        assert!(
+            matches!(
+                reader.get(&store_key(key)).await.unwrap(),
+                Some(RecordState::Completed { .. })
+            ),
+            "{key}: the armed record is the layer's"
+        );
+    }
 
     let _ = stop.send(());
     server.await.unwrap().unwrap();
