@@ -6,7 +6,6 @@
 use std::{
     collections::HashMap,
     hash::{BuildHasher, RandomState},
-    net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -15,8 +14,7 @@ use std::{
 
 use axum::{extract::State, http::HeaderMap, response::Response, routing::post, Router};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::{watch, Notify},
 };
 use tower_idempotency::Outcome;
@@ -173,120 +171,9 @@ pub fn problem_type(body: &[u8]) -> String {
 
 pub const STORE_UNAVAILABLE: &str = "urn:tower-idempotency:problem:store-unavailable";
 
-/// What a [`Proxy`] does with traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Forward bytes both ways.
-    Pass,
-    /// Close every new connection at once (existing ones keep forwarding).
-    Drop,
-    /// Accept and hold connections, forwarding no bytes either way.
-    Stall,
-    /// Forward what clients send, hold back what servers answer (a reply lost or late after
-    /// the command ran).
-    HoldReplies,
-}
-
-/// A loopback TCP proxy that can drop, stall or cut connections on command.
-pub struct Proxy {
-    pub addr: SocketAddr,
-    mode: watch::Sender<Mode>,
-    cut: watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    pub async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("addr");
-        let (mode, _) = watch::channel(Mode::Pass);
-        let (cut, _) = watch::channel(0u64);
-        let (mode_tx, cut_tx) = (mode.clone(), cut.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if *mode_tx.borrow() == Mode::Drop {
-                    drop(client);
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let (mode, mut cut) = (mode_tx.subscribe(), cut_tx.subscribe());
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    // Dropping the pumps drops both halves of both sockets: a hard close.
-                    let epoch = *cut.borrow_and_update();
-                    let (a, b) = (cut.clone(), cut.clone());
-                    tokio::select! {
-                        biased;
-                        _ = cut.changed() => {}
-                        _ = async {
-                            tokio::join!(
-                                pump(cr, sw, mode.clone(), a, epoch, &[Mode::Stall]),
-                                pump(sr, cw, mode, b, epoch, &[Mode::Stall, Mode::HoldReplies])
-                            )
-                        } => {}
-                    }
-                });
-            }
-        });
-        Self {
-            addr,
-            mode,
-            cut,
-            task,
-        }
-    }
-
-    pub fn set(&self, mode: Mode) {
-        self.mode.send_replace(mode);
-    }
-
-    /// Closes every connection currently open through the proxy.
-    pub fn cut(&self) {
-        self.cut.send_modify(|n| *n += 1);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.task.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut mode: watch::Receiver<Mode>,
-    cut: watch::Receiver<u64>,
-    epoch: u64,
-    holds: &[Mode],
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if mode.wait_for(|m| !holds.contains(m)).await.is_err() {
-            return;
-        }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
-                return;
-            }
-            Ok(n) => n,
-        };
-        // Bytes read just before a stall began are held back too, and dropped if the
-        // connection was cut meanwhile (cut happens before the mode returns to pass).
-        if mode.wait_for(|m| !holds.contains(m)).await.is_err() || *cut.borrow() != epoch {
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
+mod proxy;
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub use proxy::{Mode, Proxy};
 
 /// A `redis-server` of our own on a fixed loopback port and directory, with an fsync-always
 /// append-only file so that a SIGKILL loses no acknowledged write, restartable on the same port.

@@ -167,12 +167,16 @@ impl RedisServer {
 
     /// Starts a server, or returns `None` (after saying why) when `redis-server` is missing.
     pub fn start(extra: &[&str]) -> Option<Self> {
+        Self::start_on(free_port(), extra)
+    }
+
+    /// Starts a server on the given loopback port.
+    pub fn start_on(port: u16, extra: &[&str]) -> Option<Self> {
         if !which("redis-server") {
             skip("redis-server is not installed");
             return None;
         }
         let dir = temp_dir("server");
-        let port = free_port();
         let mut args = vec![
             "--port".to_owned(),
             port.to_string(),
@@ -264,21 +268,43 @@ impl Cluster {
     }
 
     pub fn start() -> Result<Self, String> {
+        Self::start_announcing(None)
+    }
+
+    /// Starts a cluster with `(port, announced port)` per node: each node listens on `port` and
+    /// advertises `127.0.0.1` and its announced port (e.g. a proxy in front of it) in
+    /// `CLUSTER SLOTS`, so that cluster clients reach every node through those ports only.
+    pub fn start_announcing(ports: Option<[(u16, u16); 3]>) -> Result<Self, String> {
         if !which("redis-server") || !which("redis-cli") {
             return Err("redis-server or redis-cli not installed".to_owned());
         }
         let mut nodes = Vec::new();
-        for _ in 0..3 {
-            let bus = free_port();
-            let node = RedisServer::start(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus.to_string(),
-            ])
-            .ok_or("a cluster node did not start")?;
+        for i in 0..3 {
+            let bus = free_port().to_string();
+            let mut args = vec![
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+                "nodes.conf".to_owned(),
+                "--cluster-port".to_owned(),
+                bus.clone(),
+            ];
+            if let Some(ports) = ports {
+                args.extend(
+                    [
+                        "--cluster-announce-ip",
+                        "127.0.0.1",
+                        "--cluster-announce-port",
+                        &ports[i].1.to_string(),
+                        "--cluster-announce-bus-port",
+                        &bus,
+                    ]
+                    .map(str::to_owned),
+                );
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let port = ports.map_or_else(free_port, |ports| ports[i].0);
+            let node = RedisServer::start_on(port, &args).ok_or("a cluster node did not start")?;
             nodes.push(node);
         }
         let addresses: Vec<String> = nodes
