@@ -13,6 +13,7 @@
 //! | `IDEMPOTENCY_LEASE_MS` | in-flight lease (default: the layer's 60 s) |
 //! | `IDEMPOTENCY_TTL_SECS` | how long completed responses are replayed (default: per provider) |
 //! | `HANDLER_DELAY_MS` | every handler sleeps this long (default 0) |
+//! | `IDEMPOTENCY_WAIT_MS` | a duplicate of an in-flight `POST /orders` waits this long for its result instead of `409` (unset: no wait) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
@@ -128,6 +129,8 @@ struct Config {
     handler_delay: Duration,
     lease: Option<Duration>,
     ttl: Option<Duration>,
+    /// `POST /orders` only: how long a duplicate waits for an in-flight result.
+    wait: Option<Duration>,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -166,6 +169,7 @@ impl Config {
             store_url: var("IDEMPOTENCY_STORE").unwrap_or_else(|| DEFAULT_STORE.to_owned()),
             handler_delay: Duration::from_millis(parsed("HANDLER_DELAY_MS", millis)?.unwrap_or(0)),
             lease: parsed("IDEMPOTENCY_LEASE_MS", millis)?.map(Duration::from_millis),
+            wait: parsed("IDEMPOTENCY_WAIT_MS", millis)?.map(Duration::from_millis),
             ttl: parsed("IDEMPOTENCY_TTL_SECS", "a whole number of seconds")?
                 .map(Duration::from_secs),
         })
@@ -648,7 +652,10 @@ fn build_app(
         tracing::info!(path = format!("/webhooks/{route}"), "webhook route mounted");
         router = router.merge(webhook_routes(route, layer));
     }
-    let orders = config.tune(IdempotencyLayer::client_keys(store.clone()).namespace("orders"));
+    let mut orders = config.tune(IdempotencyLayer::client_keys(store.clone()).namespace("orders"));
+    if let Some(wait) = config.wait {
+        orders = orders.wait_for_result(wait);
+    }
     handles.push(orders.shutdown_handle());
     router = router.merge(
         Router::new()

@@ -120,6 +120,11 @@ fn announced_address(stream: impl AsyncRead + Unpin + Send + 'static) -> oneshot
 
 impl Receiver {
     async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts the receiver with `extra` environment variables over the defaults of [`start`](Self::start).
+    async fn start_with(extra: &[(&str, &str)]) -> Self {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -142,6 +147,7 @@ impl Receiver {
             .env("STANDARD_WEBHOOKS_SECRET", STANDARD_SECRET)
             .env("TWILIO_AUTH_TOKEN", TWILIO_TOKEN)
             .env("RECEIVER_PUBLIC_URL", PUBLIC_URL)
+            .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -468,4 +474,37 @@ async fn receiver_runs_each_delivery_once_and_refuses_forgeries() {
     ] {
         assert!(logs.contains(expected), "log lacks {expected}:\n{logs}");
     }
+}
+
+/// `IDEMPOTENCY_WAIT_MS`: concurrent duplicates of a `POST /orders` whose handler takes 500 ms
+/// all get its `201` and body (no `409`), and the order runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_orders_wait_for_the_in_flight_result() {
+    let receiver = Receiver::start_with(&[
+        ("HANDLER_DELAY_MS", "500"),
+        ("IDEMPOTENCY_WAIT_MS", "10000"),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let key = format!("wait-{}", now());
+    let order = Delivery::order(Some(&key), json!({"sku": "book"}));
+    let answers = join_all((0..DUPLICATES).map(|_| order.send(&client, &receiver))).await;
+    for answer in &answers {
+        assert_eq!(
+            answer.status, 201,
+            "no 409 while waiting: {:?}",
+            answer.body
+        );
+        assert_eq!(
+            answer.body, answers[0].body,
+            "every caller gets the one order"
+        );
+    }
+    assert_eq!(answers.iter().filter(|a| !a.replayed).count(), 1);
+    assert_eq!(
+        effects(&client, &receiver).await[format!("orders:{key}")],
+        1
+    );
+    let (status, _) = receiver.terminate().await;
+    assert!(status.success());
 }

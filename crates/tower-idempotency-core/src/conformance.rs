@@ -16,8 +16,8 @@
 //!
 //! Every check uses fresh random keys, so the checks may share one table or key prefix and run
 //! in parallel. Checks that wait for leases or TTLs use leases of a few hundred milliseconds.
-//! Two checks need two stores and are called directly: [`two_instances_over_http`] and
-//! [`restart_keeps_completed`]; so is [`records_over_the_store_limit_complete_without_body`],
+//! Three checks need two stores and are called directly: [`two_instances_over_http`],
+//! [`waiting_across_instances_over_http`] and [`restart_keeps_completed`]; so is [`records_over_the_store_limit_complete_without_body`],
 //! which needs a store configured with a small record limit.
 
 use std::{
@@ -962,6 +962,247 @@ pub async fn records_over_the_store_limit_complete_without_body(
     assert_eq!(server.executions.load(Ordering::SeqCst), 1);
 }
 
+/// What the handler of [`serve_waiting`] does on its first execution (later ones sleep
+/// [`WAITED_WORK`] and answer `201`).
+#[derive(Clone)]
+enum First {
+    /// Sleeps [`WAITED_WORK`] and answers `201`.
+    Succeeds,
+    /// Sleeps [`WAITED_WORK`] and answers `500`: the key is released.
+    Fails,
+    /// Signals `started`, waits for `gate`, answers `201`.
+    Gated(Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>),
+}
+
+/// The simulated work of the handler behind [`serve_waiting`].
+const WAITED_WORK: Duration = Duration::from_millis(500);
+
+/// A test server: `POST /orders` behind a layer with `wait_for_result(max_wait)`, answering a
+/// JSON body unique to each execution. Returns the layer too, to read its waiters.
+async fn serve_waiting(
+    store: Arc<dyn Store>,
+    executions: Arc<AtomicUsize>,
+    max_wait: Duration,
+    first: First,
+) -> (Server, IdempotencyLayer) {
+    let handler = {
+        let executions = executions.clone();
+        move || {
+            let (executions, first) = (executions.clone(), first.clone());
+            async move {
+                let n = executions.fetch_add(1, Ordering::SeqCst);
+                let status = match (n, first) {
+                    (0, First::Gated(started, gate)) => {
+                        started.notify_one();
+                        gate.notified().await;
+                        StatusCode::CREATED
+                    }
+                    (0, First::Fails) => {
+                        tokio::time::sleep(WAITED_WORK).await;
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    }
+                    _ => {
+                        tokio::time::sleep(WAITED_WORK).await;
+                        StatusCode::CREATED
+                    }
+                };
+                let id = format!("{:016x}{n}", random_u64());
+                (status, serde_json::json!({ "order_id": id }).to_string())
+            }
+        }
+    };
+    let layer = IdempotencyLayer::client_keys(store)
+        .namespace("conformance-http")
+        .wait_for_result(max_wait);
+    let app = Router::new()
+        .route("/orders", post(handler))
+        .route_layer(layer.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}/orders", listener.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    let server = Server {
+        url,
+        executions,
+        shutdown: Some(tx),
+    };
+    (server, layer)
+}
+
+/// Sends 25 identical POSTs at once, spread over `urls`; answers each one's status, whether it
+/// was a replay, and its body.
+async fn concurrent_posts(
+    client: &reqwest::Client,
+    urls: &[String],
+    key: &str,
+) -> Vec<(StatusCode, bool, Bytes)> {
+    const CONCURRENT: usize = 25;
+    let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT));
+    let requests: Vec<_> = (0..CONCURRENT)
+        .map(|i| {
+            let (client, barrier, key) = (client.clone(), barrier.clone(), key.to_owned());
+            let url = urls[i % urls.len()].clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .body(r#"{"sku":"book","qty":1}"#)
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status();
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                (status, replayed, response.bytes().await.expect("body"))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(request.await.expect("task"));
+    }
+    answers
+}
+
+/// Asserts that every answer is a `201` with one body, exactly one of them not a replay.
+fn one_result_for_all(answers: &[(StatusCode, bool, Bytes)]) {
+    let first = &answers[0].2;
+    for (status, _, body) in answers {
+        assert_eq!(
+            *status,
+            StatusCode::CREATED,
+            "no 409 while waiting: {body:?}"
+        );
+        assert_eq!(body, first, "every caller gets the one result");
+    }
+    let executed = answers.iter().filter(|(_, replayed, _)| !replayed).count();
+    assert_eq!(
+        executed, 1,
+        "exactly one caller is served by the handler itself"
+    );
+}
+
+/// Over real HTTP, with `wait_for_result`: 25 concurrent identical POSTs to a handler taking
+/// 500 ms run it once, and all 25 get its `201` and body: no `409`. Nobody waits afterwards.
+pub async fn waiting_duplicates_get_the_result_over_http(store: Arc<dyn Store>) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let (server, layer) =
+        serve_waiting(store, executions, Duration::from_secs(10), First::Succeeds).await;
+    let client = reqwest::Client::new();
+    let answers = concurrent_posts(
+        &client,
+        std::slice::from_ref(&server.url),
+        &fresh_key("wait"),
+    )
+    .await;
+    one_result_for_all(&answers);
+    assert_eq!(server.executions.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.waiting(), 0);
+}
+
+/// Over real HTTP, with `wait_for_result`: the first execution answers `500` (the key is
+/// released); exactly one waiter claims the key and runs the handler, the other 23 get its
+/// `201` and body.
+pub async fn waiting_duplicates_run_once_after_a_release_over_http(store: Arc<dyn Store>) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let (server, layer) =
+        serve_waiting(store, executions, Duration::from_secs(10), First::Fails).await;
+    let client = reqwest::Client::new();
+    let answers = concurrent_posts(
+        &client,
+        std::slice::from_ref(&server.url),
+        &fresh_key("wait-release"),
+    )
+    .await;
+    let (failed, succeeded): (Vec<_>, Vec<_>) = answers
+        .into_iter()
+        .partition(|(status, _, _)| *status == StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(failed.len(), 1, "only the first execution fails");
+    one_result_for_all(&succeeded);
+    assert_eq!(
+        server.executions.load(Ordering::SeqCst),
+        2,
+        "the failed run, then exactly one waiter's"
+    );
+    assert_eq!(layer.waiting(), 0);
+}
+
+/// Waits until `condition` holds (polled every 5 ms, at most 10 s: then panics).
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Over real HTTP, with `wait_for_result`: a duplicate waiting past `max_wait` gets the `409`
+/// with a `Retry-After`; a waiting duplicate whose caller disconnects stops waiting and leaves
+/// nothing behind; the first request then completes and is replayed, run once.
+pub async fn waiting_ends_at_max_wait_or_disconnect_over_http(store: Arc<dyn Store>) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let executions = Arc::new(AtomicUsize::new(0));
+    let first = First::Gated(started.clone(), gate.clone());
+    let (server, layer) = serve_waiting(store, executions, Duration::from_millis(300), first).await;
+    let client = reqwest::Client::new();
+    let key = fresh_key("wait-bounds");
+    let post = |client: &reqwest::Client| {
+        client
+            .post(&server.url)
+            .header("idempotency-key", &key)
+            .body("{}")
+            .send()
+    };
+    let holder = tokio::spawn(post(&client));
+    started.notified().await;
+
+    let late = post(&client).await.expect("duplicate");
+    assert_eq!(late.status(), StatusCode::CONFLICT, "past max_wait: 409");
+    assert!(late.headers().contains_key("retry-after"));
+    assert_eq!(layer.waiting(), 0);
+
+    // A caller that goes away while its request waits: its own client, dropped with the task.
+    let leaving = tokio::spawn(post(&reqwest::Client::new()));
+    until("the duplicate waits", || layer.waiting() == 1).await;
+    leaving.abort();
+    let _ = leaving.await;
+    until("the abandoned wait is gone", || layer.waiting() == 0).await;
+
+    gate.notify_one();
+    let first = holder.await.expect("task").expect("first request");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = post(&client).await.expect("retry");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(server.executions.load(Ordering::SeqCst), 1);
+    assert_eq!(layer.waiting(), 0);
+}
+
+/// Two application instances (see [`two_instances_over_http`]) with `wait_for_result`: 25
+/// concurrent identical POSTs spread over both run the handler once and all get its `201`.
+/// The waiters on the instance not running it learn the result by claiming again on their
+/// timer (this checks that path; the other instance's signal never reaches them).
+pub async fn waiting_across_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let wait = Duration::from_secs(10);
+    let (one, _) = serve_waiting(a, executions.clone(), wait, First::Succeeds).await;
+    let (two, _) = serve_waiting(b, executions.clone(), wait, First::Succeeds).await;
+    let client = reqwest::Client::new();
+    let urls = [one.url.clone(), two.url.clone()];
+    let answers = concurrent_posts(&client, &urls, &fresh_key("wait-two")).await;
+    one_result_for_all(&answers);
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
 /// Generates one `#[tokio::test]` per conformance check.
 ///
 /// The argument is an expression evaluating to a future of `Option<impl Store>`; it is evaluated
@@ -985,6 +1226,9 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, slow_handler_keeps_its_key_over_http);
         $crate::__conformance_test!($make, forget_deletes_one_record);
         $crate::__conformance_test!($make, forget_fences_the_holder);
+        $crate::__conformance_test!($make, waiting_duplicates_get_the_result_over_http);
+        $crate::__conformance_test!($make, waiting_duplicates_run_once_after_a_release_over_http);
+        $crate::__conformance_test!($make, waiting_ends_at_max_wait_or_disconnect_over_http);
     };
 }
 

@@ -323,6 +323,14 @@ async fn two_cached_instances_over_http_run_each_key_once() {
     tower_idempotency_core::conformance::two_instances_over_http(a, b).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cached_instances_wait_for_one_result() {
+    let shared = Arc::new(MemoryStore::new());
+    let a: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared.clone()));
+    let b: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared));
+    tower_idempotency_core::conformance::waiting_across_instances_over_http(a, b).await;
+}
+
 #[tokio::test]
 async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));

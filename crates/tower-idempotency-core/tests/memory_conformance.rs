@@ -14,3 +14,11 @@ async fn records_over_the_store_limit_complete_without_body() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_wait_for_one_result() {
+    let shared: std::sync::Arc<dyn tower_idempotency_core::Store> =
+        std::sync::Arc::new(tower_idempotency_core::MemoryStore::new());
+    tower_idempotency_core::conformance::waiting_across_instances_over_http(shared.clone(), shared)
+        .await;
+}

@@ -70,6 +70,16 @@ async fn two_instances_with_separate_connection_managers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_wait_for_one_result() {
+    let Some(a) = common::standalone_store().await else {
+        return;
+    };
+    let manager = common::manager(&common::redis_url()).await.unwrap();
+    let b = RedisStore::new(manager, a.store.prefix()).unwrap();
+    conformance::waiting_across_instances_over_http(Arc::new(a), Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_completed_keys() {
     let Some(before) = common::standalone_store().await else {
         return;

@@ -37,6 +37,16 @@ async fn two_instances_with_separate_pools() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_wait_for_one_result() {
+    let table = PgTable::new();
+    let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
+        return;
+    };
+    a.migrate().await.expect("migrate");
+    conformance::waiting_across_instances_over_http(Arc::new(a), Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_completed() {
     let table = PgTable::new();
     let Some(before) = table.store().await else {

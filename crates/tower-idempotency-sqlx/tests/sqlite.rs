@@ -37,6 +37,14 @@ async fn two_instances_share_one_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_wait_for_one_result() {
+    let file = SqliteFile::new();
+    let (a, b) = (file.store("idem").await, file.store("idem").await);
+    a.migrate().await.expect("migrate");
+    conformance::waiting_across_instances_over_http(Arc::new(a), Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_completed() {
     let file = SqliteFile::new();
     let before = file.store("idem").await;

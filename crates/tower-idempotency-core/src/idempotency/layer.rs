@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-use super::{IdempotencyService, TransactionalError};
+use super::{wait::Waiters, IdempotencyService, TransactionalError};
 use crate::{
     fingerprint::FingerprintMode,
     key::{ClientKey, KeySource},
@@ -38,6 +38,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default ceiling on lease renewal for one slow handler: 10 min.
 pub const DEFAULT_MAX_LEASE_RENEWAL: Duration = Duration::from_secs(10 * 60);
+
+/// Default bound on the requests of one layer waiting for an in-flight result at once: 1024.
+/// See [`IdempotencyLayer::max_waiters`].
+pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
 /// Which methods a layer guards.
 #[derive(Clone, Debug)]
@@ -83,6 +87,10 @@ pub(crate) struct Config {
     pub(crate) accepting: Arc<AtomicBool>,
     /// The handler's writes commit with the completion (see `transactional.rs`).
     pub(crate) transactional: bool,
+    /// Duplicates of an in-flight request wait for its result (see `wait.rs`).
+    pub(crate) wait: Option<Arc<Waiters>>,
+    /// The bound on waiters, kept for [`IdempotencyLayer::wait_for_result`].
+    pub(crate) max_waiters: usize,
 }
 
 impl Config {
@@ -154,6 +162,8 @@ impl IdempotencyLayer {
                 tasks: TaskTracker::new(),
                 accepting: Arc::new(AtomicBool::new(true)),
                 transactional: false,
+                wait: None,
+                max_waiters: DEFAULT_MAX_WAITERS,
             }),
         }
     }
@@ -364,6 +374,57 @@ impl IdempotencyLayer {
     /// Whether [`transactional`](Self::transactional) is on.
     pub fn is_transactional(&self) -> bool {
         self.config.transactional
+    }
+
+    /// Lets a duplicate of an in-flight request wait for the first one's result, up to
+    /// `max_wait`, instead of being answered `409` at once (off by default).
+    ///
+    /// The waiter is answered with the replay once the first request completes the key. If the
+    /// first request's response is not cached (an error, a panic, a status the
+    /// [`cache_policy`](Self::cache_policy) releases), the key is released and exactly one waiter
+    /// claims it and runs the handler; the others wait for that one. Past `max_wait`, or when
+    /// [`max_waiters`](Self::max_waiters) requests already wait, the duplicate gets the `409`
+    /// (with its `Retry-After`) as without waiting. `Duration::ZERO` turns waiting off.
+    ///
+    /// Waiters of one key in this process share one notification, sent when the request
+    /// running here completes or releases the key; each then claims the key once more. A holder
+    /// in another instance sends nothing here: every waiter also claims again after 50 ms,
+    /// then after doubling intervals (100 ms, 200 ms, ...), never later than the holder's
+    /// remaining lease: about `log2(wait / 50 ms)` store calls per waiter. See
+    /// `docs/configuration.md`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::client_keys(MemoryStore::new())
+    ///     .wait_for_result(Duration::from_secs(5))
+    ///     .max_waiters(256);
+    /// assert_eq!(layer.waiting(), 0);
+    /// ```
+    pub fn wait_for_result(self, max_wait: Duration) -> Self {
+        self.with(|c| {
+            c.wait = (!max_wait.is_zero())
+                .then(|| Arc::new(Waiters::new(max_wait.min(LONGEST_DURATION), c.max_waiters)));
+        })
+    }
+
+    /// Bounds the requests waiting for an in-flight result at once (default
+    /// [`DEFAULT_MAX_WAITERS`]); beyond it a duplicate is answered `409` at once. Only
+    /// meaningful with [`wait_for_result`](Self::wait_for_result), in either order.
+    pub fn max_waiters(self, limit: usize) -> Self {
+        self.with(|c| {
+            c.max_waiters = limit;
+            if let Some(wait) = &c.wait {
+                c.wait = Some(Arc::new(Waiters::new(wait.max_wait(), limit)));
+            }
+        })
+    }
+
+    /// How many requests wait for an in-flight result now (see
+    /// [`wait_for_result`](Self::wait_for_result)); `0` when waiting is off.
+    pub fn waiting(&self) -> usize {
+        self.config.wait.as_ref().map_or(0, |wait| wait.waiting())
     }
 
     /// A handle to drain running handlers on shutdown. Shared by every service of this layer.

@@ -9,7 +9,8 @@
 //!    see [`RouteScope`](crate::scope::RouteScope)), and fingerprints the request;
 //! 4. claims it in the [`Store`](crate::Store): a claim runs the handler (to completion even if the caller
 //!    disconnects), an
-//!    in-flight duplicate gets `409`, a completed key is replayed with `Idempotent-Replayed: true`,
+//!    in-flight duplicate gets `409` (or, with
+//!    [`wait_for_result`](IdempotencyLayer::wait_for_result), waits for the first one's result), a completed key is replayed with `Idempotent-Replayed: true`,
 //!    a reused key with another fingerprint gets `422`, a failing store gets `503`;
 //! 5. completes or releases the key according to the [`CachePolicy`](crate::CachePolicy).
 //!
@@ -36,13 +37,14 @@ mod future;
 mod layer;
 mod service;
 mod transactional;
+mod wait;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::{
     IdempotencyLayer, DEFAULT_DISCARD_BYTES, DEFAULT_DISCARD_TIME, DEFAULT_LEASE, DEFAULT_MAX_BODY,
-    DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
-    MIN_LEASE,
+    DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_MAX_WAITERS, DEFAULT_STORE_TIMEOUT,
+    DEFAULT_TTL, MIN_LEASE,
 };
 pub use service::IdempotencyService;
 pub use transactional::TransactionalError;

@@ -20,7 +20,7 @@ use super::{
     authenticated::{self, Checked},
     detach::DetachOnDrop,
     layer::Config,
-    transactional, ResponseBody, ResponseFuture,
+    transactional, wait, ResponseBody, ResponseFuture,
 };
 use crate::{
     outcome::Outcome,
@@ -214,6 +214,11 @@ where
             ))
         }
     };
+    // With `wait_for_result`, an in-flight duplicate waits for the result (see `wait.rs`).
+    let claim = match &config.wait {
+        Some(waiters) => wait::settle(&config, waiters, &store_key, &fingerprint, claim).await,
+        None => claim,
+    };
     let claim = match claim {
         Ok(claim) => claim,
         Err(error) => {
@@ -265,11 +270,13 @@ where
         }
         ClaimOutcome::Claimed { token } => {
             let request = Request::from_parts(parts, ReqBody::from(body));
+            // Wakes this key's waiters once the key is completed or released.
+            let settled = wait::SettledSignal::new(config.wait.as_ref(), &store_key);
             // Runs here on the caller's task; if the caller goes away first, the rest is spawned
             // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
             // waits for it in both cases; instrumented so the span follows a detached handler.
             // Boxed first, so the wrappers around it move a pointer, not the whole future.
-            let execute = Box::pin(if config.transactional {
+            let execute = if config.transactional {
                 // The handler's writes commit with the completion: see `transactional.rs`.
                 Either::Left(transactional::execute(
                     config.clone(),
@@ -288,6 +295,11 @@ where
                     token,
                     permit,
                 ))
+            };
+            let execute = Box::pin(async move {
+                let answer = execute.await;
+                drop(settled);
+                answer
             });
             let run = config
                 .tasks
@@ -309,7 +321,7 @@ where
 /// a statement, or execute a command whose reply never arrives. Such a claim is released with its
 /// own token in the background (see [`ReleaseUnanswered`]), so its key is not blocked for a
 /// lease while nothing runs. The error is for logs only.
-async fn claim(
+pub(super) async fn claim(
     config: &Arc<Config>,
     key: &str,
     fingerprint: &Fingerprint,
