@@ -17,7 +17,7 @@ use tower_idempotency::{
     IdempotencyLayer, IdempotentTx, SqliteStore, VerifiedWebhook, WebhookLayerExt,
 };
 
-const ADDR: &str = "127.0.0.1:3010";
+const ADDR: &str = "127.0.0.1:3013";
 
 #[derive(Deserialize)]
 struct Payment {
