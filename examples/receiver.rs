@@ -778,7 +778,10 @@ mod prometheus {
             let text = handle.render();
             async move {
                 (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
                     text,
                 )
             }
