@@ -44,6 +44,9 @@
 //! `payments` of the store's database, waits `HANDLER_DELAY_MS` inside the transaction, answers
 //! `201 {"payment_id", "amount"}`).
 //!
+//! Built with the `metrics` feature (`--features metrics`), it also serves `GET /metrics`: the
+//! layer's metrics in the Prometheus text format (docs/observability.md).
+//!
 //! `GET /effects` counts how many times each handler ran per key, named `<route>:<event key>`.
 //! The counts live in this process's memory: they count the executions of this process only and
 //! start from zero after a restart (persisting them would make them survive one; out of scope).
@@ -121,6 +124,9 @@ enum StartError {
     Payments(#[source] BoxError),
     #[error("cannot listen: {0}")]
     Io(#[from] std::io::Error),
+    #[cfg(feature = "metrics")]
+    #[error("the metrics recorder could not be installed")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
 }
 
 struct Config {
@@ -720,12 +726,16 @@ async fn drain(handles: &[ShutdownHandle]) {
 
 async fn run() -> Result<(), StartError> {
     let config = Config::from_env()?;
+    #[cfg(feature = "metrics")]
+    let metrics_route = prometheus::install()?;
     let store = connect_store(&config.store_url).await?;
     tracing::info!(store = config.store_kind(), "store ready");
     let payments = payments::Payments::open(&config.store_url)
         .await
         .map_err(StartError::Payments)?;
     let (router, handles) = build_app(&config, store, payments)?;
+    #[cfg(feature = "metrics")]
+    let router = router.merge(metrics_route);
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     let addr = listener.local_addr()?;
     // On stdout, alone, so scripts and tests can read the address (logs go to stderr).
@@ -735,6 +745,56 @@ async fn run() -> Result<(), StartError> {
         .await?;
     drain(&handles).await;
     Ok(())
+}
+
+/// `GET /metrics`: the layer's metrics (docs/observability.md) in the Prometheus text format.
+#[cfg(feature = "metrics")]
+mod prometheus {
+    use std::time::Duration;
+
+    use axum::{http::header, routing::get, Router};
+    use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+    use tower_idempotency::idempotency::{describe_metrics, STORE_CALL_DURATION_SECONDS};
+
+    /// How often the recorder folds recorded histogram samples into its buckets.
+    const UPKEEP: Duration = Duration::from_secs(5);
+    /// Store call latency buckets, in seconds: an in-process store answers in microseconds, a
+    /// network store in milliseconds; the store timeout bounds the rest.
+    const STORE_CALL_BUCKETS: &[f64] = &[
+        0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ];
+
+    /// Installs the Prometheus recorder as the global one and returns the route that renders it.
+    pub fn install() -> Result<Router, BuildError> {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full(STORE_CALL_DURATION_SECONDS.to_owned()),
+                STORE_CALL_BUCKETS,
+            )?
+            .install_recorder()?;
+        describe_metrics();
+        let upkeep = handle.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(UPKEEP);
+            loop {
+                every.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        let render = move || {
+            let text = handle.render();
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        };
+        Ok(Router::new().route("/metrics", get(render)))
+    }
 }
 
 fn init_tracing() {

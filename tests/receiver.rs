@@ -53,6 +53,7 @@ fn build_receiver(target_dir: &Path) {
         ("webhooks", cfg!(feature = "webhooks")),
         ("postgres", cfg!(feature = "postgres")),
         ("redis", cfg!(feature = "redis")),
+        ("metrics", cfg!(feature = "metrics")),
     ]
     .into_iter()
     .filter_map(|(name, on)| on.then_some(name))
@@ -382,6 +383,53 @@ fn problem_type(answer: &Answer) -> String {
 
 // ---------------------------------------------------------------------------------------------
 // The test
+
+/// With the `metrics` feature the receiver serves the layer's metrics in the Prometheus text
+/// format, the store call latency as a histogram with buckets.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receiver_serves_metrics_in_the_prometheus_text_format() {
+    let receiver = Receiver::start().await;
+    let client = reqwest::Client::new();
+
+    let order = Delivery::order(Some("metrics-order-1"), json!({ "sku": "M-1" }));
+    for _ in 0..3 {
+        assert_eq!(order.send(&client, &receiver).await.status, 201);
+    }
+    let keyless = Delivery::order(None, json!({}))
+        .send(&client, &receiver)
+        .await;
+    assert_eq!(keyless.status, 400);
+
+    let response = client.get(receiver.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    let text = response.text().await.unwrap();
+    for line in [
+        r#"idempotency_requests_total{namespace="orders",outcome="executed"} 1"#,
+        r#"idempotency_requests_total{namespace="orders",outcome="replayed"} 2"#,
+        r#"idempotency_requests_total{namespace="orders",outcome="rejected"} 1"#,
+        r#"idempotency_handlers_in_flight{namespace="orders"} 0"#,
+        "# TYPE idempotency_store_call_duration_seconds histogram",
+        r#"idempotency_store_call_duration_seconds_count{operation="claim",store="sqlite"} 3"#,
+        r#"idempotency_store_call_duration_seconds_count{operation="complete",store="sqlite"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+    assert!(text.contains(r#"idempotency_store_call_duration_seconds_bucket{operation="claim",store="sqlite",le="0.001"}"#), "{text}");
+    let (status, _logs) = receiver.terminate().await;
+    assert!(status.success());
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_runs_each_delivery_once_and_refuses_forgeries() {

@@ -97,6 +97,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
     fn transactions(&self) -> Option<&dyn crate::store::TransactionalStore> {
         self.store.transactions()
     }
+
+    fn name(&self) -> &'static str {
+        self.store.name()
+    }
 }
 
 /// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did
@@ -169,6 +173,10 @@ impl<S: Store> Store for CountingStore<S> {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         self.inner.forget(key).await
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 }
 

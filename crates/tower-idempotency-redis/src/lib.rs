@@ -794,6 +794,10 @@ impl Store for RedisStore {
             _ => Err(corrupt("DEL reply")),
         }
     }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
 }
 
 #[cfg(test)]

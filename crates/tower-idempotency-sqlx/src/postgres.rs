@@ -538,6 +538,10 @@ impl Store for PostgresStore {
                 .map_err(|e| self.map_error(e, None)),
         }
     }
+
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.

@@ -582,6 +582,10 @@ impl Store for SqliteStore {
                 .map_err(|e| self.map_error(e, None)),
         }
     }
+
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.

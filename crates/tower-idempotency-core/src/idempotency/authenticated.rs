@@ -5,7 +5,7 @@ use std::future::Future;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use super::{layer::Config, service::within};
+use super::{layer::Config, metrics, service::within};
 use crate::{
     authenticator::Authenticator,
     scope::MAX_NAMESPACE_LEN,
@@ -52,7 +52,11 @@ pub(crate) async fn claim(
         let token = FencingToken::random().map_err(|e| format!("no fencing token: {e}"))?;
         match within(
             config.store_timeout(),
-            config.store.claim(&record, &owner, token, lease),
+            metrics::timed(
+                config,
+                "claim",
+                config.store.claim(&record, &owner, token, lease),
+            ),
         )
         .await
         {
@@ -74,7 +78,7 @@ pub(crate) async fn claim(
     if let Ok(ClaimOutcome::Claimed { token }) = &claim {
         match within(
             config.store_timeout(),
-            config.store.release(store_key, *token),
+            metrics::timed(config, "release", config.store.release(store_key, *token)),
         )
         .await
         {

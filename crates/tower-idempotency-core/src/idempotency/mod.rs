@@ -35,6 +35,7 @@ mod body;
 mod detach;
 mod future;
 mod layer;
+mod metrics;
 mod service;
 mod transactional;
 mod wait;
@@ -45,6 +46,12 @@ pub use layer::{
     IdempotencyLayer, DEFAULT_DISCARD_BYTES, DEFAULT_DISCARD_TIME, DEFAULT_LEASE, DEFAULT_MAX_BODY,
     DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_MAX_WAITERS, DEFAULT_STORE_TIMEOUT,
     DEFAULT_TTL, MIN_LEASE,
+};
+#[cfg(feature = "metrics")]
+pub use metrics::describe_metrics;
+pub use metrics::{
+    HANDLERS_IN_FLIGHT, LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
+    STORE_CALL_DURATION_SECONDS,
 };
 pub use service::IdempotencyService;
 pub use transactional::TransactionalError;

@@ -20,7 +20,7 @@ use super::{
     authenticated::{self, Checked},
     detach::DetachOnDrop,
     layer::Config,
-    transactional, wait, ResponseBody, ResponseFuture,
+    metrics, transactional, wait, ResponseBody, ResponseFuture,
 };
 use crate::{
     outcome::Outcome,
@@ -77,7 +77,8 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         if !config.methods.guards(request.method()) {
-            return Box::pin(pass_through(inner, request, Outcome::PassedThrough));
+            let answer = pass_through(inner, request, Outcome::PassedThrough);
+            return Box::pin(metrics::counted(config, answer));
         }
         let span = tracing::info_span!(
             "idempotency",
@@ -85,7 +86,8 @@ where
             key_hash = field::Empty,
             outcome = field::Empty,
         );
-        Box::pin(guard(config, inner, request, span.clone()).instrument(span))
+        let answer = guard(config.clone(), inner, request, span.clone()).instrument(span);
+        Box::pin(metrics::counted(config, answer))
     }
 }
 
@@ -334,7 +336,11 @@ pub(super) async fn claim(
     };
     let claimed = within(
         config.store_timeout(),
-        config.store.claim(key, fingerprint, token, config.lease),
+        metrics::timed(
+            config,
+            "claim",
+            config.store.claim(key, fingerprint, token, config.lease),
+        ),
     )
     .await;
     match claimed {
@@ -372,7 +378,8 @@ impl Drop for ReleaseUnanswered<'_> {
                 if attempt > 0 {
                     tokio::time::sleep(config.store_timeout()).await;
                 }
-                match within(config.store_timeout(), config.store.release(&key, token)).await {
+                let release = metrics::timed(&config, "release", config.store.release(&key, token));
+                match within(config.store_timeout(), release).await {
                     Some(Ok(Ownership::Current)) => {
                         tracing::info!("released a claim whose answer never arrived");
                         return;
@@ -486,6 +493,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let _in_flight = metrics::HandlerInFlight::start(config);
     let response = match inner.call(request).await {
         Ok(response) => response,
         Err(error) => return Produced::Error(error),
@@ -535,11 +543,16 @@ async fn record(
     let timeout = config.store_timeout();
     let mut backoff = COMPLETE_RETRY_BACKOFF;
     loop {
-        let completion = config.store.complete(key, token, &cached, config.ttl);
+        let completion = metrics::timed(
+            config,
+            "complete",
+            config.store.complete(key, token, &cached, config.ttl),
+        );
         let error = match within(timeout, completion).await {
             Some(Ok(Ownership::Current)) => return Outcome::Executed,
             Some(Ok(Ownership::Stale)) => {
                 tracing::warn!("lease lost before completion; the result was not recorded");
+                metrics::result_unrecorded(config);
                 return Outcome::ExecutedUnrecorded;
             }
             Some(Err(StoreError::RecordTooLarge { size, limit })) if !cached.body_omitted => {
@@ -557,6 +570,7 @@ async fn record(
         };
         if Instant::now() + backoff >= lease_ends {
             tracing::error!(%error, "recording the result failed; the key stays in flight until its lease expires");
+            metrics::result_unrecorded(config);
             return Outcome::ExecutedUnrecorded;
         }
         tracing::warn!(%error, retry_in = ?backoff, "recording the result failed; retrying while the lease holds");
@@ -566,7 +580,8 @@ async fn record(
 }
 
 pub(super) async fn release(config: &Config, key: &str, token: FencingToken) {
-    match within(config.store_timeout(), config.store.release(key, token)).await {
+    let release = metrics::timed(config, "release", config.store.release(key, token));
+    match within(config.store_timeout(), release).await {
         Some(Ok(_)) => {}
         Some(Err(error)) => {
             tracing::error!(%error, "releasing the key failed; it stays in flight until its lease expires")
@@ -635,12 +650,17 @@ async fn keep_renewing(
     while next < stop_renewing {
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        let renewal = config.store.renew(key, token, config.lease);
+        let renewal = metrics::timed(
+            config,
+            "renew",
+            config.store.renew(key, token, config.lease),
+        );
         match tokio::time::timeout(config.store_timeout(), renewal).await {
             Ok(Ok(Ownership::Current)) => {
                 *held_until.lock().unwrap_or_else(|p| p.into_inner()) = sent + config.lease;
             }
             Ok(Ok(Ownership::Stale)) => {
+                metrics::lease_renewal_lost(config);
                 tracing::warn!("lease lost while the handler runs; a retry may run it again")
             }
             Ok(Err(error)) => tracing::warn!(%error, "lease renewal failed"),

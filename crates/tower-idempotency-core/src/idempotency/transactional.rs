@@ -27,6 +27,7 @@ use tracing::Span;
 
 use super::{
     layer::Config,
+    metrics,
     service::{produce, reject, release, renewing_lease, with_outcome, within, Answer, Produced},
 };
 use crate::{
@@ -70,7 +71,12 @@ where
         release(&config, &key, token).await;
         return Ok(reject(unavailable, Outcome::StoreUnavailable));
     };
-    let transaction = match within(config.store_timeout(), transactions.begin(&key, token)).await {
+    let transaction = match within(
+        config.store_timeout(),
+        metrics::timed(&config, "begin", transactions.begin(&key, token)),
+    )
+    .await
+    {
         Some(Ok(transaction)) => transaction,
         failed => {
             let error = match failed {
@@ -127,7 +133,11 @@ where
     let retry_after = config.retry_after;
     let committed = within(
         config.store_timeout(),
-        transaction.commit_with(&cached, config.ttl),
+        metrics::timed(
+            &config,
+            "commit",
+            transaction.commit_with(&cached, config.ttl),
+        ),
     )
     .await;
     match committed {
@@ -165,7 +175,12 @@ where
 }
 
 async fn roll_back(config: &Config, transaction: Box<dyn StoreTransaction + '_>) {
-    match within(config.store_timeout(), transaction.rollback()).await {
+    match within(
+        config.store_timeout(),
+        metrics::timed(config, "rollback", transaction.rollback()),
+    )
+    .await
+    {
         Some(Ok(())) => {}
         // The transaction is gone with its connection either way: a database rolls back what a
         // lost connection left open.

@@ -285,4 +285,9 @@ impl<S: Store> Store for LocalReplayCache<S> {
         self.claimed.remove(key);
         forgotten
     }
+
+    /// The inner store's name.
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
 }

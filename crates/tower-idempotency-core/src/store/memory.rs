@@ -482,6 +482,10 @@ impl Store for MemoryStore {
         let removed = lock(self.shard(key)).remove(key);
         Ok(removed.is_some_and(|entry| entry.is_live(now)))
     }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
 }
 
 #[cfg(test)]

@@ -264,6 +264,12 @@ pub trait Store: Send + Sync + 'static {
     fn transactions(&self) -> Option<&dyn TransactionalStore> {
         None
     }
+
+    /// A short lowercase name of the backend (`"memory"`, `"sqlite"`, `"postgres"`, `"redis"`),
+    /// the `store` label of the layer's store call metrics; `"custom"` by default.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 #[async_trait::async_trait]
@@ -311,6 +317,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn transactions(&self) -> Option<&dyn TransactionalStore> {
         (**self).transactions()
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 }
 
