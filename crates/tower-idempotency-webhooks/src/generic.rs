@@ -33,11 +33,12 @@ use smallvec::SmallVec;
 
 use crate::{
     error::{ConfigError, VerifyError},
+    event_id,
+    headers::{self, HeaderKey as _, ParsedName},
+    json,
     secret::Secret,
-    util::{
-        self, Encoding, HeaderKey as _, HmacAlgorithm, ParsedName, DEFAULT_TOLERANCE,
-        MAX_SIGNATURES,
-    },
+    signature::{self, Encoding, HmacAlgorithm, MAX_SIGNATURES},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -186,7 +187,7 @@ impl HmacVerifierBuilder {
 
     /// The replay window; zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -317,7 +318,7 @@ impl HmacVerifier {
     ) -> String {
         let ts = timestamp.map(|t| t.to_string());
         let chunks = self.signed_chunks(ts.as_deref(), id, body);
-        let mac = util::hmac(self.algorithm, secret.as_ref(), &chunks);
+        let mac = signature::hmac(self.algorithm, secret.as_ref(), &chunks);
         format!("{}{}", self.prefix, self.encoding.encode(&mac))
     }
 }
@@ -341,7 +342,7 @@ impl Verifier for HmacVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = util::required(&parts.headers, &self.header)?;
+        let value = headers::required(&parts.headers, &self.header)?;
         let name = (&self.header).label();
         let mut signatures: SmallVec<[&str; 2]> = SmallVec::new();
         // Members are separated by commas and/or ASCII whitespace. Splitting on `,` first (a
@@ -371,40 +372,40 @@ impl Verifier for HmacVerifier {
         }
         let timestamp = match &self.timestamp_header {
             Some(header) => {
-                let text = util::required(&parts.headers, header)?;
+                let text = headers::required(&parts.headers, header)?;
                 let name = header.label();
-                Some((name, text, util::parse_unix(name, text)?))
+                Some((name, text, timestamp::parse_unix(name, text)?))
             }
             None => None,
         };
         let header_id = match &self.id_header {
-            Some(header) => Some(util::header_id(&parts.headers, header)?),
+            Some(header) => Some(event_id::header_id(&parts.headers, header)?),
             None => None,
         };
-        let candidates = util::decode_all(name, &signatures, self.encoding)?;
+        let candidates = signature::decode_all(name, &signatures, self.encoding)?;
         let index = {
             let chunks = self.signed_chunks(timestamp.map(|t| t.1), header_id.as_deref(), body);
-            util::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?
+            signature::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?
         };
         if let Some((header, _, signed)) = timestamp {
-            util::check_window(header, signed, now, self.tolerance)?;
+            timestamp::check_window(header, signed, now, self.tolerance)?;
         }
         let mut json = None;
         let id = match (&self.event_id, header_id) {
             (_, Some(id)) => id,
             // Most pointers name object keys: scan for the one field instead of building the
             // document (at 1 KiB, ~10x the HMAC), which `json()` then builds only if asked.
-            (EventId::JsonPointer(pointer), None) if util::scannable_pointer(pointer) => {
-                let [value] = util::json_fields(body, [*pointer])?;
-                util::scalar_id(value, pointer)?
+            (EventId::JsonPointer(pointer), None) if json::scannable_pointer(pointer) => {
+                let [value] = json::fields(body, [*pointer])?;
+                event_id::scalar_id(value, pointer)?
             }
             (EventId::JsonPointer(pointer), None) => {
-                let value = util::parse_json(body)?;
-                let id = util::json_id(&value, pointer)?;
+                let value = json::parse(body)?;
+                let id = event_id::json_id(&value, pointer)?;
                 json = Some(value);
                 id
             }
-            _ => util::body_digest_id(body),
+            _ => event_id::body_digest_id(body),
         };
         let mut webhook =
             VerifiedWebhook::new(self.provider, id, body.clone()).with_secret_index(index);

@@ -37,9 +37,14 @@
 
 mod clock;
 mod error;
+mod event_id;
 mod ext;
+mod headers;
+mod json;
+mod schemes;
 mod secret;
-mod util;
+mod signature;
+mod timestamp;
 mod verified;
 mod verifier;
 
@@ -80,11 +85,10 @@ pub use providers::zoom;
 pub use clock::{Clock, SystemClock};
 pub use error::{ConfigError, VerifyError};
 pub use ext::WebhookLayerExt;
+pub use headers::MAX_HEADER_LEN;
 pub use secret::{Secret, MIN_SECRET_LEN};
-pub use util::{
-    Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_HEADER_LEN,
-    MAX_SIGNATURES,
-};
+pub use signature::{Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES};
+pub use timestamp::DEFAULT_TOLERANCE;
 pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
 pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 
@@ -93,17 +97,18 @@ pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod __fuzz {
-    pub use crate::util::{MAX_HEADER_LEN, MAX_SIGNATURES};
     use crate::VerifyError;
+    pub use crate::{headers::MAX_HEADER_LEN, signature::MAX_SIGNATURES};
 
     /// `k=v<sep>k=v` (Stripe `,`, Paddle `;`).
+    #[cfg(any(feature = "stripe", feature = "paddle"))]
     pub fn kv_pairs(value: &str, separator: char) -> Result<Vec<(&str, &str)>, VerifyError> {
-        crate::util::kv_pairs("fuzz", value, separator)
+        crate::schemes::kv_pairs("fuzz", value, separator)
     }
 
     /// Strict unix seconds.
     pub fn parse_unix(text: &str) -> Result<u64, VerifyError> {
-        crate::util::parse_unix("fuzz", text)
+        crate::timestamp::parse_unix("fuzz", text)
     }
 
     /// The signature decoders.
@@ -124,30 +129,12 @@ pub mod __fuzz {
         headers: &'a http::HeaderMap,
         name: &'static str,
     ) -> Result<Option<&'a str>, VerifyError> {
-        crate::util::header(headers, name)
+        crate::headers::header(headers, name)
     }
 
     /// Event-id validation.
     pub fn check_id(id: String) -> Result<String, VerifyError> {
-        crate::util::check_id(id, "fuzz")
-    }
-
-    /// The two scans of the JSON field reader for the pointers `/id`, `/data/id`, `/type`
-    /// and `/n` (a value's `Debug` text per pointer): the fast scan's answer (`None` where it
-    /// defers to serde_json) and serde_json's (`None` for a body it refuses). With `stop_early`
-    /// the scans stop once all four are found, else they read the whole body.
-    pub fn json_fields_both(
-        body: &[u8],
-        stop_early: bool,
-    ) -> (Option<Vec<String>>, Option<Vec<String>>) {
-        let done =
-            |found: &[Option<crate::util::Scalar>]| stop_early && found.iter().all(Option::is_some);
-        let (fast, serde) =
-            crate::util::json_fields_both(body, ["/id", "/data/id", "/type", "/n"], &done);
-        let show = |found: crate::util::Fields<4>| {
-            found.iter().map(|value| format!("{value:?}")).collect()
-        };
-        (fast.map(show), serde.ok().map(show))
+        crate::event_id::check_id(id, "fuzz")
     }
 
     /// Twilio's sorted form parameters.

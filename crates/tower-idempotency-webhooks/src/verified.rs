@@ -211,7 +211,7 @@ impl VerifiedWebhook {
     pub fn json(&self) -> Result<&serde_json::Value, NotJson> {
         self.inner
             .json
-            .get_or_init(|| crate::util::parse_json(&self.inner.body).ok())
+            .get_or_init(|| crate::json::parse(&self.inner.body).ok())
             .as_ref()
             .ok_or(NotJson)
     }

@@ -17,7 +17,7 @@ use tower_idempotency_core::{
 use crate::{
     clock::{Clock, SystemClock},
     error::VerifyError,
-    util,
+    event_id,
     verified::VerifiedWebhook,
 };
 
@@ -180,7 +180,7 @@ impl<V: Verifier> KeySource for WebhookKeys<V> {
         }
         let webhook = self.verifier.verify(parts, body, self.clock.now())?;
         // Custom verifiers may skip the checks the built-in ones make.
-        let key = util::check_id(webhook.event_id().to_owned(), "event id")?;
+        let key = event_id::check_id(webhook.event_id().to_owned(), "event id")?;
         if let Some(authenticator) = webhook.authenticator() {
             if self.refuse_replayed_signatures {
                 parts.extensions.insert(authenticator);

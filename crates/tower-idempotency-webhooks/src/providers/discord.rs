@@ -18,7 +18,8 @@ use http::request::Parts;
 
 use crate::{
     error::{ConfigError, VerifyError},
-    util::{self, DEFAULT_TOLERANCE},
+    event_id, headers, json,
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::{ChallengeResponse, VerifiedWebhook},
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -64,7 +65,7 @@ impl DiscordVerifier {
 
     /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -98,8 +99,8 @@ impl Verifier for DiscordVerifier {
         if self.keys.is_empty() {
             return Err(VerifyError::MissingConfiguration { what: "public key" });
         }
-        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
-        let timestamp = util::required(&parts.headers, TIMESTAMP_HEADER)?;
+        let value = headers::required(&parts.headers, SIGNATURE_HEADER)?;
+        let timestamp = headers::required(&parts.headers, TIMESTAMP_HEADER)?;
         let signature = hex::decode(value)
             .ok()
             .and_then(|b| Signature::from_slice(&b).ok())
@@ -107,19 +108,19 @@ impl Verifier for DiscordVerifier {
                 name: SIGNATURE_HEADER,
                 reason: "not 128 hex digits",
             })?;
-        let signed = util::parse_unix(TIMESTAMP_HEADER, timestamp)?;
+        let signed = timestamp::parse_unix(TIMESTAMP_HEADER, timestamp)?;
         let message = [timestamp.as_bytes(), body].concat();
         let index = self
             .keys
             .iter()
             .position(|key| key.verify_strict(&message, &signature).is_ok())
             .ok_or(VerifyError::SignatureMismatch)?;
-        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
-        let [id, kind] = util::json_fields(body, ["/id", "/type"])?;
-        let id = util::scalar_id(id, "/id")?;
+        timestamp::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        let [id, kind] = json::fields(body, ["/id", "/type"])?;
+        let id = event_id::scalar_id(id, "/id")?;
         let mut webhook = VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_headers([TIMESTAMP_HEADER]);
-        if kind.as_ref().and_then(util::Scalar::as_u64) == Some(1) {
+        if kind.as_ref().and_then(json::Scalar::as_u64) == Some(1) {
             webhook =
                 webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({ "type": 1 })));
         }

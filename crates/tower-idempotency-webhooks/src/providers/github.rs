@@ -21,8 +21,9 @@ use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
+    event_id, headers,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm},
+    signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -76,17 +77,18 @@ impl Verifier for GitHubVerifier {
         _now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
         const NAME: &str = SIGNATURE_HEADER;
-        let value = match util::header(&parts.headers, &SIGNATURE)? {
+        let value = match headers::header(&parts.headers, &SIGNATURE)? {
             Some(value) => value,
             None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
                 return Err(VerifyError::UnsupportedVersion { name: NAME })
             }
             None => return Err(VerifyError::MissingHeader { name: NAME }),
         };
-        let signature = prefixed(NAME, value, "sha256=")?;
-        let candidates = util::decode_all(NAME, &[signature], Encoding::Hex)?;
-        let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
-        let id = util::header_id(&parts.headers, &DELIVERY)?;
+        let signature = headers::prefixed(NAME, value, "sha256=")?;
+        let candidates = signature::decode_all(NAME, &[signature], Encoding::Hex)?;
+        let index =
+            signature::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
+        let id = event_id::header_id(&parts.headers, &DELIVERY)?;
         // The delivery id is not signed: remember the verified MAC.
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
@@ -96,24 +98,8 @@ impl Verifier for GitHubVerifier {
     }
 }
 
-/// Strips a `scheme=` prefix; another `x=` prefix is an unsupported version.
-pub(crate) fn prefixed<'a>(
-    name: &'static str,
-    value: &'a str,
-    prefix: &str,
-) -> Result<&'a str, VerifyError> {
-    match value.strip_prefix(prefix) {
-        Some(rest) => Ok(rest),
-        None if value.contains('=') => Err(VerifyError::UnsupportedVersion { name }),
-        None => Err(VerifyError::MalformedHeader {
-            name,
-            reason: "missing scheme prefix",
-        }),
-    }
-}
-
 /// The `X-Hub-Signature-256` value GitHub would send for `body`.
 pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
-    let mac = util::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]);
+    let mac = signature::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]);
     format!("sha256={}", hex::encode(mac))
 }

@@ -16,8 +16,9 @@ use http::request::Parts;
 
 use crate::{
     error::VerifyError,
+    event_id, headers,
     secret::{self, Secret},
-    util,
+    signature,
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -69,20 +70,22 @@ impl Verifier for GitLabVerifier {
         if self.tokens.is_empty() {
             return Err(VerifyError::MissingConfiguration { what: "token" });
         }
-        let token = util::required(&parts.headers, TOKEN_HEADER)?;
+        let token = headers::required(&parts.headers, TOKEN_HEADER)?;
         let index = self
             .tokens
             .iter()
-            .position(|t| util::token_eq(t.expose(), token.as_bytes()))
+            .position(|t| signature::token_eq(t.expose(), token.as_bytes()))
             .ok_or(VerifyError::SignatureMismatch)?;
-        let id = match util::header(&parts.headers, IDEMPOTENCY_HEADER)? {
-            Some(id) => util::check_id(id.to_owned(), IDEMPOTENCY_HEADER)?,
-            None => util::header_id(&parts.headers, EVENT_UUID_HEADER).map_err(|e| match e {
-                VerifyError::MissingEventId { .. } => VerifyError::MissingEventId {
-                    location: IDEMPOTENCY_HEADER,
-                },
-                other => other,
-            })?,
+        let id = match headers::header(&parts.headers, IDEMPOTENCY_HEADER)? {
+            Some(id) => event_id::check_id(id.to_owned(), IDEMPOTENCY_HEADER)?,
+            None => {
+                event_id::header_id(&parts.headers, EVENT_UUID_HEADER).map_err(|e| match e {
+                    VerifyError::MissingEventId { .. } => VerifyError::MissingEventId {
+                        location: IDEMPOTENCY_HEADER,
+                    },
+                    other => other,
+                })?
+            }
         };
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_secret_index(index)

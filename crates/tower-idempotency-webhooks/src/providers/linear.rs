@@ -19,8 +19,10 @@ use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
+    event_id, headers, json,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE},
+    signature::{self, Encoding, HmacAlgorithm},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -61,7 +63,7 @@ impl LinearVerifier {
     /// The replay window around `webhookTimestamp` (default 300 s; Linear suggests one
     /// minute); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -92,19 +94,20 @@ impl Verifier for LinearVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = util::required(&parts.headers, &SIGNATURE)?;
-        let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
-        let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
-        let [millis] = util::json_fields(body, ["/webhookTimestamp"])?;
+        let value = headers::required(&parts.headers, &SIGNATURE)?;
+        let candidates = signature::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
+        let index =
+            signature::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
+        let [millis] = json::fields(body, ["/webhookTimestamp"])?;
         // `@linear/sdk` compares it as a JavaScript number: `1700000000000.0` is the same.
-        let millis = millis.as_ref().and_then(util::Scalar::as_whole).ok_or(
+        let millis = millis.as_ref().and_then(json::Scalar::as_whole).ok_or(
             VerifyError::InvalidTimestamp {
                 name: TIMESTAMP_FIELD,
             },
         )?;
         let signed = millis / 1000;
-        util::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
-        let id = util::header_id(&parts.headers, &DELIVERY)?;
+        timestamp::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
+        let id = event_id::header_id(&parts.headers, &DELIVERY)?;
         // The delivery id is not signed: remember the verified MAC.
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
@@ -117,5 +120,9 @@ impl Verifier for LinearVerifier {
 
 /// The `Linear-Signature` value for `body`.
 pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
-    hex::encode(util::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]))
+    hex::encode(signature::hmac(
+        HmacAlgorithm::Sha256,
+        secret.as_ref(),
+        &[body],
+    ))
 }

@@ -21,8 +21,10 @@ use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
+    event_id, json,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE},
+    signature::{self, Encoding, HmacAlgorithm},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -53,7 +55,7 @@ impl MailgunVerifier {
 
     /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -86,7 +88,7 @@ impl Verifier for MailgunVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let [timestamp, token, signature, id] = util::json_fields(
+        let [timestamp, token, signature, id] = json::fields(
             body,
             [
                 "/signature/timestamp",
@@ -95,10 +97,10 @@ impl Verifier for MailgunVerifier {
                 "/event-data/id",
             ],
         )?;
-        fn field(value: &Option<util::Scalar>) -> Result<&str, VerifyError> {
+        fn field(value: &Option<json::Scalar>) -> Result<&str, VerifyError> {
             value
                 .as_ref()
-                .and_then(util::Scalar::as_str)
+                .and_then(json::Scalar::as_str)
                 .filter(|v| !v.is_empty() && v.len() <= 1024)
                 .ok_or(VerifyError::MalformedBody {
                     reason: "no signature.timestamp, signature.token and signature.signature",
@@ -106,21 +108,21 @@ impl Verifier for MailgunVerifier {
         }
         let (timestamp, token, signature) =
             (field(&timestamp)?, field(&token)?, field(&signature)?);
-        let signed = util::parse_unix(FIELD, timestamp)?;
+        let signed = timestamp::parse_unix(FIELD, timestamp)?;
         let candidate =
             Encoding::Hex
                 .decode_candidate(signature)
                 .ok_or(VerifyError::MalformedBody {
                     reason: "signature.signature is not hexadecimal",
                 })?;
-        let index = util::match_hmac(
+        let index = signature::match_hmac(
             HmacAlgorithm::Sha256,
             &self.secrets,
             &[timestamp.as_bytes(), token.as_bytes()],
             &[candidate],
         )?;
-        util::check_window(FIELD, signed, now, self.tolerance)?;
-        let id = util::scalar_id(id, "/event-data/id")?;
+        timestamp::check_window(FIELD, signed, now, self.tolerance)?;
+        let id = event_id::scalar_id(id, "/event-data/id")?;
         // The event data is not signed; Mailgun's advice is to refuse a token seen before.
         let authenticator = Authenticator::digest(PROVIDER, &[token.as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
@@ -133,7 +135,7 @@ impl Verifier for MailgunVerifier {
 /// The `signature` object Mailgun would send for `timestamp` and `token`.
 pub fn sign(key: impl AsRef<[u8]>, timestamp: u64, token: &str) -> serde_json::Value {
     let ts = timestamp.to_string();
-    let mac = util::hmac(
+    let mac = signature::hmac(
         HmacAlgorithm::Sha256,
         key.as_ref(),
         &[ts.as_bytes(), token.as_bytes()],

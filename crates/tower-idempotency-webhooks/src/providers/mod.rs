@@ -1,10 +1,8 @@
 //! One module per provider, each behind its cargo feature.
 
-// The v0 helpers of GitHub and Slack are shared by Slack and Zoom.
 #[cfg(feature = "discord")]
 pub mod discord;
-#[cfg(any(feature = "github", feature = "slack", feature = "zoom"))]
-#[cfg_attr(not(feature = "github"), allow(dead_code))]
+#[cfg(feature = "github")]
 pub mod github;
 #[cfg(feature = "gitlab")]
 pub mod gitlab;
@@ -18,8 +16,7 @@ pub mod paddle;
 pub mod sendgrid;
 #[cfg(feature = "shopify")]
 pub mod shopify;
-#[cfg(any(feature = "slack", feature = "zoom"))]
-#[cfg_attr(not(feature = "slack"), allow(dead_code))]
+#[cfg(feature = "slack")]
 pub mod slack;
 #[cfg(feature = "square")]
 pub mod square;

@@ -16,8 +16,10 @@ use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
+    event_id, json,
+    schemes::TimestampedScheme,
     secret::{self, Secret},
-    util::{self, TimestampedScheme, DEFAULT_TOLERANCE},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -58,7 +60,7 @@ impl PaddleVerifier {
 
     /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -91,8 +93,8 @@ impl Verifier for PaddleVerifier {
     ) -> Result<VerifiedWebhook, VerifyError> {
         let (signed, index) =
             SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
-        let [id] = util::json_fields(body, ["/event_id"])?;
-        let id = util::scalar_id(id, "/event_id")?;
+        let [id] = json::fields(body, ["/event_id"])?;
+        let id = event_id::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index))

@@ -23,7 +23,9 @@ use sha2::{Digest as _, Sha256};
 
 use crate::{
     error::{ConfigError, VerifyError},
-    util::{self, Encoding, DEFAULT_TOLERANCE},
+    event_id, headers,
+    signature::Encoding,
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -70,7 +72,7 @@ impl SendGridVerifier {
 
     /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -123,8 +125,8 @@ impl Verifier for SendGridVerifier {
                 what: "verification key",
             });
         }
-        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
-        let timestamp = util::required(&parts.headers, TIMESTAMP_HEADER)?;
+        let value = headers::required(&parts.headers, SIGNATURE_HEADER)?;
+        let timestamp = headers::required(&parts.headers, TIMESTAMP_HEADER)?;
         let signature = Encoding::Base64
             .decode(value)
             .and_then(|der| Signature::from_der(&der).ok())
@@ -132,7 +134,7 @@ impl Verifier for SendGridVerifier {
                 name: SIGNATURE_HEADER,
                 reason: "not a base64 DER ECDSA signature",
             })?;
-        let signed = util::parse_unix(TIMESTAMP_HEADER, timestamp)?;
+        let signed = timestamp::parse_unix(TIMESTAMP_HEADER, timestamp)?;
         // ECDSA-SHA256 signs the digest of the message: hash `{timestamp}{body}` once, without
         // copying the body, and check that digest against every key.
         let digest = Sha256::new()
@@ -144,9 +146,9 @@ impl Verifier for SendGridVerifier {
             .iter()
             .position(|key| key.verify_prehash(&digest, &signature).is_ok())
             .ok_or(VerifyError::SignatureMismatch)?;
-        util::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+        timestamp::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
         Ok(
-            VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
+            VerifiedWebhook::new(PROVIDER, event_id::body_digest_id(body), body.clone())
                 .with_signed_at(signed)
                 .with_secret_index(index)
                 .with_signed_headers([TIMESTAMP_HEADER]),
@@ -165,6 +167,6 @@ pub fn event_ids(webhook: &VerifiedWebhook) -> Result<Vec<String>, VerifyError> 
         })?;
     events
         .iter()
-        .map(|event| util::json_id(event, "/sg_event_id"))
+        .map(|event| event_id::json_id(event, "/sg_event_id"))
         .collect()
 }

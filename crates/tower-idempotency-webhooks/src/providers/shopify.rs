@@ -19,8 +19,9 @@ use tower_idempotency_core::Authenticator;
 
 use crate::{
     error::VerifyError,
+    event_id, headers,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm},
+    signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -72,10 +73,10 @@ fn either<'a>(
     headers: &'a HeaderMap,
     [prefixed, bare]: &'static [HeaderName; 2],
 ) -> Result<Option<(&'static str, &'a str)>, VerifyError> {
-    if let Some(value) = util::header(headers, prefixed)? {
+    if let Some(value) = headers::header(headers, prefixed)? {
         return Ok(Some((prefixed.as_str(), value)));
     }
-    Ok(util::header(headers, bare)?.map(|value| (bare.as_str(), value)))
+    Ok(headers::header(headers, bare)?.map(|value| (bare.as_str(), value)))
 }
 
 impl Verifier for ShopifyVerifier {
@@ -97,15 +98,16 @@ impl Verifier for ShopifyVerifier {
             either(&parts.headers, &SIGNATURE)?.ok_or(VerifyError::MissingHeader {
                 name: SIGNATURE_HEADER,
             })?;
-        let candidates = util::decode_all(name, &[value], Encoding::Base64)?;
-        let index = util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
+        let candidates = signature::decode_all(name, &[value], Encoding::Base64)?;
+        let index =
+            signature::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
         let (location, id) = match either(&parts.headers, &EVENT_ID)? {
             Some(found) => found,
             None => either(&parts.headers, &WEBHOOK_ID)?.ok_or(VerifyError::MissingEventId {
                 location: EVENT_ID_HEADER,
             })?,
         };
-        let id = util::check_id(id.to_owned(), location)?;
+        let id = event_id::check_id(id.to_owned(), location)?;
         // The delivery id is not signed: remember the verified MAC.
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
@@ -117,5 +119,9 @@ impl Verifier for ShopifyVerifier {
 
 /// The `X-Shopify-Hmac-Sha256` value for `body`.
 pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
-    Encoding::Base64.encode(&util::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]))
+    Encoding::Base64.encode(&signature::hmac(
+        HmacAlgorithm::Sha256,
+        secret.as_ref(),
+        &[body],
+    ))
 }

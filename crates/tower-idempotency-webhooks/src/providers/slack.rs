@@ -21,9 +21,10 @@ use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
-    providers::github::prefixed,
+    event_id, json,
+    schemes::V0Scheme,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::{ChallengeResponse, VerifiedWebhook},
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -63,7 +64,7 @@ impl SlackVerifier {
 
     /// The replay window (default 300 s, Slack's recommendation); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -94,31 +95,32 @@ impl Verifier for SlackVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) = SCHEME.verify(parts, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) =
+            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
         let [kind, challenge, event_id] =
-            util::json_fields_until(body, ["/type", "/challenge", "/event_id"], |f| {
-                match f[0].as_ref().and_then(util::Scalar::as_str) {
+            json::fields_until(body, ["/type", "/challenge", "/event_id"], |f| {
+                match f[0].as_ref().and_then(json::Scalar::as_str) {
                     Some("url_verification") => f[1].is_some(),
                     Some(_) => f[2].is_some(),
                     None => false,
                 }
             })?;
-        let webhook = if kind.as_ref().and_then(util::Scalar::as_str) == Some("url_verification") {
+        let webhook = if kind.as_ref().and_then(json::Scalar::as_str) == Some("url_verification") {
             let challenge = challenge
                 .as_ref()
-                .and_then(util::Scalar::as_str)
+                .and_then(json::Scalar::as_str)
                 .ok_or(VerifyError::MalformedBody {
                     reason: "url_verification without a challenge",
                 })?
                 .to_owned();
-            let id = util::check_id(format!("url_verification:{challenge}"), "/challenge")?;
+            let id = event_id::check_id(format!("url_verification:{challenge}"), "/challenge")?;
             VerifiedWebhook::new(PROVIDER, id, body.clone()).with_challenge(
                 ChallengeResponse::json(&serde_json::json!({ "challenge": challenge })),
             )
         } else {
             VerifiedWebhook::new(
                 PROVIDER,
-                util::scalar_id(event_id, "/event_id")?,
+                event_id::scalar_id(event_id, "/event_id")?,
                 body.clone(),
             )
         };
@@ -129,55 +131,9 @@ impl Verifier for SlackVerifier {
     }
 }
 
-/// The `v0` scheme shared by Slack and Zoom: `v0=<hex>` in one header, the signed unix time in
-/// another, HMAC-SHA256 over `v0:{timestamp}:{body}`.
-pub(crate) struct V0Scheme {
-    /// The signature header.
-    pub(crate) signature_header: HeaderName,
-    /// The signed timestamp header.
-    pub(crate) timestamp_header: HeaderName,
-}
-
-impl V0Scheme {
-    /// Verifies the headers against `body`, replay window included: returns the signed time and
-    /// the matching secret.
-    pub(crate) fn verify(
-        &'static self,
-        parts: &Parts,
-        body: &[u8],
-        secrets: &[Secret],
-        now: SystemTime,
-        tolerance: Option<Duration>,
-    ) -> Result<(u64, usize), VerifyError> {
-        let timestamp = util::required(&parts.headers, &self.timestamp_header)?;
-        let value = util::required(&parts.headers, &self.signature_header)?;
-        let (signature_header, timestamp_header) = (
-            self.signature_header.as_str(),
-            self.timestamp_header.as_str(),
-        );
-        let signature = prefixed(signature_header, value, "v0=")?;
-        let signed = util::parse_unix(timestamp_header, timestamp)?;
-        let candidates = util::decode_all(signature_header, &[signature], Encoding::Hex)?;
-        let index = util::match_hmac(
-            HmacAlgorithm::Sha256,
-            secrets,
-            &[b"v0:", timestamp.as_bytes(), b":", body],
-            &candidates,
-        )?;
-        util::check_window(timestamp_header, signed, now, tolerance)?;
-        Ok((signed, index))
-    }
-}
-
-/// The `v0=<hex>` signature for `body` at `timestamp` (Slack and Zoom).
+/// The `X-Slack-Signature` value (`v0=<hex>`) Slack would send for `body` at `timestamp`.
 pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
-    let ts = timestamp.to_string();
-    let mac = util::hmac(
-        HmacAlgorithm::Sha256,
-        secret.as_ref(),
-        &[b"v0:", ts.as_bytes(), b":", body],
-    );
-    format!("v0={}", hex::encode(mac))
+    V0Scheme::sign(secret.as_ref(), timestamp, body)
 }
 
 /// The answer to Slack's `url_verification` handshake (`200 {"challenge": ...}`), or `None`

@@ -22,8 +22,9 @@ use http::{request::Parts, HeaderName};
 
 use crate::{
     error::{ConfigError, VerifyError},
+    event_id, headers, json,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm},
+    signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -103,7 +104,7 @@ impl Verifier for SquareVerifier {
         body: &Bytes,
         _now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = match util::header(&parts.headers, &SIGNATURE)? {
+        let value = match headers::header(&parts.headers, &SIGNATURE)? {
             Some(value) => value,
             None if parts.headers.contains_key(LEGACY_SIGNATURE_HEADER) => {
                 return Err(VerifyError::UnsupportedVersion {
@@ -116,27 +117,27 @@ impl Verifier for SquareVerifier {
                 })
             }
         };
-        let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        let candidates = signature::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
         // The signature covers the registered URL only: a request elsewhere is not what Square
         // signed, whatever the signature says.
         if !self.is_registered(&parts.uri) {
             return Err(VerifyError::SignatureMismatch);
         }
-        let index = util::match_hmac(
+        let index = signature::match_hmac(
             HmacAlgorithm::Sha256,
             &self.secrets,
             &[self.url.as_bytes(), body],
             &candidates,
         )?;
-        let [id] = util::json_fields(body, ["/event_id"])?;
-        let id = util::scalar_id(id, "/event_id")?;
+        let [id] = json::fields(body, ["/event_id"])?;
+        let id = event_id::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
 }
 
 /// The `x-square-hmacsha256-signature` value for `body` sent to `notification_url`.
 pub fn sign(key: impl AsRef<[u8]>, notification_url: &str, body: &[u8]) -> String {
-    Encoding::Base64.encode(&util::hmac(
+    Encoding::Base64.encode(&signature::hmac(
         HmacAlgorithm::Sha256,
         key.as_ref(),
         &[notification_url.as_bytes(), body],

@@ -20,10 +20,10 @@ use smallvec::SmallVec;
 
 use crate::{
     error::{ConfigError, VerifyError},
+    event_id, headers,
     secret::Secret,
-    util::{
-        self, Encoding, HmacAlgorithm, DEFAULT_TOLERANCE, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES,
-    },
+    signature::{self, Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -155,7 +155,7 @@ impl StandardWebhooksVerifier {
 
     /// The replay window (default 300 s, the specification's); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -172,7 +172,7 @@ impl StandardWebhooksVerifier {
 /// `webhook-signature`. One lookup in the common case, not a presence check and then a read.
 fn family(headers: &HeaderMap) -> Result<(&'static Family, &str), VerifyError> {
     for family in [&WEBHOOK, &SVIX] {
-        if let Some(value) = util::header(headers, &family.signature)? {
+        if let Some(value) = headers::header(headers, &family.signature)? {
             return Ok((family, value));
         }
     }
@@ -206,8 +206,8 @@ impl Verifier for StandardWebhooksVerifier {
             });
         }
         let (names, value) = family(&parts.headers)?;
-        let id = util::required(&parts.headers, &names.id)?;
-        let timestamp = util::required(&parts.headers, &names.timestamp)?;
+        let id = headers::required(&parts.headers, &names.id)?;
+        let timestamp = headers::required(&parts.headers, &names.timestamp)?;
         let (mut symmetric, mut asymmetric): (SmallVec<[&str; 2]>, SmallVec<[&str; 2]>) =
             (SmallVec::new(), SmallVec::new());
         let mut versioned = false;
@@ -250,21 +250,25 @@ impl Verifier for StandardWebhooksVerifier {
                 name: names.signature.as_str(),
             });
         }
-        let signed = util::parse_unix(names.timestamp.as_str(), timestamp)?;
-        let id = util::check_id(id.to_owned(), names.id.as_str())?;
+        let signed = timestamp::parse_unix(names.timestamp.as_str(), timestamp)?;
+        let id = event_id::check_id(id.to_owned(), names.id.as_str())?;
         let chunks: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
         let mut malformed = true;
         let mut matched = None;
         if usable_v1 {
-            let candidates: util::Candidates = symmetric
+            let candidates: signature::Candidates = symmetric
                 .iter()
                 .filter_map(|s| Encoding::Base64.decode_candidate(s))
                 .collect();
             malformed &= candidates.is_empty();
             if !candidates.is_empty() {
-                matched =
-                    util::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &chunks, &candidates)
-                        .ok();
+                matched = signature::match_hmac(
+                    HmacAlgorithm::Sha256,
+                    &self.secrets,
+                    &chunks,
+                    &candidates,
+                )
+                .ok();
             }
         }
         if matched.is_none() && usable_v1a {
@@ -291,7 +295,7 @@ impl Verifier for StandardWebhooksVerifier {
                 VerifyError::SignatureMismatch
             });
         };
-        util::check_window(names.timestamp.as_str(), signed, now, self.tolerance)?;
+        timestamp::check_window(names.timestamp.as_str(), signed, now, self.tolerance)?;
         Ok(VerifiedWebhook::new(self.provider, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index))
@@ -302,7 +306,7 @@ impl Verifier for StandardWebhooksVerifier {
 /// secret (see [`decode_secret`]).
 pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
-    let mac = util::hmac(
+    let mac = signature::hmac(
         HmacAlgorithm::Sha256,
         key,
         &[id.as_bytes(), b".", ts.as_bytes(), b".", body],

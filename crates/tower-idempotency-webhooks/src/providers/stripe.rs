@@ -17,8 +17,10 @@ use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
+    event_id, json,
+    schemes::TimestampedScheme,
     secret::{self, Secret},
-    util::{self, TimestampedScheme, DEFAULT_TOLERANCE},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -62,7 +64,7 @@ impl StripeVerifier {
     /// The replay window around the signed `t` (default 300 s, Stripe's own); zero panics (see
     /// `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -104,14 +106,14 @@ impl Verifier for StripeVerifier {
         let (signed, index) =
             SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
         let pinned = self.api_version.is_some();
-        let [id, api_version] = util::json_fields_until(body, ["/id", "/api_version"], |f| {
+        let [id, api_version] = json::fields_until(body, ["/id", "/api_version"], |f| {
             f[0].is_some() && (!pinned || f[1].is_some())
         })?;
-        let id = util::scalar_id(id, "/id")?;
+        let id = event_id::scalar_id(id, "/id")?;
         if let Some(expected) = &self.api_version {
             let received = api_version
                 .as_ref()
-                .and_then(util::Scalar::as_str)
+                .and_then(json::Scalar::as_str)
                 .unwrap_or_default();
             if received != expected {
                 return Err(VerifyError::ApiVersionMismatch {

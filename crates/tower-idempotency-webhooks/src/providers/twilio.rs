@@ -53,8 +53,9 @@ use subtle::ConstantTimeEq;
 
 use crate::{
     error::{ConfigError, VerifyError},
+    headers,
     secret::{self, Secret},
-    util::{self, Encoding, HmacAlgorithm},
+    signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -203,8 +204,8 @@ impl Verifier for TwilioVerifier {
                 name: SIGNATURE_HEADER,
             });
         }
-        let value = util::required(&parts.headers, SIGNATURE_HEADER)?;
-        let candidates = util::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        let value = headers::required(&parts.headers, SIGNATURE_HEADER)?;
+        let candidates = signature::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let query = parts.uri.query().unwrap_or_default();
 
@@ -247,7 +248,8 @@ impl Verifier for TwilioVerifier {
         let mut matched = Err(VerifyError::SignatureMismatch);
         for origin in [&self.origin, &self.origin_with_port] {
             chunks[0] = origin.as_bytes();
-            matched = util::match_hmac(HmacAlgorithm::Sha1, &self.secrets, &chunks, &candidates);
+            matched =
+                signature::match_hmac(HmacAlgorithm::Sha1, &self.secrets, &chunks, &candidates);
             if matched.is_ok() {
                 break;
             }
@@ -293,7 +295,7 @@ pub fn sign(auth_token: impl AsRef<[u8]>, url: &str, params: &[(&str, &str)]) ->
         chunks.push(name.as_bytes());
         chunks.push(value.as_bytes());
     }
-    Encoding::Base64.encode(&util::hmac(
+    Encoding::Base64.encode(&signature::hmac(
         HmacAlgorithm::Sha1,
         auth_token.as_ref(),
         &chunks,

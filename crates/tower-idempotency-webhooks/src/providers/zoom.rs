@@ -21,14 +21,14 @@ use http::{request::Parts, HeaderName};
 
 use crate::{
     error::VerifyError,
-    providers::slack::V0Scheme,
+    event_id, json,
+    schemes::V0Scheme,
     secret::{self, Secret},
-    util::{self, HmacAlgorithm, DEFAULT_TOLERANCE},
+    signature::{self, HmacAlgorithm},
+    timestamp::{self, DEFAULT_TOLERANCE},
     verified::{ChallengeResponse, VerifiedWebhook},
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
-
-pub use crate::providers::slack::sign;
 
 /// The provider name and store namespace.
 pub const PROVIDER: &str = "zoom";
@@ -65,7 +65,7 @@ impl ZoomVerifier {
 
     /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = util::tolerance(tolerance);
+        self.tolerance = timestamp::tolerance(tolerance);
         self
     }
 
@@ -96,25 +96,27 @@ impl Verifier for ZoomVerifier {
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) = SCHEME.verify(parts, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) =
+            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
         let [event, plain] =
-            util::json_fields_until(body, ["/event", "/payload/plainToken"], |f| {
-                match f[0].as_ref().and_then(util::Scalar::as_str) {
+            json::fields_until(body, ["/event", "/payload/plainToken"], |f| {
+                match f[0].as_ref().and_then(json::Scalar::as_str) {
                     Some("endpoint.url_validation") => f[1].is_some(),
                     Some(_) => true,
                     None => false,
                 }
             })?;
-        let mut webhook = VerifiedWebhook::new(PROVIDER, util::body_digest_id(body), body.clone())
-            .with_signed_headers([TIMESTAMP_HEADER]);
-        if event.as_ref().and_then(util::Scalar::as_str) == Some("endpoint.url_validation") {
-            let plain = plain.as_ref().and_then(util::Scalar::as_str).ok_or(
+        let mut webhook =
+            VerifiedWebhook::new(PROVIDER, event_id::body_digest_id(body), body.clone())
+                .with_signed_headers([TIMESTAMP_HEADER]);
+        if event.as_ref().and_then(json::Scalar::as_str) == Some("endpoint.url_validation") {
+            let plain = plain.as_ref().and_then(json::Scalar::as_str).ok_or(
                 VerifyError::MalformedBody {
                     reason: "endpoint.url_validation without payload.plainToken",
                 },
             )?;
             // Zoom expects the token signed with the secret it signed the request with.
-            let encrypted = hex::encode(util::hmac(
+            let encrypted = hex::encode(signature::hmac(
                 HmacAlgorithm::Sha256,
                 self.secrets[index].expose(),
                 &[plain.as_bytes()],
@@ -126,6 +128,11 @@ impl Verifier for ZoomVerifier {
         }
         Ok(webhook.with_signed_at(signed).with_secret_index(index))
     }
+}
+
+/// The `x-zm-signature` value (`v0=<hex>`) Zoom would send for `body` at `timestamp`.
+pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
+    V0Scheme::sign(secret.as_ref(), timestamp, body)
 }
 
 /// The answer to Zoom's `endpoint.url_validation` (`200 {"plainToken", "encryptedToken"}`), or
