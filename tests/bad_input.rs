@@ -1,7 +1,9 @@
 //! The bad-input catalog: every malformed request is sent over real HTTP (raw TCP, so that
 //! framing, header bytes and half-closes are under the test's control) to axum on
 //! 127.0.0.1:0 behind the layer, and must be answered with the expected status and problem
-//! `type` without running a handler and without a single store claim.
+//! `type` without running a handler and without a single store claim. Every provider's fixture
+//! (`tower_idempotency_webhooks::testing`) adds its own negatives and a valid control, so a new
+//! provider is in the catalog without a change here.
 #![cfg(feature = "webhooks")]
 
 mod support;
@@ -23,6 +25,7 @@ use tower_idempotency::{
     webhooks::{github, linear, paddle, shopify, slack, standard, stripe, zoom},
     IdempotencyLayer, MemoryStore, WebhookLayerExt,
 };
+use tower_idempotency_webhooks::testing::{self, Fixture};
 // Counts every claim: a rejected request must not reach the store at all.
 use tower_idempotency_core::conformance::CountingStore;
 
@@ -52,7 +55,7 @@ fn app(store: Arc<CountingStore>, calls: Arc<AtomicUsize>) -> Router {
             .route_layer(layer.max_body_bytes(MAX_BODY))
     };
     let s = || store.clone();
-    Router::new()
+    let app = Router::new()
         .merge(route("/orders", IdempotencyLayer::client_keys(s())))
         .merge(route("/stripe", IdempotencyLayer::stripe([STRIPE], s())))
         .merge(route("/github", IdempotencyLayer::github([GITHUB], s())))
@@ -69,8 +72,17 @@ fn app(store: Arc<CountingStore>, calls: Arc<AtomicUsize>) -> Router {
         .merge(route(
             "/discord",
             IdempotencyLayer::discord([DISCORD_KEY], s()).unwrap(),
-        ))
-        .with_state(calls)
+        ));
+    // Every provider's fixture, its verifier's route nested under the provider's name (the
+    // verifier sees the path the fixture signed for).
+    let app = testing::fixtures().iter().fold(app, |app, fixture| {
+        let layer = IdempotencyLayer::webhook(fixture.verifier(), s());
+        app.nest(
+            &format!("/fx/{}", fixture.provider()),
+            route(testing::PATH, layer),
+        )
+    });
+    app.with_state(calls)
 }
 
 fn now() -> u64 {
@@ -95,7 +107,7 @@ enum Framing {
 
 #[derive(Clone)]
 struct Req {
-    path: &'static str,
+    path: String,
     headers: Vec<(String, Vec<u8>)>,
     body: Vec<u8>,
     framing: Framing,
@@ -104,9 +116,9 @@ struct Req {
 }
 
 impl Req {
-    fn new(path: &'static str, body: impl Into<Vec<u8>>) -> Self {
+    fn new(path: impl Into<String>, body: impl Into<Vec<u8>>) -> Self {
         Self {
-            path,
+            path: path.into(),
             headers: Vec::new(),
             body: body.into(),
             framing: Framing::Length,
@@ -279,13 +291,33 @@ fn deep_json(depth: usize) -> Vec<u8> {
     body
 }
 
+/// Every case, by concern.
 fn catalog() -> Vec<Case> {
-    let mut cases = Vec::new();
     let t = now();
-    let stale = t - 3600;
-    let future = t + 3600;
+    [
+        body_size_and_framing(t),
+        client_keys(),
+        header_injection(),
+        stripe_header(t),
+        stripe_bodies(t),
+        github(),
+        slack_and_zoom(t),
+        standard_webhooks(t),
+        shopify(),
+        paddle(t),
+        linear(t),
+        gitlab(),
+        discord(t),
+        fixture_negatives(t),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
 
-    // ---- Body size and framing (client keys) ----
+/// Body size and framing (client keys).
+fn body_size_and_framing(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
     let key = |req: Req| req.header("idempotency-key", "k-framing");
     let big = vec![b'x'; MAX_BODY + 1];
     cases.push(case(
@@ -353,8 +385,12 @@ fn catalog() -> Vec<Case> {
             .framing(Framing::Declared(10)),
         Problem(BAD_SIG, "webhook-signature-mismatch"),
     ));
+    cases
+}
 
-    // ---- Client keys ----
+/// Client keys.
+fn client_keys() -> Vec<Case> {
+    let mut cases = Vec::new();
     cases.push(case(
         "missing Idempotency-Key",
         Req::new("/orders", "{}"),
@@ -396,8 +432,12 @@ fn catalog() -> Vec<Case> {
             .header("idempotency-key", "same"),
         Problem(400, "invalid-key"),
     ));
+    cases
+}
 
-    // ---- Header injection: bytes hyper's parser refuses before any service runs ----
+/// Header injection: bytes hyper's parser refuses before any service runs.
+fn header_injection() -> Vec<Case> {
+    let mut cases = Vec::new();
     for (name, raw) in [
         ("bare CR inside the key", &b"idempotency-key: a\rb"[..]),
         (
@@ -421,8 +461,14 @@ fn catalog() -> Vec<Case> {
             HttpErrorOrClosed(400),
         ));
     }
+    cases
+}
 
-    // ---- Stripe ----
+/// Stripe: the signature header.
+fn stripe_header(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
     let body = stripe_event("evt_bad");
     let hmac = |secret: &str, ts: u64, body: &[u8]| {
         stripe::sign(secret, ts, body)
@@ -537,6 +583,12 @@ fn catalog() -> Vec<Case> {
             .header("stripe-signature", stripe::sign(STRIPE, t, body.as_bytes())),
         Problem(BAD_SIG, "webhook-signature-mismatch"),
     ));
+    cases
+}
+
+/// Stripe: validly signed bodies without a usable event id.
+fn stripe_bodies(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
     let signed = |body: Vec<u8>| {
         let sig = stripe::sign(STRIPE, t, &body);
         Req::new("/stripe", body).header("stripe-signature", sig)
@@ -583,8 +635,12 @@ fn catalog() -> Vec<Case> {
         signed(br#"{"id":{"a":1}}"#.to_vec()),
         Problem(400, "webhook-missing-event-id"),
     ));
+    cases
+}
 
-    // ---- GitHub ----
+/// GitHub.
+fn github() -> Vec<Case> {
+    let mut cases = Vec::new();
     let body = br#"{"action":"opened"}"#.to_vec();
     let gh = |sig: &str| {
         Req::new("/github", body.clone())
@@ -663,8 +719,14 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("github: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- Slack and Zoom (v0 scheme, timestamp header) ----
+/// Slack and Zoom (v0 scheme, timestamp header).
+fn slack_and_zoom(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
     for (route, secret, sig_h, ts_h, body) in [
         (
             "/slack",
@@ -777,8 +839,14 @@ fn catalog() -> Vec<Case> {
         Problem(400, "webhook-missing-event-id"),
     ));
     let _ = zoom::PROVIDER;
+    cases
+}
 
-    // ---- Standard Webhooks ----
+/// Standard Webhooks.
+fn standard_webhooks(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
     let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
@@ -904,8 +972,12 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("standard-webhooks: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- Shopify ----
+/// Shopify.
+fn shopify() -> Vec<Case> {
+    let mut cases = Vec::new();
     let body = br#"{"id":1}"#.to_vec();
     let good = shopify::sign(SHOPIFY, &body);
     let sh = |sig: &str| {
@@ -950,8 +1022,14 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("shopify: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- Paddle ----
+/// Paddle.
+fn paddle(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
     let body = br#"{"event_id":"evt_p1","event_type":"x"}"#.to_vec();
     let h1 = |secret: &str, ts: u64, body: &[u8]| {
         paddle::sign(secret, ts, body)
@@ -1022,8 +1100,14 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("paddle: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- Linear (timestamp in the body, milliseconds) ----
+/// Linear (timestamp in the body, milliseconds).
+fn linear(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
     let lbody = |ms: u64| format!(r#"{{"action":"create","webhookTimestamp":{ms}}}"#).into_bytes();
     let body = lbody(t * 1000);
     let li = |sig: String, body: &[u8]| {
@@ -1092,8 +1176,12 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("linear: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- GitLab (shared token) ----
+/// GitLab (shared token).
+fn gitlab() -> Vec<Case> {
+    let mut cases = Vec::new();
     let body = br#"{"object_kind":"push"}"#.to_vec();
     for (name, req, expect) in [
         (
@@ -1146,8 +1234,12 @@ fn catalog() -> Vec<Case> {
     ] {
         cases.push(case(format!("gitlab: {name}"), req, expect));
     }
+    cases
+}
 
-    // ---- Discord (Ed25519; nothing here is validly signed) ----
+/// Discord (Ed25519; nothing here is validly signed).
+fn discord(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
     let body = br#"{"id":"1","type":2}"#.to_vec();
     for (name, req, expect) in [
         (
@@ -1178,6 +1270,36 @@ fn catalog() -> Vec<Case> {
         ),
     ] {
         cases.push(case(format!("discord: {name}"), req, expect));
+    }
+    cases
+}
+
+/// Where a fixture's deliveries are sent (see `app`).
+fn fixture_path(fixture: &dyn Fixture) -> String {
+    format!("/fx/{}{}", fixture.provider(), testing::PATH)
+}
+
+/// A fixture's delivery as a request to its route.
+fn fixture_req(fixture: &dyn Fixture, delivery: &testing::Delivery) -> Req {
+    let req = Req::new(fixture_path(fixture), delivery.body.clone());
+    delivery
+        .headers
+        .iter()
+        .fold(req, |req, (name, value)| req.header(name, value.clone()))
+}
+
+/// Every provider's own negatives (another credential, a tampered body, no signature, a
+/// timestamp outside the window), from its fixture.
+fn fixture_negatives(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for fixture in testing::fixtures() {
+        for negative in fixture.negatives(t) {
+            cases.push(case(
+                format!("{} (fixture): {}", fixture.provider(), negative.name),
+                fixture_req(fixture.as_ref(), &negative.delivery),
+                Problem(negative.status.as_u16(), negative.slug),
+            ));
+        }
     }
     cases
 }
@@ -1228,6 +1350,40 @@ fn controls() -> Vec<Req> {
             .header("x-zm-request-timestamp", t.to_string())
             .header("x-zm-signature", zoom::sign(ZOOM, t, &zoom_body)),
     ]
+}
+
+/// Every fixture's valid delivery through its route runs the handler once and claims its key,
+/// plus the record of its signature where the verifier binds one (`Authenticator`).
+async fn fixture_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
+    let t = now();
+    for fixture in testing::fixtures() {
+        let event = fixture.event(&format!("{}_control", fixture.provider()), t);
+        let delivery = fixture.sign(&event, t);
+        let verified = fixture
+            .verifier()
+            .verify(
+                &delivery.parts(),
+                &delivery.body.clone().into(),
+                SystemTime::now(),
+            )
+            .expect("a fixture's delivery verifies");
+        let (runs, claims) = (calls.load(Ordering::SeqCst), store.claims());
+        let answer = send_raw(addr, &fixture_req(fixture.as_ref(), &delivery)).await;
+        assert_eq!(answer.status, Some(200), "{} control", fixture.provider());
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            runs + 1,
+            "{}",
+            fixture.provider()
+        );
+        let signature_record = usize::from(verified.authenticator().is_some());
+        assert_eq!(
+            store.claims(),
+            claims + 1 + signature_record,
+            "{}",
+            fixture.provider()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1314,10 +1470,11 @@ async fn bad_input_catalog() {
     // GitHub, Shopify and Linear also claim the record of their signature (`Authenticator`).
     let signature_records = controls
         .iter()
-        .filter(|req| ["/github", "/shopify", "/linear"].contains(&req.path))
+        .filter(|req| ["/github", "/shopify", "/linear"].contains(&req.path.as_str()))
         .count();
     assert_eq!(signature_records, 3);
     assert_eq!(store.claims(), controls.len() + signature_records);
+    fixture_controls(&addr, &calls, &store).await;
 
     // Zoom keys by a body digest, so 10 000-deep JSON is an authentic, valid delivery: it may
     // run once (streamed past without recursion) or be refused as not JSON (built with

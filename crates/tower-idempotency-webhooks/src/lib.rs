@@ -50,6 +50,8 @@ mod verifier;
 
 pub mod batch;
 pub mod generic;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 mod providers;
 

@@ -135,3 +135,57 @@ pub fn ping_response(webhook: &VerifiedWebhook) -> Option<Response> {
         .flatten()
         .map(ChallengeResponse::to_response)
 }
+
+/// The fixture the tests and benches sign Discord interactions with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use ed25519_dalek::{Signer as _, SigningKey};
+
+    use crate::{
+        testing::{key_seed, Delivery, Event, Fixture, Signer},
+        Verifier,
+    };
+
+    pub(crate) struct DiscordFixture;
+
+    impl Fixture for DiscordFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            let key = SigningKey::from_bytes(&key_seed(Signer::Genuine));
+            let public = hex::encode(key.verifying_key().as_bytes());
+            Arc::new(super::DiscordVerifier::new([public]).expect("a valid key"))
+        }
+
+        // Type 2 (an application command), not the PING answered by `ping_response`.
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!(r#"{{"id":"{id}","type":2,"data":{{"name":"fixture"}}}}"#),
+            }
+        }
+
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
+            let key = SigningKey::from_bytes(&key_seed(signer));
+            let signature = key.sign(format!("{now}{}", signed.body).as_bytes());
+            let headers = vec![
+                (super::SIGNATURE_HEADER, hex::encode(signature.to_bytes())),
+                (super::TIMESTAMP_HEADER, now.to_string()),
+            ];
+            Delivery::new(headers, sent.body.clone())
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            Some(super::SIGNATURE_HEADER)
+        }
+
+        // The verifier holds a public key only.
+        fn secret_forms(&self) -> Vec<String> {
+            Vec::new()
+        }
+    }
+}

@@ -142,3 +142,75 @@ pub fn sign(key: impl AsRef<[u8]>, timestamp: u64, token: &str) -> serde_json::V
     );
     serde_json::json!({ "timestamp": ts, "token": token, "signature": hex::encode(mac) })
 }
+
+/// The fixture the tests and benches sign Mailgun events with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use sha2::{Digest as _, Sha256};
+
+    use crate::{
+        testing::{hmac_secret, Delivery, Event, Fixture, Outcome, Recapture, Signer},
+        Verifier,
+    };
+
+    const KEY: &str = "mailgun-signing-key";
+
+    /// A token per event, as Mailgun sends a fresh one with every delivery.
+    fn token(event: &Event) -> String {
+        hex::encode(&Sha256::digest(&event.body)[..25])
+    }
+
+    /// `delivery` with the event data of `other` next to its signature block.
+    fn swap_event_data(delivery: &Delivery, other: &Event) -> Delivery {
+        let mut body: serde_json::Value =
+            serde_json::from_str(&delivery.body).expect("a fixture body");
+        let other: serde_json::Value = serde_json::from_str(&other.body).expect("a fixture body");
+        body["event-data"] = other["event-data"].clone();
+        Delivery::new(delivery.headers.clone(), body.to_string())
+    }
+
+    pub(crate) struct MailgunFixture;
+
+    impl Fixture for MailgunFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            Arc::new(super::MailgunVerifier::new([KEY]))
+        }
+
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!(r#"{{"event-data":{{"id":"{id}","event":"delivered"}}}}"#),
+            }
+        }
+
+        // Mailgun signs `{timestamp}{token}`, not the event data: a tampered delivery carries
+        // the signature of one token next to another token.
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
+            let mut signature = super::sign(hmac_secret(signer, KEY), now, &token(signed));
+            signature["token"] = token(sent).into();
+            let mut body: serde_json::Value =
+                serde_json::from_str(&sent.body).expect("a fixture body");
+            body["signature"] = signature;
+            Delivery::new(Vec::new(), body.to_string())
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            None
+        }
+
+        fn secret_forms(&self) -> Vec<String> {
+            vec![KEY.to_owned()]
+        }
+
+        // The same signature block next to another event's data.
+        fn recapture(&self) -> Recapture {
+            Recapture::Custom(swap_event_data, Outcome::Refused("replayed-signature"))
+        }
+    }
+}

@@ -28,3 +28,38 @@ pub mod stripe;
 pub mod twilio;
 #[cfg(feature = "zoom")]
 pub mod zoom;
+
+/// The fixture of every provider this build includes (see [`crate::testing`]).
+#[cfg(feature = "test-support")]
+pub(crate) fn fixtures() -> Vec<Box<dyn crate::testing::Fixture>> {
+    vec![
+        #[cfg(feature = "stripe")]
+        Box::new(stripe::fixture::StripeFixture),
+        #[cfg(feature = "github")]
+        Box::new(github::fixture::GitHubFixture),
+        #[cfg(feature = "slack")]
+        Box::new(slack::fixture::SlackFixture),
+        #[cfg(feature = "standard-webhooks")]
+        Box::new(standard::fixture::StandardFixture),
+        #[cfg(feature = "shopify")]
+        Box::new(shopify::fixture::ShopifyFixture),
+        #[cfg(feature = "paddle")]
+        Box::new(paddle::fixture::PaddleFixture),
+        #[cfg(feature = "linear")]
+        Box::new(linear::fixture::LinearFixture),
+        #[cfg(feature = "gitlab")]
+        Box::new(gitlab::fixture::GitLabFixture),
+        #[cfg(feature = "zoom")]
+        Box::new(zoom::fixture::ZoomFixture),
+        #[cfg(feature = "discord")]
+        Box::new(discord::fixture::DiscordFixture),
+        #[cfg(feature = "sendgrid")]
+        Box::new(sendgrid::fixture::SendGridFixture),
+        #[cfg(feature = "mailgun")]
+        Box::new(mailgun::fixture::MailgunFixture),
+        #[cfg(feature = "square")]
+        Box::new(square::fixture::SquareFixture),
+        #[cfg(feature = "twilio")]
+        Box::new(twilio::fixture::TwilioFixture),
+    ]
+}

@@ -105,3 +105,53 @@ impl Verifier for PaddleVerifier {
 pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
     SCHEME.sign(secret.as_ref(), timestamp, body)
 }
+
+/// The fixture the tests and benches sign Paddle deliveries with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use crate::{
+        testing::{hmac_secret, Delivery, Event, Fixture, Signer},
+        Verifier,
+    };
+
+    const SECRET: &str = "pdl_ntfset_fixture";
+
+    pub(crate) struct PaddleFixture;
+
+    impl Fixture for PaddleFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            Arc::new(super::PaddleVerifier::new([SECRET]))
+        }
+
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!(
+                    r#"{{"event_id":"{id}","event_type":"transaction.completed","data":{{"id":"txn_1"}}}}"#
+                ),
+            }
+        }
+
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
+            let signature = super::sign(hmac_secret(signer, SECRET), now, signed.body.as_bytes());
+            Delivery::new(
+                vec![(super::SIGNATURE_HEADER, signature)],
+                sent.body.clone(),
+            )
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            Some(super::SIGNATURE_HEADER)
+        }
+
+        fn secret_forms(&self) -> Vec<String> {
+            vec![SECRET.to_owned()]
+        }
+    }
+}

@@ -170,3 +170,72 @@ pub fn event_ids(webhook: &VerifiedWebhook) -> Result<Vec<String>, VerifyError> 
         .map(|event| event_id::json_id(event, "/sg_event_id"))
         .collect()
 }
+
+/// The fixture the tests and benches sign SendGrid event batches with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use base64::{engine::general_purpose::STANDARD, Engine as _};
+    use p256::{
+        ecdsa::{signature::Signer as _, Signature, SigningKey},
+        pkcs8::EncodePublicKey as _,
+    };
+
+    use crate::{
+        testing::{key_seed, Delivery, Event, Fixture, Signer},
+        Verifier,
+    };
+
+    fn key(signer: Signer) -> SigningKey {
+        SigningKey::from_slice(&key_seed(signer)).expect("a valid scalar")
+    }
+
+    pub(crate) struct SendGridFixture;
+
+    impl Fixture for SendGridFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            let der = key(Signer::Genuine)
+                .verifying_key()
+                .to_public_key_der()
+                .expect("an encodable key");
+            let public = STANDARD.encode(der.as_bytes());
+            Arc::new(super::SendGridVerifier::new([public]).expect("a valid key"))
+        }
+
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!(
+                    r#"[{{"email":"a@example.com","event":"delivered","sg_event_id":"{id}","timestamp":1700000000}}]"#
+                ),
+            }
+        }
+
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
+            let signature: Signature = key(signer).sign(format!("{now}{}", signed.body).as_bytes());
+            let headers = vec![
+                (super::SIGNATURE_HEADER, STANDARD.encode(signature.to_der())),
+                (super::TIMESTAMP_HEADER, now.to_string()),
+            ];
+            Delivery::new(headers, sent.body.clone())
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            Some(super::SIGNATURE_HEADER)
+        }
+
+        // The verifier holds a public key only.
+        fn secret_forms(&self) -> Vec<String> {
+            Vec::new()
+        }
+
+        fn key(&self, _event: &Event, delivery: &Delivery) -> String {
+            crate::event_id::body_digest_id(delivery.body.as_bytes())
+        }
+    }
+}

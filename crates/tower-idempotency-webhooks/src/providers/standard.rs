@@ -313,3 +313,65 @@ pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
     );
     format!("v1,{}", Encoding::Base64.encode(&mac))
 }
+
+/// The fixture the tests and benches sign Standard Webhooks (`v1`, HMAC) deliveries with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use crate::{
+        testing::{Delivery, Event, Fixture, Outcome, Recapture, Signer},
+        Verifier,
+    };
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const ATTACKER: &str = "whsec_YXR0YWNrZXIga2V5IGZvciB0ZXN0cyEh";
+
+    pub(crate) struct StandardFixture;
+
+    impl Fixture for StandardFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            Arc::new(super::StandardWebhooksVerifier::new([SECRET]).expect("a valid secret"))
+        }
+
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!(r#"{{"type":"user.created","data":{{"id":"{id}"}}}}"#),
+            }
+        }
+
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
+            let secret = match signer {
+                Signer::Genuine => SECRET,
+                Signer::Attacker => ATTACKER,
+            };
+            let key = super::decode_secret(secret).expect("a valid secret");
+            let signature = super::sign(&key, &signed.id, now, signed.body.as_bytes());
+            let headers = vec![
+                ("webhook-id", sent.id.clone()),
+                ("webhook-timestamp", now.to_string()),
+                ("webhook-signature", signature),
+            ];
+            Delivery::new(headers, sent.body.clone())
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            Some("webhook-signature")
+        }
+
+        fn secret_forms(&self) -> Vec<String> {
+            let encoded = SECRET.trim_start_matches(super::SECRET_PREFIX);
+            vec![SECRET.to_owned(), encoded.to_owned()]
+        }
+
+        // The id is signed: another id is a signature that does not match.
+        fn recapture(&self) -> Recapture {
+            Recapture::Header("webhook-id", Outcome::Refused("webhook-signature-mismatch"))
+        }
+    }
+}

@@ -311,3 +311,80 @@ pub fn url_with_body_sha256(url: &str, body: &[u8]) -> String {
         hex::encode(Sha256::digest(body))
     )
 }
+
+/// The fixture the tests and benches sign Twilio (form) deliveries with.
+#[cfg(feature = "test-support")]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use http::Method;
+    use sha2::{Digest as _, Sha256};
+
+    use crate::{
+        testing::{hmac_secret, Delivery, Event, Fixture, Signer, PATH, PUBLIC_ORIGIN},
+        Verifier,
+    };
+
+    const TOKEN: &str = "twilio-fixture-token";
+
+    /// The `name=value` pairs of a fixture form (no percent-encoding in these bodies).
+    fn pairs(body: &str) -> Vec<(&str, &str)> {
+        body.split('&')
+            .map(|pair| pair.split_once('=').expect("name=value"))
+            .collect()
+    }
+
+    pub(crate) struct TwilioFixture;
+
+    impl Fixture for TwilioFixture {
+        fn provider(&self) -> &'static str {
+            super::PROVIDER
+        }
+
+        fn verifier(&self) -> Arc<dyn Verifier> {
+            Arc::new(super::TwilioVerifier::new(PUBLIC_ORIGIN, [TOKEN]).expect("a valid URL"))
+        }
+
+        fn event(&self, id: &str, _now: u64) -> Event {
+            Event {
+                id: id.to_owned(),
+                body: format!("MessageSid={id}&MessageStatus=delivered&To=15551230000"),
+            }
+        }
+
+        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
+            let url = format!("{PUBLIC_ORIGIN}{PATH}");
+            let signature = super::sign(hmac_secret(signer, TOKEN), &url, &pairs(&signed.body));
+            let headers = vec![
+                (super::SIGNATURE_HEADER, signature),
+                ("content-type", "application/x-www-form-urlencoded".into()),
+            ];
+            Delivery::new(headers, sent.body.clone())
+        }
+
+        fn signature_header(&self) -> Option<&'static str> {
+            Some(super::SIGNATURE_HEADER)
+        }
+
+        fn secret_forms(&self) -> Vec<String> {
+            vec![TOKEN.to_owned()]
+        }
+
+        // A digest of what Twilio signed: the URL, then the parameters sorted.
+        fn key(&self, _event: &Event, delivery: &Delivery) -> String {
+            let mut params = pairs(&delivery.body);
+            params.sort_unstable();
+            let signed: String = params.iter().map(|(n, v)| format!("{n}{v}")).collect();
+            let url = format!("{PUBLIC_ORIGIN}{PATH}{signed}");
+            format!("sha256:{}", hex::encode(Sha256::digest(url)))
+        }
+
+        fn signs_path(&self) -> bool {
+            true
+        }
+
+        fn other_methods(&self) -> &'static [Method] {
+            &[Method::GET]
+        }
+    }
+}
