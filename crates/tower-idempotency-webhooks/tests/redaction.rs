@@ -13,7 +13,7 @@ use http::request::Parts;
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore, Problem};
 use tower_idempotency_webhooks::{
     generic::{EventId, HmacVerifier},
-    *,
+    testing, *,
 };
 
 const TS: u64 = 1_700_000_000;
@@ -360,6 +360,44 @@ fn errors_never_carry_secrets_or_signatures() {
             format!("{problem:?}"),
         ] {
             assert_clean(case.name, &text, &needles);
+        }
+    }
+}
+
+/// Every provider's fixture: no error of its negatives (another credential, a tampered body, no
+/// signature, a timestamp outside the window) carries a spelling of its credential or a
+/// signature, received or expected.
+#[test]
+fn fixture_errors_never_carry_secrets_or_signatures() {
+    let now = UNIX_EPOCH + Duration::from_secs(TS);
+    for fixture in testing::fixtures() {
+        let verifier = fixture.verifier();
+        let event = fixture.event("evt_redaction", TS);
+        let genuine = fixture.sign(&event, TS);
+        let mut needles = fixture.secret_forms();
+        needles.extend(signature_texts(&genuine.parts(), genuine.body.as_bytes()));
+        let negatives = fixture.negatives(TS);
+        for negative in &negatives {
+            let delivery = &negative.delivery;
+            needles.extend(signature_texts(&delivery.parts(), delivery.body.as_bytes()));
+        }
+        needles.retain(|n| !matches!(n.as_str(), "application/x-www-form-urlencoded"));
+        for negative in negatives {
+            let name = format!("{}: {}", fixture.provider(), negative.name);
+            let delivery = &negative.delivery;
+            let error = verifier
+                .verify(&delivery.parts(), &Bytes::from(delivery.body.clone()), now)
+                .unwrap_err();
+            let problem = Problem::from(error.clone());
+            assert_eq!(problem.status, negative.status, "{name}");
+            for text in [
+                error.to_string(),
+                format!("{error:?}"),
+                problem.detail.to_string(),
+                format!("{problem:?}"),
+            ] {
+                assert_clean(&name, &text, &needles);
+            }
         }
     }
 }
