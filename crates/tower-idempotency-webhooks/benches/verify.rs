@@ -18,7 +18,7 @@ fn bench(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(*name, size), |b| b.iter(run));
         }
         for case in &cases {
-            group.bench_function(BenchmarkId::new(case.name, size), |b| b.iter(&case.run));
+            group.bench_function(BenchmarkId::new(&case.name, size), |b| b.iter(&case.run));
         }
         group.finish();
     }

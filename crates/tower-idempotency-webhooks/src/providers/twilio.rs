@@ -327,10 +327,10 @@ pub(crate) mod fixture {
 
     const TOKEN: &str = "twilio-fixture-token";
 
-    /// The `name=value` pairs of a fixture form (no percent-encoding in these bodies).
-    fn pairs(body: &str) -> Vec<(&str, &str)> {
-        body.split('&')
-            .map(|pair| pair.split_once('=').expect("name=value"))
+    /// The decoded parameters of a form, in order.
+    fn params(body: &str) -> Vec<(String, String)> {
+        form_urlencoded::parse(body.as_bytes())
+            .into_owned()
             .collect()
     }
 
@@ -354,7 +354,12 @@ pub(crate) mod fixture {
 
         fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
             let url = format!("{PUBLIC_ORIGIN}{PATH}");
-            let signature = super::sign(hmac_secret(signer, TOKEN), &url, &pairs(&signed.body));
+            let params = params(&signed.body);
+            let pairs: Vec<(&str, &str)> = params
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let signature = super::sign(hmac_secret(signer, TOKEN), &url, &pairs);
             let headers = vec![
                 (super::SIGNATURE_HEADER, signature),
                 ("content-type", "application/x-www-form-urlencoded".into()),
@@ -372,7 +377,7 @@ pub(crate) mod fixture {
 
         // A digest of what Twilio signed: the URL, then the parameters sorted.
         fn key(&self, _event: &Event, delivery: &Delivery) -> String {
-            let mut params = pairs(&delivery.body);
+            let mut params = params(&delivery.body);
             params.sort_unstable();
             let signed: String = params.iter().map(|(n, v)| format!("{n}{v}")).collect();
             let url = format!("{PUBLIC_ORIGIN}{PATH}{signed}");
