@@ -55,34 +55,8 @@ pub mod testing;
 
 mod providers;
 
-#[cfg(feature = "discord")]
-pub use providers::discord;
-#[cfg(feature = "github")]
-pub use providers::github;
-#[cfg(feature = "gitlab")]
-pub use providers::gitlab;
-#[cfg(feature = "linear")]
-pub use providers::linear;
-#[cfg(feature = "mailgun")]
-pub use providers::mailgun;
-#[cfg(feature = "paddle")]
-pub use providers::paddle;
-#[cfg(feature = "sendgrid")]
-pub use providers::sendgrid;
-#[cfg(feature = "shopify")]
-pub use providers::shopify;
-#[cfg(feature = "slack")]
-pub use providers::slack;
-#[cfg(feature = "square")]
-pub use providers::square;
-#[cfg(feature = "standard-webhooks")]
-pub use providers::standard;
-#[cfg(feature = "stripe")]
-pub use providers::stripe;
-#[cfg(feature = "twilio")]
-pub use providers::twilio;
-#[cfg(feature = "zoom")]
-pub use providers::zoom;
+// Each provider module, behind its feature (see `providers/mod.rs`).
+pub use providers::*;
 
 pub use clock::{Clock, SystemClock};
 pub use error::{ConfigError, VerifyError};

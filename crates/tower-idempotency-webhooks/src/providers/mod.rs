@@ -1,4 +1,6 @@
-//! One module per provider, each behind its cargo feature.
+//! One module per provider, each behind its cargo feature and re-exported at the crate root.
+//! A provider file holds its verifier and, behind `test-support`, its fixture
+//! ([`crate::testing`]), listed in [`fixtures`].
 
 #[cfg(feature = "discord")]
 pub mod discord;
