@@ -27,7 +27,7 @@ fn main() {
     let (cases, floors) = common::cases(size);
     let run = cases
         .iter()
-        .find(|case| case.name == name)
+        .find(|case| case.name == *name)
         .map(|case| &case.run)
         .or_else(|| floors.iter().find(|(n, _)| n == name).map(|(_, run)| run))
         .unwrap_or_else(|| {
