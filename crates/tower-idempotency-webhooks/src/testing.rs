@@ -28,13 +28,17 @@ use http::{request::Parts, Method, StatusCode};
 
 use crate::Verifier;
 
+mod hmac;
+
+pub use hmac::{HmacFixture, MakeBody, MakeDelivery, MakeKey, MakeVerifier};
+
 /// The path every fixture's deliveries are sent to (and, where the provider signs the URL,
 /// signed for).
 pub const PATH: &str = "/hook/acct_1";
 /// The public origin of [`PATH`] for the providers that sign the URL (Square, Twilio): the URL
 /// the provider was given, not the address a test server listens on.
 pub const PUBLIC_ORIGIN: &str = "https://hooks.example.com";
-/// The attacker's HMAC secret or token, for [`Signer::Attacker`].
+/// The attacker's HMAC secret or token, for [`Signer::Attacker`] (see [`HmacFixture`]).
 pub const ATTACKER_SECRET: &str = "attacker-secret";
 /// How far outside the replay window the timestamp negatives are signed, in seconds.
 pub const OUTSIDE_WINDOW_SECS: u64 = 3600;
@@ -282,13 +286,5 @@ pub fn key_seed(signer: Signer) -> [u8; 32] {
     match signer {
         Signer::Genuine => [7; 32],
         Signer::Attacker => [8; 32],
-    }
-}
-
-/// `secret` for the genuine signer, [`ATTACKER_SECRET`] for the attacker.
-pub fn hmac_secret(signer: Signer, secret: &'static str) -> &'static str {
-    match signer {
-        Signer::Genuine => secret,
-        Signer::Attacker => ATTACKER_SECRET,
     }
 }

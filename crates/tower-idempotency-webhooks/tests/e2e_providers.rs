@@ -169,9 +169,8 @@ impl<'f> Harness<'f> {
     }
 }
 
-/// Asserts a webhook problem (`application/problem+json`, a `webhook-` type).
-async fn assert_webhook_problem(response: reqwest::Response, context: &str) {
-    assert!(response.status().is_client_error(), "{context}");
+/// The problem `type` of `response`, after asserting it is `application/problem+json`.
+async fn problem_type(response: reqwest::Response, context: &str) -> String {
     assert_eq!(
         response.headers()["content-type"],
         "application/problem+json",
@@ -179,7 +178,13 @@ async fn assert_webhook_problem(response: reqwest::Response, context: &str) {
     );
     let problem: serde_json::Value =
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    let kind = problem["type"].as_str().unwrap_or_default();
+    problem["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Asserts a webhook problem (`application/problem+json`, a `webhook-` type).
+async fn assert_webhook_problem(response: reqwest::Response, context: &str) {
+    assert!(response.status().is_client_error(), "{context}");
+    let kind = problem_type(response, context).await;
     assert!(
         kind.starts_with("urn:tower-idempotency:problem:webhook-"),
         "{context}: {kind}"
@@ -330,14 +335,7 @@ async fn recaptured(h: &Harness<'_>, first: &Event) {
         Outcome::Refused(kind) => {
             assert_eq!(response.status(), 401, "{context}");
             assert_eq!(
-                response.headers()["content-type"],
-                "application/problem+json",
-                "{context}"
-            );
-            let problem: serde_json::Value =
-                serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-            assert_eq!(
-                problem["type"],
+                problem_type(response, &context).await,
                 format!("urn:tower-idempotency:problem:{kind}"),
                 "{context}"
             );

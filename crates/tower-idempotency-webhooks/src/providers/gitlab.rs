@@ -95,59 +95,26 @@ impl Verifier for GitLabVerifier {
 
 /// The fixture the tests and benches sign GitLab deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture, Outcome, Recapture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Outcome, Recapture, Signer},
-        Verifier,
-    };
-
-    const TOKEN: &str = "glpat-fixture-token";
-
-    pub(crate) struct GitLabFixture;
-
-    impl Fixture for GitLabFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::GitLabVerifier::new([TOKEN]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(r#"{{"object_kind":"push","ref":"refs/heads/{id}"}}"#),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, _signed: &Event, sent: &Event, _now: u64) -> Delivery {
+    HmacFixture::new(
+        PROVIDER,
+        "glpat-fixture-token",
+        Some(TOKEN_HEADER),
+        |token| Arc::new(GitLabVerifier::new([token])),
+        |id, _| format!(r#"{{"object_kind":"push","ref":"refs/heads/{id}"}}"#),
+        |token, _, sent, _| {
             let headers = vec![
-                (super::TOKEN_HEADER, hmac_secret(signer, TOKEN).to_owned()),
-                (super::IDEMPOTENCY_HEADER, sent.id.clone()),
+                (TOKEN_HEADER, token.to_owned()),
+                (IDEMPOTENCY_HEADER, sent.id.clone()),
                 ("x-gitlab-event", "Push Hook".into()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::TOKEN_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![TOKEN.to_owned()]
-        }
-
-        // The token is a bare shared secret: the body is protected by TLS only.
-        fn detects_tampering(&self) -> bool {
-            false
-        }
-
-        // A captured delivery holds the credential itself: nothing to bind it to its key.
-        fn recapture(&self) -> Recapture {
-            Recapture::Header(super::IDEMPOTENCY_HEADER, Outcome::Runs)
-        }
-    }
+        },
+    )
+    // The token is a bare shared secret: the body is protected by TLS only, and a captured
+    // delivery holds the credential itself, nothing to bind it to its key.
+    .without_tamper_evidence()
+    .recapture(Recapture::Header(IDEMPOTENCY_HEADER, Outcome::Runs))
 }

@@ -129,59 +129,28 @@ pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
 
 /// The fixture the tests and benches sign Linear deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture, Outcome, Recapture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Outcome, Recapture, Signer},
-        Verifier,
-    };
-
-    const SECRET: &str = "lin_wh_fixture";
-
-    pub(crate) struct LinearFixture;
-
-    impl Fixture for LinearFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::LinearVerifier::new([SECRET]))
-        }
-
-        fn event(&self, id: &str, now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(
-                    r#"{{"action":"create","type":"Issue","data":{{"title":"{id}"}},"webhookTimestamp":{}}}"#,
-                    now * 1000
-                ),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
-            let signature = super::sign(hmac_secret(signer, SECRET), signed.body.as_bytes());
+    HmacFixture::new(
+        PROVIDER,
+        "lin_wh_fixture",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(LinearVerifier::new([secret])),
+        |id, now| {
+            let millis = now * 1000;
+            format!(r#"{{"action":"create","type":"Issue","data":{{"title":"{id}"}},"webhookTimestamp":{millis}}}"#)
+        },
+        |secret, signed, sent, _| {
             let headers = vec![
-                (super::SIGNATURE_HEADER, signature),
-                (super::DELIVERY_HEADER, sent.id.clone()),
+                (SIGNATURE_HEADER, sign(secret, signed.body.as_bytes())),
+                (DELIVERY_HEADER, sent.id.clone()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-
-        fn recapture(&self) -> Recapture {
-            Recapture::Header(
-                super::DELIVERY_HEADER,
-                Outcome::Refused("replayed-signature"),
-            )
-        }
-    }
+        },
+    )
+    .recapture(Recapture::Header(
+        DELIVERY_HEADER,
+        Outcome::Refused("replayed-signature"),
+    ))
 }

@@ -143,19 +143,12 @@ pub fn sign(key: impl AsRef<[u8]>, timestamp: u64, token: &str) -> serde_json::V
     serde_json::json!({ "timestamp": ts, "token": token, "signature": hex::encode(mac) })
 }
 
-/// The fixture the tests and benches sign Mailgun events with.
+/// The fixture the tests and benches sign Mailgun deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, Event, HmacFixture, Outcome, Recapture};
 
     use sha2::{Digest as _, Sha256};
-
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Outcome, Recapture, Signer},
-        Verifier,
-    };
-
-    const KEY: &str = "mailgun-signing-key";
 
     /// A token per event, as Mailgun sends a fresh one with every delivery.
     fn token(event: &Event) -> String {
@@ -171,45 +164,25 @@ pub(crate) mod fixture {
         Delivery::new(delivery.headers.clone(), body.to_string())
     }
 
-    pub(crate) struct MailgunFixture;
-
-    impl Fixture for MailgunFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::MailgunVerifier::new([KEY]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(r#"{{"event-data":{{"id":"{id}","event":"delivered"}}}}"#),
-            }
-        }
-
+    HmacFixture::new(
+        PROVIDER,
+        "mailgun-signing-key",
+        None,
+        |key| Arc::new(MailgunVerifier::new([key])),
+        |id, _| format!(r#"{{"event-data":{{"id":"{id}","event":"delivered"}}}}"#),
         // Mailgun signs `{timestamp}{token}`, not the event data: a tampered delivery carries
         // the signature of one token next to another token.
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
-            let mut signature = super::sign(hmac_secret(signer, KEY), now, &token(signed));
+        |key, signed, sent, now| {
+            let mut signature = sign(key, now, &token(signed));
             signature["token"] = token(sent).into();
             // The signature block first, as Mailgun sends it.
             let rest = sent.body.strip_prefix('{').expect("a JSON object");
             Delivery::new(Vec::new(), format!(r#"{{"signature":{signature},{rest}"#))
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            None
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![KEY.to_owned()]
-        }
-
-        // The same signature block next to another event's data.
-        fn recapture(&self) -> Recapture {
-            Recapture::Custom(swap_event_data, Outcome::Refused("replayed-signature"))
-        }
-    }
+        },
+    )
+    // The same signature block next to another event's data.
+    .recapture(Recapture::Custom(
+        swap_event_data,
+        Outcome::Refused("replayed-signature"),
+    ))
 }

@@ -36,32 +36,32 @@ pub mod zoom;
 pub(crate) fn fixtures() -> Vec<Box<dyn crate::testing::Fixture>> {
     vec![
         #[cfg(feature = "stripe")]
-        Box::new(stripe::fixture::StripeFixture),
+        Box::new(stripe::fixture()),
         #[cfg(feature = "github")]
-        Box::new(github::fixture::GitHubFixture),
+        Box::new(github::fixture()),
         #[cfg(feature = "slack")]
-        Box::new(slack::fixture::SlackFixture),
+        Box::new(slack::fixture()),
         #[cfg(feature = "standard-webhooks")]
         Box::new(standard::fixture::StandardFixture),
         #[cfg(feature = "shopify")]
-        Box::new(shopify::fixture::ShopifyFixture),
+        Box::new(shopify::fixture()),
         #[cfg(feature = "paddle")]
-        Box::new(paddle::fixture::PaddleFixture),
+        Box::new(paddle::fixture()),
         #[cfg(feature = "linear")]
-        Box::new(linear::fixture::LinearFixture),
+        Box::new(linear::fixture()),
         #[cfg(feature = "gitlab")]
-        Box::new(gitlab::fixture::GitLabFixture),
+        Box::new(gitlab::fixture()),
         #[cfg(feature = "zoom")]
-        Box::new(zoom::fixture::ZoomFixture),
+        Box::new(zoom::fixture()),
         #[cfg(feature = "discord")]
         Box::new(discord::fixture::DiscordFixture),
         #[cfg(feature = "sendgrid")]
         Box::new(sendgrid::fixture::SendGridFixture),
         #[cfg(feature = "mailgun")]
-        Box::new(mailgun::fixture::MailgunFixture),
+        Box::new(mailgun::fixture()),
         #[cfg(feature = "square")]
-        Box::new(square::fixture::SquareFixture),
+        Box::new(square::fixture()),
         #[cfg(feature = "twilio")]
-        Box::new(twilio::fixture::TwilioFixture),
+        Box::new(twilio::fixture()),
     ]
 }

@@ -128,57 +128,26 @@ pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
 
 /// The fixture the tests and benches sign Shopify deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture, Outcome, Recapture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Outcome, Recapture, Signer},
-        Verifier,
-    };
-
-    const SECRET: &str = "shpss_fixture";
-
-    pub(crate) struct ShopifyFixture;
-
-    impl Fixture for ShopifyFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::ShopifyVerifier::new([SECRET]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(r#"{{"id":820982911946154508,"note":"{id}","total_price":"42.00"}}"#),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
-            let signature = super::sign(hmac_secret(signer, SECRET), signed.body.as_bytes());
+    HmacFixture::new(
+        PROVIDER,
+        "shpss_fixture",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(ShopifyVerifier::new([secret])),
+        |id, _| format!(r#"{{"id":820982911946154508,"note":"{id}","total_price":"42.00"}}"#),
+        |secret, signed, sent, _| {
             let headers = vec![
-                (super::SIGNATURE_HEADER, signature),
-                (super::EVENT_ID_HEADER, sent.id.clone()),
+                (SIGNATURE_HEADER, sign(secret, signed.body.as_bytes())),
+                (EVENT_ID_HEADER, sent.id.clone()),
                 ("x-shopify-topic", "orders/create".into()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-
-        fn recapture(&self) -> Recapture {
-            Recapture::Header(
-                super::EVENT_ID_HEADER,
-                Outcome::Refused("replayed-signature"),
-            )
-        }
-    }
+        },
+    )
+    .recapture(Recapture::Header(
+        EVENT_ID_HEADER,
+        Outcome::Refused("replayed-signature"),
+    ))
 }

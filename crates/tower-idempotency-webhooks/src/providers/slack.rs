@@ -161,51 +161,23 @@ pub fn url_verification_response(webhook: &VerifiedWebhook) -> Option<Response> 
 
 /// The fixture the tests and benches sign Slack deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Signer},
-        Verifier,
-    };
-
-    const SECRET: &str = "slack-fixture-secret";
-
-    pub(crate) struct SlackFixture;
-
-    impl Fixture for SlackFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::SlackVerifier::new([SECRET]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(
-                    r#"{{"type":"event_callback","event_id":"{id}","event":{{"type":"message"}}}}"#
-                ),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
-            let signature = super::sign(hmac_secret(signer, SECRET), now, signed.body.as_bytes());
+    HmacFixture::new(
+        PROVIDER,
+        "slack-fixture-secret",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(SlackVerifier::new([secret])),
+        |id, _| {
+            format!(r#"{{"type":"event_callback","event_id":"{id}","event":{{"type":"message"}}}}"#)
+        },
+        |secret, signed, sent, now| {
             let headers = vec![
-                (super::SIGNATURE_HEADER, signature),
-                (super::TIMESTAMP_HEADER, now.to_string()),
+                (SIGNATURE_HEADER, sign(secret, now, signed.body.as_bytes())),
+                (TIMESTAMP_HEADER, now.to_string()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-    }
+        },
+    )
 }

@@ -146,59 +146,25 @@ pub fn sign(key: impl AsRef<[u8]>, notification_url: &str, body: &[u8]) -> Strin
 
 /// The fixture the tests and benches sign Square deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture, PATH, PUBLIC_ORIGIN};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Signer, PATH, PUBLIC_ORIGIN},
-        Verifier,
-    };
-
-    const SECRET: &str = "sq-signature-key";
-
-    fn url() -> String {
+    fn fixture_url() -> String {
         format!("{PUBLIC_ORIGIN}{PATH}")
     }
 
-    pub(crate) struct SquareFixture;
-
-    impl Fixture for SquareFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::SquareVerifier::new(url(), [SECRET]).expect("a valid URL"))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(
-                    r#"{{"event_id":"{id}","type":"payment.updated","data":{{"id":"pay_1"}}}}"#
-                ),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
-            let signature =
-                super::sign(hmac_secret(signer, SECRET), &url(), signed.body.as_bytes());
-            Delivery::new(
-                vec![(super::SIGNATURE_HEADER, signature)],
-                sent.body.clone(),
-            )
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-
-        fn signs_path(&self) -> bool {
-            true
-        }
-    }
+    HmacFixture::new(
+        PROVIDER,
+        "sq-signature-key",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(SquareVerifier::new(fixture_url(), [secret]).expect("a valid URL")),
+        |id, _| {
+            format!(r#"{{"event_id":"{id}","type":"payment.updated","data":{{"id":"pay_1"}}}}"#)
+        },
+        |secret, signed, sent, _| {
+            let signature = sign(secret, &fixture_url(), signed.body.as_bytes());
+            Delivery::new(vec![(SIGNATURE_HEADER, signature)], sent.body.clone())
+        },
+    )
+    .signs_path()
 }

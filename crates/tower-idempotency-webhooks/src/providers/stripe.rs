@@ -140,48 +140,18 @@ pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
 
 /// The fixture the tests and benches sign Stripe deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Signer},
-        Verifier,
-    };
-
-    const SECRET: &str = "whsec_fixture_stripe";
-
-    pub(crate) struct StripeFixture;
-
-    impl Fixture for StripeFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::StripeVerifier::new([SECRET]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(r#"{{"id":"{id}","type":"invoice.paid","data":{{"amount":4200}}}}"#),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
-            let signature = super::sign(hmac_secret(signer, SECRET), now, signed.body.as_bytes());
-            Delivery::new(
-                vec![(super::SIGNATURE_HEADER, signature)],
-                sent.body.clone(),
-            )
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-    }
+    HmacFixture::new(
+        PROVIDER,
+        "whsec_fixture_stripe",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(StripeVerifier::new([secret])),
+        |id, _| format!(r#"{{"id":"{id}","type":"invoice.paid","data":{{"amount":4200}}}}"#),
+        |secret, signed, sent, now| {
+            let signature = sign(secret, now, signed.body.as_bytes());
+            Delivery::new(vec![(SIGNATURE_HEADER, signature)], sent.body.clone())
+        },
+    )
 }

@@ -314,18 +314,10 @@ pub fn url_with_body_sha256(url: &str, body: &[u8]) -> String {
 
 /// The fixture the tests and benches sign Twilio (form) deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture, PATH, PUBLIC_ORIGIN};
 
     use http::Method;
-    use sha2::{Digest as _, Sha256};
-
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Signer, PATH, PUBLIC_ORIGIN},
-        Verifier,
-    };
-
-    const TOKEN: &str = "twilio-fixture-token";
 
     /// The decoded parameters of a form, in order.
     fn params(body: &str) -> Vec<(String, String)> {
@@ -334,62 +326,34 @@ pub(crate) mod fixture {
             .collect()
     }
 
-    pub(crate) struct TwilioFixture;
-
-    impl Fixture for TwilioFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::TwilioVerifier::new(PUBLIC_ORIGIN, [TOKEN]).expect("a valid URL"))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!("MessageSid={id}&MessageStatus=delivered&To=15551230000"),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, _now: u64) -> Delivery {
-            let url = format!("{PUBLIC_ORIGIN}{PATH}");
+    HmacFixture::new(
+        PROVIDER,
+        "twilio-fixture-token",
+        Some(SIGNATURE_HEADER),
+        |token| Arc::new(TwilioVerifier::new(PUBLIC_ORIGIN, [token]).expect("a valid URL")),
+        |id, _| format!("MessageSid={id}&MessageStatus=delivered&To=15551230000"),
+        |token, signed, sent, _| {
             let params = params(&signed.body);
             let pairs: Vec<(&str, &str)> = params
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.as_str()))
                 .collect();
-            let signature = super::sign(hmac_secret(signer, TOKEN), &url, &pairs);
+            let signature = sign(token, &format!("{PUBLIC_ORIGIN}{PATH}"), &pairs);
             let headers = vec![
-                (super::SIGNATURE_HEADER, signature),
+                (SIGNATURE_HEADER, signature),
                 ("content-type", "application/x-www-form-urlencoded".into()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![TOKEN.to_owned()]
-        }
-
-        // A digest of what Twilio signed: the URL, then the parameters sorted.
-        fn key(&self, _event: &Event, delivery: &Delivery) -> String {
-            let mut params = params(&delivery.body);
-            params.sort_unstable();
-            let signed: String = params.iter().map(|(n, v)| format!("{n}{v}")).collect();
-            let url = format!("{PUBLIC_ORIGIN}{PATH}{signed}");
-            format!("sha256:{}", hex::encode(Sha256::digest(url)))
-        }
-
-        fn signs_path(&self) -> bool {
-            true
-        }
-
-        fn other_methods(&self) -> &'static [Method] {
-            &[Method::GET]
-        }
-    }
+        },
+    )
+    // A digest of what Twilio signed: the URL, then the parameters sorted.
+    .key(|_, delivery| {
+        let mut params = params(&delivery.body);
+        params.sort_unstable();
+        let signed: String = params.iter().map(|(n, v)| format!("{n}{v}")).collect();
+        let url = format!("{PUBLIC_ORIGIN}{PATH}{signed}");
+        format!("sha256:{}", hex::encode(Sha256::digest(url)))
+    })
+    .signs_path()
+    .other_methods(&[Method::GET])
 }

@@ -146,55 +146,24 @@ pub fn url_validation_response(webhook: &VerifiedWebhook) -> Option<Response> {
 
 /// The fixture the tests and benches sign Zoom deliveries with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
-    use std::sync::Arc;
+pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use crate::testing::{Delivery, HmacFixture};
 
-    use crate::{
-        testing::{hmac_secret, Delivery, Event, Fixture, Signer},
-        Verifier,
-    };
-
-    const SECRET: &str = "zoom-fixture-token";
-
-    pub(crate) struct ZoomFixture;
-
-    impl Fixture for ZoomFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
-            Arc::new(super::ZoomVerifier::new([SECRET]))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(
-                    r#"{{"event":"meeting.started","event_ts":1700000000000,"payload":{{"object":{{"uuid":"{id}"}}}}}}"#
-                ),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
-            let signature = super::sign(hmac_secret(signer, SECRET), now, signed.body.as_bytes());
+    HmacFixture::new(
+        PROVIDER,
+        "zoom-fixture-token",
+        Some(SIGNATURE_HEADER),
+        |secret| Arc::new(ZoomVerifier::new([secret])),
+        |id, _| {
+            format!(r#"{{"event":"meeting.started","event_ts":1700000000000,"payload":{{"object":{{"uuid":"{id}"}}}}}}"#)
+        },
+        |secret, signed, sent, now| {
             let headers = vec![
-                (super::SIGNATURE_HEADER, signature),
-                (super::TIMESTAMP_HEADER, now.to_string()),
+                (SIGNATURE_HEADER, sign(secret, now, signed.body.as_bytes())),
+                (TIMESTAMP_HEADER, now.to_string()),
             ];
             Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        fn secret_forms(&self) -> Vec<String> {
-            vec![SECRET.to_owned()]
-        }
-
-        fn key(&self, _event: &Event, delivery: &Delivery) -> String {
-            crate::event_id::body_digest_id(delivery.body.as_bytes())
-        }
-    }
+        },
+    )
+    .key(|_, delivery| event_id::body_digest_id(delivery.body.as_bytes()))
 }
