@@ -298,11 +298,14 @@ fn catalog() -> Vec<Case> {
         body_size_and_framing(t),
         client_keys(),
         header_injection(),
-        stripe_header(t),
+        stripe_header_grammar(t),
+        stripe_header_values(t),
         stripe_bodies(t),
         github(),
         slack_and_zoom(t),
-        standard_webhooks(t),
+        slack_bodies(t),
+        standard_webhooks_headers(t),
+        standard_webhooks_signatures(t),
         shopify(),
         paddle(t),
         linear(t),
@@ -464,11 +467,9 @@ fn header_injection() -> Vec<Case> {
     cases
 }
 
-/// Stripe: the signature header.
-fn stripe_header(t: u64) -> Vec<Case> {
+/// Stripe: the grammar of the signature header.
+fn stripe_header_grammar(t: u64) -> Vec<Case> {
     let mut cases = Vec::new();
-    let stale = t - 3600;
-    let future = t + 3600;
     let body = stripe_event("evt_bad");
     let hmac = |secret: &str, ts: u64, body: &[u8]| {
         stripe::sign(secret, ts, body)
@@ -513,6 +514,29 @@ fn stripe_header(t: u64) -> Vec<Case> {
             format!("t={t},v1=abcd"),
             Problem(BAD_SIG, "webhook-signature-mismatch"),
         ),
+    ] {
+        cases.push(case(format!("stripe: {name}"), s(value), expect));
+    }
+    cases
+}
+
+/// Stripe: timestamps and signatures in the header, and the header itself.
+fn stripe_header_values(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
+    let body = stripe_event("evt_bad");
+    let hmac = |secret: &str, ts: u64, body: &[u8]| {
+        stripe::sign(secret, ts, body)
+            .split_once(",v1=")
+            .unwrap()
+            .1
+            .to_owned()
+    };
+    let good = hmac(STRIPE, t, body.as_bytes());
+    let s = |v: String| Req::new("/stripe", body.clone()).header("stripe-signature", v);
+    let malformed = Problem(400, "webhook-malformed-header");
+    for (name, value, expect) in [
         (
             "non-numeric timestamp",
             format!("t=abc,v1={good}"),
@@ -820,6 +844,12 @@ fn slack_and_zoom(t: u64) -> Vec<Case> {
             cases.push(case(format!("{provider}: {name}"), r, expect));
         }
     }
+    cases
+}
+
+/// Slack: validly signed bodies without a usable event id.
+fn slack_bodies(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
     cases.push(case(
         "slack: JSON nested 10 000 deep, validly signed",
         Req::new("/slack", deep_json(10_000))
@@ -842,11 +872,9 @@ fn slack_and_zoom(t: u64) -> Vec<Case> {
     cases
 }
 
-/// Standard Webhooks.
-fn standard_webhooks(t: u64) -> Vec<Case> {
+/// Standard Webhooks: the headers and their grammar.
+fn standard_webhooks_headers(t: u64) -> Vec<Case> {
     let mut cases = Vec::new();
-    let stale = t - 3600;
-    let future = t + 3600;
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
     let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
@@ -856,7 +884,6 @@ fn standard_webhooks(t: u64) -> Vec<Case> {
             .header("webhook-signature", sig)
     };
     let good = standard::sign(&key_bytes, "msg_1", t, &body);
-    let wrong_key = vec![7u8; 24];
     for (name, req, expect) in [
         (
             "missing signature",
@@ -904,6 +931,28 @@ fn standard_webhooks(t: u64) -> Vec<Case> {
             ),
             Problem(400, "webhook-malformed-header"),
         ),
+    ] {
+        cases.push(case(format!("standard-webhooks: {name}"), req, expect));
+    }
+    cases
+}
+
+/// Standard Webhooks: timestamps, signatures and ids.
+fn standard_webhooks_signatures(t: u64) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let stale = t - 3600;
+    let future = t + 3600;
+    let key_bytes = standard::decode_secret(STANDARD).unwrap();
+    let body = br#"{"type":"user.created"}"#.to_vec();
+    let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
+        Req::new("/standard", body.to_vec())
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts)
+            .header("webhook-signature", sig)
+    };
+    let good = standard::sign(&key_bytes, "msg_1", t, &body);
+    let wrong_key = vec![7u8; 24];
+    for (name, req, expect) in [
         (
             "non-numeric timestamp",
             sw("msg_1", "now".into(), good.clone(), &body),
@@ -1386,30 +1435,29 @@ async fn fixture_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_catalog() {
-    let store = Arc::new(CountingStore::new(MemoryStore::new()));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let base = support::serve(app(store.clone(), calls.clone())).await;
-    let addr = base.trim_start_matches("http://").to_owned();
+/// Whether `answer` is what `expect` asks for; `slug` is its problem type's suffix.
+fn matches(expect: Expect, answer: &Answer, slug: &str) -> bool {
+    match expect {
+        Problem(status, want) => answer.status == Some(status) && slug == want,
+        OneOf(status, wants) => answer.status == Some(status) && wants.contains(&slug),
+        ProblemOrClosed(status, want) => {
+            answer.status.is_none() || (answer.status == Some(status) && slug == want)
+        }
+        HttpErrorOrClosed(status) => {
+            answer.status.is_none() || (answer.status == Some(status) && slug.is_empty())
+        }
+    }
+}
 
+/// Sends every case: each gets what it expects, and none runs a handler or claims a key.
+async fn run_catalog(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
     let cases = catalog();
     let mut failures = Vec::new();
     for case in &cases {
-        let answer = send_raw(&addr, &case.req).await;
+        let answer = send_raw(addr, &case.req).await;
         let slug = support::problem_type(&answer.body);
         let slug = slug.trim_start_matches("urn:tower-idempotency:problem:");
-        let ok = match case.expect {
-            Problem(status, want) => answer.status == Some(status) && slug == want,
-            OneOf(status, wants) => answer.status == Some(status) && wants.contains(&slug),
-            ProblemOrClosed(status, want) => {
-                answer.status.is_none() || (answer.status == Some(status) && slug == want)
-            }
-            HttpErrorOrClosed(status) => {
-                answer.status.is_none() || (answer.status == Some(status) && slug.is_empty())
-            }
-        };
-        if !ok {
+        if !matches(case.expect, &answer, slug) {
             failures.push(format!(
                 "{}: expected {:?}, got {:?} {slug:?}",
                 case.name, case.expect, answer.status
@@ -1453,10 +1501,13 @@ async fn bad_input_catalog() {
         cases.len(),
         failures.join("\n")
     );
+}
 
+/// The controls run, each once, and claim their keys (and the records of their signatures).
+async fn run_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
     let controls = controls();
     for (n, req) in controls.iter().enumerate() {
-        let answer = send_raw(&addr, req).await;
+        let answer = send_raw(addr, req).await;
         assert_eq!(
             answer.status,
             Some(200),
@@ -1474,18 +1525,19 @@ async fn bad_input_catalog() {
         .count();
     assert_eq!(signature_records, 3);
     assert_eq!(store.claims(), controls.len() + signature_records);
-    fixture_controls(&addr, &calls, &store).await;
+}
 
-    // Zoom keys by a body digest, so 10 000-deep JSON is an authentic, valid delivery: it may
-    // run once (streamed past without recursion) or be refused as not JSON (built with
-    // serde_json's recursion limit), but it never crashes the server.
+/// Zoom keys by a body digest, so 10 000-deep JSON is an authentic, valid delivery: it may run
+/// once (streamed past without recursion) or be refused as not JSON (built with serde_json's
+/// recursion limit), but it never crashes the server.
+async fn deep_json_via_zoom(addr: &str, calls: &AtomicUsize) {
     let t = now();
     let deep = deep_json(10_000);
     let req = Req::new("/zoom", deep.clone())
         .header("x-zm-request-timestamp", t.to_string())
         .header("x-zm-signature", zoom::sign(ZOOM, t, &deep));
     let before = calls.load(Ordering::SeqCst);
-    let answer = send_raw(&addr, &req).await;
+    let answer = send_raw(addr, &req).await;
     let ran = calls.load(Ordering::SeqCst) - before;
     assert!(
         (answer.status == Some(200) && ran == 1) || (answer.status == Some(400) && ran == 0),
@@ -1496,11 +1548,23 @@ async fn bad_input_catalog() {
         "zoom, 10 000-deep JSON: {:?}, handler runs: {ran}",
         answer.status
     );
-    let again = send_raw(&addr, &req).await;
+    let again = send_raw(addr, &req).await;
     assert_eq!(
         calls.load(Ordering::SeqCst) - before,
         ran,
         "a duplicate never runs"
     );
     assert_eq!(again.status, answer.status);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_catalog() {
+    let store = Arc::new(CountingStore::new(MemoryStore::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let base = support::serve(app(store.clone(), calls.clone())).await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    run_catalog(&addr, &calls, &store).await;
+    run_controls(&addr, &calls, &store).await;
+    fixture_controls(&addr, &calls, &store).await;
+    deep_json_via_zoom(&addr, &calls).await;
 }
