@@ -1,7 +1,8 @@
 //! Security properties over real HTTP: secrets, expected signatures and raw keys never appear
 //! in a response or a log line; secret-holding types print redacted; tenants never share a
 //! cached response; credentials are never replayed; a captured delivery cannot be replayed
-//! once the clock has moved past the tolerance.
+//! once the clock has moved past the tolerance. Every provider's fixture
+//! (`tower_idempotency_webhooks::testing`) is checked for leaks the same way.
 #![cfg(feature = "webhooks")]
 
 mod support;
@@ -32,6 +33,7 @@ use tower_idempotency::{
     },
     IdempotencyLayer, MemoryStore, Principal, WebhookLayerExt,
 };
+use tower_idempotency_webhooks::testing::{self, Fixture};
 
 /// Everything every test in this binary logs, at TRACE, in one buffer.
 fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
@@ -233,6 +235,69 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
     assert!(!logs.contains(BODY_MARKER), "a log line holds body content");
     for text in &problems {
         assert!(!text.contains(BODY_MARKER), "a problem holds body content");
+    }
+}
+
+/// The long tokens of a delivery's signature header (signatures, a bare token), which no
+/// response or log line may hold.
+fn signature_tokens(fixture: &dyn Fixture, delivery: &testing::Delivery) -> Vec<String> {
+    let value = fixture
+        .signature_header()
+        .and_then(|name| delivery.header(name))
+        .unwrap_or_default();
+    value
+        .split([',', '=', ';', ' '])
+        .filter(|token| token.len() >= 16)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every provider's fixture over HTTP: its valid delivery, a duplicate of it and its negatives
+/// leave no spelling of its credential and no signature in a response or a log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_fixture_secret_or_signature_in_responses_or_logs() {
+    let logs = captured_logs();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(MemoryStore::new());
+    let fixtures = testing::fixtures();
+    let app = fixtures.iter().fold(Router::new(), |app, fixture| {
+        let layer = IdempotencyLayer::webhook(fixture.verifier(), store.clone());
+        let route = Router::new()
+            .route(testing::PATH, post(count))
+            .route_layer(layer);
+        app.nest(&format!("/{}", fixture.provider()), route)
+    });
+    let base = serve(app.with_state(calls.clone())).await;
+    let client = reqwest::Client::new();
+    let t = now();
+    let (mut forbidden, mut texts) = (Vec::new(), Vec::new());
+    for fixture in &fixtures {
+        let provider = fixture.provider();
+        let valid = fixture.sign(&fixture.event(&format!("{provider}_leak"), t), t);
+        let mut sends = vec![(valid.clone(), 200), (valid, 200)];
+        let negatives = fixture.negatives(t).into_iter();
+        sends.extend(negatives.map(|n| (n.delivery, n.status.as_u16())));
+        forbidden.extend(fixture.secret_forms());
+        for (delivery, status) in sends {
+            forbidden.extend(signature_tokens(fixture.as_ref(), &delivery));
+            let url = format!("{base}/{provider}{}", testing::PATH);
+            let request = delivery
+                .headers
+                .iter()
+                .fold(client.post(url), |r, (name, value)| r.header(*name, value));
+            let response = request.body(delivery.body).send().await.unwrap();
+            let (got, text) = everything(response).await;
+            assert_eq!(got.as_u16(), status, "{provider}: {text}");
+            texts.push(text);
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), fixtures.len());
+    let logs = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    for secret in &forbidden {
+        assert!(!logs.contains(secret.as_str()), "a log line holds {secret}");
+        for text in &texts {
+            assert!(!text.contains(secret.as_str()), "a response holds {secret}");
+        }
     }
 }
 
