@@ -19,8 +19,8 @@ use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
 use tower_idempotency_core::{key::parse_key, IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
-    __fuzz, paddle, slack, standard, stripe, twilio, zoom, Encoding, Verifier, VerifyError,
-    WebhookLayerExt,
+    __fuzz, paddle, slack, standard, stripe, testing, twilio, zoom, Encoding, Verifier,
+    VerifyError, WebhookLayerExt,
 };
 
 /// A fuzz target body.
@@ -62,6 +62,7 @@ pub const TARGETS: &[(&str, Target, Seeds)] = &[
     ("v0_signature", v0_signature, seeds::v0),
     ("decoders", decoders, seeds::decoders),
     ("twilio", twilio, seeds::twilio),
+    ("fixtures", fixtures, seeds::fixtures),
     ("idempotency_key", idempotency_key, seeds::idempotency_key),
     ("pipeline", pipeline, seeds::pipeline),
 ];
@@ -303,6 +304,45 @@ pub fn decoders(data: &[u8]) {
         }
         headers.append("x-h", value);
         assert!(__fuzz::header(&headers, "x-h").is_err());
+    }
+}
+
+/// Every provider's fixture: a byte choosing the fixture, a byte choosing one header of its
+/// valid delivery (or the body), then that part's new bytes. Unchanged, the delivery verifies.
+pub fn fixtures(data: &[u8]) {
+    let [choice, value] = [
+        &data[..data.len().min(2)],
+        data.get(2..).unwrap_or_default(),
+    ];
+    let all = testing::fixtures();
+    let fixture = &all[usize::from(choice.first().copied().unwrap_or(0)) % all.len()];
+    let event = fixture.event("evt_fuzz", NOW);
+    let mut delivery = fixture.sign(&event, NOW);
+    let part = usize::from(choice.get(1).copied().unwrap_or(0)) % (delivery.headers.len() + 1);
+    let mut body = delivery.body.clone().into_bytes();
+    let unchanged = match delivery.headers.get_mut(part) {
+        Some((_, header)) => {
+            let Ok(text) = std::str::from_utf8(value) else {
+                return;
+            };
+            std::mem::replace(header, text.to_owned()) == text
+        }
+        None => std::mem::replace(&mut body, value.to_vec()) == value,
+    };
+    let headers: Vec<(&'static str, &[u8])> = delivery
+        .headers
+        .iter()
+        .map(|(name, value)| (*name, value.as_bytes()))
+        .collect();
+    let Some(p) = parts(testing::PATH, &headers) else {
+        return;
+    };
+    let result = fixture
+        .verifier()
+        .verify(&p, &Bytes::from(body.clone()), now());
+    check_outcome(&result, &body);
+    if unchanged {
+        assert!(result.is_ok(), "{}: {result:?}", fixture.provider());
     }
 }
 
@@ -625,6 +665,19 @@ pub mod seeds {
             join(&[b"/sms?x=1", sig.as_bytes(), &[1], body]),
             join(&[b"/j?bodySHA256=00", b"AAAA", &[2], JSON]),
         ]
+    }
+
+    /// Each fixture's valid delivery, each part unchanged.
+    pub fn fixtures() -> Vec<Vec<u8>> {
+        let mut seeds = Vec::new();
+        for (i, fixture) in testing::fixtures().iter().enumerate() {
+            let delivery = fixture.sign(&fixture.event("evt_fuzz", NOW), NOW);
+            let parts = delivery.headers.iter().map(|(_, v)| v.as_bytes());
+            for (part, value) in parts.chain([delivery.body.as_bytes()]).enumerate() {
+                seeds.push([&[i as u8, part as u8][..], value].concat());
+            }
+        }
+        seeds
     }
 
     pub fn idempotency_key() -> Vec<Vec<u8>> {
