@@ -147,10 +147,8 @@ async fn serve(handler: Handler, layer: IdempotencyLayer) -> String {
         .route("/orders", post(order).get(order))
         .route_layer(layer)
         .with_state(handler);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/orders")
+    let base = tower_idempotency_testkit::serve(app).await;
+    format!("{base}/orders")
 }
 
 async fn post_order(

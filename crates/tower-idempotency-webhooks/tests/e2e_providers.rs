@@ -25,6 +25,7 @@ use http::{Extensions, Method};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_testkit::serve;
 use tower_idempotency_webhooks::{
     github, linear, mailgun, paddle, shopify, slack, square, standard, stripe, twilio, zoom,
     VerifiedWebhook, WebhookLayerExt,
@@ -61,13 +62,6 @@ const ROUTE: &str = "/hook/{account}";
 const PATH: &str = "/hook/acct_1";
 /// Another spelling of [`PATH`]: the same route and the same `Path` value.
 const PATH_VARIANT: &str = "/hook/acct_%31";
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
 
 fn now() -> u64 {
     SystemTime::now()
