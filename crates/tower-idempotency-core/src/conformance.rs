@@ -423,7 +423,7 @@ pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
 
 /// `Duration::MAX` as a lease or TTL means "as long as the store can": claim, renew and
 /// complete succeed and the record is kept (a store saturates at
-/// [`LONGEST_DURATION`](crate::store::LONGEST_DURATION) or beyond, never errors or panics).
+/// [`LONGEST_DURATION`](crate::LONGEST_DURATION) or beyond, never errors or panics).
 pub async fn extreme_durations_mean_forever(store: Arc<dyn Store>) {
     let key = fresh_key("forever");
     let fp = fingerprint(11);

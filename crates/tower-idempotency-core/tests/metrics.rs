@@ -18,12 +18,9 @@ use axum::{extract::State, http::StatusCode, routing::post, Router};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower_idempotency_core::{
-    idempotency::{
-        HANDLERS_IN_FLIGHT, LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
-        STORE_CALL_DURATION_SECONDS,
-    },
-    scope::store_key_from_parts,
-    IdempotencyLayer, MemoryStore, Store,
+    store_key_from_parts, IdempotencyLayer, MemoryStore, Store, HANDLERS_IN_FLIGHT,
+    LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
+    STORE_CALL_DURATION_SECONDS,
 };
 
 /// A metric's name and its labels, sorted.

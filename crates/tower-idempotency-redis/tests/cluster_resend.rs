@@ -18,8 +18,8 @@ use std::{
 use axum::{routing::post, Router};
 use http::StatusCode;
 use tower_idempotency_core::{
-    scope::store_key_from_parts, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer,
-    Ownership, RecordState, Store,
+    store_key_from_parts, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer, Ownership,
+    RecordState, Store,
 };
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_testkit::{skip, Proxy, Server};

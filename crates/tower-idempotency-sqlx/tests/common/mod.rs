@@ -12,8 +12,7 @@ use std::{
 
 use axum::{extract::State, routing::post, Router};
 use tower_idempotency_core::{
-    store::{CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, Store},
-    IdempotencyLayer,
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer, Ownership, Store,
 };
 #[cfg(feature = "postgres")]
 use tower_idempotency_sqlx::PostgresStore;
@@ -279,7 +278,7 @@ pub async fn closing_the_pool_does_not_wait_for_the_store<F>(
     assert!(
         matches!(
             after,
-            Err(tower_idempotency_core::store::StoreError::Unavailable(_))
+            Err(tower_idempotency_core::StoreError::Unavailable(_))
         ),
         "{after:?}"
     );
