@@ -20,7 +20,7 @@ use tokio::{io::AsyncWriteExt, sync::Notify};
 use tower_idempotency_core::{
     CacheDirective, CachePolicy, FingerprintMode, IdempotencyLayer, MemoryStore, Outcome, Principal,
 };
-use tower_idempotency_testkit::{Call, CountingStore, Hooked, Hooks, Outage};
+use tower_idempotency_testkit::{Call, CapturedLogs, CountingStore, Hooked, Hooks, Outage};
 
 #[derive(Clone, Default)]
 struct Handler {
@@ -765,29 +765,9 @@ async fn in_flight_bound_and_shutdown_drain() {
     assert_eq!(handler.count(), 1);
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = CapturedLogs::start(tracing::Level::TRACE);
 
     let handler = Handler::default();
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
@@ -799,7 +779,7 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
             .await
             .unwrap();
     }
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(logs.contains("namespace=\"orders\""), "{logs}");
     assert!(logs.contains("key_hash="), "{logs}");
     assert!(logs.contains("outcome=\"executed\""), "{logs}");

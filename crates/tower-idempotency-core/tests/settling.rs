@@ -18,7 +18,7 @@ use tower::{Layer, ServiceExt};
 use tower_idempotency_core::{
     IdempotencyLayer, MemoryStore, Outcome, StoreError, BODY_OMITTED_HEADER,
 };
-use tower_idempotency_testkit::{Call, Hooked, Hooks, Outage};
+use tower_idempotency_testkit::{Call, CapturedLogs, Hooked, Hooks, Outage};
 
 fn keyed(key: &str) -> Request<Body> {
     Request::post("/orders")
@@ -254,29 +254,9 @@ async fn a_store_timeout_longer_than_a_renewal_period_is_clamped_to_it() {
     }
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = CapturedLogs::start(tracing::Level::WARN);
 
     let lease = Duration::from_millis(300);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -308,7 +288,7 @@ async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run()
     );
     first.await.unwrap().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert_eq!(
         logs.matches("outlived the lease renewal ceiling").count(),
         1,
