@@ -78,10 +78,9 @@ use axum::{
 use serde_json::{json, Value};
 use tower_idempotency::{
     connect_store,
-    problem::{PROBLEM_JSON, PROBLEM_TYPE_PREFIX},
     webhooks::{self, discord, slack, zoom},
     ConnectStoreError, IdempotencyLayer, Outcome, ShutdownHandle, Store, VerifiedWebhook,
-    WebhookLayerExt, IDEMPOTENCY_KEY,
+    WebhookLayerExt, IDEMPOTENCY_KEY, PROBLEM_JSON, PROBLEM_TYPE_PREFIX,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use tower_idempotency::{sqlx, IdempotentTx};
@@ -754,7 +753,7 @@ mod prometheus {
 
     use axum::{http::header, routing::get, Router};
     use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
-    use tower_idempotency::idempotency::{describe_metrics, STORE_CALL_DURATION_SECONDS};
+    use tower_idempotency::{describe_metrics, STORE_CALL_DURATION_SECONDS};
 
     /// How often the recorder folds recorded histogram samples into its buckets.
     const UPKEEP: Duration = Duration::from_secs(5);

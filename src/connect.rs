@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tower_idempotency_core::{store::BoxError, MemoryStore, Store};
+use tower_idempotency_core::{BoxError, MemoryStore, Store};
 
 /// Why [`connect_store`] could not open a store.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use tower_idempotency::{
 };
 use tower_idempotency_webhooks::testing::{self, Fixture};
 // Counts every claim: a rejected request must not reach the store at all.
-use tower_idempotency_core::conformance::CountingStore;
+use tower_idempotency_testkit::CountingStore;
 
 const STRIPE: &str = "whsec_bad_input_stripe";
 const GITHUB: &str = "gh_bad_input_secret";

@@ -15,7 +15,7 @@ use std::{process::Output, sync::Arc, time::Duration};
 use serde_json::Value;
 use support::*;
 use tower_idempotency::{
-    scope::store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
+    store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
     IdempotencyLayer, Ownership, PostgresStore, RecordState, RedisStore, SqliteStore, Store,
 };
 

@@ -291,8 +291,7 @@ async fn redis_unreachable_or_slow_fails_closed_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_load_then_restarted_runs_each_key_once() {
-    let Some(mut server) = RedisProcess::start() else {
-        skip("redis kill/restart", "redis-server is not installed");
+    let Some(mut server) = RedisServer::start(&DURABLE) else {
         return;
     };
     let store = RedisStore::connect(&server.url(), "tidem-kill")

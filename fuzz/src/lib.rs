@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::{request::Parts, HeaderMap, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_idempotency_core::{key::parse_key, IdempotencyLayer, MemoryStore};
+use tower_idempotency_core::{parse_key, IdempotencyLayer, MemoryStore};
 use tower_idempotency_webhooks::{
     __fuzz, paddle, slack, standard, stripe, testing, twilio, zoom, Encoding, Verifier,
     VerifyError, WebhookLayerExt,

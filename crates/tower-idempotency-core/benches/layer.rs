@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use http::Request;
 use tower::ServiceExt;
 use tower_idempotency_core::{
-    scope::Scope, FingerprintMode, IdempotencyLayer, MemoryStore, PrincipalSource,
+    FingerprintMode, IdempotencyLayer, MemoryStore, PrincipalSource, Scope,
 };
 
 async fn handler(body: Bytes) -> (http::StatusCode, Bytes) {

@@ -36,149 +36,10 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use crate::{
     store::{
         CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership,
-        RecordState, Store, StoreError,
+        RecordState, Store,
     },
-    IdempotencyLayer, MemoryStore,
+    IdempotencyLayer,
 };
-
-/// A store together with a guard that lives as long as it: tests hand the pair to the suite, and
-/// the guard's `Drop` removes the table, file or keys the store used. Every call goes to `store`.
-#[derive(Clone, Debug)]
-pub struct Guarded<S, G> {
-    /// The store under test.
-    pub store: S,
-    /// Dropped with the store (cleanup).
-    pub guard: G,
-}
-
-#[async_trait::async_trait]
-impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.store.claim(key, fingerprint, token, lease).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.store.renew(key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.store.complete(key, token, response, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.store.release(key, token).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.store.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.store.forget(key).await
-    }
-
-    fn transactions(&self) -> Option<&dyn crate::store::TransactionalStore> {
-        self.store.transactions()
-    }
-
-    fn name(&self) -> &'static str {
-        self.store.name()
-    }
-}
-
-/// Wraps a store and counts the claims that reach it, for tests that prove a request did (or did
-/// not) touch the store: a rejected request must not claim, a locally cached replay must not.
-#[derive(Debug, Default)]
-pub struct CountingStore<S = MemoryStore> {
-    inner: S,
-    claims: AtomicUsize,
-}
-
-impl<S> CountingStore<S> {
-    /// Counts the claims reaching `inner`.
-    pub fn new(inner: S) -> Self {
-        Self {
-            inner,
-            claims: AtomicUsize::new(0),
-        }
-    }
-
-    /// Claims that reached the wrapped store so far.
-    pub fn claims(&self) -> usize {
-        self.claims.load(Ordering::SeqCst)
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-}
-
-#[async_trait::async_trait]
-impl<S: Store> Store for CountingStore<S> {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-}
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(60);
@@ -562,7 +423,7 @@ pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
 
 /// `Duration::MAX` as a lease or TTL means "as long as the store can": claim, renew and
 /// complete succeed and the record is kept (a store saturates at
-/// [`LONGEST_DURATION`](crate::store::LONGEST_DURATION) or beyond, never errors or panics).
+/// [`LONGEST_DURATION`](crate::LONGEST_DURATION) or beyond, never errors or panics).
 pub async fn extreme_durations_mean_forever(store: Arc<dyn Store>) {
     let key = fresh_key("forever");
     let fp = fingerprint(11);

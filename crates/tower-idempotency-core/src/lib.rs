@@ -8,39 +8,94 @@
 //!   providers verify a signature and return the event id.
 //! - Every refusal is an RFC 9457 [`Problem`].
 //!
+//! # What the layer does with a request
+//!
+//! For each guarded request (by default `POST` and `PATCH`) the service:
+//!
+//! 1. buffers the body under a cap (`413` past it, checked against `Content-Length` first);
+//! 2. derives the key through its [`KeySource`] (`400` for a missing or invalid
+//!    `Idempotency-Key`, a provider's own problem for a bad signature);
+//! 3. scopes it by namespace, method, path and principal (or by namespace and route template,
+//!    see [`RouteScope`]), and fingerprints the request;
+//! 4. claims it in the [`Store`]: a claim runs the handler (to completion even if the caller
+//!    disconnects), an in-flight duplicate gets `409` (or, with
+//!    [`wait_for_result`](IdempotencyLayer::wait_for_result), waits for the first one's result),
+//!    a completed key is replayed with `Idempotent-Replayed: true`, a reused key with another
+//!    fingerprint gets `422`, a failing store gets `503`;
+//! 5. completes or releases the key according to the [`CachePolicy`].
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{routing::post, Json, Router};
+//! use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+//!
+//! async fn create_order(Json(order): Json<serde_json::Value>) -> Json<serde_json::Value> {
+//!     Json(serde_json::json!({ "order_id": "ord_1", "order": order }))
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders"));
+//! # let _ = app;
+//! ```
+//!
 //! [tower-idempotency]: https://docs.rs/tower-idempotency
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod authenticator;
-pub mod fingerprint;
-pub mod idempotency;
-pub mod key;
-pub mod outcome;
-pub mod policy;
-pub mod problem;
-pub mod scope;
-pub mod shutdown;
-pub mod store;
+mod authenticator;
+mod fingerprint;
+mod idempotency;
+mod key;
+mod outcome;
+mod policy;
+mod problem;
+mod scope;
+mod shutdown;
+mod store;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+#[doc(inline)]
 pub use authenticator::Authenticator;
-pub use fingerprint::{FingerprintError, FingerprintMode};
-pub use idempotency::{IdempotencyLayer, IdempotencyService, TransactionalError};
-pub use key::{ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY};
-pub use outcome::Outcome;
-pub use policy::{CacheDirective, CachePolicy};
-pub use problem::{Problem, Rejection};
-pub use scope::{Principal, PrincipalSource, RouteScope};
-pub use shutdown::ShutdownHandle;
-pub use store::{
-    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache,
-    MemoryStore, Ownership, RecordState, Store, StoreError, LONGEST_DURATION,
+#[doc(inline)]
+pub use fingerprint::{FingerprintError, FingerprintMode, JsonPointers};
+#[cfg(feature = "metrics")]
+#[doc(inline)]
+pub use idempotency::describe_metrics;
+#[doc(inline)]
+pub use idempotency::{
+    IdempotencyLayer, IdempotencyService, ResponseBody, ResponseFuture, TransactionalError,
+    DEFAULT_DISCARD_BYTES, DEFAULT_DISCARD_TIME, DEFAULT_LEASE, DEFAULT_MAX_BODY,
+    DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_MAX_WAITERS, DEFAULT_STORE_TIMEOUT,
+    DEFAULT_TTL, HANDLERS_IN_FLIGHT, LEASE_RENEWALS_LOST_TOTAL, MIN_LEASE, REQUESTS_TOTAL,
+    RESULTS_UNRECORDED_TOTAL, STORE_CALL_DURATION_SECONDS,
 };
-pub use store::{CommitError, StoreTransaction, TransactionalStore};
+#[doc(inline)]
+pub use key::{parse_key, ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY, MAX_KEY_LEN};
+#[doc(inline)]
+pub use outcome::Outcome;
+#[doc(inline)]
+pub use policy::{cacheable_headers, CacheDirective, CachePolicy, UNCACHED_HEADERS};
+#[doc(inline)]
+pub use problem::{Problem, Rejection, PROBLEM_JSON, PROBLEM_TYPE_PREFIX};
+#[doc(inline)]
+pub use scope::{
+    is_valid_namespace, store_key_from_parts, Principal, PrincipalSource, RouteScope, Scope,
+    MAX_NAMESPACE_LEN,
+};
+#[doc(inline)]
+pub use shutdown::ShutdownHandle;
+#[doc(inline)]
+pub use store::{
+    decode_headers, encode_headers, BoxError, CachedResponse, ClaimOutcome, CodecError,
+    CommitError, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache, MemoryStore,
+    Ownership, RecordState, Store, StoreError, StoreTransaction, TransactionalStore,
+    DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL, LONGEST_DURATION,
+};
 
 use http::HeaderName;
 

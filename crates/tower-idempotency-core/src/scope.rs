@@ -179,7 +179,7 @@ impl Scope {
 /// [`is_valid_namespace`] when it comes from outside.
 ///
 /// ```
-/// use tower_idempotency_core::scope::store_key_from_parts;
+/// use tower_idempotency_core::store_key_from_parts;
 /// let key = store_key_from_parts("orders", "POST", "/orders", Some("tenant-42"), "k-1");
 /// assert!(key.starts_with("orders:") && key.len() == "orders:".len() + 64);
 /// ```

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use http::request::Parts;
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{
-    Authenticator, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer,
-    KeySource, MemoryStore, Ownership, Problem, RecordState, Store, StoreError,
+    Authenticator, IdempotencyLayer, KeySource, MemoryStore, Problem, Store, StoreError,
 };
+use tower_idempotency_testkit::{Call, Hooked, Hooks};
 
 /// Keys by `x-key`; the credential is `x-sig`, which does not cover the key (like GitHub's
 /// signature and `X-GitHub-Delivery`).
@@ -56,10 +56,8 @@ async fn serve(store: impl Store) -> (String, Arc<Shared>) {
         .route("/other-hook", post(handler))
         .route_layer(IdempotencyLayer::new(UnsignedKey, store).namespace("signed"))
         .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}/hook"), shared)
+    let base = tower_idempotency_testkit::serve(app).await;
+    (format!("{base}/hook"), shared)
 }
 
 fn send(client: &reqwest::Client, url: &str, key: &str, sig: &str) -> reqwest::RequestBuilder {
@@ -127,65 +125,29 @@ async fn one_signature_under_many_keys_at_once_runs_once() {
     assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
 }
 
-/// The memory store, with claims of authenticator records failing while `fail` is set.
+/// Hooks failing the claims of authenticator records while `fail` is set.
 struct FailingRecords {
-    inner: MemoryStore,
     fail: AtomicBool,
 }
 
 #[async_trait::async_trait]
-impl Store for FailingRecords {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        if key.contains(".auth:") && self.fail.load(Ordering::SeqCst) {
+impl Hooks for FailingRecords {
+    async fn before(&self, call: Call, key: &str) -> Result<(), StoreError> {
+        if call == Call::Claim && key.contains(".auth:") && self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("injected".into()));
         }
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
+        Ok(())
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_record_fails_closed_and_releases_the_key() {
-    let store = Arc::new(FailingRecords {
-        inner: MemoryStore::new(),
-        fail: AtomicBool::new(true),
-    });
+    let store = Arc::new(Hooked::wrap(
+        MemoryStore::new(),
+        FailingRecords {
+            fail: AtomicBool::new(true),
+        },
+    ));
     let (url, shared) = serve(store.clone()).await;
     shared.gate.add_permits(100);
     let client = reqwest::Client::new();
@@ -198,7 +160,7 @@ async fn an_unreadable_record_fails_closed_and_releases_the_key() {
     assert_eq!(shared.calls.load(Ordering::SeqCst), 0);
 
     // The key was released: the next attempt runs (a key left claimed would answer 409).
-    store.fail.store(false, Ordering::SeqCst);
+    store.hooks.fail.store(false, Ordering::SeqCst);
     let next = send(&client, &url, "k", "sig").send().await.unwrap();
     assert_eq!(next.status(), 200);
     assert_eq!(next.text().await.unwrap(), "ran k");

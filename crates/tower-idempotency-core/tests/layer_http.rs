@@ -18,10 +18,9 @@ use axum::{
 use bytes::Bytes;
 use tokio::{io::AsyncWriteExt, sync::Notify};
 use tower_idempotency_core::{
-    conformance::CountingStore, store::BoxError, CacheDirective, CachePolicy, CachedResponse,
-    ClaimOutcome, FencingToken, Fingerprint, FingerprintMode, IdempotencyLayer, MemoryStore,
-    Outcome, Ownership, Principal, RecordState, Store, StoreError,
+    CacheDirective, CachePolicy, FingerprintMode, IdempotencyLayer, MemoryStore, Outcome, Principal,
 };
+use tower_idempotency_testkit::{Call, CapturedLogs, CountingStore, Hooked, Hooks, Outage};
 
 #[derive(Clone, Default)]
 struct Handler {
@@ -85,7 +84,7 @@ async fn create_order(
 struct Server {
     base: String,
     client: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _server: tower_idempotency_testkit::Server,
 }
 
 impl Server {
@@ -100,21 +99,11 @@ impl Server {
     }
 
     async fn start_router(app: Router) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+        let server = tower_idempotency_testkit::Server::start(app).await;
         Self {
-            base,
+            base: server.url(""),
             client: reqwest::Client::new(),
-            _stop: stop,
+            _server: server,
         }
     }
 
@@ -571,61 +560,25 @@ async fn in_flight_status_is_configurable() {
     first.await.unwrap().unwrap();
 }
 
-/// A real store wrapped so a test can await the moment a result is recorded.
+/// Hooks that let a test await the moment a result is recorded.
+#[derive(Default)]
 struct Observed {
-    inner: MemoryStore,
     completed: Notify,
 }
 
 #[async_trait::async_trait]
-impl Store for Observed {
-    async fn claim(
-        &self,
-        key: &str,
-        fp: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fp, token, lease).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        let result = self.inner.complete(key, token, response, ttl).await;
-        self.completed.notify_one();
-        result
-    }
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
+impl Hooks for Observed {
+    fn after(&self, call: Call, _key: &str) {
+        if call == Call::Complete {
+            self.completed.notify_one();
+        }
     }
 }
 
 #[tokio::test]
 async fn a_disconnected_caller_still_gets_its_result_stored() {
     let handler = Handler::blocking();
-    let store = Arc::new(Observed {
-        inner: MemoryStore::new(),
-        completed: Notify::new(),
-    });
+    let store = Arc::new(Hooked::wrap(MemoryStore::new(), Observed::default()));
     // Signals when the server drops the request's future, i.e. has noticed the caller is gone.
     struct NotifyOnDrop(Arc<Notify>);
     impl Drop for NotifyOnDrop {
@@ -660,7 +613,7 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
     drop(socket); // the caller goes away mid-handler
     request_dropped.notified().await; // the caller's future is gone; the handler has not finished
     handler.proceed.notify_one();
-    tokio::time::timeout(Duration::from_secs(10), store.completed.notified())
+    tokio::time::timeout(Duration::from_secs(10), store.hooks.completed.notified())
         .await
         .expect("the handler was cancelled with its caller instead of finishing");
 
@@ -704,65 +657,12 @@ async fn a_handler_panic_releases_the_key() {
     assert_eq!(handler.count(), 2);
 }
 
-/// A store in trouble: its backend refuses connections, or never answers.
-#[derive(Clone, Copy)]
-enum Broken {
-    Down,
-    Hung,
-}
-use Broken::{Down, Hung};
-
-impl Broken {
-    async fn fail<T>(&self) -> Result<T, StoreError> {
-        match self {
-            Down => Err(StoreError::Unavailable(BoxError::from(
-                "connection refused",
-            ))),
-            Hung => std::future::pending().await,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for Broken {
-    async fn claim(
-        &self,
-        _: &str,
-        _: &Fingerprint,
-        _: FencingToken,
-        _: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.fail().await
-    }
-    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
-        self.fail().await
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: FencingToken,
-        _: &CachedResponse,
-        _: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.fail().await
-    }
-    async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
-        self.fail().await
-    }
-    async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
-        self.fail().await
-    }
-
-    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
-        self.fail().await
-    }
-}
-
 #[tokio::test]
 async fn a_failing_or_hung_store_fails_closed_with_503() {
     for layer in [
-        IdempotencyLayer::client_keys(Down),
-        IdempotencyLayer::client_keys(Hung).store_timeout(Duration::from_millis(100)),
+        IdempotencyLayer::client_keys(Outage::Down.store()),
+        IdempotencyLayer::client_keys(Outage::Hung.store())
+            .store_timeout(Duration::from_millis(100)),
     ] {
         let handler = Handler::default();
         let server = Server::start(layer, handler.clone()).await;
@@ -789,7 +689,9 @@ async fn fail_open_is_explicit_and_marked() {
     let handler = Handler::default();
     let app = Router::new()
         .route("/orders", post(create_order))
-        .route_layer(IdempotencyLayer::client_keys(Down).fail_open_on_store_error(true))
+        .route_layer(
+            IdempotencyLayer::client_keys(Outage::Down.store()).fail_open_on_store_error(true),
+        )
         .layer(axum::middleware::map_response(
             |response: axum::response::Response| async move {
                 let outcome = response.extensions().get::<Outcome>().copied();
@@ -863,29 +765,9 @@ async fn in_flight_bound_and_shutdown_drain() {
     assert_eq!(handler.count(), 1);
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = CapturedLogs::start(tracing::Level::TRACE);
 
     let handler = Handler::default();
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
@@ -897,7 +779,7 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
             .await
             .unwrap();
     }
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(logs.contains("namespace=\"orders\""), "{logs}");
     assert!(logs.contains("key_hash="), "{logs}");
     assert!(logs.contains("outcome=\"executed\""), "{logs}");

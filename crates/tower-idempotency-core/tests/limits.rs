@@ -120,7 +120,7 @@ async fn a_lease_too_short_to_renew_is_raised_to_the_minimum() {
     let first = tokio::spawn(service.clone().oneshot(keyed("slow")));
     started.notified().await;
     // Long past the 6 ms asked for, and past the minimum lease: only renewals keep the claim.
-    tokio::time::sleep(tower_idempotency_core::idempotency::MIN_LEASE * 3).await;
+    tokio::time::sleep(tower_idempotency_core::MIN_LEASE * 3).await;
     let duplicate = service.oneshot(keyed("slow")).await.unwrap();
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     proceed.notify_one();

@@ -6,9 +6,10 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use tower_idempotency_core::{
-    conformance::{fresh_key, CountingStore},
-    CachedResponse, ClaimOutcome, Fingerprint, LocalReplayCache, MemoryStore, Ownership, Store,
+    conformance::fresh_key, CachedResponse, ClaimOutcome, Fingerprint, LocalReplayCache,
+    MemoryStore, Ownership, Store,
 };
+use tower_idempotency_testkit::CountingStore;
 
 mod suite {
     tower_idempotency_core::store_conformance_tests!(async {

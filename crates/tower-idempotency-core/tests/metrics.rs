@@ -18,12 +18,9 @@ use axum::{extract::State, http::StatusCode, routing::post, Router};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Notify;
 use tower_idempotency_core::{
-    idempotency::{
-        HANDLERS_IN_FLIGHT, LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
-        STORE_CALL_DURATION_SECONDS,
-    },
-    scope::store_key_from_parts,
-    IdempotencyLayer, MemoryStore, Store,
+    store_key_from_parts, IdempotencyLayer, MemoryStore, Store, HANDLERS_IN_FLIGHT,
+    LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
+    STORE_CALL_DURATION_SECONDS,
 };
 
 /// A metric's name and its labels, sorted.
@@ -147,10 +144,8 @@ async fn serve(handler: Handler, layer: IdempotencyLayer) -> String {
         .route("/orders", post(order).get(order))
         .route_layer(layer)
         .with_state(handler);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/orders")
+    let base = tower_idempotency_testkit::serve(app).await;
+    format!("{base}/orders")
 }
 
 async fn post_order(

@@ -9,25 +9,15 @@ use tokio::{
     net::TcpStream,
 };
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_testkit::Server;
 
 const CAP: usize = 1024 * 1024;
 
-async fn serve() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+async fn serve() -> Server {
     let app = Router::new()
         .route("/orders", post(|| async { "created" }))
         .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).max_body_bytes(CAP));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-    });
-    (addr, stop)
+    Server::start(app).await
 }
 
 /// Writes the whole request at the pace of a network (a pause between 64 KiB pieces, so the
@@ -65,20 +55,20 @@ async fn upload_then_read(addr: std::net::SocketAddr, head: &str, body: &[u8]) -
 
 #[tokio::test]
 async fn a_client_that_uploads_before_reading_gets_the_413() {
-    let (addr, _stop) = serve().await;
+    let server = serve().await;
     let body = vec![b'x'; 2 * CAP];
     let head = format!(
         "POST /orders HTTP/1.1\r\nhost: localhost\r\nidempotency-key: big\r\n\
          content-length: {}\r\n\r\n",
         body.len()
     );
-    let status = upload_then_read(addr, &head, &body).await;
+    let status = upload_then_read(server.addr, &head, &body).await;
     assert!(status.starts_with("HTTP/1.1 413"), "{status:?}");
 }
 
 #[tokio::test]
 async fn a_chunked_upload_over_the_cap_gets_the_413() {
-    let (addr, _stop) = serve().await;
+    let server = serve().await;
     let mut body = Vec::new();
     for _ in 0..32 {
         body.extend_from_slice(format!("{:x}\r\n", 64 * 1024).as_bytes());
@@ -88,19 +78,19 @@ async fn a_chunked_upload_over_the_cap_gets_the_413() {
     body.extend_from_slice(b"0\r\n\r\n");
     let head = "POST /orders HTTP/1.1\r\nhost: localhost\r\nidempotency-key: big\r\n\
                 transfer-encoding: chunked\r\n\r\n";
-    let status = upload_then_read(addr, head, &body).await;
+    let status = upload_then_read(server.addr, head, &body).await;
     assert!(status.starts_with("HTTP/1.1 413"), "{status:?}");
 }
 
 #[tokio::test]
 async fn a_client_waiting_for_100_continue_gets_the_413_without_sending() {
-    let (addr, _stop) = serve().await;
+    let server = serve().await;
     let head = format!(
         "POST /orders HTTP/1.1\r\nhost: localhost\r\nidempotency-key: big\r\n\
          expect: 100-continue\r\ncontent-length: {}\r\n\r\n",
         2 * CAP
     );
-    let status = upload_then_read(addr, &head, &[]).await;
+    let status = upload_then_read(server.addr, &head, &[]).await;
     assert!(
         status.starts_with("HTTP/1.1 413"),
         "no 100 Continue first: {status:?}"

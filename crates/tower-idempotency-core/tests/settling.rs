@@ -16,9 +16,9 @@ use http_body_util::BodyExt;
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_core::{
-    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer, MemoryStore,
-    Outcome, Ownership, RecordState, Store, StoreError, BODY_OMITTED_HEADER,
+    IdempotencyLayer, MemoryStore, Outcome, StoreError, BODY_OMITTED_HEADER,
 };
+use tower_idempotency_testkit::{Call, CapturedLogs, Hooked, Hooks, Outage};
 
 fn keyed(key: &str) -> Request<Body> {
     Request::post("/orders")
@@ -91,49 +91,28 @@ async fn a_response_the_store_refuses_as_too_large_completes_without_its_body() 
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// The memory store with `complete` failing (as a lost connection does) a given number of times.
+/// Hooks failing `complete` (as a lost connection does) a given number of times.
 struct FlakyCompletion {
-    inner: MemoryStore,
     failures_left: AtomicUsize,
     attempts: AtomicUsize,
 }
 
 impl FlakyCompletion {
-    fn failing(times: usize) -> Self {
-        Self {
-            inner: MemoryStore::new(),
+    fn failing(times: usize) -> Hooked<Self> {
+        let hooks = Self {
             failures_left: AtomicUsize::new(times),
             attempts: AtomicUsize::new(0),
-        }
+        };
+        Hooked::wrap(MemoryStore::new(), hooks)
     }
 }
 
 #[async_trait::async_trait]
-impl Store for FlakyCompletion {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
+impl Hooks for FlakyCompletion {
+    async fn before(&self, call: Call, _key: &str) -> Result<(), StoreError> {
+        if call != Call::Complete {
+            return Ok(());
+        }
         self.attempts.fetch_add(1, Ordering::SeqCst);
         let failing = self
             .failures_left
@@ -142,17 +121,7 @@ impl Store for FlakyCompletion {
         if failing {
             return Err(StoreError::Unavailable("connection reset".into()));
         }
-        self.inner.complete(key, token, response, ttl).await
-    }
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
+        Ok(())
     }
 }
 
@@ -170,7 +139,7 @@ async fn a_transient_completion_failure_is_retried_within_the_lease() {
         first.extensions().get::<Outcome>(),
         Some(&Outcome::Executed)
     );
-    assert_eq!(store.attempts.load(Ordering::SeqCst), 3);
+    assert_eq!(store.hooks.attempts.load(Ordering::SeqCst), 3);
     let retry = service.oneshot(keyed("flaky")).await.unwrap();
     assert_eq!(
         retry.extensions().get::<Outcome>(),
@@ -196,15 +165,14 @@ async fn a_completion_that_keeps_failing_stops_when_the_lease_ends() {
         first.extensions().get::<Outcome>(),
         Some(&Outcome::ExecutedUnrecorded)
     );
-    let attempts = store.attempts.load(Ordering::SeqCst);
+    let attempts = store.hooks.attempts.load(Ordering::SeqCst);
     // 50 ms doubling inside a 300 ms lease: a few attempts, never an unbounded loop.
     assert!((2..=4).contains(&attempts), "{attempts} attempts");
 }
 
-/// The memory store with `renew` that never answers (a hung connection), noting whether one is
-/// still waiting.
+/// Hooks making `renew` never answer (a hung connection), noting whether one is still waiting.
+#[derive(Default)]
 struct HungRenewal {
-    inner: MemoryStore,
     renewal_started: Notify,
     renewal_pending: AtomicBool,
 }
@@ -218,50 +186,21 @@ impl Drop for PendingFlag<'_> {
 }
 
 #[async_trait::async_trait]
-impl Store for HungRenewal {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
+impl Hooks for HungRenewal {
+    async fn before(&self, call: Call, _key: &str) -> Result<(), StoreError> {
+        if call != Call::Renew {
+            return Ok(());
+        }
         self.renewal_pending.store(true, Ordering::SeqCst);
         let _flag = PendingFlag(&self.renewal_pending);
         self.renewal_started.notify_one();
         std::future::pending().await
     }
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
-    }
 }
 
 #[tokio::test]
 async fn the_handler_is_polled_while_a_renewal_waits_on_the_store() {
-    let store = Arc::new(HungRenewal {
-        inner: MemoryStore::new(),
-        renewal_started: Notify::new(),
-        renewal_pending: AtomicBool::new(false),
-    });
+    let store = Arc::new(Hooked::wrap(MemoryStore::new(), HungRenewal::default()));
     let go = Arc::new(Notify::new());
     let saw_pending_renewal = Arc::new(AtomicBool::new(false));
     let handler = tower::service_fn({
@@ -272,7 +211,7 @@ async fn the_handler_is_polled_while_a_renewal_waits_on_the_store() {
                 go.notified().await;
                 // Woken while the renewal still waits: the handler was not paused behind it.
                 saw.store(
-                    store.renewal_pending.load(Ordering::SeqCst),
+                    store.hooks.renewal_pending.load(Ordering::SeqCst),
                     Ordering::SeqCst,
                 );
                 Ok::<_, Infallible>(Response::new(Body::from("done")))
@@ -284,7 +223,7 @@ async fn the_handler_is_polled_while_a_renewal_waits_on_the_store() {
         .store_timeout(Duration::from_secs(60))
         .layer(handler);
     let request = tokio::spawn(service.oneshot(keyed("slow")));
-    store.renewal_started.notified().await;
+    store.hooks.renewal_started.notified().await;
     go.notify_one();
     let answer = request.await.unwrap().unwrap();
     assert_eq!(answer.status(), StatusCode::OK);
@@ -294,51 +233,14 @@ async fn the_handler_is_polled_while_a_renewal_waits_on_the_store() {
     );
 }
 
-/// The memory store with `claim` that never answers.
-struct HungClaim;
-
-#[async_trait::async_trait]
-impl Store for HungClaim {
-    async fn claim(
-        &self,
-        _: &str,
-        _: &Fingerprint,
-        _: FencingToken,
-        _: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        std::future::pending().await
-    }
-    async fn renew(&self, _: &str, _: FencingToken, _: Duration) -> Result<Ownership, StoreError> {
-        std::future::pending().await
-    }
-    async fn complete(
-        &self,
-        _: &str,
-        _: FencingToken,
-        _: &CachedResponse,
-        _: Duration,
-    ) -> Result<Ownership, StoreError> {
-        std::future::pending().await
-    }
-    async fn release(&self, _: &str, _: FencingToken) -> Result<Ownership, StoreError> {
-        std::future::pending().await
-    }
-    async fn get(&self, _: &str) -> Result<Option<RecordState>, StoreError> {
-        std::future::pending().await
-    }
-    async fn forget(&self, _: &str) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-}
-
 #[tokio::test]
 async fn a_store_timeout_longer_than_a_renewal_period_is_clamped_to_it() {
     // Either order of the two settings gives the same bound: a third of the lease.
     for layer in [
-        IdempotencyLayer::client_keys(HungClaim)
+        IdempotencyLayer::client_keys(Outage::Hung.store())
             .store_timeout(Duration::from_secs(60))
             .lease(Duration::from_millis(300)),
-        IdempotencyLayer::client_keys(HungClaim)
+        IdempotencyLayer::client_keys(Outage::Hung.store())
             .lease(Duration::from_millis(300))
             .store_timeout(Duration::from_secs(60)),
     ] {
@@ -352,29 +254,9 @@ async fn a_store_timeout_longer_than_a_renewal_period_is_clamped_to_it() {
     }
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = CapturedLogs::start(tracing::Level::WARN);
 
     let lease = Duration::from_millis(300);
     let runs = Arc::new(AtomicUsize::new(0));
@@ -406,7 +288,7 @@ async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run()
     );
     first.await.unwrap().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert_eq!(
         logs.matches("outlived the lease renewal ceiling").count(),
         1,

@@ -8,7 +8,7 @@ use std::{
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tower_idempotency_core::{scope::Scope, PrincipalSource};
+use tower_idempotency_core::{PrincipalSource, Scope};
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore};
 

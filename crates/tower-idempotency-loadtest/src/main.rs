@@ -19,7 +19,6 @@ mod cli;
 mod floors;
 mod load;
 mod memory;
-mod proxy;
 mod report;
 mod round_trips;
 mod scaling;

@@ -4,16 +4,16 @@
 use std::{
     net::{SocketAddr, ToSocketAddrs},
     str::FromStr,
-    sync::{atomic::Ordering, Arc},
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore};
+use tower_idempotency_testkit::{Protocol, Proxy};
 
 use crate::{
     load::{drive, Keys, Plan, Stop, Workload, REPLAY_KEYS},
-    proxy::{self, CountingProxy},
     server::{router, serve, App},
     setup::{body, Backends, Runtimes, Target},
     Args, HarnessError, Result,
@@ -57,7 +57,7 @@ pub(crate) fn count(
         return Ok(Vec::new());
     };
     let counter = || match (&proxy, &counted) {
-        (Some(p), _) => p.count.load(Ordering::SeqCst),
+        (Some(p), _) => p.counted(),
         (None, t) => t.statements().unwrap_or(0),
     };
     let requests = if args.quick { 200 } else { 2000 };
@@ -123,7 +123,7 @@ fn counted_target(
     rts: &Runtimes,
     b: &Backends,
     target: &Target,
-) -> Result<Option<(Target, Option<CountingProxy>, &'static str)>> {
+) -> Result<Option<(Target, Option<Proxy>, &'static str)>> {
     Ok(Some(match target {
         Target::Bare | Target::Memory | Target::MemoryConstantFingerprint => return Ok(None),
         Target::Sqlite(_) => (target.clone(), None, "statements"),
@@ -140,7 +140,7 @@ fn counted_target(
             let upstream = redis_addr(&b.redis_url)?;
             let proxy = rts
                 .server
-                .block_on(proxy::start(upstream, proxy::Protocol::Resp))?;
+                .block_on(Proxy::counting(upstream.to_string(), Protocol::Resp))?;
             let url = format!("redis://{}", proxy.addr);
             let store = rts
                 .server
@@ -156,10 +156,7 @@ fn counted_target(
 }
 
 /// A Postgres store on the run's table whose pool connects through a counting proxy.
-fn postgres_through_proxy(
-    rts: &Runtimes,
-    b: &Backends,
-) -> Result<(Arc<PostgresStore>, CountingProxy)> {
+fn postgres_through_proxy(rts: &Runtimes, b: &Backends) -> Result<(Arc<PostgresStore>, Proxy)> {
     let options = sqlx::postgres::PgConnectOptions::from_str(&b.pg_url)?;
     let upstream = (options.get_host(), options.get_port())
         .to_socket_addrs()?
@@ -167,7 +164,7 @@ fn postgres_through_proxy(
         .ok_or_else(|| HarnessError::Usage("DATABASE_URL host does not resolve".into()))?;
     let proxy = rts
         .server
-        .block_on(proxy::start(upstream, proxy::Protocol::Postgres))?;
+        .block_on(Proxy::counting(upstream.to_string(), Protocol::Postgres))?;
     let options = options
         .host("127.0.0.1")
         .port(proxy.addr.port())

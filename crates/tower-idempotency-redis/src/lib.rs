@@ -97,7 +97,7 @@ use redis::{
     cluster_async::ClusterConnection,
     Cmd, ErrorKind, Pipeline, RedisError, ScriptInvocation, ServerErrorKind, Value,
 };
-use tower_idempotency_core::store::{
+use tower_idempotency_core::{
     CachedResponse, ClaimOutcome, CodecError, CompletedRecord, FencingToken, Fingerprint,
     Ownership, RecordState, Store, StoreError,
 };

@@ -6,8 +6,6 @@
 //! delivering its reply).
 
 mod common;
-#[path = "../../../tests/support/proxy.rs"]
-mod proxy;
 
 use std::{
     sync::{
@@ -19,12 +17,12 @@ use std::{
 
 use axum::{routing::post, Router};
 use http::StatusCode;
-use proxy::Proxy;
 use tower_idempotency_core::{
-    scope::store_key_from_parts, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer,
-    Ownership, RecordState, Store,
+    store_key_from_parts, ClaimOutcome, FencingToken, Fingerprint, IdempotencyLayer, Ownership,
+    RecordState, Store,
 };
 use tower_idempotency_redis::RedisStore;
+use tower_idempotency_testkit::{skip, Proxy, Server};
 
 /// Needles picking out the claim (`SET … NX PX … GET`) of a store with `prefix`.
 fn claim_of(prefix: &str) -> [&[u8]; 2] {
@@ -69,7 +67,7 @@ impl ProxiedCluster {
         let cluster = match cluster {
             Ok(cluster) => cluster,
             Err(why) => {
-                common::skip(&why);
+                skip("the Redis Cluster resend tests", &why);
                 return None;
             }
         };
@@ -289,16 +287,8 @@ async fn over_http_lost_replies_run_the_handler_once() {
     let app = Router::new()
         .route("/orders", post(handler))
         .route_layer(IdempotencyLayer::client_keys(store).namespace("cluster-resend"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/orders", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let server = Server::start(app).await;
+    let url = server.url("/orders");
     let client = reqwest::Client::new();
     let send = |key: &'static str| {
         let (client, url) = (client.clone(), url.clone());
@@ -359,8 +349,7 @@ async fn over_http_lost_replies_run_the_handler_once() {
         );
     }
 
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.stop().await;
 }
 
 /// Awaits spawned tasks in order.

@@ -15,16 +15,16 @@ async fn cluster_two_instances_over_http() {
         return;
     };
     // Same prefix, separate cluster connections: two application instances.
-    let b = common::TestStore {
-        store: tower_idempotency_redis::RedisStore::cluster(
+    let b = common::TestStore::new(
+        tower_idempotency_redis::RedisStore::cluster(
             common::cluster_connection(common::Cluster::shared().unwrap())
                 .await
                 .unwrap(),
             a.store.prefix(),
         )
         .unwrap(),
-        guard: b.guard,
-    };
+        b.hooks.0,
+    );
     let a: Arc<dyn Store> = Arc::new(a);
     conformance::two_instances_over_http(a, Arc::new(b)).await;
 }
@@ -77,7 +77,7 @@ async fn records_spread_over_all_masters_by_hash_tag() {
             .unwrap();
         assert!(!keys.is_empty(), "master {url} holds none of the records");
     }
-    assert_eq!(store.guard.count_keys(), 60);
+    assert_eq!(store.guard().count_keys(), 60);
 }
 
 /// Losing a master (no replicas) fails the calls for its slots quickly with an error the layer

@@ -84,7 +84,7 @@ async fn restart_keeps_completed_keys() {
     let Some(before) = common::standalone_store().await else {
         return;
     };
-    let cleanup = before.guard.clone();
+    let cleanup = before.guard().clone();
     let after = RedisStore::connect(&common::redis_url(), before.store.prefix())
         .await
         .unwrap();
@@ -209,9 +209,8 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
             post(move || async move { (StatusCode::CREATED, large) }),
         )
         .route_layer(IdempotencyLayer::client_keys(store).namespace("count"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+    let serving = tower_idempotency_testkit::Server::start(app).await;
+    let base = serving.url("");
     let client = reqwest::Client::new();
     let post = |path: &str, key: &str| {
         client
@@ -262,7 +261,7 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
             "{path}: a replay is one SET NX GET and its PTTL"
         );
     }
-    serving.abort();
+    drop(serving);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -400,7 +399,7 @@ async fn records_expire_with_redis_key_expiry_and_nothing_else_is_written() {
     };
     let k = key("layout");
     let token = claimed(&store, &k, Duration::from_secs(30)).await;
-    assert_eq!(store.guard.count_keys(), 1, "one Redis key per record");
+    assert_eq!(store.guard().count_keys(), 1, "one Redis key per record");
     store
         .complete(&k, token, &response("done"), Duration::from_millis(300))
         .await
@@ -418,7 +417,7 @@ async fn records_expire_with_redis_key_expiry_and_nothing_else_is_written() {
         "completed record expires with its TTL: {pttl}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(store.guard.count_keys(), 0, "nothing outlives the record");
+    assert_eq!(store.guard().count_keys(), 0, "nothing outlives the record");
     assert_eq!(store.get(&k).await.unwrap(), None);
 }
 
@@ -438,7 +437,7 @@ async fn stale_large_completion_leaves_no_staged_value_behind() {
         Ownership::Stale
     );
     assert_eq!(
-        store.guard.count_keys(),
+        store.guard().count_keys(),
         1,
         "the stale staged value is gone"
     );
@@ -451,7 +450,7 @@ async fn stale_large_completion_leaves_no_staged_value_behind() {
         Ownership::Current
     );
     assert_eq!(
-        store.guard.count_keys(),
+        store.guard().count_keys(),
         1,
         "the staged value became the record"
     );
@@ -614,7 +613,7 @@ async fn a_resent_completion_answers_current_and_changes_nothing() {
     let Some(store) = common::standalone_store().await else {
         return;
     };
-    let cleanup = store.guard.clone();
+    let cleanup = store.guard().clone();
     for (case, body) in [
         ("small", "first".repeat(10)),
         ("large", "L".repeat(64 * 1024)),

@@ -22,7 +22,7 @@ use std::{
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_idempotency_core::store::{CachedResponse, ClaimOutcome, Fingerprint, Store};
+use tower_idempotency_core::{CachedResponse, ClaimOutcome, Fingerprint, Store};
 use tower_idempotency_sqlx::{PostgresStore, SqliteStore};
 
 const BODY: usize = 1024;

@@ -8,7 +8,7 @@ use std::{
 
 use bytes::Bytes;
 use http::StatusCode;
-use tower_idempotency_core::store::{
+use tower_idempotency_core::{
     decode_headers, encode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord,
     FencingToken, Fingerprint, Ownership, RecordState, StoreError, LONGEST_DURATION,
 };

@@ -1,4 +1,4 @@
-//! Durable [`Store`](tower_idempotency_core::store::Store)s for `tower-idempotency` on
+//! Durable [`Store`](tower_idempotency_core::Store)s for `tower-idempotency` on
 //! [sqlx](https://docs.rs/sqlx) 0.8: [`SqliteStore`] (feature `sqlite`) and [`PostgresStore`]
 //! (feature `postgres`). Both features are on by default.
 //!
@@ -16,7 +16,7 @@
 //! | `state` | `smallint` | `INTEGER` | `0` in flight, `1` completed |
 //! | `expires_at` | `timestamptz` | `INTEGER` (unix ms) | lease end while in flight, TTL end once completed |
 //! | `status` | `smallint` | `INTEGER` | cached status code (completed rows) |
-//! | `headers` | `bytea` | `BLOB` | cached headers, [`encode_headers`](tower_idempotency_core::store::encode_headers) format |
+//! | `headers` | `bytea` | `BLOB` | cached headers, [`encode_headers`](tower_idempotency_core::encode_headers) format |
 //! | `body` | `bytea` | `BLOB` | cached body |
 //! | `body_omitted` | `boolean` | `INTEGER` | the body was over the cache cap and not stored |
 //!

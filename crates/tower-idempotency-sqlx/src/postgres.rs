@@ -9,7 +9,7 @@ use std::{
 };
 
 use sqlx::{postgres::PgPoolOptions, PgConnection, PgExecutor, PgPool, Postgres, Row};
-use tower_idempotency_core::store::{
+use tower_idempotency_core::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
     StoreError,
 };
@@ -452,7 +452,7 @@ impl PostgresStore {
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     /// The transactional mode's transactions (see [`crate::transactional`]).
-    fn transactions(&self) -> Option<&dyn tower_idempotency_core::store::TransactionalStore> {
+    fn transactions(&self) -> Option<&dyn tower_idempotency_core::TransactionalStore> {
         Some(self)
     }
 

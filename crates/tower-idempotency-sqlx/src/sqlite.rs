@@ -13,7 +13,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
     Row, Sqlite, SqliteConnection, SqliteExecutor, SqlitePool,
 };
-use tower_idempotency_core::store::{
+use tower_idempotency_core::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
     StoreError,
 };
@@ -495,7 +495,7 @@ impl SqliteStore {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     /// The transactional mode's transactions (see [`crate::transactional`]).
-    fn transactions(&self) -> Option<&dyn tower_idempotency_core::store::TransactionalStore> {
+    fn transactions(&self) -> Option<&dyn tower_idempotency_core::TransactionalStore> {
         Some(self)
     }
 

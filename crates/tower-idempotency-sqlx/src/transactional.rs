@@ -1,5 +1,5 @@
 //! The transactional mode for the SQL stores: [`IdempotentTx`], the extractor a handler writes
-//! through, and the stores' [`TransactionalStore`](tower_idempotency_core::store::TransactionalStore)
+//! through, and the stores' [`TransactionalStore`](tower_idempotency_core::TransactionalStore)
 //! implementation.
 //!
 //! With [`IdempotencyLayer::transactional`](tower_idempotency_core::IdempotencyLayer::transactional)
@@ -55,8 +55,7 @@ use http::{request::Parts, StatusCode};
 use sqlx::{Database, Pool, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tower_idempotency_core::{
-    problem::Problem,
-    store::{CachedResponse, CommitError, FencingToken, Ownership, StoreError, StoreTransaction},
+    CachedResponse, CommitError, FencingToken, Ownership, Problem, StoreError, StoreTransaction,
 };
 
 type Shared<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
@@ -70,7 +69,7 @@ impl<DB: Database> TxHandle<DB> {
     /// [`IdempotentTx`]: put the handle into the request's extensions in
     /// [`StoreTransaction::attach`] and [`take`](Self::take) it back to complete and commit.
     ///
-    /// [`TransactionalStore`]: tower_idempotency_core::store::TransactionalStore
+    /// [`TransactionalStore`]: tower_idempotency_core::TransactionalStore
     pub fn new(transaction: Transaction<'static, DB>) -> Self {
         Self(Arc::new(Mutex::new(Some(transaction))))
     }
@@ -246,7 +245,7 @@ fn connection_lost(error: &sqlx::Error) -> bool {
     }
 }
 
-/// [`TransactionalStore::begin`](tower_idempotency_core::store::TransactionalStore::begin) for
+/// [`TransactionalStore::begin`](tower_idempotency_core::TransactionalStore::begin) for
 /// a SQL store.
 pub(crate) async fn begin<'s, B: Backend>(
     backend: &'s B,
@@ -340,7 +339,7 @@ impl<B: Backend> StoreTransaction for SqlTransaction<'_, B> {
 mod postgres {
     use super::*;
     use crate::PostgresStore;
-    use tower_idempotency_core::store::TransactionalStore;
+    use tower_idempotency_core::TransactionalStore;
 
     impl Backend for PostgresStore {
         type DB = sqlx::Postgres;
@@ -381,7 +380,7 @@ mod postgres {
 mod sqlite {
     use super::*;
     use crate::SqliteStore;
-    use tower_idempotency_core::store::TransactionalStore;
+    use tower_idempotency_core::TransactionalStore;
 
     impl Backend for SqliteStore {
         type DB = sqlx::Sqlite;

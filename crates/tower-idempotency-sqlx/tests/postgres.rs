@@ -7,9 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use common::*;
 use tower_idempotency_core::{
-    conformance,
-    store::{ClaimOutcome, Ownership, RecordState, Store, StoreError},
-    IdempotencyLayer,
+    conformance, ClaimOutcome, IdempotencyLayer, Ownership, RecordState, Store, StoreError,
 };
 use tower_idempotency_sqlx::{postgres_schema_sql, ConfigError, PostgresStore};
 

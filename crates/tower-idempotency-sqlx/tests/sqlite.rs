@@ -6,9 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use common::*;
 use tower_idempotency_core::{
-    conformance,
-    store::{ClaimOutcome, Ownership, RecordState, Store, StoreError},
-    IdempotencyLayer,
+    conformance, ClaimOutcome, IdempotencyLayer, Ownership, RecordState, Store, StoreError,
 };
 use tower_idempotency_sqlx::{sqlite_schema_sql, ConfigError, ConnectError, SqliteStore};
 

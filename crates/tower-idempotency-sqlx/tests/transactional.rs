@@ -8,10 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use common::*;
 use http::StatusCode;
-use tower_idempotency_core::{
-    store::{ClaimOutcome, Store, StoreError},
-    IdempotencyLayer,
-};
+use tower_idempotency_core::{ClaimOutcome, IdempotencyLayer, Store, StoreError};
 use tower_idempotency_sqlx::conformance::{self, EffectsServer, Fixture};
 
 async fn pg_fixture() -> Option<(

@@ -10,16 +10,10 @@ use std::{
 
 use axum::{extract::State, routing::post, Router};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_testkit::serve;
 use tower_idempotency_webhooks::{
     github, slack, stripe, VerifiedWebhook, WebhookKeys, WebhookLayerExt,
 };
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
 
 async fn count(State(calls): State<Arc<AtomicUsize>>, webhook: VerifiedWebhook) -> String {
     let n = calls.fetch_add(1, Ordering::SeqCst) + 1;

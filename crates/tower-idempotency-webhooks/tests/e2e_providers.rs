@@ -25,6 +25,7 @@ use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
 use http::{Extensions, Method};
 use tokio::sync::{mpsc, Semaphore};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_testkit::serve;
 use tower_idempotency_webhooks::{
     standard,
     testing::{self, Delivery, Event, Fixture, Outcome, Recapture, Signer, PATH},
@@ -61,13 +62,6 @@ async fn count(State(shared): State<Arc<Shared>>, extensions: Extensions) -> Str
 const ROUTE: &str = "/hook/{account}";
 /// Another spelling of [`PATH`]: the same route and the same `Path` value.
 const PATH_VARIANT: &str = "/hook/acct_%31";
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
 
 fn now() -> u64 {
     SystemTime::now()

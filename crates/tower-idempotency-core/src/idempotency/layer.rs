@@ -101,7 +101,8 @@ impl Config {
     }
 }
 
-/// A [`Layer`] that makes the wrapped service idempotent. See the [module docs](super).
+/// A [`Layer`] that makes the wrapped service idempotent. The [crate documentation](crate) tells
+/// what it does with a request.
 ///
 /// Built with [`IdempotencyLayer::client_keys`] for client `Idempotency-Key` headers, or
 /// [`IdempotencyLayer::new`] for any other [`KeySource`] (the webhook providers), then tuned

@@ -26,7 +26,7 @@ pub const RESULTS_UNRECORDED_TOTAL: &str = "idempotency_results_unrecorded_total
 /// either way. Call it after installing the recorder.
 ///
 /// ```
-/// tower_idempotency_core::idempotency::describe_metrics();
+/// tower_idempotency_core::describe_metrics();
 /// ```
 #[cfg(feature = "metrics")]
 pub fn describe_metrics() {

@@ -1,34 +1,5 @@
-//! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`].
-//!
-//! For each guarded request (by default `POST` and `PATCH`) the service:
-//!
-//! 1. buffers the body under a cap (`413` past it, checked against `Content-Length` first);
-//! 2. derives the key through its [`KeySource`](crate::KeySource) (`400` for a missing or invalid
-//!    `Idempotency-Key`, a provider's own problem for a bad signature);
-//! 3. scopes it by namespace, method, path and principal (or by namespace and route template,
-//!    see [`RouteScope`](crate::scope::RouteScope)), and fingerprints the request;
-//! 4. claims it in the [`Store`](crate::Store): a claim runs the handler (to completion even if the caller
-//!    disconnects), an
-//!    in-flight duplicate gets `409` (or, with
-//!    [`wait_for_result`](IdempotencyLayer::wait_for_result), waits for the first one's result), a completed key is replayed with `Idempotent-Replayed: true`,
-//!    a reused key with another fingerprint gets `422`, a failing store gets `503`;
-//! 5. completes or releases the key according to the [`CachePolicy`](crate::CachePolicy).
-//!
-//! # Example
-//!
-//! ```
-//! use axum::{routing::post, Json, Router};
-//! use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
-//!
-//! async fn create_order(Json(order): Json<serde_json::Value>) -> Json<serde_json::Value> {
-//!     Json(serde_json::json!({ "order_id": "ord_1", "order": order }))
-//! }
-//!
-//! let app: Router = Router::new()
-//!     .route("/orders", post(create_order))
-//!     .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders"));
-//! # let _ = app;
-//! ```
+//! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`] (what they do
+//! with a request is told in the crate documentation).
 
 mod authenticated;
 mod body;

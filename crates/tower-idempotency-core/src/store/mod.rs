@@ -1,47 +1,4 @@
-//! The store contract: how a key is claimed, completed, released and read back.
-//!
-//! A [`Store`] holds one record per scoped key. A record is either **in flight** (claimed by one
-//! request, protected by a lease and a fencing token) or **completed** (holding the cached response
-//! until its TTL ends). The layer drives a store through four calls:
-//!
-//! | call | when | must be atomic with respect to other calls on the same key |
-//! |---|---|---|
-//! | [`Store::claim`] | before the handler runs | yes: of many concurrent claimers exactly one gets [`ClaimOutcome::Claimed`] |
-//! | [`Store::renew`] | while a slow handler runs | yes: only the current holder extends the lease |
-//! | [`Store::complete`] | after a response the policy keeps | yes: only the current holder writes the response |
-//! | [`Store::release`] | after a response the policy drops, an error or a panic | yes: only the current holder deletes the record |
-//!
-//! Two more calls serve inspection and administration, never the layer's request path:
-//! [`Store::get`] reads a record, and [`Store::forget`] deletes one whatever its state.
-//!
-//! # The contract in detail
-//! - **Claim.** If no record exists, or the record is in flight with an expired lease, or the
-//!   record is completed with an expired TTL, the store writes a new in-flight record with the
-//!   caller's fencing token and answers [`ClaimOutcome::Claimed`]. A live in-flight record that
-//!   already carries the caller's token is the caller's own claim (a resent claim whose first
-//!   attempt landed) and is answered `Claimed` too. Otherwise the store answers with the existing
-//!   record's state ([`ClaimOutcome::InFlight`] or [`ClaimOutcome::Completed`], with the time
-//!   the record has left) *from the same atomic step*, so the duplicate needs no second round
-//!   trip. The store never compares fingerprints itself: it reports the existing record's
-//!   fingerprint and the layer decides.
-//! - **Fencing tokens** are chosen by the caller of `claim`, one per claim: the layer draws 63
-//!   random bits from the operating system ([`FencingToken::random`]), so tokens stay unique
-//!   without any counter surviving in the store, and a caller that gave up on a claim still
-//!   knows the token to release it with. A store persists the token as it is (every value of
-//!   `FencingToken::random` fits a non-negative SQL `bigint`). `complete`, `renew` and `release`
-//!   succeed only when the record's current token equals the caller's; otherwise they change
-//!   nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key nobody
-//!   reclaimed yet may still be accepted or may be answered `Stale`: both are allowed. A store
-//!   whose client may resend a command may answer `Current` to a `complete` that finds the
-//!   record already completed by the same token.
-//! - **Leases** bound how long a crashed holder blocks its key. Expired leases need no background
-//!   sweep to become claimable: `claim` treats them as absent.
-//! - **TTL** bounds how long a completed record is replayed. After it the key behaves as new.
-//! - **Errors** are reported, never hidden: a store that cannot answer returns a [`StoreError`]
-//!   and the layer fails closed.
-//!
-//! Every store in this project runs the public conformance suite
-//! (`tower_idempotency_core::conformance`, feature `conformance`) unchanged; so should yours.
+//! The store contract ([`Store`]), its records and errors, and the stores this crate ships.
 
 mod codec;
 mod local_cache;
@@ -208,7 +165,50 @@ pub enum StoreError {
     CapacityExceeded(usize),
 }
 
-/// A backend that records idempotency keys. See the [module documentation](self) for the contract.
+/// A backend that records idempotency keys.
+///
+/// A [`Store`] holds one record per scoped key. A record is either **in flight** (claimed by one
+/// request, protected by a lease and a fencing token) or **completed** (holding the cached response
+/// until its TTL ends). The layer drives a store through four calls:
+///
+/// | call | when | must be atomic with respect to other calls on the same key |
+/// |---|---|---|
+/// | [`Store::claim`] | before the handler runs | yes: of many concurrent claimers exactly one gets [`ClaimOutcome::Claimed`] |
+/// | [`Store::renew`] | while a slow handler runs | yes: only the current holder extends the lease |
+/// | [`Store::complete`] | after a response the policy keeps | yes: only the current holder writes the response |
+/// | [`Store::release`] | after a response the policy drops, an error or a panic | yes: only the current holder deletes the record |
+///
+/// Two more calls serve inspection and administration, never the layer's request path:
+/// [`Store::get`] reads a record, and [`Store::forget`] deletes one whatever its state.
+///
+/// # The contract in detail
+/// - **Claim.** If no record exists, or the record is in flight with an expired lease, or the
+///   record is completed with an expired TTL, the store writes a new in-flight record with the
+///   caller's fencing token and answers [`ClaimOutcome::Claimed`]. A live in-flight record that
+///   already carries the caller's token is the caller's own claim (a resent claim whose first
+///   attempt landed) and is answered `Claimed` too. Otherwise the store answers with the existing
+///   record's state ([`ClaimOutcome::InFlight`] or [`ClaimOutcome::Completed`], with the time
+///   the record has left) *from the same atomic step*, so the duplicate needs no second round
+///   trip. The store never compares fingerprints itself: it reports the existing record's
+///   fingerprint and the layer decides.
+/// - **Fencing tokens** are chosen by the caller of `claim`, one per claim: the layer draws 63
+///   random bits from the operating system ([`FencingToken::random`]), so tokens stay unique
+///   without any counter surviving in the store, and a caller that gave up on a claim still
+///   knows the token to release it with. A store persists the token as it is (every value of
+///   `FencingToken::random` fits a non-negative SQL `bigint`). `complete`, `renew` and `release`
+///   succeed only when the record's current token equals the caller's; otherwise they change
+///   nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key nobody
+///   reclaimed yet may still be accepted or may be answered `Stale`: both are allowed. A store
+///   whose client may resend a command may answer `Current` to a `complete` that finds the
+///   record already completed by the same token.
+/// - **Leases** bound how long a crashed holder blocks its key. Expired leases need no background
+///   sweep to become claimable: `claim` treats them as absent.
+/// - **TTL** bounds how long a completed record is replayed. After it the key behaves as new.
+/// - **Errors** are reported, never hidden: a store that cannot answer returns a [`StoreError`]
+///   and the layer fails closed.
+///
+/// Every store in this project runs the public conformance suite
+/// (`tower_idempotency_core::conformance`, feature `conformance`) unchanged; so should yours.
 ///
 /// `key` is the scoped key built by the layer: a namespace, a colon and 64 hex digits, at most 320
 /// bytes, visible ASCII only, so it can be used as a primary key or a Redis key as it is.

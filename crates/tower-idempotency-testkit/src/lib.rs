@@ -1,0 +1,29 @@
+//! Test helpers shared by the tower-idempotency workspace (unpublished): a dev-dependency of the
+//! crates whose tests use them, and a dependency of the load harness.
+//!
+//! - The environment: where the shared Postgres and Redis are, and the rule that a missing
+//!   service skips a test outside CI and fails it under `CI=true` ([`skip`]).
+//! - Logs: what `tracing` wrote on the test's thread ([`CapturedLogs`]).
+//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]).
+//! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
+//! - Throw-away `redis-server` processes and a 3-master [`Cluster`].
+//! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
+//!   [`CountingStore`], [`Outage`]).
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod env;
+mod http;
+mod logs;
+mod proxy;
+mod redis_server;
+mod stores;
+
+pub use env::{
+    database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip, which,
+};
+pub use http::{free_port, serve, Server};
+pub use logs::CapturedLogs;
+pub use proxy::{Mode, Protocol, Proxy};
+pub use redis_server::{Cluster, RedisServer, DURABLE};
+pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};
