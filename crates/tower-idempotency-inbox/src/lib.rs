@@ -54,6 +54,9 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("tower-idempotency-inbox needs its `sqlite` or `postgres` feature");
+
 mod ack;
 pub mod admin;
 #[doc(hidden)]
