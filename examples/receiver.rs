@@ -890,6 +890,8 @@ mod prometheus {
             )?
             .install_recorder()?;
         describe_metrics();
+        #[cfg(feature = "inbox")]
+        tower_idempotency::inbox::describe_metrics();
         let upkeep = handle.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(UPKEEP);
