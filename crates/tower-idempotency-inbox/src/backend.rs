@@ -1,5 +1,5 @@
 //! The inbox's statements on each database. Every statement but the DDL and the claim is the
-//! same text on both (sqlx binds `$N` on SQLite too); the [`backend!`] macro writes the typed
+//! same text on both (sqlx binds `$N` on SQLite too); the `backend!` macro writes the typed
 //! calls once for each database.
 //!
 //! Times are unix milliseconds from the application's clock: instances sharing a Postgres inbox

@@ -89,8 +89,7 @@ mod tests {
         let cut = bounded(long);
         assert!(cut.len() <= MAX_ERROR_LEN && cut.len() >= MAX_ERROR_LEN - 1);
         assert!(cut.chars().all(|c| c == 'é'));
-        let io = std::io::Error::other("inner");
-        let outer = std::io::Error::new(std::io::ErrorKind::Other, OuterError(io));
+        let outer = OuterError(std::io::Error::other("inner"));
         assert_eq!(error_text(&outer), "outer: inner");
     }
 
