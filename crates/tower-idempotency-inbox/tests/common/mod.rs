@@ -64,6 +64,61 @@ pub trait Fixture: InboxDatabase + Sized {
     fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()>;
 }
 
+/// The fixture's statements, the same text on both databases.
+macro_rules! same_sql {
+    () => {
+        fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                let sql = format!("CREATE TABLE {table} (event_id text NOT NULL)");
+                pool.execute(sql.as_str()).await.unwrap();
+            })
+        }
+
+        fn write_effect<'a>(
+            tx: &'a mut IdempotentTx<Self>,
+            table: &'a str,
+            event_id: &'a str,
+        ) -> BoxFuture<'a, sqlx::Result<()>> {
+            Box::pin(async move {
+                let sql = format!("INSERT INTO {table} (event_id) VALUES ($1)");
+                sqlx::query(&sql).bind(event_id).execute(&mut **tx).await?;
+                Ok(())
+            })
+        }
+
+        fn effects<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            table: &'a str,
+            event_id: &'a str,
+        ) -> BoxFuture<'a, i64> {
+            Box::pin(async move {
+                let sql = format!("SELECT count(*) FROM {table} WHERE event_id = $1");
+                sqlx::query_scalar(&sql)
+                    .bind(event_id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            })
+        }
+
+        fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                for table in tables {
+                    let _ = pool
+                        .execute(format!("DROP TABLE IF EXISTS {table}").as_str())
+                        .await;
+                }
+            })
+        }
+
+        fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                pool.execute(sql).await.expect(sql);
+            })
+        }
+    };
+}
+
 impl Fixture for sqlx::Sqlite {
     const LABEL: &'static str = "sqlite";
 
@@ -76,55 +131,7 @@ impl Fixture for sqlx::Sqlite {
         })
     }
 
-    fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let sql = format!("CREATE TABLE {table} (event_id TEXT NOT NULL)");
-            pool.execute(sql.as_str()).await.unwrap();
-        })
-    }
-
-    fn write_effect<'a>(
-        tx: &'a mut IdempotentTx<Self>,
-        table: &'a str,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, sqlx::Result<()>> {
-        Box::pin(async move {
-            let sql = format!("INSERT INTO {table} (event_id) VALUES ($1)");
-            sqlx::query(&sql).bind(event_id).execute(&mut **tx).await?;
-            Ok(())
-        })
-    }
-
-    fn effects<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        table: &'a str,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, i64> {
-        Box::pin(async move {
-            let sql = format!("SELECT count(*) FROM {table} WHERE event_id = $1");
-            sqlx::query_scalar(&sql)
-                .bind(event_id)
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        })
-    }
-
-    fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            for table in tables {
-                let _ = pool
-                    .execute(format!("DROP TABLE IF EXISTS {table}").as_str())
-                    .await;
-            }
-        })
-    }
-
-    fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            pool.execute(sql).await.expect(sql);
-        })
-    }
+    same_sql!();
 }
 
 /// A SQLite pool as docs/inbox.md recommends: WAL, and a busy timeout to wait for the writer.
@@ -155,55 +162,7 @@ impl Fixture for sqlx::Postgres {
         })
     }
 
-    fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let sql = format!("CREATE TABLE {table} (event_id text NOT NULL)");
-            pool.execute(sql.as_str()).await.unwrap();
-        })
-    }
-
-    fn write_effect<'a>(
-        tx: &'a mut IdempotentTx<Self>,
-        table: &'a str,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, sqlx::Result<()>> {
-        Box::pin(async move {
-            let sql = format!("INSERT INTO {table} (event_id) VALUES ($1)");
-            sqlx::query(&sql).bind(event_id).execute(&mut **tx).await?;
-            Ok(())
-        })
-    }
-
-    fn effects<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        table: &'a str,
-        event_id: &'a str,
-    ) -> BoxFuture<'a, i64> {
-        Box::pin(async move {
-            let sql = format!("SELECT count(*) FROM {table} WHERE event_id = $1");
-            sqlx::query_scalar(&sql)
-                .bind(event_id)
-                .fetch_one(pool)
-                .await
-                .unwrap()
-        })
-    }
-
-    fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            for table in tables {
-                let _ = pool
-                    .execute(format!("DROP TABLE IF EXISTS {table}").as_str())
-                    .await;
-            }
-        })
-    }
-
-    fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            pool.execute(sql).await.expect(sql);
-        })
-    }
+    same_sql!();
 }
 
 /// One test's inbox and effects tables, dropped by [`Setup::cleanup`].

@@ -17,15 +17,15 @@
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
 //! its tables get random names and are dropped at the end. Prints one Markdown table.
 
+mod drive;
+
 use std::{
-    hash::{BuildHasher, RandomState},
     str::FromStr,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+use drive::{drive, suffix, Run};
 
 use axum::{
     extract::State,
@@ -48,10 +48,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SECRET: &str = "whsec_inbox_bench";
 const WORKERS: usize = 4;
-
-fn suffix() -> String {
-    format!("{:016x}", RandomState::new().hash_one(SystemTime::now()))
-}
 
 /// The statements of one database's effects table.
 struct Effects {
@@ -109,72 +105,33 @@ async fn serve(router: Router) -> Result<String, BoxError> {
     Ok(base)
 }
 
-/// What one run measured.
-struct Run {
-    rate: f64,
-    p50: Duration,
-    p99: Duration,
-    answered: u64,
-    errors: u64,
+/// A new signed event per request.
+fn signed_event(
+    client: &reqwest::Client,
+    url: &str,
+    run: &str,
+    worker: usize,
+    n: u64,
+) -> reqwest::RequestBuilder {
+    let body = format!(r#"{{"id":"evt_{run}_{worker}_{n}","type":"bench"}}"#);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    client
+        .post(url)
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(SECRET, now, body.as_bytes()),
+        )
+        .body(body)
 }
 
-/// `clients` loops sending new signed events for `seconds`.
-async fn drive(url: &str, clients: usize, seconds: u64) -> Run {
-    let client = reqwest::Client::new();
-    let stop = Instant::now() + Duration::from_secs(seconds);
-    let errors = Arc::new(AtomicU64::new(0));
-    let run = suffix();
-    let workers = (0..clients).map(|worker| {
-        let (client, url, run, errors) =
-            (client.clone(), url.to_owned(), run.clone(), errors.clone());
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut n = 0u64;
-            while Instant::now() < stop {
-                n += 1;
-                let body = format!(r#"{{"id":"evt_{run}_{worker}_{n}","type":"bench"}}"#);
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap()
-                    .as_secs();
-                let signature = stripe::sign(SECRET, now, body.as_bytes());
-                let sent = Instant::now();
-                let answer = client
-                    .post(&url)
-                    .header(stripe::SIGNATURE_HEADER, signature)
-                    .body(body)
-                    .send()
-                    .await;
-                match answer {
-                    Ok(response) if response.status() == 200 && Instant::now() <= stop => {
-                        latencies.push(sent.elapsed())
-                    }
-                    Ok(response) if response.status() == 200 => {}
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            latencies
-        })
-    });
-    let mut all: Vec<Duration> = Vec::new();
-    for worker in workers {
-        all.extend(worker.await.expect("worker"));
-    }
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    Run {
-        rate: all.len() as f64 / seconds as f64,
-        p50: at(0.5),
-        p99: at(0.99),
-        answered: all.len() as u64,
-        errors: errors.load(Ordering::Relaxed),
-    }
+async fn send_events(url: String, clients: usize, seconds: u64) -> Run {
+    drive(clients, seconds, 200, move |client, run, worker, n| {
+        signed_event(client, &url, run, worker, n)
+    })
+    .await
 }
 
 fn row(label: &str, route: &str, clients: usize, run: &Run, processing: Option<f64>) {
@@ -191,10 +148,10 @@ fn row(label: &str, route: &str, clients: usize, run: &Run, processing: Option<f
 /// Both routes at 1, 16 and 64 senders; after each inbox run, waits for its backlog.
 async fn measure<DB: InboxDatabase>(label: &str, base: &str, inbox: &Inbox<DB>, seconds: u64) {
     for clients in [1, 16, 64] {
-        let sync = drive(&format!("{base}/sync"), clients, seconds).await;
+        let sync = send_events(format!("{base}/sync"), clients, seconds).await;
         row(label, "sync", clients, &sync, None);
         let started = Instant::now();
-        let acked = drive(&format!("{base}/inbox"), clients, seconds).await;
+        let acked = send_events(format!("{base}/inbox"), clients, seconds).await;
         while inbox.counts().await.expect("counts").pending > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
