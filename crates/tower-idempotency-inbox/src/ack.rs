@@ -126,7 +126,7 @@ impl<V: Verifier, DB: InboxDatabase> Ack<V, DB> {
 
 impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
     async fn acknowledge(&self, request: Request<Body>) -> Response {
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         if !self.verifier.accepts_method(&parts.method) {
             return Problem::from(VerifyError::MethodNotAllowed).into_response();
         }
@@ -158,7 +158,7 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
         }
         let event = NewEvent {
             key: EventKey::new(webhook.provider(), event_id),
-            headers: self.kept_headers(&mut parts.headers),
+            headers: self.kept_headers(&parts.headers),
             body: body.to_vec(),
             authenticator: webhook.authenticator().map(|a| a.as_bytes().to_vec()),
             received_at: unix_ms(self.clock.now()),
@@ -183,7 +183,7 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
 
     /// The kept headers as a JSON array of `[name, value]` pairs (values that are not text are
     /// skipped).
-    fn kept_headers(&self, headers: &mut http::HeaderMap) -> String {
+    fn kept_headers(&self, headers: &http::HeaderMap) -> String {
         let kept: Vec<(&str, &str)> = self
             .keep_headers
             .iter()

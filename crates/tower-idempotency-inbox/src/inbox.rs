@@ -118,10 +118,25 @@ impl<DB: InboxDatabase> Inbox<DB> {
         }
     }
 
-    pub(crate) fn attach_queue(&self, sender: Option<mpsc::Sender<EventKey>>) {
+    /// Acknowledgements feed `sender` from now on (the most recently spawned worker).
+    pub(crate) fn attach_queue(&self, sender: mpsc::Sender<EventKey>) {
         *self
             .queue
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = sender;
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sender);
+    }
+
+    /// Stops feeding `sender`, unless a later worker's queue replaced it.
+    pub(crate) fn detach_queue(&self, sender: &mpsc::Sender<EventKey>) {
+        let mut queue = self
+            .queue
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if queue
+            .as_ref()
+            .is_some_and(|current| current.same_channel(sender))
+        {
+            *queue = None;
+        }
     }
 }

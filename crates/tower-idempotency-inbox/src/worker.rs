@@ -114,7 +114,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
     /// acknowledgements feed its queue.
     pub fn spawn(self) -> InboxWorker {
         let (sender, receiver) = mpsc::channel(self.queue_capacity);
-        self.inbox.attach_queue(Some(sender.clone()));
+        self.inbox.attach_queue(sender.clone());
         let (stop, stopped) = oneshot::channel();
         let shared = Arc::new(Shared {
             inbox: self.inbox,
@@ -205,7 +205,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                 _ = sweep.tick() => self.sweep().await,
             }
         };
-        self.shared.inbox.attach_queue(None);
+        self.shared.inbox.detach_queue(&self.sender);
         let finished = tokio::time::timeout(deadline, async {
             while attempts.join_next().await.is_some() {}
         })
