@@ -16,7 +16,7 @@ use axum::{routing::post_service, Router};
 use tower_idempotency::{
     inbox::{self, Backoff, HandlerError, IdempotentTx, Inbox, InboxEvent},
     sqlx::{self, sqlite::SqliteConnectOptions, Sqlite},
-    webhooks::stripe::StripeVerifier,
+    webhooks::stripe::{self, StripeVerifier},
 };
 
 /// Records a succeeded charge; every other event type is acknowledged and ignored. An error
@@ -65,11 +65,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route(
             "/webhooks/stripe",
-            post_service(inbox.ack(StripeVerifier::new([secret]))),
+            post_service(inbox.ack(StripeVerifier::new([secret.clone()]))),
         )
         .nest("/admin/inbox", inbox::admin::router(inbox.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3014").await?;
     println!("listening on http://{}", listener.local_addr()?);
+    let body =
+        r#"{"id":"evt_example_1","type":"charge.succeeded","data":{"object":{"id":"ch_1"}}}"#;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let signature = stripe::sign(&secret, now.as_secs(), body.as_bytes());
+    println!(
+        "try (valid for 5 minutes; send it twice, it is stored and processed once):\n  \
+         curl -i http://127.0.0.1:3014/webhooks/stripe -H 'stripe-signature: {signature}' -d '{body}'\n  \
+         curl http://127.0.0.1:3014/admin/inbox/counts"
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
