@@ -103,6 +103,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[cfg(feature = "inbox")]
 #[path = "receiver/inbox.rs"]
 mod inbox;
+#[cfg(not(feature = "inbox"))]
+#[path = "receiver/no_inbox.rs"]
+mod inbox;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 const DEFAULT_STORE: &str = "sqlite://receiver.db";
@@ -147,6 +150,15 @@ enum StartError {
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
 }
 
+/// The webhook inbox's settings (`POST /inbox/stripe`, feature `inbox`).
+struct InboxSettings {
+    handler_delay: Duration,
+    max_attempts: u32,
+    backoff: Duration,
+    lease: Option<Duration>,
+    sweep: Option<Duration>,
+}
+
 struct Config {
     addr: SocketAddr,
     store_url: String,
@@ -155,7 +167,7 @@ struct Config {
     ttl: Option<Duration>,
     /// `POST /orders` only: how long a duplicate waits for an in-flight result.
     wait: Option<Duration>,
-    inbox: inbox::Settings,
+    inbox: InboxSettings,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -197,7 +209,7 @@ impl Config {
             wait: parsed("IDEMPOTENCY_WAIT_MS", millis)?.map(Duration::from_millis),
             ttl: parsed("IDEMPOTENCY_TTL_SECS", "a whole number of seconds")?
                 .map(Duration::from_secs),
-            inbox: inbox::Settings {
+            inbox: InboxSettings {
                 handler_delay: Duration::from_millis(
                     parsed("HANDLER_DELAY_MS", millis)?.unwrap_or(0),
                 ),
@@ -677,55 +689,6 @@ mod payments {
         pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
             match *self {}
         }
-    }
-}
-
-/// Without the `inbox` feature there is no `POST /inbox/stripe`.
-#[cfg(not(feature = "inbox"))]
-mod inbox {
-    use super::*;
-
-    pub struct Settings {
-        pub handler_delay: Duration,
-        pub max_attempts: u32,
-        pub backoff: Duration,
-        pub lease: Option<Duration>,
-        pub sweep: Option<Duration>,
-    }
-
-    #[derive(Clone)]
-    pub enum Effects {}
-
-    impl Effects {
-        pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
-            match *self {}
-        }
-    }
-
-    pub enum Worker {}
-
-    pub struct Running {
-        pub router: Router,
-        pub worker: Worker,
-        pub effects: Effects,
-    }
-
-    pub async fn start(
-        _url: &str,
-        _secrets: Vec<String>,
-        settings: &Settings,
-    ) -> Result<Option<Running>, BoxError> {
-        let _ = (
-            settings.handler_delay,
-            settings.max_attempts,
-            settings.backoff,
-        );
-        let _ = (settings.lease, settings.sweep);
-        Ok(None)
-    }
-
-    pub async fn drain(worker: Worker, _deadline: Duration) -> bool {
-        match worker {}
     }
 }
 

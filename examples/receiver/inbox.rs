@@ -22,16 +22,7 @@ use tower_idempotency::{
     webhooks::stripe::StripeVerifier,
 };
 
-use super::BoxError;
-
-/// The inbox's settings from the environment.
-pub struct Settings {
-    pub handler_delay: Duration,
-    pub max_attempts: u32,
-    pub backoff: Duration,
-    pub lease: Option<Duration>,
-    pub sweep: Option<Duration>,
-}
+use super::{BoxError, InboxSettings as Settings};
 
 /// The running inbox: its routes, its worker, and the `inbox_effects` rows for `GET /effects`.
 pub struct Running {
