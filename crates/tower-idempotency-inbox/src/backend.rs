@@ -5,7 +5,11 @@
 //! Times are unix milliseconds from the application's clock: instances sharing a Postgres inbox
 //! must agree on the time to well within the lease.
 
-use std::{future::Future, pin::Pin};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use crate::event::{EventKey, EventSummary, StateCounts};
 
@@ -47,6 +51,19 @@ pub struct Sql {
     retry: String,
     purge: String,
     counts: String,
+    /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
+    executed: AtomicU64,
+}
+
+impl Sql {
+    /// Counts one statement about to be sent.
+    fn sent(&self) {
+        self.executed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn executed(&self) -> u64 {
+        self.executed.load(Ordering::Relaxed)
+    }
 }
 
 const SUMMARY: &str =
@@ -93,6 +110,7 @@ impl Sql {
             ),
             purge: format!("DELETE FROM {table} WHERE state = 1 AND finished_at < $1"),
             counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            executed: AtomicU64::new(0),
         }
     }
 
@@ -311,6 +329,7 @@ macro_rules! backend {
                 event: &'a NewEvent,
             ) -> BoxFuture<'a, sqlx::Result<bool>> {
                 Box::pin(async move {
+                    sql.sent();
                     let done = sqlx::query(&sql.insert)
                         .bind(&event.key.provider)
                         .bind(&event.key.event_id)
@@ -333,6 +352,7 @@ macro_rules! backend {
                 lease_until: i64,
             ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                 Box::pin(async move {
+                    sql.sent();
                     use sqlx::Row;
                     let row = sqlx::query(&sql.claim)
                         .bind(now)
@@ -362,6 +382,7 @@ macro_rules! backend {
                 token: i64,
             ) -> BoxFuture<'a, sqlx::Result<bool>> {
                 Box::pin(async move {
+                    sql.sent();
                     let done = sqlx::query(&sql.complete)
                         .bind(&key.provider)
                         .bind(&key.event_id)
@@ -384,6 +405,7 @@ macro_rules! backend {
                 error: &'a str,
             ) -> BoxFuture<'a, sqlx::Result<bool>> {
                 Box::pin(async move {
+                    sql.sent();
                     let done = sqlx::query(&sql.fail)
                         .bind(&key.provider)
                         .bind(&key.event_id)
@@ -405,6 +427,7 @@ macro_rules! backend {
                 limit: i64,
             ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
                 Box::pin(async move {
+                    sql.sent();
                     let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
                         .bind(now)
                         .bind(limit)
@@ -424,6 +447,7 @@ macro_rules! backend {
                 limit: i64,
             ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
                 Box::pin(async move {
+                    sql.sent();
                     let rows = sqlx::query(&sql.list)
                         .bind(state)
                         .bind(limit)
@@ -439,6 +463,7 @@ macro_rules! backend {
                 key: &'a EventKey,
             ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>> {
                 Box::pin(async move {
+                    sql.sent();
                     let row = sqlx::query(&sql.get)
                         .bind(&key.provider)
                         .bind(&key.event_id)
@@ -455,6 +480,7 @@ macro_rules! backend {
                 now: i64,
             ) -> BoxFuture<'a, sqlx::Result<bool>> {
                 Box::pin(async move {
+                    sql.sent();
                     let done = sqlx::query(&sql.retry)
                         .bind(&key.provider)
                         .bind(&key.event_id)
@@ -471,6 +497,7 @@ macro_rules! backend {
                 before: i64,
             ) -> BoxFuture<'a, sqlx::Result<u64>> {
                 Box::pin(async move {
+                    sql.sent();
                     let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
                     Ok(done.rows_affected())
                 })
@@ -481,6 +508,7 @@ macro_rules! backend {
                 sql: &'a Sql,
             ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
                 Box::pin(async move {
+                    sql.sent();
                     let rows: Vec<(i16, i64)> = sqlx::query_as(&sql.counts).fetch_all(pool).await?;
                     let mut counts = StateCounts::default();
                     for (state, count) in rows {

@@ -104,6 +104,12 @@ impl<DB: InboxDatabase> Inbox<DB> {
         &self.pool
     }
 
+    /// How many statements this inbox (and its clones, acknowledgements and workers) sent to
+    /// the database, `migrate` aside: one per acknowledged delivery, duplicates included.
+    pub fn statements_executed(&self) -> u64 {
+        self.sql.executed()
+    }
+
     /// Hands `key` to the running worker's queue. A full queue (or no worker) drops the hint:
     /// the event is in the table, and a sweeper finds it.
     pub(crate) fn notify(&self, key: EventKey) {

@@ -324,6 +324,28 @@ async fn admin_router<DB: Fixture>() {
     setup.cleanup().await;
 }
 
+/// Without a worker, each acknowledgement (first delivery or duplicate) sends exactly one
+/// statement: the insert that is also the dedupe. Refused deliveries send none.
+async fn one_statement_per_delivery<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let before = setup.inbox.statements_executed();
+    let body = event_body("evt_once", "charge.succeeded");
+    let statuses = join_all((0..25).map(|_| deliver(&client, &url, SECRET, &body))).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    for n in 0..5 {
+        let body = event_body(&format!("evt_other_{n}"), "charge.succeeded");
+        assert_eq!(deliver(&client, &url, SECRET, &body).await, 200);
+    }
+    let forged = deliver(&client, &url, "whsec_not_ours_1234", &body).await;
+    assert_eq!(forged, 401);
+    let sent = setup.inbox.statements_executed() - before;
+    assert_eq!(sent, 30, "{}: statements for 30 deliveries", DB::LABEL);
+    assert_eq!(setup.inbox.counts().await.unwrap().pending, 6);
+    setup.cleanup().await;
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -357,6 +379,7 @@ on_both!(
     outage_is_503_and_loses_nothing,
     drain_keeps_pending,
     admin_router,
+    one_statement_per_delivery,
 );
 
 /// Two instances (their own pools, servers and workers) on one Postgres table; every delivery
