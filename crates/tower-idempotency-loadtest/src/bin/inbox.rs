@@ -137,10 +137,11 @@ async fn send_events(url: String, clients: usize, seconds: u64) -> Run {
 fn row(label: &str, route: &str, clients: usize, run: &Run, processing: Option<f64>) {
     let processing = processing.map_or("-".to_owned(), |rate| format!("{rate:.0}"));
     println!(
-        "| {label} | {route} | {clients} | {:.0} | {:.2} | {:.2} | {processing} | {} |",
+        "| {label} | {route} | {clients} | {:.0} | {:.2} | {:.2} | {:.0} | {processing} | {} |",
         run.rate,
         run.p50.as_secs_f64() * 1e3,
         run.p99.as_secs_f64() * 1e3,
+        run.max.as_secs_f64() * 1e3,
         run.errors
     );
 }
@@ -189,8 +190,10 @@ async fn main() -> Result<(), BoxError> {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    println!("| database | route | senders | answers/s | p50 ms | p99 ms | processed/s | errors |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| database | route | senders | answers/s | p50 ms | p99 ms | max ms | processed/s | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
 
     let dir = std::env::temp_dir().join(format!("tidem-inbox-bench-{}", suffix()));
     std::fs::create_dir_all(&dir)?;
