@@ -53,9 +53,8 @@ async fn refuse<DB: InboxDatabase>(
     Err("refused by the test handler".into())
 }
 
-/// Delivers two events through the inbox (a worker with one attempt fails them), then drives the
-/// tool against `url` and `table`.
-async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &str) {
+/// Delivers two events through the inbox over HTTP; a worker with one attempt fails them.
+async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [String; 2] {
     inbox.migrate().await.unwrap();
     let worker = inbox
         .worker(refuse::<DB>)
@@ -96,7 +95,12 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(worker.drain(Duration::from_secs(5)).await);
+    ids
+}
 
+/// Fails two events in `inbox`, then drives the tool against `url` and the inbox's table.
+async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &str) {
+    let ids = fail_two_events(&inbox, label).await;
     let table = inbox.table().to_owned();
     let args = |extra: &[&str]| -> Vec<String> {
         let mut args = vec!["--store".to_owned(), url.to_owned()];

@@ -195,6 +195,13 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
 
+    sqlite(seconds).await?;
+    postgres(seconds).await?;
+    Ok(())
+}
+
+/// Both routes on a SQLite file of their own.
+async fn sqlite(seconds: u64) -> Result<(), BoxError> {
     let dir = std::env::temp_dir().join(format!("tidem-inbox-bench-{}", suffix()));
     std::fs::create_dir_all(&dir)?;
     let url = format!("sqlite://{}/bench.db", dir.display());
@@ -225,6 +232,11 @@ async fn main() -> Result<(), BoxError> {
     worker.drain(Duration::from_secs(10)).await;
     let _ = std::fs::remove_dir_all(&dir);
 
+    Ok(())
+}
+
+/// Both routes on Postgres tables of their own, dropped at the end.
+async fn postgres(seconds: u64) -> Result<(), BoxError> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = sqlx::postgres::PgPoolOptions::new()
