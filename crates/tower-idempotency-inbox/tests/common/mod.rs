@@ -7,6 +7,7 @@ use std::{
     collections::HashMap,
     future::Future,
     hash::{BuildHasher, RandomState},
+    path::PathBuf,
     pin::Pin,
     str::FromStr,
     sync::{Arc, Mutex},
@@ -42,8 +43,8 @@ pub fn database_url() -> String {
 pub trait Fixture: InboxDatabase + Sized {
     const LABEL: &'static str;
 
-    /// A pool and a name prefix of this test's own.
-    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String)>;
+    /// A pool, a name prefix of this test's own, and a directory to remove at the end.
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)>;
 
     fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()>;
 
@@ -122,12 +123,12 @@ macro_rules! same_sql {
 impl Fixture for sqlx::Sqlite {
     const LABEL: &'static str = "sqlite";
 
-    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String)> {
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
         Box::pin(async {
             let dir = std::env::temp_dir().join(format!("tidem-inbox-{}", suffix()));
             std::fs::create_dir_all(&dir).unwrap();
             let url = format!("sqlite://{}/inbox.db", dir.display());
-            (sqlite_pool(&url).await, format!("t{}", suffix()))
+            (sqlite_pool(&url).await, format!("t{}", suffix()), Some(dir))
         })
     }
 
@@ -151,14 +152,14 @@ pub async fn sqlite_pool(url: &str) -> sqlx::SqlitePool {
 impl Fixture for sqlx::Postgres {
     const LABEL: &'static str = "postgres";
 
-    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String)> {
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
         Box::pin(async {
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(8)
                 .connect(&database_url())
                 .await
                 .expect("Postgres at DATABASE_URL");
-            (pool, format!("t{}", suffix()))
+            (pool, format!("t{}", suffix()), None)
         })
     }
 
@@ -171,11 +172,12 @@ pub struct Setup<DB: Fixture> {
     pub inbox: Inbox<DB>,
     pub inbox_table: String,
     pub effects_table: String,
+    dir: Option<PathBuf>,
 }
 
 impl<DB: Fixture> Setup<DB> {
     pub async fn new() -> Self {
-        let (pool, prefix) = DB::open().await;
+        let (pool, prefix, dir) = DB::open().await;
         let inbox_table = format!("{prefix}_inbox");
         let effects_table = format!("{prefix}_effects");
         let inbox = Inbox::new(pool.clone(), &inbox_table).unwrap();
@@ -186,6 +188,7 @@ impl<DB: Fixture> Setup<DB> {
             inbox,
             inbox_table,
             effects_table,
+            dir,
         }
     }
 
@@ -205,6 +208,9 @@ impl<DB: Fixture> Setup<DB> {
     pub async fn cleanup(self) {
         DB::drop_tables(&self.pool, &[&self.inbox_table, &self.effects_table]).await;
         self.pool.close().await;
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
