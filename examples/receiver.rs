@@ -14,6 +14,10 @@
 //! | `IDEMPOTENCY_TTL_SECS` | how long completed responses are replayed (default: per provider) |
 //! | `HANDLER_DELAY_MS` | every handler sleeps this long (default 0) |
 //! | `IDEMPOTENCY_WAIT_MS` | a duplicate of an in-flight `POST /orders` waits this long for its result instead of `409` (unset: no wait) |
+//! | `INBOX_MAX_ATTEMPTS` | `POST /inbox/stripe`: attempts before an event is failed (default 10) |
+//! | `INBOX_BACKOFF_MS` | `POST /inbox/stripe`: the retry delay after the first failed attempt, doubling after each (default 1000) |
+//! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts; a crashed attempt is retried after it (default 60000) |
+//! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
@@ -44,14 +48,22 @@
 //! `payments` of the store's database, waits `HANDLER_DELAY_MS` inside the transaction, answers
 //! `201 {"payment_id", "amount"}`).
 //!
+//! Built with the `inbox` feature, on a SQL store and with `STRIPE_WEBHOOK_SECRET` set, it also
+//! mounts the webhook inbox (docs/inbox.md): `POST /inbox/stripe` answers `200` once the verified
+//! event is stored; a worker then waits `HANDLER_DELAY_MS` and inserts one row into the table
+//! `inbox_effects` in the event's transaction. Events whose `type` is `test.poison` always fail,
+//! `test.flaky` fails its first two attempts. `GET /inbox/failed` answers the failed event ids
+//! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
+//! not failed).
+//!
 //! Built with the `metrics` feature (`--features metrics`), it also serves `GET /metrics`: the
 //! layer's metrics in the Prometheus text format (docs/observability.md).
 //!
 //! `GET /effects` counts how many times each handler ran per key, named `<route>:<event key>`.
 //! The counts live in this process's memory: they count the executions of this process only and
 //! start from zero after a restart (persisting them would make them survive one; out of scope).
-//! The exception is `payments:<key>`: the rows of `payments` for that key, read from the
-//! database, so they survive restarts.
+//! The exceptions are `payments:<key>` and `inbox:<event id>`: the rows of `payments` for that
+//! key and of `inbox_effects` for that event, read from the database, so they survive restarts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -87,6 +99,13 @@ use tower_idempotency::{sqlx, IdempotentTx};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+#[cfg(feature = "inbox")]
+#[path = "receiver/inbox.rs"]
+mod inbox;
+#[cfg(not(feature = "inbox"))]
+#[path = "receiver/no_inbox.rs"]
+mod inbox;
+
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 const DEFAULT_STORE: &str = "sqlite://receiver.db";
 /// How long running handlers get to finish and record their results on shutdown.
@@ -121,11 +140,22 @@ enum StartError {
     Store(#[from] ConnectStoreError),
     #[error("the payments table could not be prepared")]
     Payments(#[source] BoxError),
+    #[error("the webhook inbox could not be started")]
+    Inbox(#[source] BoxError),
     #[error("cannot listen: {0}")]
     Io(#[from] std::io::Error),
     #[cfg(feature = "metrics")]
     #[error("the metrics recorder could not be installed")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
+}
+
+/// The webhook inbox's settings (`POST /inbox/stripe`, feature `inbox`).
+struct InboxSettings {
+    handler_delay: Duration,
+    max_attempts: u32,
+    backoff: Duration,
+    lease: Option<Duration>,
+    sweep: Option<Duration>,
 }
 
 struct Config {
@@ -136,6 +166,7 @@ struct Config {
     ttl: Option<Duration>,
     /// `POST /orders` only: how long a duplicate waits for an in-flight result.
     wait: Option<Duration>,
+    inbox: InboxSettings,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -177,6 +208,15 @@ impl Config {
             wait: parsed("IDEMPOTENCY_WAIT_MS", millis)?.map(Duration::from_millis),
             ttl: parsed("IDEMPOTENCY_TTL_SECS", "a whole number of seconds")?
                 .map(Duration::from_secs),
+            inbox: InboxSettings {
+                handler_delay: Duration::from_millis(
+                    parsed("HANDLER_DELAY_MS", millis)?.unwrap_or(0),
+                ),
+                max_attempts: parsed("INBOX_MAX_ATTEMPTS", "a whole number")?.unwrap_or(10),
+                backoff: Duration::from_millis(parsed("INBOX_BACKOFF_MS", millis)?.unwrap_or(1000)),
+                lease: parsed("INBOX_LEASE_MS", millis)?.map(Duration::from_millis),
+                sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
+            },
         })
     }
 
@@ -329,6 +369,7 @@ struct App {
     store: Arc<dyn Store>,
     handler_delay: Duration,
     payments: Option<payments::Payments>,
+    inbox_effects: Option<inbox::Effects>,
 }
 
 impl App {
@@ -398,6 +439,15 @@ async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64>>, 
         })?;
         for (key, count) in rows {
             effects.insert(format!("payments:{key}"), count);
+        }
+    }
+    if let Some(inbox) = &app.inbox_effects {
+        let rows = inbox.rows().await.map_err(|error| {
+            tracing::error!(%error, "reading the inbox_effects table failed");
+            StatusCode::SERVICE_UNAVAILABLE
+        })?;
+        for (event_id, count) in rows {
+            effects.insert(format!("inbox:{event_id}"), count);
         }
     }
     Ok(Json(effects))
@@ -641,11 +691,26 @@ mod payments {
     }
 }
 
+/// The webhook inbox, when this build has it, the store is SQL and Stripe is configured.
+async fn start_inbox(config: &Config) -> Result<Option<inbox::Running>, StartError> {
+    let Some(secrets) = secrets("STRIPE_WEBHOOK_SECRET") else {
+        return Ok(None);
+    };
+    let running = inbox::start(&config.store_url, secrets, &config.inbox)
+        .await
+        .map_err(StartError::Inbox)?;
+    if running.is_some() {
+        tracing::info!(path = "/inbox/stripe", "webhook inbox mounted");
+    }
+    Ok(running)
+}
+
 /// The router, and the shutdown handle of every idempotency layer in it.
 fn build_app(
     config: &Config,
     store: Arc<dyn Store>,
     payments: Option<payments::Payments>,
+    inbox_effects: Option<inbox::Effects>,
 ) -> Result<(Router, Vec<ShutdownHandle>), StartError> {
     let mut handles = Vec::new();
     let mut router = Router::new()
@@ -681,6 +746,7 @@ fn build_app(
         store,
         handler_delay: config.handler_delay,
         payments,
+        inbox_effects,
     };
     let router = router
         .layer(middleware::from_fn(log_request))
@@ -732,7 +798,14 @@ async fn run() -> Result<(), StartError> {
     let payments = payments::Payments::open(&config.store_url)
         .await
         .map_err(StartError::Payments)?;
-    let (router, handles) = build_app(&config, store, payments)?;
+    let inbox = start_inbox(&config).await?;
+    let inbox_effects = inbox.as_ref().map(|running| running.effects.clone());
+    let (mut router, handles) = build_app(&config, store, payments, inbox_effects)?;
+    let mut inbox_worker = None;
+    if let Some(running) = inbox {
+        router = router.merge(running.router);
+        inbox_worker = Some(running.worker);
+    }
     #[cfg(feature = "metrics")]
     let router = router.merge(metrics_route);
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
@@ -743,6 +816,13 @@ async fn run() -> Result<(), StartError> {
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     drain(&handles).await;
+    if let Some(worker) = inbox_worker {
+        if !inbox::drain(worker, DRAIN_DEADLINE).await {
+            tracing::warn!(
+                "inbox handlers still running at the drain deadline; their events stay pending"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -772,6 +852,8 @@ mod prometheus {
             )?
             .install_recorder()?;
         describe_metrics();
+        #[cfg(feature = "inbox")]
+        tower_idempotency::inbox::describe_metrics();
         let upkeep = handle.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(UPKEEP);

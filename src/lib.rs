@@ -32,7 +32,8 @@
 //! | `webhooks` | yes | [`webhooks`]: signature verification and event keys for every shipped provider, `IdempotencyLayer::stripe(..)` and friends via [`WebhookLayerExt`] |
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
-//! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records (docs/cli.md) |
+//! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
+//! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records, and with `inbox` `inbox list` and `inbox retry` (docs/cli.md) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -57,6 +58,9 @@ pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection}
 
 #[cfg(feature = "redis")]
 pub use tower_idempotency_redis::RedisStore;
+
+#[cfg(feature = "inbox")]
+pub use tower_idempotency_inbox as inbox;
 
 mod connect;
 pub use connect::{connect_store, ConnectStoreError};

@@ -5,86 +5,29 @@
 //! one row in `payments`, and the replay names that row.
 #![cfg(all(feature = "sqlite", feature = "postgres", feature = "webhooks", unix))]
 
+mod receiver_process;
 mod support;
 
 use std::{
     hash::{BuildHasher, RandomState},
-    io::BufRead,
-    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
+use receiver_process::{Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::sqlx::{self, Executor};
-
-/// The receiver binary next to this test's directory, built here when missing or older than its
-/// source (`cargo test --test payments_crash` builds no examples).
-fn receiver_binary() -> PathBuf {
-    let test_exe = std::env::current_exe().unwrap();
-    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-    let binary = profile_dir.join("examples").join("receiver");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/receiver.rs");
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    if modified(&binary) < modified(&source) {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "--example", "receiver", "--all-features"])
-            .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(profile_dir.parent().unwrap())
-            .status()
-            .expect("run cargo");
-        assert!(status.success(), "building the receiver example failed");
-    }
-    binary
-}
+use tower_idempotency::sqlx;
 
 const LEASE_MS: u64 = 600;
 const HANDLER_DELAY_MS: u64 = 300;
 
-/// The receiver as a child process, SIGKILLed on drop.
-struct Receiver {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Receiver {
-    fn start(store: &str, handler_delay_ms: u64) -> Self {
-        let mut child = std::process::Command::new(receiver_binary())
-            .env_clear()
-            .env("RECEIVER_ADDR", "127.0.0.1:0")
-            .env("IDEMPOTENCY_STORE", store)
-            .env("HANDLER_DELAY_MS", handler_delay_ms.to_string())
-            .env("IDEMPOTENCY_LEASE_MS", LEASE_MS.to_string())
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn receiver");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Self { child, base }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL: no drain, no destructors, no rollback sent.
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The receiver on `store` with the payments route's settings.
+fn start_receiver(store: &str, handler_delay_ms: u64) -> Receiver {
+    Receiver::start(&[
+        ("IDEMPOTENCY_STORE", store.to_owned()),
+        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+        ("IDEMPOTENCY_LEASE_MS", LEASE_MS.to_string()),
+    ])
 }
 
 struct Paid {
@@ -155,7 +98,7 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
         let keys: Vec<String> = (0..4)
             .map(|n| format!("pay-{}-{round}-{n}", random_suffix()))
             .collect();
-        let mut first = Receiver::start(store, HANDLER_DELAY_MS);
+        let mut first = start_receiver(store, HANDLER_DELAY_MS);
         let sent: Vec<_> = keys
             .iter()
             .map(|key| {
@@ -182,7 +125,7 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
             }
         }
 
-        let second = Receiver::start(store, 0);
+        let second = start_receiver(store, 0);
         let deadline = Instant::now() + Duration::from_millis(LEASE_MS) + Duration::from_secs(10);
         for key in &keys {
             let paid = loop {
@@ -244,42 +187,6 @@ async fn payments_survive_sigkill_exactly_once_sqlite() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A database of its own (the receiver uses fixed table names), dropped at the end.
-struct Database {
-    name: String,
-}
-
-async fn admin(sql: &str) {
-    let pool = sqlx::PgPool::connect(&database_url())
-        .await
-        .expect("connect postgres");
-    pool.execute(sql).await.expect(sql);
-    pool.close().await;
-}
-
-impl Database {
-    fn url(&self) -> String {
-        let url = database_url();
-        let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
-        let authority = rest.split('/').next().unwrap_or(rest);
-        format!("{scheme}://{authority}/{}", self.name)
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(admin(&sql));
-        })
-        .join();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_exactly_once_postgres() {
     if !reachable(&host_port(&database_url())) {
@@ -289,9 +196,6 @@ async fn payments_survive_sigkill_exactly_once_postgres() {
         );
         return;
     }
-    let database = Database {
-        name: format!("tidem_payments_{}", random_suffix()),
-    };
-    admin(&format!("CREATE DATABASE {}", database.name)).await;
+    let database = Database::create(format!("tidem_payments_{}", random_suffix())).await;
     killed_at_random_points(&database.url(), "postgres", 8).await;
 }

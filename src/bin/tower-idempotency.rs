@@ -4,6 +4,8 @@
 //! tower-idempotency --store URL [--json] inspect  (STORE_KEY | --namespace NS --method M --path P [--principal ID] --key KEY)
 //! tower-idempotency --store URL [--json] forget   (STORE_KEY | --namespace NS --method M --path P [--principal ID] --key KEY)
 //! tower-idempotency --store URL [--json] purge-expired
+//! tower-idempotency --store URL [--json] inbox list [--state failed|pending|processed] [--limit N]
+//! tower-idempotency --store URL [--json] inbox retry PROVIDER EVENT_ID
 //! ```
 //!
 //! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
@@ -11,6 +13,10 @@
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
 compile_error!("the `cli` feature needs at least one store feature: sqlite, postgres or redis");
+
+#[cfg(feature = "inbox")]
+#[path = "cli_inbox/mod.rs"]
+mod inbox;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -56,6 +62,10 @@ enum Command {
     Forget(KeyArgs),
     /// Delete every expired record (SQLite, Postgres; Redis expires records by itself).
     PurgeExpired,
+    /// The webhook inbox's events (SQLite, Postgres): list them, retry a failed one.
+    #[cfg(feature = "inbox")]
+    #[command(subcommand)]
+    Inbox(inbox::InboxCommand),
 }
 
 /// A record's key: the scoped store key, or the parts the layer builds it from.
@@ -107,6 +117,12 @@ enum CliError {
     BadNamespace,
     #[error("the store failed: {0}")]
     Store(String),
+    #[cfg(feature = "inbox")]
+    #[error("the webhook inbox lives in a SQLite or Postgres database")]
+    NotSql,
+    #[cfg(feature = "inbox")]
+    #[error("no failed event with this provider and event id")]
+    NotFailed,
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.
@@ -199,15 +215,7 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
         "memory" => Err(CliError::MemoryStore),
         #[cfg(feature = "sqlite")]
         "sqlite" => {
-            let path = url
-                .trim_start_matches("sqlite:")
-                .trim_start_matches("//")
-                .split('?')
-                .next()
-                .unwrap_or_default();
-            if path != ":memory:" && !std::path::Path::new(path).is_file() {
-                return Err(CliError::NoSuchFile);
-            }
+            check_sqlite_file(url)?;
             tower_idempotency::SqliteStore::connect_with_table(url, &cli.table)
                 .await
                 .map(Opened::Sqlite)
@@ -233,6 +241,21 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
         "redis" | "rediss" => Err(CliError::FeatureDisabled("redis")),
         _ => Err(CliError::UnsupportedScheme),
     }
+}
+
+/// Refuses a SQLite URL whose file does not exist: connecting would create an empty database.
+#[cfg(feature = "sqlite")]
+fn check_sqlite_file(url: &str) -> Result<(), CliError> {
+    let path = url
+        .trim_start_matches("sqlite:")
+        .trim_start_matches("//")
+        .split('?')
+        .next()
+        .unwrap_or_default();
+    if path != ":memory:" && !std::path::Path::new(path).is_file() {
+        return Err(CliError::NoSuchFile);
+    }
+    Ok(())
 }
 
 /// The scoped store key the arguments name.
@@ -338,14 +361,40 @@ fn inspect_report(key: String, state: Option<RecordState>) -> Report {
     Report(fields)
 }
 
-async fn run(cli: Cli) -> Result<Report, CliError> {
+/// What a command answers.
+enum Answer {
+    Report(Report),
+    #[cfg(feature = "inbox")]
+    Inbox(inbox::Answer),
+}
+
+impl Answer {
+    fn print(&self, as_json: bool) {
+        match self {
+            Self::Report(report) => report.print(as_json),
+            #[cfg(feature = "inbox")]
+            Self::Inbox(answer) => answer.print(as_json),
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Answer, CliError> {
+    #[cfg(feature = "inbox")]
+    if let Command::Inbox(command) = &cli.command {
+        let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
+        return inbox::run(url, command).await.map(Answer::Inbox);
+    }
+    run_store(cli).await.map(Answer::Report)
+}
+
+async fn run_store(cli: Cli) -> Result<Report, CliError> {
     let store_error = |error: StoreError| {
         CliError::Store(describe(&error, cli.store.as_deref().unwrap_or_default()))
     };
     // A malformed key is refused before the store is opened.
     let key = match &cli.command {
         Command::Inspect(args) | Command::Forget(args) => Some(store_key(args)?),
-        Command::PurgeExpired => None,
+        _ => None,
     };
     let opened = open(&cli).await?;
     match (&cli.command, key) {

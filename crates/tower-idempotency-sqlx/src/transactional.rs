@@ -79,6 +79,14 @@ impl<DB: Database> TxHandle<DB> {
     pub fn take(&self) -> Option<Transaction<'static, DB>> {
         self.0.try_lock().ok()?.take()
     }
+
+    /// The transaction as an [`IdempotentTx`], for a handler that runs outside an HTTP request
+    /// (the webhook inbox's worker): `None` while another `IdempotentTx` holds it, or once it was
+    /// taken. [`take`](Self::take) answers `None` until the returned value is dropped.
+    pub fn lock(&self) -> Option<IdempotentTx<DB>> {
+        let guard = self.0.clone().try_lock_owned().ok()?;
+        guard.is_some().then_some(IdempotentTx { guard })
+    }
 }
 
 impl<DB: Database> Clone for TxHandle<DB> {

@@ -12,14 +12,11 @@
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
 //! its tables get random names and are dropped at the end. Prints one Markdown table.
 
-use std::{
-    hash::{BuildHasher, RandomState},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
-    time::{Duration, Instant},
-};
+mod drive;
+
+use std::sync::Arc;
+
+use drive::{drive, suffix};
 
 use axum::{extract::State, http::StatusCode, routing::post, Router};
 use tower_idempotency_core::{IdempotencyLayer, Store};
@@ -29,13 +26,6 @@ use tower_idempotency_sqlx::{
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-fn suffix() -> String {
-    format!(
-        "{:016x}",
-        RandomState::new().hash_one(std::time::SystemTime::now())
-    )
-}
 
 struct Sql {
     insert: String,
@@ -96,76 +86,25 @@ async fn serve(router: Router) -> Result<String, BoxError> {
     Ok(base)
 }
 
-/// `clients` loops sending first requests (fresh keys) for `seconds`: requests/s (answers inside
-/// the window), p50, p99, max, and failed requests.
-async fn drive(
-    url: &str,
-    clients: usize,
-    seconds: u64,
-) -> (f64, Duration, Duration, Duration, u64) {
-    let client = reqwest::Client::new();
-    let stop = Instant::now() + Duration::from_secs(seconds);
-    let errors = Arc::new(AtomicU64::new(0));
-    let run = suffix();
-    let workers = (0..clients).map(|worker| {
-        let (client, url, run, errors) =
-            (client.clone(), url.to_owned(), run.clone(), errors.clone());
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut n = 0u64;
-            while Instant::now() < stop {
-                n += 1;
-                let sent = Instant::now();
-                let answer = client
-                    .post(&url)
-                    .header("idempotency-key", format!("{run}-{worker}-{n}"))
-                    .body("{}")
-                    .send()
-                    .await;
-                match answer {
-                    // Only answers inside the window count towards the rate.
-                    Ok(response) if response.status() == 201 && Instant::now() <= stop => {
-                        latencies.push(sent.elapsed())
-                    }
-                    Ok(response) if response.status() == 201 => {}
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            latencies
-        })
-    });
-    let mut all: Vec<Duration> = Vec::new();
-    for worker in workers {
-        all.extend(worker.await.expect("worker"));
-    }
-    let elapsed = seconds as f64;
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    let max = all.last().copied().unwrap_or_default();
-    (
-        all.len() as f64 / elapsed,
-        at(0.5),
-        at(0.99),
-        max,
-        errors.load(Ordering::Relaxed),
-    )
-}
-
 async fn measure(label: &str, routes: [(&str, String); 3], seconds: u64) {
     for clients in [1, 16] {
         for (name, url) in &routes {
-            let (rate, p50, p99, max, errors) = drive(url, clients, seconds).await;
+            // First requests: a fresh key each.
+            let url = url.clone();
+            let run = drive(clients, seconds, 201, move |client, run, worker, n| {
+                client
+                    .post(&url)
+                    .header("idempotency-key", format!("{run}-{worker}-{n}"))
+                    .body("{}")
+            })
+            .await;
             println!(
-                "| {label} | {name} | {clients} | {rate:.0} | {:.2} | {:.2} | {:.1} | {errors} |",
-                p50.as_secs_f64() * 1e3,
-                p99.as_secs_f64() * 1e3,
-                max.as_secs_f64() * 1e3
+                "| {label} | {name} | {clients} | {:.0} | {:.2} | {:.2} | {:.1} | {} |",
+                run.rate,
+                run.p50.as_secs_f64() * 1e3,
+                run.p99.as_secs_f64() * 1e3,
+                run.max.as_secs_f64() * 1e3,
+                run.errors
             );
         }
     }

@@ -1,0 +1,530 @@
+//! The inbox's statements on each database. Every statement but the DDL and the claim is the
+//! same text on both (sqlx binds `$N` on SQLite too); the `backend!` macro writes the typed
+//! calls once for each database.
+//!
+//! Times are unix milliseconds from the application's clock: instances sharing a Postgres inbox
+//! must agree on the time to well within the lease.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use crate::event::{EventKey, EventSummary, StateCounts};
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A verified delivery, as the acknowledgement inserts it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct NewEvent {
+    pub key: EventKey,
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub authenticator: Option<Vec<u8>>,
+    pub received_at: i64,
+}
+
+/// A claimed event's row.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ClaimedRow {
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub received_at: i64,
+    pub attempts: i32,
+}
+
+/// The statements of one inbox table.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Sql {
+    pub(crate) schema: String,
+    insert: String,
+    claim: String,
+    complete: String,
+    fail: String,
+    due: String,
+    list: String,
+    get: String,
+    retry: String,
+    purge: String,
+    counts: String,
+    /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
+    executed: AtomicU64,
+}
+
+impl Sql {
+    /// Counts one statement about to be sent.
+    fn sent(&self) {
+        self.executed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn executed(&self) -> u64 {
+        self.executed.load(Ordering::Relaxed)
+    }
+}
+
+const SUMMARY: &str =
+    "provider, event_id, state, attempts, received_at, available_at, finished_at, last_error";
+/// Pending, due, and not leased by a live worker.
+const DUE: &str = "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
+
+impl Sql {
+    fn new(table: &str, schema: String, claim: String) -> Self {
+        Self {
+            schema,
+            // One statement: the insert is the dedupe. No conflict target, so a replayed
+            // authenticator (a captured signature under another event id) is ignored too.
+            insert: format!(
+                "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
+                 received_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $6) \
+                 ON CONFLICT DO NOTHING"
+            ),
+            claim,
+            complete: format!(
+                "UPDATE {table} SET state = 1, finished_at = $3, last_error = NULL, \
+                 lease_token = NULL, lease_until = NULL \
+                 WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
+            ),
+            fail: format!(
+                "UPDATE {table} SET \
+                 state = CASE WHEN attempts >= $5 THEN 2 ELSE 0 END, \
+                 finished_at = CASE WHEN attempts >= $5 THEN $3 ELSE NULL END, \
+                 available_at = $6, last_error = $7, lease_token = NULL, lease_until = NULL \
+                 WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
+            ),
+            due: format!(
+                "SELECT provider, event_id FROM {table} WHERE {DUE} ORDER BY available_at LIMIT $2"
+            ),
+            list: format!(
+                "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
+                 ORDER BY received_at, provider, event_id LIMIT $2"
+            ),
+            get: format!("SELECT {SUMMARY} FROM {table} WHERE provider = $1 AND event_id = $2"),
+            retry: format!(
+                "UPDATE {table} SET state = 0, attempts = 0, available_at = $3, \
+                 finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
+                 WHERE provider = $1 AND event_id = $2 AND state = 2"
+            ),
+            purge: format!("DELETE FROM {table} WHERE state = 1 AND finished_at < $1"),
+            counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            executed: AtomicU64::new(0),
+        }
+    }
+
+    /// The Postgres statements. The claim skips a row another instance's claim is locking
+    /// instead of waiting for it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(table: &str) -> Self {
+        let schema = format!(
+            "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency-inbox:{table}'));\n\
+             CREATE TABLE IF NOT EXISTS {table} (\n\
+             provider text COLLATE \"C\" NOT NULL,\n\
+             event_id text COLLATE \"C\" NOT NULL,\n\
+             headers text NOT NULL,\n\
+             body bytea NOT NULL,\n\
+             authenticator bytea,\n\
+             received_at bigint NOT NULL,\n\
+             state smallint NOT NULL DEFAULT 0,\n\
+             attempts integer NOT NULL DEFAULT 0,\n\
+             available_at bigint NOT NULL,\n\
+             lease_token bigint,\n\
+             lease_until bigint,\n\
+             finished_at bigint,\n\
+             last_error text,\n\
+             PRIMARY KEY (provider, event_id));\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
+             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n"
+        );
+        let claim = format!(
+            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+             WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} \
+             WHERE provider = $2 AND event_id = $3 AND {DUE} FOR UPDATE SKIP LOCKED) \
+             RETURNING headers, body, received_at, attempts"
+        );
+        Self::new(table, schema, claim)
+    }
+
+    /// The SQLite statements. The database has one writer at a time, so the claim needs no
+    /// lock clause.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(table: &str) -> Self {
+        let schema = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             provider TEXT NOT NULL,\n\
+             event_id TEXT NOT NULL,\n\
+             headers TEXT NOT NULL,\n\
+             body BLOB NOT NULL,\n\
+             authenticator BLOB,\n\
+             received_at INTEGER NOT NULL,\n\
+             state INTEGER NOT NULL DEFAULT 0,\n\
+             attempts INTEGER NOT NULL DEFAULT 0,\n\
+             available_at INTEGER NOT NULL,\n\
+             lease_token INTEGER,\n\
+             lease_until INTEGER,\n\
+             finished_at INTEGER,\n\
+             last_error TEXT,\n\
+             PRIMARY KEY (provider, event_id)) WITHOUT ROWID;\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
+             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n"
+        );
+        let claim = format!(
+            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+             WHERE provider = $2 AND event_id = $3 AND {DUE} \
+             RETURNING headers, body, received_at, attempts"
+        );
+        Self::new(table, schema, claim)
+    }
+}
+
+/// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
+/// (feature `sqlite`). Sealed; its methods are the inbox's statements and not a public API.
+pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
+    #[doc(hidden)]
+    fn statements(table: &str) -> Sql;
+
+    #[doc(hidden)]
+    fn migrate<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a Sql) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// Whether the row was inserted (`false`: a duplicate).
+    #[doc(hidden)]
+    fn insert<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        event: &'a NewEvent,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// Claims a due event under `token` until `lease_until`.
+    #[doc(hidden)]
+    fn claim<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+        token: i64,
+        lease_until: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
+
+    /// Marks the event processed inside the handler's transaction, fenced by the claim's token.
+    #[doc(hidden)]
+    fn complete<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+        token: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// Records a failed attempt, fenced by the claim's token: back to pending until `retry_at`,
+    /// or failed when `attempts >= max_attempts`.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn fail<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+        token: i64,
+        max_attempts: i32,
+        retry_at: i64,
+        error: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    #[doc(hidden)]
+    fn due<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
+
+    #[doc(hidden)]
+    fn list<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        state: i16,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>>;
+
+    #[doc(hidden)]
+    fn get<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+    ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>>;
+
+    #[doc(hidden)]
+    fn retry<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    #[doc(hidden)]
+    fn purge<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
+
+    #[doc(hidden)]
+    fn counts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+    ) -> BoxFuture<'a, sqlx::Result<StateCounts>>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+fn summary<R: sqlx::Row>(row: &R) -> sqlx::Result<EventSummary>
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(EventSummary {
+        provider: row.try_get(0)?,
+        event_id: row.try_get(1)?,
+        state: crate::EventState::from_code(row.try_get(2)?),
+        attempts: u32::try_from(row.try_get::<i32, _>(3)?).unwrap_or(0),
+        received_at_ms: row.try_get(4)?,
+        available_at_ms: row.try_get(5)?,
+        finished_at_ms: row.try_get(6)?,
+        last_error: row.try_get(7)?,
+    })
+}
+
+/// The typed calls, the same for each database.
+macro_rules! backend {
+    ($db:ty, $feature:literal, $statements:path) => {
+        #[cfg(feature = $feature)]
+        impl sealed::Sealed for $db {}
+
+        #[cfg(feature = $feature)]
+        impl InboxDatabase for $db {
+            fn statements(table: &str) -> Sql {
+                $statements(table)
+            }
+
+            fn migrate<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+            ) -> BoxFuture<'a, sqlx::Result<()>> {
+                Box::pin(async move {
+                    sqlx::raw_sql(&sql.schema).execute(pool).await?;
+                    Ok(())
+                })
+            }
+
+            fn insert<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                event: &'a NewEvent,
+            ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let done = sqlx::query(&sql.insert)
+                        .bind(&event.key.provider)
+                        .bind(&event.key.event_id)
+                        .bind(&event.headers)
+                        .bind(&event.body)
+                        .bind(&event.authenticator)
+                        .bind(event.received_at)
+                        .execute(pool)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn claim<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                key: &'a EventKey,
+                now: i64,
+                token: i64,
+                lease_until: i64,
+            ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
+                Box::pin(async move {
+                    sql.sent();
+                    use sqlx::Row;
+                    let row = sqlx::query(&sql.claim)
+                        .bind(now)
+                        .bind(&key.provider)
+                        .bind(&key.event_id)
+                        .bind(token)
+                        .bind(lease_until)
+                        .fetch_optional(pool)
+                        .await?;
+                    row.map(|row| {
+                        Ok(ClaimedRow {
+                            headers: row.try_get(0)?,
+                            body: row.try_get(1)?,
+                            received_at: row.try_get(2)?,
+                            attempts: row.try_get(3)?,
+                        })
+                    })
+                    .transpose()
+                })
+            }
+
+            fn complete<'a>(
+                conn: &'a mut Self::Connection,
+                sql: &'a Sql,
+                key: &'a EventKey,
+                now: i64,
+                token: i64,
+            ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let done = sqlx::query(&sql.complete)
+                        .bind(&key.provider)
+                        .bind(&key.event_id)
+                        .bind(now)
+                        .bind(token)
+                        .execute(conn)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn fail<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                key: &'a EventKey,
+                now: i64,
+                token: i64,
+                max_attempts: i32,
+                retry_at: i64,
+                error: &'a str,
+            ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let done = sqlx::query(&sql.fail)
+                        .bind(&key.provider)
+                        .bind(&key.event_id)
+                        .bind(now)
+                        .bind(token)
+                        .bind(max_attempts)
+                        .bind(retry_at)
+                        .bind(error)
+                        .execute(pool)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn due<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                now: i64,
+                limit: i64,
+            ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
+                        .bind(now)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|(provider, event_id)| EventKey { provider, event_id })
+                        .collect())
+                })
+            }
+
+            fn list<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                state: i16,
+                limit: i64,
+            ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let rows = sqlx::query(&sql.list)
+                        .bind(state)
+                        .bind(limit)
+                        .fetch_all(pool)
+                        .await?;
+                    rows.iter().map(summary).collect()
+                })
+            }
+
+            fn get<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                key: &'a EventKey,
+            ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let row = sqlx::query(&sql.get)
+                        .bind(&key.provider)
+                        .bind(&key.event_id)
+                        .fetch_optional(pool)
+                        .await?;
+                    row.as_ref().map(summary).transpose()
+                })
+            }
+
+            fn retry<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                key: &'a EventKey,
+                now: i64,
+            ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let done = sqlx::query(&sql.retry)
+                        .bind(&key.provider)
+                        .bind(&key.event_id)
+                        .bind(now)
+                        .execute(pool)
+                        .await?;
+                    Ok(done.rows_affected() == 1)
+                })
+            }
+
+            fn purge<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+                before: i64,
+            ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
+                    Ok(done.rows_affected())
+                })
+            }
+
+            fn counts<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                sql: &'a Sql,
+            ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let rows: Vec<(i16, i64)> = sqlx::query_as(&sql.counts).fetch_all(pool).await?;
+                    let mut counts = StateCounts::default();
+                    for (state, count) in rows {
+                        let count = u64::try_from(count).unwrap_or(0);
+                        match crate::EventState::from_code(state) {
+                            crate::EventState::Pending => counts.pending = count,
+                            crate::EventState::Processed => counts.processed = count,
+                            crate::EventState::Failed => counts.failed = count,
+                        }
+                    }
+                    Ok(counts)
+                })
+            }
+        }
+    };
+}
+
+backend!(sqlx::Postgres, "postgres", Sql::postgres);
+backend!(sqlx::Sqlite, "sqlite", Sql::sqlite);

@@ -1,0 +1,146 @@
+//! The inbox's records: the event a handler receives, and the summaries operators list.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+
+/// Names one event: the provider that sent it and the provider's event id. The inbox's primary
+/// key, so a provider's retry of an event is the same row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct EventKey {
+    /// The verifier's provider name (`stripe`, `github`, ...).
+    pub provider: String,
+    /// The provider's event id.
+    pub event_id: String,
+}
+
+impl EventKey {
+    /// The key of `event_id` from `provider`.
+    pub fn new(provider: impl Into<String>, event_id: impl Into<String>) -> Self {
+        Self {
+            provider: provider.into(),
+            event_id: event_id.into(),
+        }
+    }
+}
+
+/// Where an event is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventState {
+    /// Waiting for its first or next attempt, or being processed under a lease.
+    Pending,
+    /// The handler succeeded; its writes and this state committed together.
+    Processed,
+    /// Every attempt failed; kept with its last error until retried or purged.
+    Failed,
+}
+
+impl EventState {
+    pub(crate) fn code(self) -> i16 {
+        match self {
+            Self::Pending => 0,
+            Self::Processed => 1,
+            Self::Failed => 2,
+        }
+    }
+
+    pub(crate) fn from_code(code: i16) -> Self {
+        match code {
+            1 => Self::Processed,
+            2 => Self::Failed,
+            _ => Self::Pending,
+        }
+    }
+
+    /// The lowercase name (`pending`, `processed`, `failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Processed => "processed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A verified delivery as the worker hands it to the handler.
+#[derive(Clone, Debug)]
+pub struct InboxEvent {
+    /// Which event this is.
+    pub key: EventKey,
+    /// The request headers the acknowledgement kept ([`Ack::keep_header`](crate::Ack::keep_header)),
+    /// lowercase names, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// The exact body the signature was verified over.
+    pub body: Bytes,
+    /// When the delivery was acknowledged.
+    pub received_at: SystemTime,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+}
+
+impl InboxEvent {
+    /// The first kept header named `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON.
+    pub fn json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+}
+
+/// One event as operators see it: everything but the body and headers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EventSummary {
+    /// The provider's name.
+    pub provider: String,
+    /// The provider's event id.
+    pub event_id: String,
+    /// Its state.
+    pub state: EventState,
+    /// Attempts started so far (a crash during one counts too).
+    pub attempts: u32,
+    /// When it was acknowledged, unix milliseconds.
+    pub received_at_ms: i64,
+    /// Pending: not attempted before this time, unix milliseconds.
+    pub available_at_ms: i64,
+    /// When it was processed or failed, unix milliseconds.
+    pub finished_at_ms: Option<i64>,
+    /// The last attempt's error (bounded, see [`MAX_ERROR_LEN`](crate::MAX_ERROR_LEN)).
+    pub last_error: Option<String>,
+}
+
+/// How many events are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StateCounts {
+    /// [`EventState::Pending`].
+    pub pending: u64,
+    /// [`EventState::Processed`].
+    pub processed: u64,
+    /// [`EventState::Failed`].
+    pub failed: u64,
+}
+
+/// Unix milliseconds of `time` (0 before the epoch, saturating far in the future).
+pub(crate) fn unix_ms(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub(crate) fn now_ms() -> i64 {
+    unix_ms(SystemTime::now())
+}
+
+pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+pub(crate) fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

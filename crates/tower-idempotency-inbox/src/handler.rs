@@ -1,0 +1,110 @@
+//! The user's event handler.
+
+use std::{any::Any, future::Future};
+
+use tower_idempotency_sqlx::IdempotentTx;
+
+use crate::{backend::BoxFuture, event::InboxEvent, InboxDatabase};
+
+/// What a handler's failure is: any error. Its `Display` text (with its sources) is kept as the
+/// event's last error, cut to [`MAX_ERROR_LEN`] bytes; write errors that name no secret.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The longest last error kept per event, in bytes.
+pub const MAX_ERROR_LEN: usize = 1024;
+
+/// Processes one event. Its database writes go through the [`IdempotentTx`] it is given; the
+/// worker commits them together with the event's `processed` state after it returns `Ok`, and
+/// rolls them back when it returns `Err` or panics.
+///
+/// Implemented for every `Fn(InboxEvent, IdempotentTx<DB>) -> impl Future<Output = Result<(), E>>`
+/// whose error converts into [`HandlerError`]. Drop the transaction before returning; a handler
+/// that keeps it (in a spawned task) fails the attempt.
+pub trait InboxHandler<DB: InboxDatabase>: Send + Sync + 'static {
+    /// Handles `event` inside `tx`.
+    fn handle(
+        &self,
+        event: InboxEvent,
+        tx: IdempotentTx<DB>,
+    ) -> BoxFuture<'static, Result<(), HandlerError>>;
+}
+
+impl<DB, F, Fut, E> InboxHandler<DB> for F
+where
+    DB: InboxDatabase,
+    F: Fn(InboxEvent, IdempotentTx<DB>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<HandlerError>,
+{
+    fn handle(
+        &self,
+        event: InboxEvent,
+        tx: IdempotentTx<DB>,
+    ) -> BoxFuture<'static, Result<(), HandlerError>> {
+        let future = self(event, tx);
+        Box::pin(async move { future.await.map_err(Into::into) })
+    }
+}
+
+/// The error text kept for an event: the error and its sources, at most [`MAX_ERROR_LEN`] bytes.
+pub(crate) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    bounded(text)
+}
+
+/// A panic's message when it is text, else a fixed description.
+pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> String {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text payload".to_owned());
+    bounded(format!("the handler panicked: {message}"))
+}
+
+pub(crate) fn bounded(mut text: String) -> String {
+    if text.len() > MAX_ERROR_LEN {
+        let mut end = MAX_ERROR_LEN;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_cut_at_a_char_boundary() {
+        let long = "é".repeat(MAX_ERROR_LEN);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_ERROR_LEN && cut.len() >= MAX_ERROR_LEN - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+        let outer = OuterError(std::io::Error::other("inner"));
+        assert_eq!(error_text(&outer), "outer: inner");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct OuterError(#[source] std::io::Error);
+
+    #[test]
+    fn panic_payloads() {
+        let text: Box<dyn Any + Send> = Box::new("boom");
+        assert_eq!(panic_text(&*text), "the handler panicked: boom");
+        let other: Box<dyn Any + Send> = Box::new(7u8);
+        assert_eq!(
+            panic_text(&*other),
+            "the handler panicked: a non-text payload"
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! [`Inbox`]: one inbox table on one database pool.
+
+use std::{
+    fmt,
+    sync::{Arc, RwLock},
+};
+
+use tokio::sync::mpsc;
+use tower_idempotency_sqlx::{validate_table_name, ConfigError};
+
+use crate::{
+    backend::{InboxDatabase, Sql},
+    event::EventKey,
+};
+
+/// The table name [`Inbox::new`] is usually given.
+pub const DEFAULT_TABLE: &str = "webhook_inbox";
+
+/// Why an inbox call failed. Messages never carry an event's body, headers or a secret.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// The table name was refused before any SQL ran.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database failed or could not be reached.
+    #[error("the inbox database failed")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for InboxError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+/// A durable inbox: one table on a sqlx pool of Postgres or SQLite. Cheap to clone; clones
+/// share the table and the running worker's queue.
+///
+/// On SQLite, open the pool in WAL mode with a busy timeout
+/// (`SqliteConnectOptions::journal_mode(Wal).busy_timeout(..)`): acknowledgements and the
+/// handlers' transactions wait for the database's single write lock instead of failing.
+pub struct Inbox<DB: InboxDatabase> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) sql: Arc<Sql>,
+    table: Arc<str>,
+    /// The running worker's queue, fed at acknowledgement; `None` without a worker.
+    queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
+}
+
+impl<DB: InboxDatabase> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            table: self.table.clone(),
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<DB: InboxDatabase> fmt::Debug for Inbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("database", &DB::NAME)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: InboxDatabase> Inbox<DB> {
+    /// An inbox in `table` (a plain SQL identifier, see
+    /// [`validate_table_name`]) on `pool`. Nothing runs until [`migrate`](Self::migrate) or
+    /// the first call.
+    pub fn new(pool: sqlx::Pool<DB>, table: &str) -> Result<Self, InboxError> {
+        validate_table_name(table)?;
+        Ok(Self {
+            pool,
+            sql: Arc::new(DB::statements(table)),
+            table: table.into(),
+            queue: Arc::default(),
+        })
+    }
+
+    /// Creates the table and its indexes when missing; safe to call at every start, from
+    /// several instances at once.
+    pub async fn migrate(&self) -> Result<(), InboxError> {
+        DB::migrate(&self.pool, &self.sql).await?;
+        Ok(())
+    }
+
+    /// The DDL [`migrate`](Self::migrate) runs, for teams that run their own migrations.
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.schema
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// How many statements this inbox (and its clones, acknowledgements and workers) sent to
+    /// the database, `migrate` aside: one per acknowledged delivery, duplicates included.
+    pub fn statements_executed(&self) -> u64 {
+        self.sql.executed()
+    }
+
+    /// Hands `key` to the running worker's queue. A full queue (or no worker) drops the hint:
+    /// the event is in the table, and a sweeper finds it.
+    pub(crate) fn notify(&self, key: EventKey) {
+        let queue = self
+            .queue
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(queue) = queue.as_ref() {
+            if queue.try_send(key).is_err() {
+                tracing::debug!("inbox queue full; the sweeper picks the event up");
+            }
+        }
+    }
+
+    /// Acknowledgements feed `sender` from now on (the most recently spawned worker).
+    pub(crate) fn attach_queue(&self, sender: mpsc::Sender<EventKey>) {
+        *self
+            .queue
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sender);
+    }
+
+    /// Stops feeding `sender`, unless a later worker's queue replaced it.
+    pub(crate) fn detach_queue(&self, sender: &mpsc::Sender<EventKey>) {
+        let mut queue = self
+            .queue
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if queue
+            .as_ref()
+            .is_some_and(|current| current.same_channel(sender))
+        {
+            *queue = None;
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! A durable webhook inbox for [tower-idempotency](https://docs.rs/tower-idempotency):
+//! acknowledge a verified delivery as soon as it is stored, process it in the background, retry
+//! it with backoff, and keep what kept failing for an operator.
+//!
+//! - [`Ack`] (from [`Inbox::ack`]) is the route's service: it runs the provider's
+//!   [`Verifier`](tower_idempotency_webhooks::Verifier) (method, body cap, signature, replay
+//!   window, event id) and inserts the delivery with one `INSERT .. ON CONFLICT DO NOTHING`,
+//!   which is also the dedupe. The sender gets `200` once the row is committed, for the first
+//!   delivery and every duplicate; a database outage is a `503`, so the provider retries.
+//! - [`InboxWorker`] (from [`Inbox::worker`]) runs your [`InboxHandler`] in a pool of tasks, fed
+//!   by a bounded queue at acknowledgement and by a sweeper that finds whatever the queue missed
+//!   (a restart, a full queue, another instance's crash). Each attempt claims the event under a
+//!   lease, runs the handler in a database transaction ([`IdempotentTx`]) and marks the event
+//!   processed in that same transaction: the handler's writes land once or not at all.
+//! - A handler error or panic rolls the transaction back and schedules the next attempt with
+//!   exponential backoff and jitter ([`Backoff`]); after `max_attempts` the event is
+//!   [`Failed`](EventState::Failed) with its last error.
+//! - [`Inbox::list`], [`Inbox::retry`], [`Inbox::purge_processed`] operate it; [`admin::router`]
+//!   serves them over HTTP for you to mount behind your own auth.
+//!
+//! ```no_run
+//! use axum::{routing::post_service, Router};
+//! use tower_idempotency_inbox::{Inbox, InboxEvent, IdempotentTx, HandlerError};
+//! use tower_idempotency_sqlx::sqlx::{self, Postgres};
+//! use tower_idempotency_webhooks::stripe::StripeVerifier;
+//!
+//! async fn on_event(event: InboxEvent, mut tx: IdempotentTx<Postgres>) -> Result<(), HandlerError> {
+//!     let json = event.json()?;
+//!     sqlx::query("INSERT INTO charges (event_id, kind) VALUES ($1, $2)")
+//!         .bind(&event.key.event_id)
+//!         .bind(json["type"].as_str())
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+//! let inbox = Inbox::new(pool, "webhook_inbox")?;
+//! inbox.migrate().await?;
+//! let worker = inbox.worker(on_event).concurrency(4).spawn();
+//! let app: Router = Router::new()
+//!     .route("/webhooks/stripe", post_service(inbox.ack(StripeVerifier::new(["whsec_..."]))));
+//! // ... serve `app`; on shutdown:
+//! worker.drain(std::time::Duration::from_secs(30)).await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Postgres: several application instances share one inbox table; SQLite: one host (its
+//! single writer serializes the handlers' commits). See docs/inbox.md for the design, the
+//! schema and the guarantees.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("tower-idempotency-inbox needs its `sqlite` or `postgres` feature");
+
+mod ack;
+pub mod admin;
+#[doc(hidden)]
+pub mod backend;
+mod event;
+mod handler;
+mod inbox;
+mod metrics;
+mod retry;
+mod worker;
+
+pub use ack::Ack;
+pub use backend::InboxDatabase;
+pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
+pub use handler::{HandlerError, InboxHandler, MAX_ERROR_LEN};
+pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
+pub use metrics::{describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, EVENTS};
+pub use retry::Backoff;
+pub use worker::{InboxWorker, WorkerBuilder, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS};
+
+pub use tower_idempotency_sqlx::IdempotentTx;

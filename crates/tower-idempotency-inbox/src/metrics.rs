@@ -1,0 +1,75 @@
+//! The inbox's metrics, recorded through the `metrics` crate facade when the `metrics` feature
+//! is on; without it the recording functions are no-ops. Names, labels and units are listed in
+//! docs/observability.md.
+
+use crate::{Inbox, InboxDatabase};
+
+/// Gauge: events in the inbox table by `state` (`pending`, `failed`), refreshed at each sweep.
+pub const EVENTS: &str = "idempotency_inbox_events";
+/// Counter: attempts that ended, by `provider` and `outcome` (`processed`, `retry`, `failed`,
+/// `lease_lost`).
+pub const ATTEMPTS_TOTAL: &str = "idempotency_inbox_attempts_total";
+/// Counter: deliveries acknowledged, by `provider` and `outcome` (`stored`, `duplicate`).
+pub const ACKNOWLEDGED_TOTAL: &str = "idempotency_inbox_acknowledged_total";
+
+/// Registers the description and unit of every inbox metric with the installed recorder
+/// (Prometheus `# HELP` lines). Optional; a no-op without the `metrics` feature.
+pub fn describe_metrics() {
+    #[cfg(feature = "metrics")]
+    {
+        use ::metrics::{describe_counter, describe_gauge, Unit};
+        describe_gauge!(
+            EVENTS,
+            Unit::Count,
+            "Events in the inbox by state (pending, failed)."
+        );
+        describe_counter!(
+            ATTEMPTS_TOTAL,
+            Unit::Count,
+            "Inbox attempts that ended, by provider and outcome."
+        );
+        describe_counter!(
+            ACKNOWLEDGED_TOTAL,
+            Unit::Count,
+            "Deliveries the inbox acknowledged, by provider and outcome."
+        );
+    }
+}
+
+pub(crate) fn acknowledged(provider: &str, stored: bool) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        ACKNOWLEDGED_TOTAL,
+        "provider" => provider.to_owned(),
+        "outcome" => if stored { "stored" } else { "duplicate" },
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (provider, stored);
+}
+
+pub(crate) fn attempt(provider: &str, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        ATTEMPTS_TOTAL,
+        "provider" => provider.to_owned(),
+        "outcome" => outcome,
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (provider, outcome);
+}
+
+/// Sets the state gauges from the table (one `GROUP BY` query per sweep).
+pub(crate) async fn refresh<DB: InboxDatabase>(inbox: &Inbox<DB>) {
+    #[cfg(feature = "metrics")]
+    match inbox.counts().await {
+        Ok(counts) => {
+            ::metrics::gauge!(EVENTS, "state" => "pending").set(counts.pending as f64);
+            ::metrics::gauge!(EVENTS, "state" => "failed").set(counts.failed as f64);
+        }
+        Err(error) => tracing::debug!(%error, "counting inbox events failed"),
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = inbox;
+}

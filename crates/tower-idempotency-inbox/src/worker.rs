@@ -1,0 +1,345 @@
+//! The worker pool: a bounded queue fed at acknowledgement, a sweeper for whatever the queue
+//! missed, one task per attempt, and the drain.
+
+use std::{fmt, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+
+use futures_util::FutureExt;
+use tokio::{
+    sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
+    task::{JoinHandle, JoinSet},
+    time::MissedTickBehavior,
+};
+use tower_idempotency_sqlx::TxHandle;
+
+use crate::{
+    event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
+    handler::{error_text, panic_text},
+    Backoff, Inbox, InboxDatabase, InboxHandler,
+};
+
+/// Attempts before an event is marked failed, unless configured otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// How long a claimed event is reserved for the attempt that claimed it, unless configured
+/// otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+const DEFAULT_CONCURRENCY: usize = 4;
+const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Configures and starts an [`InboxWorker`]; from [`Inbox::worker`].
+pub struct WorkerBuilder<DB: InboxDatabase> {
+    inbox: Inbox<DB>,
+    handler: Arc<dyn InboxHandler<DB>>,
+    concurrency: usize,
+    queue_capacity: usize,
+    max_attempts: u32,
+    backoff: Backoff,
+    lease: Duration,
+    sweep_every: Duration,
+}
+
+impl<DB: InboxDatabase> fmt::Debug for WorkerBuilder<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("inbox", &self.inbox)
+            .field("concurrency", &self.concurrency)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("lease", &self.lease)
+            .field("sweep_every", &self.sweep_every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: InboxDatabase> Inbox<DB> {
+    /// A worker that processes this inbox's events with `handler`; configure it, then
+    /// [`spawn`](WorkerBuilder::spawn) it.
+    pub fn worker(&self, handler: impl InboxHandler<DB>) -> WorkerBuilder<DB> {
+        WorkerBuilder {
+            inbox: self.clone(),
+            handler: Arc::new(handler),
+            concurrency: DEFAULT_CONCURRENCY,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            lease: DEFAULT_LEASE,
+            sweep_every: DEFAULT_SWEEP_EVERY,
+        }
+    }
+}
+
+impl<DB: InboxDatabase> WorkerBuilder<DB> {
+    /// Handlers running at once (default 4, at least 1). Each holds one pool connection.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Events the in-process queue holds (default 1024, at least 1). A delivery acknowledged
+    /// while it is full waits in the table for the sweeper.
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.queue_capacity = n.max(1);
+        self
+    }
+
+    /// Attempts before an event is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter). The
+    /// sweeper starts the retry, so it comes up to one sweep interval after the delay.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How long an attempt's claim lasts (default [`DEFAULT_LEASE`]). Make it longer than the
+    /// handler's slowest run: after a crash the event waits for its lease to end, and a handler
+    /// still running when its lease ends may run again elsewhere (only one of the two commits).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How often the sweeper looks for due events the queue does not hold (default 1 s).
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Starts the worker on the current Tokio runtime. From now on the inbox's
+    /// acknowledgements feed its queue.
+    pub fn spawn(self) -> InboxWorker {
+        let (sender, receiver) = mpsc::channel(self.queue_capacity);
+        self.inbox.attach_queue(sender.clone());
+        let (stop, stopped) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            inbox: self.inbox,
+            handler: self.handler,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            lease: self.lease,
+        });
+        let dispatcher = Dispatcher {
+            shared,
+            sender,
+            receiver,
+            permits: Arc::new(Semaphore::new(self.concurrency)),
+            sweep_every: self.sweep_every,
+        };
+        InboxWorker {
+            stop: Some(stop),
+            task: tokio::spawn(dispatcher.run(stopped)),
+        }
+    }
+}
+
+/// A running worker. [`drain`](Self::drain) it on shutdown; dropping it stops it at once,
+/// aborting running handlers (their transactions roll back and their events are attempted
+/// again after their lease).
+#[derive(Debug)]
+pub struct InboxWorker {
+    stop: Option<oneshot::Sender<Duration>>,
+    task: JoinHandle<bool>,
+}
+
+impl InboxWorker {
+    /// Stops taking work and waits up to `deadline` for the running handlers. Answers whether
+    /// they all finished; the ones still running at the deadline are aborted (rolled back).
+    /// Events not yet started stay pending in the table for the next start.
+    pub async fn drain(mut self, deadline: Duration) -> bool {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(deadline);
+        }
+        (&mut self.task).await.unwrap_or(false)
+    }
+}
+
+impl Drop for InboxWorker {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Duration::ZERO);
+        }
+    }
+}
+
+/// What every attempt needs.
+struct Shared<DB: InboxDatabase> {
+    inbox: Inbox<DB>,
+    handler: Arc<dyn InboxHandler<DB>>,
+    max_attempts: u32,
+    backoff: Backoff,
+    lease: Duration,
+}
+
+struct Dispatcher<DB: InboxDatabase> {
+    shared: Arc<Shared<DB>>,
+    /// The sweeper's handle on the queue.
+    sender: mpsc::Sender<EventKey>,
+    receiver: mpsc::Receiver<EventKey>,
+    permits: Arc<Semaphore>,
+    sweep_every: Duration,
+}
+
+impl<DB: InboxDatabase> Dispatcher<DB> {
+    async fn run(mut self, mut stop: oneshot::Receiver<Duration>) -> bool {
+        let mut attempts = JoinSet::new();
+        let mut sweep = tokio::time::interval(self.sweep_every);
+        sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let deadline = loop {
+            while attempts.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                biased;
+                deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
+                permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
+            };
+            tokio::select! {
+                biased;
+                deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
+                Some(key) = self.receiver.recv() => {
+                    attempts.spawn(attempt(self.shared.clone(), key, permit));
+                }
+                _ = sweep.tick() => self.sweep().await,
+            }
+        };
+        self.shared.inbox.detach_queue(&self.sender);
+        let finished = tokio::time::timeout(deadline, async {
+            while attempts.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if !finished {
+            attempts.abort_all();
+            while attempts.join_next().await.is_some() {}
+        }
+        finished
+    }
+
+    /// Queues the due events, as many as the queue has room for. An event that is already
+    /// queued may be queued twice; the second claim finds it leased or done and does nothing.
+    async fn sweep(&self) {
+        let inbox = &self.shared.inbox;
+        crate::metrics::refresh(inbox).await;
+        let room = self.sender.capacity();
+        if room == 0 {
+            return;
+        }
+        let limit = i64::try_from(room).unwrap_or(i64::MAX);
+        match DB::due(&inbox.pool, &inbox.sql, now_ms(), limit).await {
+            Ok(keys) => {
+                for key in keys {
+                    if self.sender.try_send(key).is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "inbox sweep failed; retrying at the next"),
+        }
+    }
+}
+
+/// How an attempt ended.
+enum Ended {
+    Processed,
+    /// The lease was lost to another attempt before the commit; nothing was written.
+    Stale,
+}
+
+/// Claims `key` and, when it is due and free, runs one attempt.
+async fn attempt<DB: InboxDatabase>(
+    shared: Arc<Shared<DB>>,
+    key: EventKey,
+    _permit: OwnedSemaphorePermit,
+) {
+    let (inbox, token, now) = (&shared.inbox, fastrand::i64(0..i64::MAX), now_ms());
+    let lease_until = now.saturating_add(duration_ms(shared.lease));
+    let row = match DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until).await {
+        Ok(Some(row)) => row,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(%error, "claiming an inbox event failed; the sweeper retries it");
+            return;
+        }
+    };
+    let attempt = u32::try_from(row.attempts).unwrap_or(1);
+    let event = InboxEvent {
+        key: key.clone(),
+        headers: serde_json::from_str(&row.headers).unwrap_or_default(),
+        body: row.body.into(),
+        received_at: from_unix_ms(row.received_at),
+        attempt,
+    };
+    match shared.run(event, token).await {
+        Ok(Ended::Processed) => crate::metrics::attempt(&key.provider, "processed"),
+        Ok(Ended::Stale) => crate::metrics::attempt(&key.provider, "lease_lost"),
+        Err(error) => shared.failed(&key, token, attempt, &error).await,
+    }
+}
+
+impl<DB: InboxDatabase> Shared<DB> {
+    /// Runs the handler in a transaction and, when it succeeds, marks the event processed in
+    /// that transaction (fenced by `token`) and commits. On error or panic the transaction is
+    /// rolled back before this returns, so SQLite's write lock is free for the failure record.
+    async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, String> {
+        let key = event.key.clone();
+        let transaction = self.inbox.pool.begin().await.map_err(|e| error_text(&e))?;
+        let handle = TxHandle::new(transaction);
+        let tx = handle.lock().expect("a new transaction is free");
+        let handler = self.handler.clone();
+        let ran = AssertUnwindSafe(async move { handler.handle(event, tx).await })
+            .catch_unwind()
+            .await;
+        let failure = match ran {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error_text(&*error)),
+            Err(payload) => Some(panic_text(&*payload)),
+        };
+        let Some(mut transaction) = handle.take() else {
+            // Still held (the handler kept it in a task): it rolls back when that drops it.
+            return Err(failure
+                .unwrap_or_else(|| "the handler kept its transaction past its return".to_owned()));
+        };
+        if let Some(failure) = failure {
+            if let Err(error) = transaction.rollback().await {
+                tracing::warn!(%error, "rolling back a failed attempt failed; the connection drops it");
+            }
+            return Err(failure);
+        }
+        let (sql, now) = (&self.inbox.sql, now_ms());
+        let current = DB::complete(&mut *transaction, sql, &key, now, token)
+            .await
+            .map_err(|e| error_text(&e))?;
+        if !current {
+            let _ = transaction.rollback().await;
+            return Ok(Ended::Stale);
+        }
+        // A commit whose outcome is unknown is recorded as a failure below: when it did
+        // commit, the failure record (fenced by the token the commit cleared) changes nothing.
+        transaction.commit().await.map_err(|e| error_text(&e))?;
+        Ok(Ended::Processed)
+    }
+
+    /// Records a failed attempt: pending again after the backoff, or failed after the last.
+    async fn failed(&self, key: &EventKey, token: i64, attempt: u32, error: &str) {
+        let now = now_ms();
+        let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
+        let max = i32::try_from(self.max_attempts).unwrap_or(i32::MAX);
+        let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
+        let last = attempt >= self.max_attempts;
+        match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
+            Ok(true) => {
+                crate::metrics::attempt(&key.provider, if last { "failed" } else { "retry" });
+                if last {
+                    tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
+                }
+            }
+            Ok(false) => crate::metrics::attempt(&key.provider, "lease_lost"),
+            Err(db) => {
+                tracing::warn!(error = %db, "recording a failed attempt failed; retried after the lease")
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Shared fixtures of the inbox tests: a database per backend (the real SQLite file and the
+//! shared Postgres, each test with tables of its own), a probe handler, signed Stripe
+//! deliveries and a server on a free loopback port.
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    hash::{BuildHasher, RandomState},
+    path::PathBuf,
+    pin::Pin,
+    str::FromStr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{routing::post_service, Router};
+use tokio::{
+    net::TcpListener,
+    sync::{watch, Notify},
+};
+use tower_idempotency_inbox::{
+    EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent,
+};
+use tower_idempotency_sqlx::sqlx::{self, Executor};
+use tower_idempotency_webhooks::stripe::{self, StripeVerifier};
+
+pub const SECRET: &str = "whsec_inbox_test_secret_7d1f";
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+pub fn suffix() -> String {
+    format!("{:012x}", RandomState::new().hash_one(Instant::now()) >> 16)
+}
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A database the tests run on: a pool, an effects table the handler writes through its
+/// transaction, and the count of those writes.
+pub trait Fixture: InboxDatabase + Sized {
+    const LABEL: &'static str;
+
+    /// A pool, a name prefix of this test's own, and a directory to remove at the end.
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)>;
+
+    fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()>;
+
+    fn write_effect<'a>(
+        tx: &'a mut IdempotentTx<Self>,
+        table: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    fn effects<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, i64>;
+
+    fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()>;
+
+    fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()>;
+}
+
+/// The fixture's statements, the same text on both databases.
+macro_rules! same_sql {
+    () => {
+        fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                let sql = format!("CREATE TABLE {table} (event_id text NOT NULL)");
+                pool.execute(sql.as_str()).await.unwrap();
+            })
+        }
+
+        fn write_effect<'a>(
+            tx: &'a mut IdempotentTx<Self>,
+            table: &'a str,
+            event_id: &'a str,
+        ) -> BoxFuture<'a, sqlx::Result<()>> {
+            Box::pin(async move {
+                let sql = format!("INSERT INTO {table} (event_id) VALUES ($1)");
+                sqlx::query(&sql).bind(event_id).execute(&mut **tx).await?;
+                Ok(())
+            })
+        }
+
+        fn effects<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            table: &'a str,
+            event_id: &'a str,
+        ) -> BoxFuture<'a, i64> {
+            Box::pin(async move {
+                let sql = format!("SELECT count(*) FROM {table} WHERE event_id = $1");
+                sqlx::query_scalar(&sql)
+                    .bind(event_id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            })
+        }
+
+        fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                for table in tables {
+                    let _ = pool
+                        .execute(format!("DROP TABLE IF EXISTS {table}").as_str())
+                        .await;
+                }
+            })
+        }
+
+        fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
+            Box::pin(async move {
+                pool.execute(sql).await.expect(sql);
+            })
+        }
+    };
+}
+
+impl Fixture for sqlx::Sqlite {
+    const LABEL: &'static str = "sqlite";
+
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let dir = std::env::temp_dir().join(format!("tidem-inbox-{}", suffix()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let url = format!("sqlite://{}/inbox.db", dir.display());
+            (sqlite_pool(&url).await, format!("t{}", suffix()), Some(dir))
+        })
+    }
+
+    same_sql!();
+}
+
+/// A SQLite pool as docs/inbox.md recommends: WAL, and a busy timeout to wait for the writer.
+pub async fn sqlite_pool(url: &str) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .unwrap()
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .unwrap()
+}
+
+impl Fixture for sqlx::Postgres {
+    const LABEL: &'static str = "postgres";
+
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .connect(&database_url())
+                .await
+                .expect("Postgres at DATABASE_URL");
+            (pool, format!("t{}", suffix()), None)
+        })
+    }
+
+    same_sql!();
+}
+
+/// One test's inbox and effects tables, dropped by [`Setup::cleanup`].
+pub struct Setup<DB: Fixture> {
+    pub pool: sqlx::Pool<DB>,
+    pub inbox: Inbox<DB>,
+    pub inbox_table: String,
+    pub effects_table: String,
+    dir: Option<PathBuf>,
+}
+
+impl<DB: Fixture> Setup<DB> {
+    pub async fn new() -> Self {
+        let (pool, prefix, dir) = DB::open().await;
+        let inbox_table = format!("{prefix}_inbox");
+        let effects_table = format!("{prefix}_effects");
+        let inbox = Inbox::new(pool.clone(), &inbox_table).unwrap();
+        inbox.migrate().await.unwrap();
+        DB::create_effects(&pool, &effects_table).await;
+        Self {
+            pool,
+            inbox,
+            inbox_table,
+            effects_table,
+            dir,
+        }
+    }
+
+    pub fn probe(&self) -> Probe {
+        Probe::new(&self.effects_table)
+    }
+
+    pub async fn effects(&self, event_id: &str) -> i64 {
+        DB::effects(&self.pool, &self.effects_table, event_id).await
+    }
+
+    /// Waits until `event_id` is in `state`, failing after 20 s.
+    pub async fn wait_for(&self, event_id: &str, state: EventState) -> u32 {
+        wait_for_state(&self.inbox, event_id, state).await
+    }
+
+    pub async fn cleanup(self) {
+        DB::drop_tables(&self.pool, &[&self.inbox_table, &self.effects_table]).await;
+        self.pool.close().await;
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Polls the inbox until `event_id` (Stripe) is in `state`; answers its attempts.
+pub async fn wait_for_state<DB: InboxDatabase>(
+    inbox: &Inbox<DB>,
+    event_id: &str,
+    state: EventState,
+) -> u32 {
+    let key = EventKey::new("stripe", event_id);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let event = inbox.get(&key).await.unwrap();
+        if let Some(event) = event.as_ref().filter(|event| event.state == state) {
+            return event.attempts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{event_id} never reached {state:?}: {event:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The handler of the tests: counts its runs per event, writes one effect row through the
+/// transaction, and misbehaves by event type: `test.poison` always fails after writing,
+/// `test.flaky` fails its first two attempts, `test.panic` panics on its first, `test.gated`
+/// waits for [`Probe::open_gate`] before writing.
+#[derive(Clone)]
+pub struct Probe {
+    effects_table: Arc<str>,
+    runs: Arc<Mutex<HashMap<String, u32>>>,
+    started: Arc<Notify>,
+    gate: Arc<watch::Sender<bool>>,
+}
+
+impl Probe {
+    pub fn new(effects_table: &str) -> Self {
+        Self {
+            effects_table: effects_table.into(),
+            runs: Arc::default(),
+            started: Arc::default(),
+            gate: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    pub fn runs(&self, event_id: &str) -> u32 {
+        self.runs
+            .lock()
+            .unwrap()
+            .get(event_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn total_runs(&self) -> u32 {
+        self.runs.lock().unwrap().values().sum()
+    }
+
+    pub fn open_gate(&self) {
+        self.gate.send_replace(true);
+    }
+
+    /// Waits until a handler has started `n` runs in total.
+    pub async fn wait_started(&self, n: u32) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let notified = self.started.notified();
+            if self.total_runs() >= n {
+                return;
+            }
+            tokio::time::timeout_at(deadline, notified)
+                .await
+                .expect("the handler never started");
+        }
+    }
+
+    pub fn handler<DB: Fixture>(
+        &self,
+    ) -> impl Fn(InboxEvent, IdempotentTx<DB>) -> BoxFuture<'static, Result<(), HandlerError>>
+           + Send
+           + Sync
+           + 'static {
+        let probe = self.clone();
+        move |event, tx| {
+            let probe = probe.clone();
+            Box::pin(async move { probe.run::<DB>(event, tx).await })
+        }
+    }
+
+    async fn run<DB: Fixture>(
+        &self,
+        event: InboxEvent,
+        mut tx: IdempotentTx<DB>,
+    ) -> Result<(), HandlerError> {
+        let id = event.key.event_id.clone();
+        let run = {
+            let mut runs = self.runs.lock().unwrap();
+            let run = runs.entry(id.clone()).or_default();
+            *run += 1;
+            *run
+        };
+        self.started.notify_waiters();
+        let kind = event.json()?["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if kind == "test.gated" {
+            let mut gate = self.gate.subscribe();
+            gate.wait_for(|open| *open).await?;
+        }
+        DB::write_effect(&mut tx, &self.effects_table, &id).await?;
+        match kind.as_str() {
+            "test.poison" => Err("poisoned event: refusing it".into()),
+            "test.flaky" if run <= 2 => Err(format!("flaky: attempt {run} fails").into()),
+            "test.panic" if run == 1 => panic!("the test handler panics on its first run"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The JSON body of `response`.
+pub async fn json(response: reqwest::Response) -> serde_json::Value {
+    serde_json::from_slice(&response.bytes().await.expect("body")).expect("JSON")
+}
+
+/// A Stripe event body.
+pub fn event_body(id: &str, kind: &str) -> String {
+    format!(r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{}}}}}}"#)
+}
+
+/// Posts a Stripe delivery signed with `secret`; answers the status.
+pub async fn deliver(client: &reqwest::Client, url: &str, secret: &str, body: &str) -> u16 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    client
+        .post(url)
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(secret, now, body.as_bytes()),
+        )
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("deliver")
+        .status()
+        .as_u16()
+}
+
+/// Serves `POST /inbox/stripe` of `inbox` on a free loopback port; answers its URL.
+pub async fn serve<DB: InboxDatabase>(inbox: &Inbox<DB>) -> String {
+    let app = Router::new().route(
+        "/inbox/stripe",
+        post_service(inbox.ack(StripeVerifier::new([SECRET]))),
+    );
+    format!("{}/inbox/stripe", serve_router(app).await)
+}
+
+pub async fn serve_router(app: Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    format!("http://{addr}")
+}

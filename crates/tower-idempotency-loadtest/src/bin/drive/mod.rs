@@ -1,0 +1,83 @@
+//! Closed-loop senders for the side-by-side harness binaries (`transactional`, `inbox`): each
+//! sender sends its next request when the previous one answered, for a fixed time.
+#![allow(dead_code)] // Each binary reads a different subset of a run.
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+/// A name of this run, so that requests of different runs never share a key.
+pub fn suffix() -> String {
+    format!("{:016x}", RandomState::new().hash_one(SystemTime::now()))
+}
+
+/// What one run measured.
+pub struct Run {
+    /// Expected answers per second inside the window.
+    pub rate: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    /// Expected answers inside the window.
+    pub answered: u64,
+    /// Requests that failed or answered another status.
+    pub errors: u64,
+}
+
+/// `clients` senders loop for `seconds`; sender `worker`'s `n`-th request is
+/// `request(client, run, worker, n)`, and only an answer with status `expected` inside the
+/// window counts.
+pub async fn drive<F>(clients: usize, seconds: u64, expected: u16, request: F) -> Run
+where
+    F: Fn(&reqwest::Client, &str, usize, u64) -> reqwest::RequestBuilder + Clone + Send + 'static,
+{
+    let client = reqwest::Client::new();
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let errors = Arc::new(AtomicU64::new(0));
+    let run = suffix();
+    let workers = (0..clients).map(|worker| {
+        let (client, run, errors, request) =
+            (client.clone(), run.clone(), errors.clone(), request.clone());
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < stop {
+                n += 1;
+                let sent = Instant::now();
+                match request(&client, &run, worker, n).send().await {
+                    Ok(response) if response.status() == expected && Instant::now() <= stop => {
+                        latencies.push(sent.elapsed())
+                    }
+                    Ok(response) if response.status() == expected => {}
+                    _ => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            latencies
+        })
+    });
+    let mut all: Vec<Duration> = Vec::new();
+    for worker in workers {
+        all.extend(worker.await.expect("worker"));
+    }
+    all.sort();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Run {
+        rate: all.len() as f64 / seconds as f64,
+        p50: at(0.5),
+        p99: at(0.99),
+        max: all.last().copied().unwrap_or_default(),
+        answered: all.len() as u64,
+        errors: errors.load(Ordering::Relaxed),
+    }
+}

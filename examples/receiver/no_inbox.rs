@@ -1,0 +1,43 @@
+//! The reference receiver without the `inbox` feature: no `POST /inbox/stripe`, the same
+//! interface as `inbox.rs` with nothing behind it.
+
+use std::time::Duration;
+
+use axum::Router;
+
+use super::{BoxError, InboxSettings as Settings};
+
+#[derive(Clone)]
+pub enum Effects {}
+
+impl Effects {
+    pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+        match *self {}
+    }
+}
+
+pub enum Worker {}
+
+pub struct Running {
+    pub router: Router,
+    pub worker: Worker,
+    pub effects: Effects,
+}
+
+pub async fn start(
+    _url: &str,
+    _secrets: Vec<String>,
+    settings: &Settings,
+) -> Result<Option<Running>, BoxError> {
+    let _ = (
+        settings.handler_delay,
+        settings.max_attempts,
+        settings.backoff,
+    );
+    let _ = (settings.lease, settings.sweep);
+    Ok(None)
+}
+
+pub async fn drain(worker: Worker, _deadline: Duration) -> bool {
+    match worker {}
+}

@@ -1,0 +1,185 @@
+//! `tower-idempotency inbox list|retry` end to end: an inbox fed over real HTTP fails an event,
+//! the built binary lists it (table and JSON) and re-queues it, on SQLite and on Postgres.
+#![cfg(all(
+    feature = "cli",
+    feature = "inbox",
+    feature = "sqlite",
+    feature = "postgres"
+))]
+
+mod support;
+
+use std::{
+    process::Output,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{routing::post_service, Router};
+use serde_json::Value;
+use support::*;
+use tower_idempotency::{
+    inbox::{EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent},
+    sqlx,
+    webhooks::stripe::{self, StripeVerifier},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
+const SECRET: &str = "whsec_cli_inbox_test";
+
+async fn run(args: Vec<String>) -> Output {
+    tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("IDEMPOTENCY_STORE")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run the tool")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// Every attempt fails: the handler refuses every event.
+async fn refuse<DB: InboxDatabase>(
+    _event: InboxEvent,
+    _tx: IdempotentTx<DB>,
+) -> Result<(), HandlerError> {
+    Err("refused by the test handler".into())
+}
+
+/// Delivers two events through the inbox over HTTP; a worker with one attempt fails them.
+async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [String; 2] {
+    inbox.migrate().await.unwrap();
+    let worker = inbox
+        .worker(refuse::<DB>)
+        .max_attempts(1)
+        .sweep_every(Duration::from_millis(10))
+        .spawn();
+    let app = Router::new().route(
+        "/inbox/stripe",
+        post_service(inbox.ack(StripeVerifier::new([SECRET]))),
+    );
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let ids = [format!("evt_cli_a_{label}"), format!("evt_cli_b_{label}")];
+    for id in &ids {
+        let body = format!(r#"{{"id":"{id}","type":"charge.succeeded"}}"#);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let response = client
+            .post(format!("{base}/inbox/stripe"))
+            .header(
+                stripe::SIGNATURE_HEADER,
+                stripe::sign(SECRET, now, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{label}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while inbox.counts().await.unwrap().failed < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{label}: the events never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(worker.drain(Duration::from_secs(5)).await);
+    ids
+}
+
+/// Fails two events in `inbox`, then drives the tool against `url` and the inbox's table.
+async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &str) {
+    let ids = fail_two_events(&inbox, label).await;
+    let table = inbox.table().to_owned();
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["--store".to_owned(), url.to_owned()];
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        args.extend(["--inbox-table".to_owned(), table.clone()]);
+        args
+    };
+    let listed = stdout(&run(args(&["inbox", "list"])).await);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(lines[0].starts_with("PROVIDER"), "{label}: {listed}");
+    assert_eq!(lines.len(), 3, "{label}: {listed}");
+    for id in &ids {
+        let row = lines
+            .iter()
+            .find(|line| line.contains(id.as_str()))
+            .unwrap();
+        assert!(row.contains("failed") && row.contains("refused by the test handler"));
+    }
+
+    let json = stdout(&run(args(&["--json", "inbox", "list"])).await);
+    let events: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(events.as_array().unwrap().len(), 2, "{label}: {events}");
+    assert_eq!(events[0]["state"], "failed");
+    assert_eq!(events[0]["attempts"], 1);
+
+    let retried = run(args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
+    let retried: Value = serde_json::from_str(&stdout(&retried)).unwrap();
+    assert_eq!(retried["retried"]["event_id"], ids[0].as_str());
+    let key = EventKey::new("stripe", ids[0].as_str());
+    assert_eq!(
+        inbox.get(&key).await.unwrap().unwrap().state,
+        EventState::Pending
+    );
+    let pending = stdout(&run(args(&["--json", "inbox", "list", "--state", "pending"])).await);
+    let pending: Value = serde_json::from_str(&pending).unwrap();
+    assert_eq!(
+        pending[0]["event_id"],
+        ids[0].as_str(),
+        "{label}: {pending}"
+    );
+
+    // Not failed any more: refused, with an exit status and a message that says so.
+    let again = run(args(&["inbox", "retry", "stripe", &ids[0]])).await;
+    assert!(!again.status.success());
+    let message = String::from_utf8_lossy(&again.stderr);
+    assert!(message.contains("no failed event"), "{label}: {message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_list_and_retry_sqlite() {
+    let dir = std::env::temp_dir().join(format!("tidem-cli-inbox-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/inbox.db", dir.display());
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse().unwrap();
+    let options = options
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let inbox = Inbox::new(pool.clone(), "webhook_inbox").unwrap();
+    list_and_retry(inbox, &url, "sqlite").await;
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_list_and_retry_postgres() {
+    if !reachable(&host_port(&database_url())) {
+        skip("inbox CLI test (postgres)", "Postgres is not reachable");
+        return;
+    }
+    let url = database_url();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let table = format!("cli_inbox_{}", random_suffix());
+    let inbox = Inbox::new(pool.clone(), &table).unwrap();
+    list_and_retry(inbox, &url, "postgres").await;
+    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}

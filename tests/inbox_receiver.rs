@@ -1,0 +1,277 @@
+//! The reference receiver's webhook inbox (`POST /inbox/stripe`) as a child process, on SQLite
+//! and on Postgres: SIGKILLed while its handlers run, then restarted, every acknowledged event
+//! ends with exactly one row in `inbox_effects`; flaky events are retried, poisoned ones listed
+//! as failed and re-queued through its routes, forged ones never stored.
+#![cfg(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "webhooks",
+    feature = "inbox",
+    unix
+))]
+
+mod receiver_process;
+mod support;
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use futures_util::future::join_all;
+use receiver_process::{Database, Receiver};
+use serde_json::Value;
+use support::*;
+use tower_idempotency::{sqlx, webhooks::stripe};
+
+const SECRET: &str = "whsec_inbox_receiver_test";
+const HANDLER_DELAY_MS: u64 = 300;
+/// Longer than the handler's delay, so a live attempt never loses its claim.
+const LEASE_MS: u64 = 1500;
+const EVENTS_PER_ROUND: usize = 6;
+
+fn start(store: &str, handler_delay_ms: u64, max_attempts: u32) -> Receiver {
+    Receiver::start(&[
+        ("IDEMPOTENCY_STORE", store.to_owned()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+        ("INBOX_LEASE_MS", LEASE_MS.to_string()),
+        ("INBOX_SWEEP_MS", "20".to_owned()),
+        ("INBOX_BACKOFF_MS", "10".to_owned()),
+        ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
+    ])
+}
+
+fn body(id: &str, kind: &str) -> String {
+    format!(r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{}}}}}}"#)
+}
+
+async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    client
+        .post(format!("{base}/inbox/stripe"))
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(secret, now, body.as_bytes()),
+        )
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("deliver")
+        .status()
+        .as_u16()
+}
+
+async fn get_json(client: &reqwest::Client, url: String) -> Value {
+    let bytes = client.get(url).send().await.unwrap().bytes().await.unwrap();
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// Polls `GET /effects` until `done` holds for it, failing after 20 s.
+async fn effects_until(
+    client: &reqwest::Client,
+    base: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let effects = get_json(client, format!("{base}/effects")).await;
+        if done(&effects) {
+            return effects;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "effects never settled: {effects}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The rows of `inbox_effects` for `event_id`, read from the database.
+async fn rows(store: &str, event_id: &str) -> i64 {
+    count(
+        store,
+        "SELECT count(*) FROM inbox_effects WHERE event_id = $1",
+        event_id,
+    )
+    .await
+}
+
+/// Whether `event_id` was claimed by an attempt that did not finish: pending with an attempt
+/// counted (the claim commits before the handler runs, the attempt's end with its writes).
+async fn interrupted(store: &str, event_id: &str) -> bool {
+    let sql =
+        "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 0 AND attempts > 0";
+    count(store, sql, event_id).await == 1
+}
+
+async fn count(store: &str, sql: &str, event_id: &str) -> i64 {
+    if store.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
+        let n = sqlx::query_scalar(sql)
+            .bind(event_id)
+            .fetch_one(&pool)
+            .await;
+        pool.close().await;
+        n.expect(sql)
+    } else {
+        let pool = sqlx::PgPool::connect(store)
+            .await
+            .expect("connect postgres");
+        let n = sqlx::query_scalar(sql)
+            .bind(event_id)
+            .fetch_one(&pool)
+            .await;
+        pool.close().await;
+        n.expect(sql)
+    }
+}
+
+fn random_below(bound: u64) -> u64 {
+    RandomState::new().hash_one(Instant::now()) % bound
+}
+
+/// `rounds` times: six events acknowledged by a receiver whose handlers take 300 ms, SIGKILLed
+/// at a random point of the next 450 ms; the events whose handler was running (claimed, not
+/// processed) are counted. A new process then finishes every event once their leases end, and
+/// each has exactly one row.
+async fn killed_mid_handler(store: &str, label: &str, rounds: usize) {
+    let client = reqwest::Client::new();
+    let mut interrupted_handlers = 0;
+    for round in 0..rounds {
+        let ids: Vec<String> = (0..EVENTS_PER_ROUND)
+            .map(|n| format!("evt_{}_{round}_{n}", random_suffix()))
+            .collect();
+        let mut first = start(store, HANDLER_DELAY_MS, 10);
+        let statuses = join_all(ids.iter().map(|id| {
+            let body = body(id, "charge.succeeded");
+            let (client, base) = (client.clone(), first.base.clone());
+            async move { deliver(&client, &base, SECRET, &body).await }
+        }))
+        .await;
+        assert!(statuses.iter().all(|&s| s == 200), "{label}: {statuses:?}");
+        // The point of the crash is the point of this test: a random moment after the acks.
+        tokio::time::sleep(Duration::from_millis(random_below(
+            HANDLER_DELAY_MS * 3 / 2,
+        )))
+        .await;
+        first.kill();
+        for id in &ids {
+            if interrupted(store, id).await {
+                assert_eq!(rows(store, id).await, 0, "{label}: {id}");
+                interrupted_handlers += 1;
+            }
+        }
+
+        let second = start(store, 0, 10);
+        let effects = effects_until(&client, &second.base, |effects| {
+            ids.iter().all(|id| effects[format!("inbox:{id}")] == 1)
+        })
+        .await;
+        for id in &ids {
+            assert_eq!(rows(store, id).await, 1, "{label}: {id}: {effects}");
+        }
+    }
+    assert!(
+        interrupted_handlers > 0,
+        "{label}: no kill interrupted a handler; the test proved nothing"
+    );
+    eprintln!(
+        "{label}: {rounds} kills interrupted the handlers of {interrupted_handlers} of {} events",
+        rounds * EVENTS_PER_ROUND
+    );
+}
+
+/// Flaky events succeed on their third attempt; poisoned ones end in `GET /inbox/failed` with no
+/// row and are re-queued by `POST /inbox/failed/<id>/retry`; forged ones are refused.
+async fn routes(store: &str, label: &str) {
+    let client = reqwest::Client::new();
+    let receiver = start(store, 0, 3);
+    let base = receiver.base.clone();
+    let (flaky, poison) = (
+        format!("evt_flaky_{}", random_suffix()),
+        format!("evt_poison_{}", random_suffix()),
+    );
+    assert_eq!(
+        deliver(&client, &base, SECRET, &body(&flaky, "test.flaky")).await,
+        200
+    );
+    assert_eq!(
+        deliver(&client, &base, SECRET, &body(&poison, "test.poison")).await,
+        200
+    );
+    let forged = body("evt_forged", "charge.succeeded");
+    assert_eq!(
+        deliver(&client, &base, "whsec_not_the_secret", &forged).await,
+        401
+    );
+
+    effects_until(&client, &base, |effects| {
+        effects[format!("inbox:{flaky}")] == 1
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let failed = get_json(&client, format!("{base}/inbox/failed")).await;
+        if failed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|id| id == poison.as_str())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: {poison} never failed: {failed}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        rows(store, &poison).await,
+        0,
+        "{label}: a failed attempt's row was kept"
+    );
+    let retry = |id: &str| {
+        client
+            .post(format!("{base}/inbox/failed/{id}/retry"))
+            .send()
+    };
+    assert_eq!(retry(&poison).await.unwrap().status(), 202);
+    assert_eq!(retry("evt_never_delivered").await.unwrap().status(), 404);
+    let effects = get_json(&client, format!("{base}/effects")).await;
+    assert!(
+        effects.get("inbox:evt_forged").is_none(),
+        "{label}: {effects}"
+    );
+    assert_eq!(rows(store, "evt_forged").await, 0);
+}
+
+fn sqlite_store(name: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("tidem-{name}-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}/receiver.db", dir.display());
+    (dir, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_survives_sigkill_exactly_once_sqlite() {
+    let (dir, store) = sqlite_store("inbox-crash");
+    killed_mid_handler(&store, "sqlite", 4).await;
+    routes(&store, "sqlite").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_survives_sigkill_exactly_once_postgres() {
+    if !reachable(&host_port(&database_url())) {
+        skip("inbox crash test (postgres)", "Postgres is not reachable");
+        return;
+    }
+    let database = Database::create(format!("tidem_inbox_{}", random_suffix())).await;
+    killed_mid_handler(&database.url(), "postgres", 4).await;
+    routes(&database.url(), "postgres").await;
+}

@@ -1,0 +1,124 @@
+//! The reference receiver (`examples/receiver.rs`) as a child process the crash tests SIGKILL,
+//! and a Postgres database of a test's own (the receiver uses fixed table names).
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::{
+    io::BufRead,
+    path::{Path, PathBuf},
+};
+
+use tower_idempotency::sqlx::{self, Executor};
+
+use crate::support::database_url;
+
+/// The receiver binary next to this test's directory, built here when missing or older than its
+/// sources (`cargo test --test <crash test>` builds no examples).
+pub fn receiver_binary() -> PathBuf {
+    let test_exe = std::env::current_exe().unwrap();
+    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+    let binary = profile_dir.join("examples").join("receiver");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let newest_source = ["examples/receiver.rs", "examples/receiver/inbox.rs"]
+        .iter()
+        .filter_map(|source| modified(&root.join(source)))
+        .max();
+    if modified(&binary) < newest_source {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "receiver", "--all-features"])
+            .arg("--manifest-path")
+            .arg(root.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(profile_dir.parent().unwrap())
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building the receiver example failed");
+    }
+    binary
+}
+
+/// The receiver as a child process, SIGKILLed on drop.
+pub struct Receiver {
+    child: std::process::Child,
+    pub base: String,
+}
+
+impl Receiver {
+    /// Starts the receiver on a free loopback port with only `env` set (plus `RUST_LOG=error`).
+    pub fn start(env: &[(&str, String)]) -> Self {
+        let mut command = std::process::Command::new(receiver_binary());
+        command
+            .env_clear()
+            .env("RECEIVER_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn receiver");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, base }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL: no drain, no destructors, no rollback sent.
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A database of the test's own, dropped at the end.
+pub struct Database {
+    pub name: String,
+}
+
+pub async fn admin(sql: &str) {
+    let pool = sqlx::PgPool::connect(&database_url())
+        .await
+        .expect("connect postgres");
+    pool.execute(sql).await.expect(sql);
+    pool.close().await;
+}
+
+impl Database {
+    pub async fn create(name: String) -> Self {
+        admin(&format!("CREATE DATABASE {name}")).await;
+        Self { name }
+    }
+
+    pub fn url(&self) -> String {
+        let url = database_url();
+        let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
+        let authority = rest.split('/').next().unwrap_or(rest);
+        format!("{scheme}://{authority}/{}", self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(admin(&sql));
+        })
+        .join();
+    }
+}
