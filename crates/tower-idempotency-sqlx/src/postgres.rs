@@ -20,6 +20,7 @@ use crate::{
         PURGE_BATCH,
     },
     lanes::{default_lane_count, Lanes},
+    settlements::{self, PgNotices},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -117,10 +118,16 @@ ins AS (
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
             ),
+            // Completion, release and forget notify waiters in other instances (see
+            // `settlements.rs`) for the row they changed; the command tag still counts it.
             complete: format!(
-                r#"UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
+                r#"WITH done AS (
+UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
     body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 0"#
+WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
+)
+SELECT {}"#,
+                settlements::notify_each(table, "done")
             ),
             renew: format!(
                 r#"UPDATE "{table}"
@@ -128,7 +135,11 @@ SET expires_at = statement_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE key = $1 AND token = $2 AND state = 0"#
             ),
             release: format!(
-                r#"DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0"#
+                r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
+)
+SELECT {}"#,
+                settlements::notify_each(table, "done")
             ),
             get: format!(
                 r#"SELECT {RETURNED} FROM "{table}"
@@ -167,6 +178,7 @@ pub struct PostgresStore {
     sql: Sql,
     max_record_bytes: usize,
     statements: AtomicU64,
+    notices: PgNotices,
 }
 
 impl PostgresStore {
@@ -181,6 +193,7 @@ impl PostgresStore {
             sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
+            notices: PgNotices::new(&pool, table),
         })
     }
 
@@ -542,12 +555,24 @@ impl Store for PostgresStore {
     fn name(&self) -> &'static str {
         "postgres"
     }
+
+    /// `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and `forget`
+    /// notify the hex SHA-256 of the key they changed, in the same statement; each store object
+    /// keeps one `LISTEN` connection of its own (besides its pool), opened on the first wait and
+    /// reopened after a failure (100 ms, doubling up to 5 s, waiters poll meanwhile).
+    fn settlements(&self) -> Option<tower_idempotency_core::store::Settlements> {
+        Some(self.notices.settlements())
+    }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.
 fn forget_sql(table: &str) -> String {
     format!(
-        r#"DELETE FROM "{table}" WHERE key = $1
-RETURNING expires_at > statement_timestamp() AS live"#
+        r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1
+RETURNING key, expires_at > statement_timestamp() AS live
+)
+SELECT live, {}"#,
+        settlements::notify_each(table, "done")
     )
 }

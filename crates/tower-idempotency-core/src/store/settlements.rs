@@ -1,0 +1,332 @@
+//! Notices that keys were settled, fanned out from one subscription of a store to the requests
+//! waiting on those keys (see [`Store::settlements`](super::Store::settlements)).
+//!
+//! A request waiting for an in-flight key
+//! ([`IdempotencyLayer::wait_for_result`](crate::IdempotencyLayer::wait_for_result)) learns that
+//! the key's holder in *this* process settled it from the layer itself. A holder in another
+//! process can only be seen through the store: a store that can push notices (Postgres
+//! `LISTEN/NOTIFY`, Redis pub/sub) keeps one subscription and hands every notice to its
+//! [`Settlements`], which wakes the waiters of that key. Waiters then claim the key again; a
+//! notice carries no state, so a lost or spurious one costs a claim, never correctness.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// One `watch` channel per key that somebody waits on, shared by all of that key's waiters, and
+/// a count of the signals sent so far (any key).
+#[derive(Default)]
+pub(crate) struct KeySignals {
+    keys: Mutex<HashMap<String, watch::Sender<()>>>,
+    sent: AtomicU64,
+}
+
+impl KeySignals {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<()>>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Subscribes to `key`'s signals until the returned guard is dropped.
+    pub(crate) fn subscribe(self: &Arc<Self>, key: &str) -> KeySignal {
+        let receiver = self
+            .keys()
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe();
+        KeySignal {
+            signals: self.clone(),
+            key: key.to_owned(),
+            receiver: Some(receiver),
+        }
+    }
+
+    /// Wakes the subscribers of `key`, if any.
+    pub(crate) fn signal(&self, key: &str) {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        if let Some(sender) = self.keys().get(key) {
+            sender.send_modify(|()| ());
+        }
+    }
+
+    /// Wakes every subscriber.
+    fn signal_all(&self) {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        for sender in self.keys().values() {
+            sender.send_modify(|()| ());
+        }
+    }
+
+    /// Signals sent so far, to any key: a subscriber compares two readings to learn whether it
+    /// may have missed one sent before it subscribed.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Keys with at least one subscriber.
+    pub(crate) fn len(&self) -> usize {
+        self.keys().len()
+    }
+}
+
+/// One subscriber of a key's signals. Dropped, it removes the key's channel when it was the
+/// key's last subscriber.
+pub(crate) struct KeySignal {
+    signals: Arc<KeySignals>,
+    key: String,
+    receiver: Option<watch::Receiver<()>>,
+}
+
+impl KeySignal {
+    /// Resolves at the key's next signal (or at once, for one sent since [`Self::mark_seen`]).
+    pub(crate) async fn signalled(&mut self) {
+        match self.receiver.as_mut() {
+            // The sender lives in the map while this receiver does, so this never fails.
+            Some(receiver) => {
+                let _ = receiver.changed().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Marks the signals so far as seen, so that one sent after this call ends the next
+    /// [`signalled`](Self::signalled).
+    pub(crate) fn mark_seen(&mut self) {
+        if let Some(receiver) = self.receiver.as_mut() {
+            receiver.borrow_and_update();
+        }
+    }
+}
+
+impl Drop for KeySignal {
+    fn drop(&mut self) {
+        let mut keys = self.signals.keys();
+        // Dropped under the lock: a subscriber arriving now sees either this receiver or none.
+        drop(self.receiver.take());
+        if keys
+            .get(&self.key)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            keys.remove(&self.key);
+        }
+    }
+}
+
+/// The notices of one store that keys were settled (completed, released or forgotten),
+/// fanned out in this process to the requests waiting on them. Cheap to clone: clones share
+/// the subscribers.
+///
+/// A store offering notices ([`Store::settlements`](super::Store::settlements)) owns one of
+/// these and feeds it from its single subscription: [`settled`](Self::settled) for every notice,
+/// [`connected`](Self::connected) whenever the subscription comes up or goes down. Waiters
+/// [`subscribe`](Self::subscribe) to a key. While the subscription is down, notices may be
+/// lost, so waiters fall back to re-claiming the key on a timer; every change of the
+/// subscription's state wakes every waiter once, to claim again.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tower_idempotency_core::store::Settlements;
+///
+/// let settlements = Settlements::new();
+/// let mut waiter = settlements.subscribe("orders:3f2a");
+/// settlements.connected(true); // the store's subscription is up
+/// waiter.settled().await; // a change of state wakes every waiter once
+/// settlements.settled("orders:3f2a"); // a notice from the store
+/// waiter.settled().await;
+/// drop(waiter);
+/// assert_eq!(settlements.subscribed_keys(), 0);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Settlements {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    signals: Arc<KeySignals>,
+    up: watch::Sender<bool>,
+    tag: fn(&str) -> String,
+}
+
+impl fmt::Debug for Settlements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlements")
+            .field("connected", &self.is_connected())
+            .field("subscribed_keys", &self.subscribed_keys())
+            .finish()
+    }
+}
+
+impl Default for Settlements {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Settlements {
+    /// Notices that name the key itself, as the store was given it.
+    pub fn new() -> Self {
+        Self::tagged(str::to_owned)
+    }
+
+    /// Notices that name a key by [`key_digest`](Self::key_digest): for a transport that bounds
+    /// a notice's size (a Postgres `NOTIFY` payload is under 8000 bytes) or should not repeat
+    /// keys.
+    pub fn hashed() -> Self {
+        Self::tagged(Self::key_digest)
+    }
+
+    fn tagged(tag: fn(&str) -> String) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                signals: Arc::default(),
+                up: watch::channel(false).0,
+                tag,
+            }),
+        }
+    }
+
+    /// The name of `key` in the notices of a [`hashed`](Self::hashed) store: the lowercase hex
+    /// SHA-256 of its bytes (64 digits), as Postgres computes it with
+    /// `encode(sha256(convert_to(key, 'UTF8')), 'hex')`.
+    pub fn key_digest(key: &str) -> String {
+        hex::encode(Sha256::digest(key.as_bytes()))
+    }
+
+    /// Waits for notices about `key` until the returned [`Settlement`] is dropped. Waiters of
+    /// one key share one channel; the last one to leave removes it.
+    pub fn subscribe(&self, key: &str) -> Settlement {
+        Settlement {
+            signal: self.inner.signals.subscribe(&(self.inner.tag)(key)),
+        }
+    }
+
+    /// Called by the store for each notice: wakes the waiters of the key the notice names
+    /// (the key itself, or its [`key_digest`](Self::key_digest) for a [`hashed`](Self::hashed)
+    /// store). A notice nobody waits for costs one map lookup.
+    pub fn settled(&self, name: &str) {
+        self.inner.signals.signal(name);
+    }
+
+    /// Called by the store when its subscription comes up (`true`) or goes down (`false`).
+    /// Every waiter is woken to claim its key again: notices sent while it was down are lost.
+    pub fn connected(&self, up: bool) {
+        self.inner.up.send_replace(up);
+        self.inner.signals.signal_all();
+    }
+
+    /// Whether the store's subscription is up, so a waiter can rely on notices (and claims
+    /// again only when its wait or the holder's lease ends).
+    pub fn is_connected(&self) -> bool {
+        *self.inner.up.borrow()
+    }
+
+    /// Resolves once the store's subscription is up (at once if it is).
+    pub async fn ready(&self) {
+        let mut up = self.inner.up.subscribe();
+        // The sender lives in `self`, so this never fails.
+        let _ = up.wait_for(|up| *up).await;
+    }
+
+    /// How many keys have waiters now.
+    pub fn subscribed_keys(&self) -> usize {
+        self.inner.signals.len()
+    }
+
+    /// Notices and changes of state seen so far, for any key.
+    pub(crate) fn sent(&self) -> u64 {
+        self.inner.signals.sent()
+    }
+}
+
+/// One waiter's subscription to a key's notices, from [`Settlements::subscribe`]. Dropping it
+/// unsubscribes.
+pub struct Settlement {
+    signal: KeySignal,
+}
+
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement").finish_non_exhaustive()
+    }
+}
+
+impl Settlement {
+    /// Resolves at the next notice about the key or change of the subscription's state since
+    /// the last call (or since subscribing).
+    pub async fn settled(&mut self) {
+        self.signal.signalled().await;
+        self.signal.mark_seen();
+    }
+
+    /// Marks the notices so far as seen: the next [`settled`](Self::settled) waits for a newer
+    /// one.
+    pub fn mark_seen(&mut self) {
+        self.signal.mark_seen();
+    }
+
+    /// Resolves at the next notice not yet [marked seen](Self::mark_seen), leaving it unmarked.
+    pub(crate) async fn signalled(&mut self) {
+        self.signal.signalled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_notice_wakes_only_the_waiters_of_its_key() {
+        let settlements = Settlements::new();
+        let mut a1 = settlements.subscribe("a");
+        let mut a2 = settlements.subscribe("a");
+        let mut b = settlements.subscribe("b");
+        assert_eq!(settlements.subscribed_keys(), 2);
+        settlements.settled("a");
+        assert!(futures_util::poll!(Box::pin(a1.settled())).is_ready());
+        assert!(futures_util::poll!(Box::pin(a2.settled())).is_ready());
+        assert!(futures_util::poll!(Box::pin(b.settled())).is_pending());
+        drop((a1, a2));
+        assert_eq!(settlements.subscribed_keys(), 1);
+        drop(b);
+        assert_eq!(settlements.subscribed_keys(), 0);
+    }
+
+    #[tokio::test]
+    async fn hashed_notices_name_the_digest() {
+        let settlements = Settlements::hashed();
+        let mut waiter = settlements.subscribe("ns:key");
+        settlements.settled("ns:key");
+        assert!(futures_util::poll!(Box::pin(waiter.settled())).is_pending());
+        settlements.settled(&Settlements::key_digest("ns:key"));
+        assert!(futures_util::poll!(Box::pin(waiter.settled())).is_ready());
+        // SHA-256("abc"), FIPS 180-2.
+        assert_eq!(
+            Settlements::key_digest("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_change_of_connection_wakes_everyone() {
+        let settlements = Settlements::new();
+        let mut waiter = settlements.subscribe("k");
+        assert!(!settlements.is_connected());
+        let mut ready = Box::pin(settlements.ready());
+        assert!(futures_util::poll!(&mut ready).is_pending());
+        settlements.connected(true);
+        assert!(futures_util::poll!(&mut ready).is_ready());
+        assert!(futures_util::poll!(Box::pin(waiter.settled())).is_ready());
+        settlements.connected(false);
+        assert!(!settlements.is_connected());
+        assert!(futures_util::poll!(Box::pin(waiter.settled())).is_ready());
+    }
+}
