@@ -77,7 +77,8 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(table: &str) -> Self {
+    /// The statements on `table`; with `notify`, those that settle a key notify its waiters.
+    fn new(table: &str, notify: bool) -> Self {
         let expired = "cur.expires_at <= statement_timestamp()";
         Self {
             // One statement, one round trip, in every case.
@@ -127,7 +128,7 @@ UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
 WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
 )
 SELECT {}"#,
-                settlements::notify_each(table, "done")
+                settlements::notify_each(table, "done", notify)
             ),
             renew: format!(
                 r#"UPDATE "{table}"
@@ -139,7 +140,7 @@ WHERE key = $1 AND token = $2 AND state = 0"#
 DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
 )
 SELECT {}"#,
-                settlements::notify_each(table, "done")
+                settlements::notify_each(table, "done", notify)
             ),
             get: format!(
                 r#"SELECT {RETURNED} FROM "{table}"
@@ -178,7 +179,7 @@ pub struct PostgresStore {
     sql: Sql,
     max_record_bytes: usize,
     statements: AtomicU64,
-    notices: PgNotices,
+    notices: Option<PgNotices>,
 }
 
 impl PostgresStore {
@@ -190,10 +191,10 @@ impl PostgresStore {
         Ok(Self {
             lanes: Lanes::new(pool.clone(), default_lane_count(&pool)),
             table: table.to_owned(),
-            sql: Sql::new(table),
+            sql: Sql::new(table, true),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
-            notices: PgNotices::new(&pool, table),
+            notices: Some(PgNotices::new(&pool, table)),
         })
     }
 
@@ -235,6 +236,22 @@ impl PostgresStore {
     /// the pool for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
         self.lanes = Lanes::new(self.lanes.pool().clone(), lanes);
+        self
+    }
+
+    /// Turns the notices of settled keys off (`false`) or on (`true`, the default): with
+    /// them, `complete`, `release` and `forget` `NOTIFY` the waiters of other instances
+    /// ([`IdempotencyLayer::wait_for_result`](tower_idempotency_core::IdempotencyLayer::wait_for_result))
+    /// and the store keeps one `LISTEN` connection once something waits.
+    ///
+    /// Why turn them off: Postgres serialises the commits of notifying transactions, database
+    /// cluster wide, so concurrent completions lose group commit (see `docs/stores.md`). Without
+    /// notices this store's waiters poll. Set it alike on every instance: a waiter relying on
+    /// notices learns of a key settled by an instance without them only when the holder's
+    /// lease or its wait ends.
+    pub fn with_notices(mut self, notices: bool) -> Self {
+        self.sql = Sql::new(&self.table, notices);
+        self.notices = notices.then(|| PgNotices::new(self.pool(), &self.table));
         self
     }
 
@@ -535,7 +552,7 @@ impl Store for PostgresStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let sql = forget_sql(&self.table);
+        let sql = forget_sql(&self.table, self.notices.is_some());
         let forget = sqlx::query(&sql).bind(key);
         let row = on_lane!(self, |conn| async {
             self.count();
@@ -561,18 +578,18 @@ impl Store for PostgresStore {
     /// keeps one `LISTEN` connection of its own (besides its pool), opened on the first wait and
     /// reopened after a failure (100 ms, doubling up to 5 s, waiters poll meanwhile).
     fn settlements(&self) -> Option<tower_idempotency_core::store::Settlements> {
-        Some(self.notices.settlements())
+        self.notices.as_ref().map(PgNotices::settlements)
     }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.
-fn forget_sql(table: &str) -> String {
+fn forget_sql(table: &str, notify: bool) -> String {
     format!(
         r#"WITH done AS (
 DELETE FROM "{table}" WHERE key = $1
 RETURNING key, expires_at > statement_timestamp() AS live
 )
 SELECT live, {}"#,
-        settlements::notify_each(table, "done")
+        settlements::notify_each(table, "done", notify)
     )
 }

@@ -28,9 +28,13 @@ pub(crate) fn channel(table: &str) -> String {
     format!("{table}_settled")
 }
 
-/// `SELECT`s one `pg_notify` per row of `rows` (a CTE returning `key`): appended to the
-/// statements that settle a key.
-pub(crate) fn notify_each(table: &str, rows: &str) -> String {
+/// What the statements that settle a key `SELECT` from `rows` (a CTE returning `key`): one
+/// `pg_notify` per row with `notify`, a constant without; a row either way, so the command tag
+/// counts the rows changed.
+pub(crate) fn notify_each(table: &str, rows: &str, notify: bool) -> String {
+    if !notify {
+        return format!("1 FROM {rows}");
+    }
     format!(
         "pg_notify('{}', encode(sha256(convert_to({rows}.key, 'UTF8')), 'hex')) FROM {rows}",
         channel(table)

@@ -132,3 +132,75 @@ async fn the_listen_connection_is_shared_and_reopened_after_a_failure() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `with_notices(false)`: no notices offered (its waiters poll), none sent, and the calls
+/// still tell current from stale holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_notices_sends_none_and_still_fences() {
+    let table = PgTable::new();
+    let Some((quiet, b)) = two_stores(&table).await else {
+        return;
+    };
+    let quiet = Arc::into_inner(quiet)
+        .expect("one owner")
+        .with_notices(false);
+    assert!(quiet.settlements().is_none());
+    let notices = b.settlements().expect("on by default");
+    tokio::time::timeout(Duration::from_secs(10), notices.ready())
+        .await
+        .expect("LISTEN connection up");
+
+    let silent = random_key("silent");
+    let mut silent_settlement = notices.subscribe(&silent);
+    let token = claimed(&quiet, &silent).await;
+    let response = tower_idempotency_core::CachedResponse {
+        status: http::StatusCode::CREATED,
+        headers: http::HeaderMap::new(),
+        body: "done".into(),
+        body_omitted: false,
+    };
+    let ttl = Duration::from_secs(60);
+    let stale = FencingToken(token.0 ^ 1);
+    assert_eq!(
+        quiet
+            .complete(&silent, stale, &response, ttl)
+            .await
+            .unwrap(),
+        Ownership::Stale
+    );
+    assert_eq!(
+        quiet
+            .complete(&silent, token, &response, ttl)
+            .await
+            .unwrap(),
+        Ownership::Current
+    );
+    assert!(quiet.forget(&silent).await.unwrap());
+    assert!(!quiet.forget(&silent).await.unwrap());
+    let other = random_key("loud");
+    let token = claimed(&quiet, &other).await;
+    assert_eq!(
+        quiet.release(&other, stale).await.unwrap(),
+        Ownership::Stale
+    );
+    assert_eq!(
+        quiet.release(&other, token).await.unwrap(),
+        Ownership::Current
+    );
+
+    // Notices arrive in commit order: one from `b` after all that proves none came before.
+    let loud = random_key("loud");
+    let mut loud_settlement = notices.subscribe(&loud);
+    let token = claimed(&b, &loud).await;
+    assert_eq!(b.release(&loud, token).await.unwrap(), Ownership::Current);
+    tokio::time::timeout(Duration::from_secs(5), loud_settlement.settled())
+        .await
+        .expect("b's notice");
+    // A zero timeout polls the wait once: pending means no notice has come.
+    assert!(
+        tokio::time::timeout(Duration::ZERO, silent_settlement.settled())
+            .await
+            .is_err(),
+        "the store without notices sent one"
+    );
+}

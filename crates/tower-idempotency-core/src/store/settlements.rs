@@ -219,8 +219,16 @@ impl Settlements {
     /// Called by the store when its subscription comes up (`true`) or goes down (`false`).
     /// Every waiter is woken to claim its key again: notices sent while it was down are lost.
     pub fn connected(&self, up: bool) {
-        self.inner.up.send_replace(up);
-        self.inner.signals.signal_all();
+        // Ordered so that no waiter trusts notices while they may be lost: going down, the
+        // state changes before the wake-up; coming up, after it (so a waiter that saw the
+        // subscription up was not woken for it).
+        if up {
+            self.inner.signals.signal_all();
+            self.inner.up.send_replace(true);
+        } else {
+            self.inner.up.send_replace(false);
+            self.inner.signals.signal_all();
+        }
     }
 
     /// Whether the store's subscription is up, so a waiter can rely on notices (and claims
