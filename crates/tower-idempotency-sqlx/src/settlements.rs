@@ -9,17 +9,14 @@
 //!
 //! Each store object keeps one `LISTEN` connection of its own (not one of its pool's), opened
 //! on the first wait with the pool's connect options, and fans notices out to its waiters in
-//! this process. When that connection fails, it is opened again after 100 ms, doubling up to
-//! 5 s; meanwhile waiters re-claim on their timer. Dropping the store closes it.
-
-use std::{sync::OnceLock, time::Duration};
+//! this process. When that connection fails, it is opened again ([`Subscriber`]); meanwhile
+//! waiters re-claim on their timer. Dropping the store closes it.
 
 use sqlx::{
     postgres::{PgListener, PgPoolOptions},
     PgPool,
 };
-use tokio::sync::oneshot;
-use tower_idempotency_core::store::Settlements;
+use tower_idempotency_core::store::{Settlements, Subscriber};
 
 /// The `NOTIFY` channel of `table`'s notices. Table names are at most 48 bytes
 /// ([`validate_table_name`](crate::validate_table_name)), so this stays within Postgres's
@@ -41,101 +38,48 @@ pub(crate) fn notify_each(table: &str, rows: &str, notify: bool) -> String {
     )
 }
 
-/// The first wait before opening the `LISTEN` connection again; it doubles up to
-/// [`LONGEST_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const LONGEST_RETRY: Duration = Duration::from_secs(5);
-
 /// A store's notices and the task holding its `LISTEN` connection, started on first use.
 #[derive(Debug)]
 pub(crate) struct PgNotices {
-    settlements: Settlements,
+    subscriber: Subscriber,
     pool: PgPool,
     channel: String,
-    /// Dropped with the store, which ends the listening task.
-    stop: OnceLock<oneshot::Sender<()>>,
 }
 
 impl PgNotices {
     pub(crate) fn new(pool: &PgPool, table: &str) -> Self {
         Self {
-            settlements: Settlements::hashed(),
+            subscriber: Subscriber::new(Settlements::hashed()),
             pool: pool.clone(),
             channel: channel(table),
-            stop: OnceLock::new(),
         }
     }
 
-    /// The notices, starting the listening task if it is not running yet and a Tokio runtime
-    /// is at hand (without one the waiters poll, and a later call starts it).
+    /// The notices, opening the `LISTEN` connection first if it is not open yet.
     pub(crate) fn settlements(&self) -> Settlements {
-        if self.stop.get().is_none() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                self.stop.get_or_init(|| {
-                    let (stop, stopped) = oneshot::channel();
-                    let listening = Listening {
-                        settlements: self.settlements.clone(),
-                        // One connection, never recycled: a listener must stay on it.
-                        pool: PgPoolOptions::new()
-                            .max_connections(1)
-                            .max_lifetime(None)
-                            .idle_timeout(None)
-                            .connect_lazy_with((*self.pool.connect_options()).clone()),
-                        channel: self.channel.clone(),
-                    };
-                    runtime.spawn(listening.run(stopped));
-                    stop
-                });
-            }
-        }
-        self.settlements.clone()
+        self.subscriber.settlements(|| {
+            // One connection, never recycled: a listener must stay on it.
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .max_lifetime(None)
+                .idle_timeout(None)
+                .connect_lazy_with((*self.pool.connect_options()).clone());
+            let channel = self.channel.clone();
+            move |notices| listen(pool.clone(), channel.clone(), notices)
+        })
     }
 }
 
-struct Listening {
-    settlements: Settlements,
-    pool: PgPool,
-    channel: String,
-}
-
-impl Listening {
-    /// Listens, reconnecting with a growing pause, until `stopped` (the store is dropped).
-    async fn run(self, mut stopped: oneshot::Receiver<()>) {
-        let mut retry = FIRST_RETRY;
-        loop {
-            tokio::select! {
-                _ = &mut stopped => break,
-                ended = self.session(&mut retry) => {
-                    if let Err(error) = ended {
-                        tracing::warn!(%error, channel = %self.channel, "postgres LISTEN connection failed; waiters poll until it is back");
-                    }
-                }
-            }
-            if self.settlements.is_connected() {
-                self.settlements.connected(false);
-            }
-            tokio::select! {
-                _ = &mut stopped => break,
-                () = tokio::time::sleep(retry) => {}
-            }
-            retry = (retry * 2).min(LONGEST_RETRY);
-        }
-        self.settlements.connected(false);
-        self.pool.close().await;
+/// One connection's life: `LISTEN`, then hand every notice over until the connection is lost
+/// (`Ok`) or fails (`Err`).
+async fn listen(pool: PgPool, channel: String, notices: Settlements) -> Result<(), sqlx::Error> {
+    let mut listener = PgListener::connect_with(&pool).await?;
+    // A lost connection ends this session; the next one starts from a fresh `LISTEN`.
+    listener.eager_reconnect(false);
+    listener.listen(&channel).await?;
+    notices.connected(true);
+    while let Some(notice) = listener.try_recv().await? {
+        notices.settled(notice.payload());
     }
-
-    /// One connection's life: `LISTEN`, then hand every notice over until the connection is
-    /// lost (`Ok`) or fails (`Err`).
-    async fn session(&self, retry: &mut Duration) -> Result<(), sqlx::Error> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        // A lost connection ends this session; the next one starts from a fresh `LISTEN`.
-        listener.eager_reconnect(false);
-        listener.listen(&self.channel).await?;
-        self.settlements.connected(true);
-        *retry = FIRST_RETRY;
-        while let Some(notice) = listener.try_recv().await? {
-            self.settlements.settled(notice.payload());
-        }
-        Ok(())
-    }
+    Ok(())
 }

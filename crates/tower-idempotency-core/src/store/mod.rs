@@ -53,7 +53,7 @@ pub use codec::{decode_headers, encode_headers, CodecError};
 pub use local_cache::{LocalReplayCache, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL};
 pub use memory::MemoryStore;
 pub(crate) use settlements::{KeySignal, KeySignals};
-pub use settlements::{Settlement, Settlements};
+pub use settlements::{Settlement, Settlements, Subscriber};
 pub use transaction::{CommitError, StoreTransaction, TransactionalStore};
 
 use std::{fmt, sync::Arc, time::Duration};

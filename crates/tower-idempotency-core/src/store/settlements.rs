@@ -12,14 +12,17 @@
 use std::{
     collections::HashMap,
     fmt,
+    future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, OnceLock,
     },
+    time::Duration,
 };
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 /// One `watch` channel per key that somebody waits on, shared by all of that key's waiters, and
 /// a count of the signals sent so far (any key).
@@ -255,6 +258,85 @@ impl Settlements {
     }
 }
 
+/// The first pause before a [`Subscriber`] opens its subscription again; it doubles up to
+/// [`LONGEST_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LONGEST_RETRY: Duration = Duration::from_secs(5);
+
+/// The task that keeps a store's one subscription to its notices open: started by the first
+/// [`settlements`](Self::settlements) call made on a Tokio runtime, opened again after every
+/// failure (after 100 ms, doubling up to 5 s; reset once a subscription came up), ended when the
+/// `Subscriber` (so the store owning it) is dropped.
+pub struct Subscriber {
+    settlements: Settlements,
+    task: OnceLock<AbortOnDropHandle<()>>,
+}
+
+impl fmt::Debug for Subscriber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscriber")
+            .field("settlements", &self.settlements)
+            .field("started", &self.task.get().is_some())
+            .finish()
+    }
+}
+
+impl Subscriber {
+    /// A subscriber feeding `settlements`; nothing runs until [`settlements`](Self::settlements).
+    pub fn new(settlements: Settlements) -> Self {
+        Self {
+            settlements,
+            task: OnceLock::new(),
+        }
+    }
+
+    /// The notices, after starting the subscribing task if it is not running and a Tokio
+    /// runtime is at hand (without one, waiters poll and a later call starts it).
+    ///
+    /// `sessions` is called once, at the start, and returns what opens one subscription: a
+    /// function given the [`Settlements`] that subscribes, calls
+    /// [`connected(true)`](Settlements::connected) once it is, hands every notice to
+    /// [`settled`](Settlements::settled), and returns when the subscription ends (`Err` is
+    /// logged at `warn`). Between sessions the task reports the subscription down.
+    pub fn settlements<S, F, E>(&self, sessions: impl FnOnce() -> S) -> Settlements
+    where
+        S: FnMut(Settlements) -> F + Send + 'static,
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + 'static,
+    {
+        if self.task.get().is_none() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                self.task.get_or_init(|| {
+                    let subscribing = keep_subscribed(self.settlements.clone(), sessions());
+                    AbortOnDropHandle::new(runtime.spawn(subscribing))
+                });
+            }
+        }
+        self.settlements.clone()
+    }
+}
+
+/// Runs one session after another, pausing between them, until aborted.
+async fn keep_subscribed<S, F, E>(settlements: Settlements, mut session: S)
+where
+    S: FnMut(Settlements) -> F,
+    F: Future<Output = Result<(), E>>,
+    E: fmt::Display,
+{
+    let mut retry = FIRST_RETRY;
+    loop {
+        if let Err(error) = session(settlements.clone()).await {
+            tracing::warn!(%error, "a store's subscription to settled keys failed; its waiters poll until it is back");
+        }
+        if settlements.is_connected() {
+            settlements.connected(false);
+            retry = FIRST_RETRY;
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(LONGEST_RETRY);
+    }
+}
+
 /// One waiter's subscription to a key's notices, from [`Settlements::subscribe`]. Dropping it
 /// unsubscribes.
 pub struct Settlement {
@@ -321,6 +403,43 @@ mod tests {
             Settlements::key_digest("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_opens_again_after_a_failure_and_stops_when_dropped() {
+        let subscriber = Subscriber::new(Settlements::new());
+        let (ended_tx, ended) = tokio::sync::oneshot::channel::<()>();
+        let mut ended_tx = Some(ended_tx);
+        let sessions = Arc::new(AtomicU64::new(0));
+        let counted = sessions.clone();
+        let notices = subscriber.settlements(move || {
+            move |notices: Settlements| {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                // Held by the second session until the task ends.
+                let guard = ended_tx.take();
+                async move {
+                    if n == 0 {
+                        return Err("refused");
+                    }
+                    notices.connected(true);
+                    let _guard = guard;
+                    std::future::pending::<()>().await;
+                    Ok(())
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), notices.ready())
+            .await
+            .expect("the second session comes up");
+        assert_eq!(sessions.load(Ordering::SeqCst), 2);
+        // A second call does not start a second task.
+        let again = subscriber.settlements(|| |_: Settlements| async { Err::<(), _>("unused") });
+        assert!(again.is_connected());
+        drop(subscriber);
+        tokio::time::timeout(Duration::from_secs(10), ended)
+            .await
+            .expect("dropping the subscriber ends its session")
+            .expect_err("the session's guard is dropped, not sent");
     }
 
     #[tokio::test]
