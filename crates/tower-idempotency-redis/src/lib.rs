@@ -232,7 +232,7 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("max_record_bytes", &self.max_record_bytes)
             .field("timeout", &self.timeout)
-            .field("notices", &self.settlements().is_some())
+            .field("notices", &self.notices.subscribes())
             .finish()
     }
 }
@@ -299,9 +299,9 @@ impl RedisStore {
     /// [`new`](Self::new) or [`cluster`](Self::cluster) has no notices until this is called, and
     /// its waiters poll.
     ///
-    /// Costs one extra connection per store (its clones share it), opened on the first wait.
-    /// Every store, with notices or not, publishes one message per completion, release and
-    /// forget on `<prefix>:settled`; a cluster relays each to every node.
+    /// Costs one extra connection per store (its clones share it), opened on the first request
+    /// through a waiting layer. Every store, with notices or not, publishes one message per
+    /// completion, release and forget on `<prefix>:settled`; a cluster relays each to every node.
     pub fn with_notices(mut self, clients: impl IntoIterator<Item = redis::Client>) -> Self {
         self.notices = Arc::new(RedisNotices::new(
             &self.prefix,

@@ -4,10 +4,11 @@
 //! The scripts that complete, release and forget a record `PUBLISH` the store key on
 //! `<prefix>:settled` when they changed it (see `scripts.rs`). A store given clients
 //! ([`RedisStore::with_notices`](crate::RedisStore::with_notices)) keeps one `SUBSCRIBE`
-//! connection, opened on the first wait and shared by its clones, and fans notices out to its
-//! waiters in this process. When that connection fails, the next client is tried
-//! ([`Subscriber`] paces the attempts); meanwhile waiters re-claim on their timer. A `PING` every 15 s (answered
-//! within 5 s) finds a connection that died silently. Dropping the last clone closes it.
+//! connection, opened on the first request through a waiting layer and shared by its clones, and
+//! fans notices out to its waiters in this process. When that connection fails, the next client is
+//! tried ([`Subscriber`] paces the attempts); meanwhile waiters re-claim on their timer. A `PING`
+//! every 15 s (answered within 5 s) finds a connection that died silently. Dropping the last clone
+//! closes it.
 
 use std::time::Duration;
 
@@ -86,7 +87,7 @@ async fn subscribe(
             _ = ping.tick() => {
                 match tokio::time::timeout(PING_WITHIN, sink.ping::<redis::Value>()).await {
                     Ok(answer) => drop(answer?),
-                    Err(_) => return Err(RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
+                    Err(_) => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
                 }
             }
         }

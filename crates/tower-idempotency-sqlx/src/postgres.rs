@@ -573,10 +573,11 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    /// `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and `forget`
-    /// notify the hex SHA-256 of the key they changed, in the same statement; each store object
-    /// keeps one `LISTEN` connection of its own (besides its pool), opened on the first wait and
-    /// reopened after a failure (100 ms, doubling up to 5 s, waiters poll meanwhile).
+    /// `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and `forget` notify
+    /// the hex SHA-256 of the key they changed, in the same statement; each store object keeps one
+    /// `LISTEN` connection of its own (besides its pool), opened on the first request through a
+    /// waiting layer and reopened after a failure (100 ms, doubling up to 5 s, waiters poll
+    /// meanwhile).
     fn settlements(&self) -> Option<tower_idempotency_core::store::Settlements> {
         self.notices.as_ref().map(PgNotices::settlements)
     }

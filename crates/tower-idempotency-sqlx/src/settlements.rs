@@ -7,10 +7,10 @@
 //! payload is the hex SHA-256 of the key ([`Settlements::key_digest`]): 64 bytes whatever the
 //! key, far below `NOTIFY`'s 8000-byte limit.
 //!
-//! Each store object keeps one `LISTEN` connection of its own (not one of its pool's), opened
-//! on the first wait with the pool's connect options, and fans notices out to its waiters in
-//! this process. When that connection fails, it is opened again ([`Subscriber`]); meanwhile
-//! waiters re-claim on their timer. Dropping the store closes it.
+//! Each store object keeps one `LISTEN` connection of its own (not one of its pool's), opened on
+//! the first request through a waiting layer with the pool's connect options, and fans notices out
+//! to its waiters in this process. When that connection fails, it is opened again ([`Subscriber`]);
+//! meanwhile waiters re-claim on their timer. Dropping the store closes it.
 
 use sqlx::{
     postgres::{PgListener, PgPoolOptions},
