@@ -1,7 +1,8 @@
 //! Checks for stores that push notices of settled keys ([`Store::settlements`]): the notices
 //! themselves, and waiters on another instance woken by them instead of a timer. Each takes
 //! two store objects over one backend (separate pools or clients, as two application
-//! instances would have).
+//! instances would have), used by no other check at the same time: the checks count the
+//! claims and subscriptions of those objects.
 
 use std::{
     sync::{atomic::Ordering, Arc},

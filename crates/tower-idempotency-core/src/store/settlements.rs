@@ -6,8 +6,9 @@
 //! the key's holder in *this* process settled it from the layer itself. A holder in another
 //! process can only be seen through the store: a store that can push notices (Postgres
 //! `LISTEN/NOTIFY`, Redis pub/sub) keeps one subscription and hands every notice to its
-//! [`Settlements`], which wakes the waiters of that key. Waiters then claim the key again; a
-//! notice carries no state, so a lost or spurious one costs a claim, never correctness.
+//! [`Settlements`], which wakes the waiters of that key; a [`Subscriber`] keeps that
+//! subscription open. Waiters then claim the key again; a notice carries no state, so a lost or
+//! spurious one costs a claim, never correctness.
 
 use std::{
     collections::HashMap,
