@@ -41,7 +41,8 @@ pub fn schema_sql(table: &str) -> String {
     status       smallint,
     headers      bytea,
     body         bytea,
-    body_omitted boolean NOT NULL DEFAULT false
+    body_omitted boolean NOT NULL DEFAULT false,
+    watched      boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
 -- `CREATE INDEX IF NOT EXISTS` takes its table lock before it looks for the index, so on a
 -- live table it would queue behind every open transaction (a `claim_in` in a business
@@ -54,6 +55,13 @@ BEGIN
         WHERE i.indrelid = '"{table}"'::regclass AND c.relname = '{table}_expires_at_idx'
     ) THEN
         CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+    END IF;
+    -- Tables created before waiters marked keys; `ADD COLUMN IF NOT EXISTS` locks first too.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = '"{table}"'::regclass AND attname = 'watched' AND NOT attisdropped
+    ) THEN
+        ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS watched boolean NOT NULL DEFAULT false;
     END IF;
 END
 $$;
@@ -77,8 +85,8 @@ struct Sql {
 }
 
 impl Sql {
-    /// The statements on `table`; with `notify`, those that settle a key notify its waiters.
-    fn new(table: &str, notify: bool) -> Self {
+    /// The statements on `table`.
+    fn new(table: &str) -> Self {
         let expired = "cur.expires_at <= statement_timestamp()";
         Self {
             // One statement, one round trip, in every case.
@@ -114,21 +122,23 @@ ins AS (
         headers      = CASE WHEN {expired} THEN NULL ELSE cur.headers END,
         body         = CASE WHEN {expired} THEN NULL ELSE cur.body END,
         body_omitted = CASE WHEN {expired} THEN false ELSE cur.body_omitted END,
+        watched      = CASE WHEN {expired} THEN false ELSE cur.watched END,
         expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE cur.expires_at END
     RETURNING cur.token = $4 AND cur.state = 0 AS claimed, {RETURNED}
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
             ),
             // Completion, release and forget notify waiters in other instances (see
-            // `settlements.rs`) for the row they changed; the command tag still counts it.
+            // `settlements.rs`) for the row they changed if a waiter marked it; the command
+            // tag still counts it.
             complete: format!(
                 r#"WITH done AS (
 UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
     body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
+WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
 )
 SELECT {}"#,
-                settlements::notify_each(table, "done", notify)
+                settlements::notify_each(table, "done")
             ),
             renew: format!(
                 r#"UPDATE "{table}"
@@ -137,10 +147,10 @@ WHERE key = $1 AND token = $2 AND state = 0"#
             ),
             release: format!(
                 r#"WITH done AS (
-DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key
+DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
 )
 SELECT {}"#,
-                settlements::notify_each(table, "done", notify)
+                settlements::notify_each(table, "done")
             ),
             get: format!(
                 r#"SELECT {RETURNED} FROM "{table}"
@@ -179,7 +189,7 @@ pub struct PostgresStore {
     sql: Sql,
     max_record_bytes: usize,
     statements: AtomicU64,
-    notices: Option<PgNotices>,
+    notices: PgNotices,
 }
 
 impl PostgresStore {
@@ -191,10 +201,10 @@ impl PostgresStore {
         Ok(Self {
             lanes: Lanes::new(pool.clone(), default_lane_count(&pool)),
             table: table.to_owned(),
-            sql: Sql::new(table, true),
+            sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
-            notices: Some(PgNotices::new(&pool, table)),
+            notices: PgNotices::new(&pool, table),
         })
     }
 
@@ -236,22 +246,6 @@ impl PostgresStore {
     /// the pool for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
         self.lanes = Lanes::new(self.lanes.pool().clone(), lanes);
-        self
-    }
-
-    /// Turns the notices of settled keys off (`false`) or on (`true`, the default): with
-    /// them, `complete`, `release` and `forget` `NOTIFY` the waiters of other instances
-    /// ([`IdempotencyLayer::wait_for_result`](tower_idempotency_core::IdempotencyLayer::wait_for_result))
-    /// and the store keeps one `LISTEN` connection once something waits.
-    ///
-    /// Why turn them off: Postgres serialises the commits of notifying transactions, database
-    /// cluster wide, so concurrent completions lose group commit (see `docs/stores.md`). Without
-    /// notices this store's waiters poll. Set it alike on every instance: a waiter relying on
-    /// notices learns of a key settled by an instance without them only when the holder's
-    /// lease or its wait ends.
-    pub fn with_notices(mut self, notices: bool) -> Self {
-        self.sql = Sql::new(&self.table, notices);
-        self.notices = notices.then(|| PgNotices::new(self.pool(), &self.table));
         self
     }
 
@@ -552,7 +546,7 @@ impl Store for PostgresStore {
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let sql = forget_sql(&self.table, self.notices.is_some());
+        let sql = forget_sql(&self.table);
         let forget = sqlx::query(&sql).bind(key);
         let row = on_lane!(self, |conn| async {
             self.count();
@@ -574,23 +568,25 @@ impl Store for PostgresStore {
     }
 
     /// `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and `forget` notify
-    /// the hex SHA-256 of the key they changed, in the same statement; each store object keeps one
+    /// the hex SHA-256 of the key they changed, in the same statement, when a waiter marked the
+    /// key ([`Settlements::watch`](tower_idempotency_core::store::Settlements::watch) sets its
+    /// `watched` column, which a new claim clears); each store object keeps one
     /// `LISTEN` connection of its own (besides its pool), opened on the first request through a
     /// waiting layer and reopened after a failure (100 ms, doubling up to 5 s, waiters poll
     /// meanwhile).
     fn settlements(&self) -> Option<tower_idempotency_core::store::Settlements> {
-        self.notices.as_ref().map(PgNotices::settlements)
+        Some(self.notices.settlements())
     }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.
-fn forget_sql(table: &str, notify: bool) -> String {
+fn forget_sql(table: &str) -> String {
     format!(
         r#"WITH done AS (
 DELETE FROM "{table}" WHERE key = $1
-RETURNING key, expires_at > statement_timestamp() AS live
+RETURNING key, watched, expires_at > statement_timestamp() AS live
 )
 SELECT live, {}"#,
-        settlements::notify_each(table, "done", notify)
+        settlements::notify_each(table, "done")
     )
 }

@@ -32,6 +32,14 @@ async fn ready_notices(store: &dyn Store) -> Settlements {
     notices
 }
 
+/// Marks `key`, in flight, as waited on ([`Settlements::watch`]), as a waiter does.
+async fn watched(notices: &Settlements, key: &str) {
+    assert!(
+        notices.watch(key).await.expect("watch"),
+        "an in-flight key can be watched"
+    );
+}
+
 async fn notified(what: &str, settlement: &mut Settlement) {
     tokio::time::timeout(NOTICE_WITHIN, settlement.settled())
         .await
@@ -45,8 +53,9 @@ fn not_notified(what: &str, settlement: &mut Settlement) {
     );
 }
 
-/// `complete`, `release` and `forget` on one store object are notified, by key, to the
-/// subscribers of another over the same backend; a stale `complete` or `release` (another
+/// `complete`, `release` and `forget` on one store object of keys that a waiter watches
+/// ([`Settlements::watch`]) are notified, by key, to the subscribers of another over the same
+/// backend; a stale `complete` or `release` (another
 /// token) changes nothing and sends nothing. Notices arrive in order, so a later key's notice
 /// proves that none came for the stale calls before it.
 pub async fn settlements_are_notified_across_instances(a: Arc<dyn Store>, b: Arc<dyn Store>) {
@@ -56,6 +65,7 @@ pub async fn settlements_are_notified_across_instances(a: Arc<dyn Store>, b: Arc
         let key = fresh_key("notice");
         let mut settlement = notices.subscribe(&key);
         let token = fencing(claim_token(a.as_ref(), &key, &fp, LONG).await);
+        watched(&notices, &key).await;
         let changed = match what {
             "complete" => {
                 a.complete(&key, token, &response("done"), LONG)
@@ -73,6 +83,7 @@ pub async fn settlements_are_notified_across_instances(a: Arc<dyn Store>, b: Arc
     let stale = fresh_key("notice-stale");
     let mut stale_settlement = notices.subscribe(&stale);
     let token = claim_token(a.as_ref(), &stale, &fp, LONG).await;
+    watched(&notices, &stale).await;
     let other = fencing(token ^ 1);
     a.release(&stale, other).await.expect("stale release");
     a.complete(&stale, other, &response("x"), LONG)
@@ -81,6 +92,7 @@ pub async fn settlements_are_notified_across_instances(a: Arc<dyn Store>, b: Arc
     let later = fresh_key("notice-later");
     let mut later_settlement = notices.subscribe(&later);
     let later_token = fencing(claim_token(a.as_ref(), &later, &fp, LONG).await);
+    watched(&notices, &later).await;
     a.release(&later, later_token).await.expect("release");
     notified("the later key", &mut later_settlement).await;
     not_notified("stale calls", &mut stale_settlement);

@@ -8,6 +8,8 @@
 //! - the executing request of this process, once it has completed or released the key;
 //! - the store's notices ([`Store::settlements`]), for a holder in any process.
 //!
+//! A waiter first marks the key as waited on ([`Settlements::watch`]: Postgres notifies only
+//! such keys); a key no longer in flight by then is claimed again at once.
 //! While the store's subscription is up, a waiter claims again only on a signal, and as a
 //! safety net for a lost notice when the holder's lease or the wait ends. A store without
 //! notices (or whose subscription is down) cannot tell about a holder elsewhere, so there each
@@ -170,6 +172,25 @@ impl Drop for SettledSignal {
     }
 }
 
+/// Marks `key` as waited on in the store ([`Settlements::watch`]), so its settlement will be
+/// notified: `Some(true)` then, `Some(false)` when the store could not mark it (the waiter
+/// polls this round), `None` when the key is no longer in flight or the wait ended meanwhile
+/// (the waiter claims again at once). A notice arriving meanwhile is kept for the wait.
+async fn watched(notices: &Settlements, key: &str, deadline: Instant) -> Option<bool> {
+    tokio::select! {
+        watched = notices.watch(key) => match watched {
+            Ok(true) => Some(true),
+            Ok(false) => None,
+            Err(error) => {
+                tracing::debug!(%error, "marking a waited-on key failed; its waiters poll");
+                Some(false)
+            }
+        },
+        // A mark queued behind a holder's open transaction ends with the wait.
+        () = tokio::time::sleep_until(deadline) => None,
+    }
+}
+
 /// One duplicate's wait: until `max_wait` after it began.
 struct Waiting {
     waiters: Arc<Waiters>,
@@ -191,7 +212,8 @@ impl Waiting {
     }
 
     /// Waits until a signal for the key arrives, the wait ends, or its timer fires: the
-    /// holder's remaining lease while the store's notices reach this waiter, otherwise the
+    /// holder's remaining lease while the store's notices reach this waiter (its subscription is
+    /// up and the key marked), otherwise the
     /// poll interval (never past that lease). `true` then, and the caller claims the key again
     /// (call [`before_claim`](Self::before_claim) first). `false` at once when the duplicate is
     /// to be answered as in flight: the wait is over, or the bound on waiters is reached.
@@ -200,9 +222,9 @@ impl Waiting {
         if now >= self.deadline {
             return false;
         }
-        let notices = self.mark.store.as_ref().map(|(s, _)| s);
+        let notices = self.mark.store.as_ref().map(|(s, _)| s.clone());
         if self.registration.is_none() {
-            let Some(registration) = self.waiters.register(key, notices) else {
+            let Some(registration) = self.waiters.register(key, notices.as_ref()) else {
                 return false;
             };
             self.registration = Some(registration);
@@ -210,11 +232,18 @@ impl Waiting {
                 return true;
             }
         }
+        let heard = match notices.as_ref().filter(|n| n.is_connected()) {
+            Some(notices) => match watched(notices, key, self.deadline).await {
+                Some(heard) => heard,
+                None => return true,
+            },
+            None => false,
+        };
         let Some(registration) = self.registration.as_mut() else {
             return false;
         };
         let lease_end = lease_remaining.max(Duration::from_millis(1));
-        let timer = if notices.is_some_and(Settlements::is_connected) {
+        let timer = if heard {
             lease_end
         } else {
             let poll = self.next_poll.min(lease_end);
@@ -332,6 +361,52 @@ mod tests {
             futures_util::poll!(&mut first),
             std::task::Poll::Ready(true)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_marks_its_key_and_claims_again_when_it_is_no_longer_in_flight() {
+        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
+        let in_flight = Arc::new(std::sync::Mutex::new(vec![("k", true), ("gone", false)]));
+        let marked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let base = Settlements::new();
+        let notices = base.with_watch({
+            let (in_flight, marked) = (in_flight.clone(), marked.clone());
+            move |key: &str| {
+                marked.lock().unwrap().push(key.to_owned());
+                let live = in_flight
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|&(k, l)| k == key && l);
+                Box::pin(async move { Ok(live) })
+            }
+        });
+        notices.connected(true);
+        let mark = || Mark {
+            local: 0,
+            store: Some((notices.clone(), notices.sent())),
+        };
+        let mut one = Waiting::new(&waiters, mark());
+        let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
+        assert!(
+            futures_util::poll!(&mut first).is_pending(),
+            "marked while in flight: it waits for the notice"
+        );
+        base.settled("k");
+        assert!(
+            futures_util::poll!(&mut first).is_ready(),
+            "the store's notices, fed through any clone, reach it"
+        );
+        let mut two = Waiting::new(&waiters, mark());
+        assert!(
+            two.wait("gone", Duration::from_secs(60)).await,
+            "settled before the mark: claim again at once"
+        );
+        assert_eq!(*marked.lock().unwrap(), ["k", "gone"]);
+        assert!(
+            base.watch("gone").await.expect("no step"),
+            "the base has none"
+        );
     }
 
     #[tokio::test]

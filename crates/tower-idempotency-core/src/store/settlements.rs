@@ -9,6 +9,11 @@
 //! [`Settlements`], which wakes the waiters of that key; a [`Subscriber`] keeps that
 //! subscription open. Waiters then claim the key again; a notice carries no state, so a lost or
 //! spurious one costs a claim, never correctness.
+//!
+//! A store for which a notice is costly (Postgres serialises the commits of notifying
+//! transactions) can send them only for keys somebody waits on: it gives its `Settlements` a
+//! [`watch`](Settlements::with_watch) step that marks a key as waited on, and each waiter runs
+//! it ([`Settlements::watch`]) before it waits.
 
 use std::{
     collections::HashMap,
@@ -21,9 +26,12 @@ use std::{
     time::Duration,
 };
 
+use futures_util::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
+
+use super::StoreError;
 
 /// One `watch` channel per key that somebody waits on, shared by all of that key's waiters, and
 /// a count of the signals sent so far (any key).
@@ -156,15 +164,20 @@ pub struct Settlements {
 
 struct Inner {
     signals: Arc<KeySignals>,
-    up: watch::Sender<bool>,
+    up: Arc<watch::Sender<bool>>,
     tag: fn(&str) -> String,
+    watch: Option<Watch>,
 }
+
+/// A store's step marking a key as waited on; see [`Settlements::with_watch`].
+type Watch = Arc<dyn Fn(&str) -> BoxFuture<'static, Result<bool, StoreError>> + Send + Sync>;
 
 impl fmt::Debug for Settlements {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settlements")
             .field("connected", &self.is_connected())
             .field("subscribed_keys", &self.subscribed_keys())
+            .field("watched", &self.inner.watch.is_some())
             .finish()
     }
 }
@@ -192,9 +205,48 @@ impl Settlements {
         Self {
             inner: Arc::new(Inner {
                 signals: Arc::default(),
-                up: watch::channel(false).0,
+                up: Arc::new(watch::channel(false).0),
                 tag,
+                watch: None,
             }),
+        }
+    }
+
+    /// These notices, for a store that sends a key's notice only once the key is marked as
+    /// waited on: `watch` marks it, and every waiter calls it (through
+    /// [`Settlements::watch`]) after subscribing and before waiting. It resolves to `true`
+    /// when the key is still in flight and now marked, so its settlement will be notified, and
+    /// to `false` when the key is no longer in flight (the waiter claims it again at once).
+    ///
+    /// The mark and the settlement must be ordered by the store (Postgres: both lock the row):
+    /// either the mark comes first and the settlement sees it, or the settlement does and the
+    /// mark finds nothing in flight. A new claim of the key may clear the mark; its waiters mark
+    /// it again before waiting on the new holder.
+    ///
+    /// The returned value shares its notices and subscribers with `self`; only it (and its
+    /// clones) runs `watch`.
+    pub fn with_watch<F>(&self, watch: F) -> Self
+    where
+        F: Fn(&str) -> BoxFuture<'static, Result<bool, StoreError>> + Send + Sync + 'static,
+    {
+        Self {
+            inner: Arc::new(Inner {
+                signals: self.inner.signals.clone(),
+                up: self.inner.up.clone(),
+                tag: self.inner.tag,
+                watch: Some(Arc::new(watch)),
+            }),
+        }
+    }
+
+    /// Marks `key` as waited on, for a store that notifies only such keys (see
+    /// [`with_watch`](Self::with_watch)); `Ok(true)` at once for any other store. `Ok(false)`:
+    /// the key is no longer in flight, so no notice will come for it; claim it again. Call it
+    /// after [`subscribe`](Self::subscribe), so a notice sent once it is marked is not missed.
+    pub async fn watch(&self, key: &str) -> Result<bool, StoreError> {
+        match &self.inner.watch {
+            Some(watch) => watch(key).await,
+            None => Ok(true),
         }
     }
 
