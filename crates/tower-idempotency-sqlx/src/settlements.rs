@@ -4,9 +4,8 @@
 //! `complete`, `release` and `forget` run `pg_notify` on the table's [`channel`] in their own
 //! statement, for the row they changed only and only if a waiter marked it, so a notice is sent
 //! exactly when the change commits (inside a caller's transaction, at its commit) and never for
-//! a stale call. The
-//! payload is the hex SHA-256 of the key ([`Settlements::key_digest`]): 64 bytes whatever the
-//! key, far below `NOTIFY`'s 8000-byte limit.
+//! a stale call. The payload is the hex SHA-256 of the key ([`Settlements::key_digest`]): 64
+//! bytes whatever the key, far below `NOTIFY`'s 8000-byte limit.
 //!
 //! Only marked keys are notified because Postgres serialises the commits of notifying
 //! transactions cluster wide: a completion nobody waits for must not pay that. A waiter marks
@@ -20,12 +19,12 @@
 //! to its waiters in this process. When that connection fails, it is opened again ([`Subscriber`]);
 //! meanwhile waiters re-claim on their timer. Dropping the store closes it.
 
+use std::{future::Future, pin::Pin, sync::Arc};
+
 use sqlx::{
     postgres::{PgListener, PgPoolOptions},
     PgPool,
 };
-use std::{future::Future, pin::Pin, sync::Arc};
-
 use tower_idempotency_core::store::{Settlements, StoreError, Subscriber};
 
 /// The `NOTIFY` channel of `table`'s notices. Table names are at most 48 bytes

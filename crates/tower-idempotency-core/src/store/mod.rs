@@ -282,10 +282,11 @@ pub trait Store: Send + Sync + 'static {
     /// A store offering them sends a notice naming the key after every `complete`, `release`
     /// and `forget` that changed a record (in the same statement or script, so a notice is
     /// never sent for a change that did not happen; a store for which notices are costly may
-    /// send them only for keys a waiter marked, see [`Settlements::with_watch`]), keeps one subscription per store object
-    /// that feeds the returned [`Settlements`] (a [`Subscriber`] runs it), and may start it
-    /// lazily on the first call (so this is called on a Tokio runtime). Notices may be lost; waiters still claim again when
-    /// the holder's lease or their wait ends.
+    /// send them only for keys a waiter marked, see [`Settlements::with_watch`]), keeps one
+    /// subscription per store object that feeds the returned [`Settlements`] (a
+    /// [`Subscriber`] runs it), and may start it lazily on the first call (so this is called
+    /// on a Tokio runtime). Notices may be lost; waiters still claim again when the holder's
+    /// lease or their wait ends.
     fn settlements(&self) -> Option<Settlements> {
         None
     }
