@@ -93,8 +93,9 @@ pub use shutdown::ShutdownHandle;
 pub use store::{
     decode_headers, encode_headers, BoxError, CachedResponse, ClaimOutcome, CodecError,
     CommitError, CompletedRecord, FencingToken, Fingerprint, LocalReplayCache, MemoryStore,
-    Ownership, RecordState, Store, StoreError, StoreTransaction, TransactionalStore,
-    DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL, LONGEST_DURATION,
+    Ownership, RecordState, Settlement, Settlements, Store, StoreError, StoreTransaction,
+    Subscriber, TransactionalStore, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL,
+    LONGEST_DURATION,
 };
 
 use http::HeaderName;

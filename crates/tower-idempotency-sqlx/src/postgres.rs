@@ -20,6 +20,7 @@ use crate::{
         PURGE_BATCH,
     },
     lanes::{default_lane_count, Lanes},
+    settlements::{self, PgNotices},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -40,7 +41,8 @@ pub fn schema_sql(table: &str) -> String {
     status       smallint,
     headers      bytea,
     body         bytea,
-    body_omitted boolean NOT NULL DEFAULT false
+    body_omitted boolean NOT NULL DEFAULT false,
+    watched      boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
 -- `CREATE INDEX IF NOT EXISTS` takes its table lock before it looks for the index, so on a
 -- live table it would queue behind every open transaction (a `claim_in` in a business
@@ -53,6 +55,13 @@ BEGIN
         WHERE i.indrelid = '"{table}"'::regclass AND c.relname = '{table}_expires_at_idx'
     ) THEN
         CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+    END IF;
+    -- Tables created before waiters marked keys; `ADD COLUMN IF NOT EXISTS` locks first too.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = '"{table}"'::regclass AND attname = 'watched' AND NOT attisdropped
+    ) THEN
+        ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS watched boolean NOT NULL DEFAULT false;
     END IF;
 END
 $$;
@@ -76,6 +85,7 @@ struct Sql {
 }
 
 impl Sql {
+    /// The statements on `table`.
     fn new(table: &str) -> Self {
         let expired = "cur.expires_at <= statement_timestamp()";
         Self {
@@ -112,15 +122,23 @@ ins AS (
         headers      = CASE WHEN {expired} THEN NULL ELSE cur.headers END,
         body         = CASE WHEN {expired} THEN NULL ELSE cur.body END,
         body_omitted = CASE WHEN {expired} THEN false ELSE cur.body_omitted END,
+        watched      = CASE WHEN {expired} THEN false ELSE cur.watched END,
         expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE cur.expires_at END
     RETURNING cur.token = $4 AND cur.state = 0 AS claimed, {RETURNED}
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
             ),
+            // Completion, release and forget notify waiters in other instances (see
+            // `settlements.rs`) for the row they changed if a waiter marked it; the command
+            // tag still counts it.
             complete: format!(
-                r#"UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
+                r#"WITH done AS (
+UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
     body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 0"#
+WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
+)
+SELECT {}"#,
+                settlements::notify_each(table, "done")
             ),
             renew: format!(
                 r#"UPDATE "{table}"
@@ -128,7 +146,11 @@ SET expires_at = statement_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE key = $1 AND token = $2 AND state = 0"#
             ),
             release: format!(
-                r#"DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0"#
+                r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
+)
+SELECT {}"#,
+                settlements::notify_each(table, "done")
             ),
             get: format!(
                 r#"SELECT {RETURNED} FROM "{table}"
@@ -167,6 +189,7 @@ pub struct PostgresStore {
     sql: Sql,
     max_record_bytes: usize,
     statements: AtomicU64,
+    notices: PgNotices,
 }
 
 impl PostgresStore {
@@ -181,6 +204,7 @@ impl PostgresStore {
             sql: Sql::new(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
+            notices: PgNotices::new(&pool, table),
         })
     }
 
@@ -542,12 +566,27 @@ impl Store for PostgresStore {
     fn name(&self) -> &'static str {
         "postgres"
     }
+
+    /// `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and `forget` notify
+    /// the hex SHA-256 of the key they changed, in the same statement, when a waiter marked the
+    /// key ([`Settlements::watch`](tower_idempotency_core::Settlements::watch) sets its
+    /// `watched` column, which a new claim clears); each store object keeps one
+    /// `LISTEN` connection of its own (besides its pool), opened on the first request through a
+    /// waiting layer and reopened after a failure (100 ms, doubling up to 5 s, waiters poll
+    /// meanwhile).
+    fn settlements(&self) -> Option<tower_idempotency_core::Settlements> {
+        Some(self.notices.settlements())
+    }
 }
 
 /// Deletes one record whatever its state; `live` tells whether it had not expired yet.
 fn forget_sql(table: &str) -> String {
     format!(
-        r#"DELETE FROM "{table}" WHERE key = $1
-RETURNING expires_at > statement_timestamp() AS live"#
+        r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1
+RETURNING key, watched, expires_at > statement_timestamp() AS live
+)
+SELECT live, {}"#,
+        settlements::notify_each(table, "done")
     )
 }

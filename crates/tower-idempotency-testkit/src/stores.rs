@@ -8,7 +8,7 @@ use std::{
 
 use tower_idempotency_core::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, MemoryStore, Ownership, RecordState,
-    Store, StoreError, TransactionalStore,
+    Settlements, Store, StoreError, TransactionalStore,
 };
 
 /// The [`Store`] call a [`Hooks`] sees.
@@ -124,6 +124,10 @@ impl<H: Hooks, S: Store> Store for Hooked<H, S> {
 
     fn name(&self) -> &'static str {
         self.store.name()
+    }
+
+    fn settlements(&self) -> Option<Settlements> {
+        self.store.settlements()
     }
 }
 
