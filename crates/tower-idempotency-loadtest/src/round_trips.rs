@@ -13,9 +13,10 @@ use tower_idempotency_sqlx::{sqlx, PostgresStore};
 
 use crate::{
     load::{drive, Keys, Plan, Stop, Workload, REPLAY_KEYS},
+    peer::PeerStore,
     proxy::{self, CountingProxy},
-    server::{router, serve, App},
     setup::{body, Backends, Runtimes, Target},
+    throughput::launch,
     Args, HarnessError, Result,
 };
 
@@ -56,6 +57,11 @@ pub(crate) fn count(
     let Some((counted, proxy, unit)) = counted_target(rts, b, target)? else {
         return Ok(Vec::new());
     };
+    // A peer's Valkey store connects through the proxy too.
+    let redis_url = match &proxy {
+        Some(p) => format!("redis://{}", p.addr),
+        None => b.redis_url.clone(),
+    };
     let counter = || match (&proxy, &counted) {
         (Some(p), _) => p.count.load(Ordering::SeqCst),
         (None, t) => t.statements().unwrap_or(0),
@@ -63,9 +69,7 @@ pub(crate) fn count(
     let requests = if args.quick { 200 } else { 2000 };
     let mut rows = Vec::new();
     for workload in Workload::ALL {
-        let server = rts
-            .server
-            .block_on(serve(router(App::default(), counted.layer())))?;
+        let server = launch(rts, b, &counted, &redis_url)?;
         let run = format!("{}-rt-{}-{}", b.run, target.name(), workload.name());
         let keys = match workload {
             Workload::New => Keys::Unique,
@@ -73,7 +77,7 @@ pub(crate) fn count(
             Workload::Hot => Keys::Hot,
         };
         let plan = |stop| Plan {
-            targets: vec![server.addr],
+            targets: vec![server.addr()],
             run: run.clone(),
             keys,
             body: body(1024),
@@ -125,7 +129,19 @@ fn counted_target(
     target: &Target,
 ) -> Result<Option<(Target, Option<CountingProxy>, &'static str)>> {
     Ok(Some(match target {
-        Target::Bare | Target::Memory | Target::MemoryConstantFingerprint => return Ok(None),
+        Target::Bare
+        | Target::Memory
+        | Target::MemoryConstantFingerprint
+        | Target::SqlFloor(_)
+        | Target::Peer(PeerStore::Bare | PeerStore::Memory) => return Ok(None),
+        // The peer connects through the proxy (see `count`); it has no in-process store.
+        Target::Peer(PeerStore::Valkey) => {
+            let upstream = redis_addr(&b.redis_url)?;
+            let proxy = rts
+                .server
+                .block_on(proxy::start(upstream, proxy::Protocol::Resp))?;
+            (target.clone(), Some(proxy), "commands")
+        }
         Target::Sqlite(_) => (target.clone(), None, "statements"),
         Target::Postgres(_) | Target::PostgresCached(_) => {
             let (store, proxy) = postgres_through_proxy(rts, b)?;
