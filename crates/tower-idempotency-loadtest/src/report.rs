@@ -160,11 +160,11 @@ fn throughput_table(md: &mut String, results: &Results) {
 fn round_trips_table(md: &mut String, results: &Results) {
     if !results.round_trips.is_empty() {
         md.push_str("\n#### Store round trips per request (1 KiB, 16 workers)\n\n");
-        md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 |\n|---|---|---:|---|---:|---|\n");
+        md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 | Redis server µs / request | Redis commands / request |\n|---|---|---:|---|---:|---|---:|---|\n");
         for r in &results.round_trips {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.3} | {} / {} / {} |",
+                "| {} | {} | {} | {} | {:.3} | {} / {} / {} | {} | {} |",
                 r.store,
                 r.workload.name(),
                 r.requests,
@@ -172,7 +172,11 @@ fn round_trips_table(md: &mut String, results: &Results) {
                 r.per_request,
                 r.executed,
                 r.replayed,
-                r.conflicts
+                r.conflicts,
+                r.redis_server
+                    .as_ref()
+                    .map_or("-".into(), |c| format!("{:.1}", c.usec_per_request)),
+                r.redis_server.as_ref().map_or("-", |c| c.calls.as_str()),
             );
         }
     }

@@ -350,3 +350,22 @@ async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<usize, redis::Re
         cursor = next;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::body;
+
+    #[test]
+    fn bodies_are_json_orders_of_the_requested_size() {
+        for size in [1024, 64 * 1024] {
+            let bytes = body(size);
+            assert_eq!(bytes.len(), size);
+            let order: serde_json::Value = serde_json::from_slice(&bytes).expect("valid JSON");
+            assert_eq!(order["items"].as_array().map(Vec::len), Some(2));
+        }
+        // Smaller than the order itself: the whole order, unpadded.
+        let small = body(10);
+        assert!(small.len() > 10);
+        assert!(serde_json::from_slice::<serde_json::Value>(&small).is_ok());
+    }
+}

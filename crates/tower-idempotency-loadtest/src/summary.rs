@@ -164,3 +164,38 @@ pub(crate) fn sustained_table(md: &mut String, results: &Results) {
     }
     md.push('\n');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_median_min_and_max() {
+        assert_eq!(spread(&mut [0.9, 0.7, 0.8]), (0.8, 0.7, 0.9));
+        assert_eq!(spread(&mut [1.0, 0.5]), (0.75, 0.5, 1.0));
+        assert_eq!(show((0.8, 0.7, 0.9)), "0.80 (0.70–0.90)");
+        assert_eq!(show((0.8, 0.8, 0.8)), "0.80");
+    }
+
+    #[test]
+    fn stores_are_compared_with_their_peer_or_floor() {
+        assert_eq!(
+            reference("memory", Workload::Replay),
+            Some(("idempotent-memory", Workload::Replay))
+        );
+        assert_eq!(
+            reference("redis", Workload::New),
+            Some(("idempotent-valkey", Workload::New))
+        );
+        assert_eq!(
+            reference("postgres", Workload::Replay),
+            Some(("postgres-floor-read", Workload::Replay))
+        );
+        assert_eq!(
+            reference("sqlite", Workload::New),
+            Some(("sqlite-floor-write", Workload::New))
+        );
+        assert_eq!(reference("sqlite", Workload::Replay), None);
+        assert_eq!(reference("idempotent-memory", Workload::New), None);
+    }
+}
