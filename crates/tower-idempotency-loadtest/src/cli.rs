@@ -74,23 +74,10 @@ pub(crate) fn parse_args(raw: &[String]) -> Result<Args> {
         bodies: vec![1024, 64 * 1024],
         peer_binary: crate::peer::default_binary(),
         sustained: Duration::from_secs(10),
-        stores: [
-            "memory",
-            "memory-constfp",
-            "idempotent-memory",
-            "peer-bare",
-            "sqlite",
-            "sqlite-floor-write",
-            "postgres",
-            "postgres+cache",
-            "postgres-floor-write",
-            "postgres-floor-read",
-            "redis",
-            "redis+cache",
-            "idempotent-valkey",
-        ]
-        .map(String::from)
-        .to_vec(),
+        stores: crate::setup::TARGETS[1..]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         shared_runtime: false,
         store_lanes: None,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-results"),

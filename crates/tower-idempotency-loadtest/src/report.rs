@@ -63,24 +63,6 @@ fn csv(results: &Results) -> String {
     out
 }
 
-/// Targets in table order: each store beside its peer and its floors.
-const TARGET_ORDER: [&str; 14] = [
-    "bare",
-    "peer-bare",
-    "memory",
-    "memory-constfp",
-    "idempotent-memory",
-    "sqlite",
-    "sqlite-floor-write",
-    "postgres",
-    "postgres+cache",
-    "postgres-floor-write",
-    "postgres-floor-read",
-    "redis",
-    "redis+cache",
-    "idempotent-valkey",
-];
-
 fn kib(bytes: usize) -> String {
     format!("{} KiB", bytes / 1024)
 }
@@ -118,7 +100,12 @@ fn throughput_table(md: &mut String, results: &Results) {
     md.push_str("| round | body | target | workload | conc. | req/s | p50 µs | p99 µs | layer/bare | SQL stmts/req | handler ran / replayed / 409 |\n");
     md.push_str("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
     let mut cells: Vec<&Cell> = results.cells.iter().collect();
-    let order = |t: &str| TARGET_ORDER.iter().position(|x| *x == t).unwrap_or(99);
+    let order = |t: &str| {
+        crate::setup::TARGETS
+            .iter()
+            .position(|x| *x == t)
+            .unwrap_or(99)
+    };
     cells.sort_by_key(|c| {
         (
             c.round,
@@ -325,7 +312,7 @@ type BarGroup = (String, Vec<(usize, f64)>);
 fn chart_groups(results: &Results) -> Vec<BarGroup> {
     let mut groups: Vec<BarGroup> = Vec::new();
     for body in [1024usize, 64 * 1024] {
-        for target in TARGET_ORDER.into_iter().filter(|t| *t != "bare") {
+        for target in crate::setup::TARGETS.into_iter().filter(|t| *t != "bare") {
             for workload in Workload::ALL {
                 // One bar per concurrency: the median over the rounds.
                 let mut bars: Vec<(usize, Vec<f64>)> = Vec::new();

@@ -150,6 +150,25 @@ impl Target {
     }
 }
 
+/// Every target, in table order (each store beside its peer and its floors); all but `bare`
+/// are what `--stores` runs by default.
+pub(crate) const TARGETS: [&str; 14] = [
+    "bare",
+    "peer-bare",
+    "memory",
+    "memory-constfp",
+    "idempotent-memory",
+    "sqlite",
+    "sqlite-floor-write",
+    "postgres",
+    "postgres+cache",
+    "postgres-floor-write",
+    "postgres-floor-read",
+    "redis",
+    "redis+cache",
+    "idempotent-valkey",
+];
+
 /// `/proc/loadavg`'s three averages.
 pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

@@ -157,30 +157,26 @@ impl SqlFloor {
     }
 
     async fn write(&self, key: &str, body: &[u8]) -> Result<(), sqlx::Error> {
+        // The same two statements on either connection type; a macro because sqlx's executor
+        // bounds, generic over the database, would be longer than the statements.
+        macro_rules! insert_then_update {
+            ($connection:expr) => {{
+                let connection = $connection;
+                sqlx::query(&self.insert)
+                    .bind(key)
+                    .execute(&mut *connection)
+                    .await?;
+                sqlx::query(&self.update)
+                    .bind(key)
+                    .bind(body)
+                    .execute(&mut *connection)
+                    .await?;
+            }};
+        }
         match &self.connections {
-            Connections::Sqlite(connection) => {
-                let mut connection = connection.lock().await;
-                sqlx::query(&self.insert)
-                    .bind(key)
-                    .execute(&mut *connection)
-                    .await?;
-                sqlx::query(&self.update)
-                    .bind(key)
-                    .bind(body)
-                    .execute(&mut *connection)
-                    .await?;
-            }
+            Connections::Sqlite(connection) => insert_then_update!(&mut *connection.lock().await),
             Connections::Postgres(connections) => {
-                let mut connection = self.postgres(connections).await;
-                sqlx::query(&self.insert)
-                    .bind(key)
-                    .execute(&mut *connection)
-                    .await?;
-                sqlx::query(&self.update)
-                    .bind(key)
-                    .bind(body)
-                    .execute(&mut *connection)
-                    .await?;
+                insert_then_update!(&mut *self.postgres(connections).await)
             }
         }
         Ok(())
