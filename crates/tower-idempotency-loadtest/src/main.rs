@@ -20,6 +20,7 @@
 
 mod alloc;
 mod cli;
+mod cpu;
 mod floors;
 mod load;
 mod memory;

@@ -49,6 +49,8 @@ pub(crate) fn default_binary() -> PathBuf {
 
 /// A running peer; dropping it closes its stdin (its signal to exit), kills it and reaps it.
 pub(crate) struct PeerServer {
+    /// Its process id.
+    pub(crate) pid: u32,
     /// Its loopback address.
     pub(crate) addr: SocketAddr,
     child: Child,
@@ -82,6 +84,7 @@ pub(crate) fn start(
     let stdout = child.stdout.take();
     // From here on a failure drops `server`, which stops the child.
     let mut server = PeerServer {
+        pid: child.id(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         child,
         stdin,

@@ -36,7 +36,10 @@ pub(crate) fn runtimes(shared: bool) -> Result<Runtimes> {
             .thread_name(name)
             .enable_all();
         if server {
-            builder.on_thread_start(alloc::mark_server_thread);
+            builder.on_thread_start(|| {
+                alloc::mark_server_thread();
+                crate::cpu::register_server_thread();
+            });
         }
         builder.build()
     };

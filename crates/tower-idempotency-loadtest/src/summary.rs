@@ -82,15 +82,17 @@ pub(crate) fn table(md: &mut String, results: &Results) {
         md,
         "#### Summary over {rounds} round(s): median (min–max) of the per-round ratios\n"
     );
-    md.push_str("| body | target | workload | c | req/s | ratio to bare | p99 µs | reference | ratio to reference |\n");
-    md.push_str("|---|---|---|---:|---:|---|---:|---|---|\n");
+    md.push_str("| body | target | workload | c | req/s | ratio to bare | p99 µs | server CPU µs/req | reference | ratio to reference | CPU/req to reference |\n");
+    md.push_str("|---|---|---|---:|---:|---|---:|---:|---|---|---|\n");
     for row in rows(results) {
         let f = row.first;
         let mut rps: Vec<f64> = row.rounds.iter().map(|c| c.result.rps).collect();
         let mut p99: Vec<f64> = row.rounds.iter().map(|c| c.result.p99_us).collect();
         let mut to_bare: Vec<f64> = row.rounds.iter().filter_map(|c| c.ratio_vs_bare).collect();
+        let mut cpu: Vec<f64> = row.rounds.iter().filter_map(|c| c.server_cpu_us).collect();
         let reference = reference(&f.target, f.workload);
-        let mut to_reference: Vec<f64> = reference
+        // Per round: (throughput, CPU per request) of the cell over its reference's.
+        let paired: Vec<(f64, Option<f64>)> = reference
             .map(|(target, workload)| {
                 row.rounds
                     .iter()
@@ -102,31 +104,43 @@ pub(crate) fn table(md: &mut String, results: &Results) {
                                 && r.body_bytes == c.body_bytes
                                 && r.concurrency == c.concurrency
                         })?;
-                        (r.result.rps > 0.0).then(|| c.result.rps / r.result.rps)
+                        let cpu = c
+                            .server_cpu_us
+                            .zip(r.server_cpu_us)
+                            .filter(|(_, theirs)| *theirs > 0.0)
+                            .map(|(ours, theirs)| ours / theirs);
+                        (r.result.rps > 0.0).then(|| (c.result.rps / r.result.rps, cpu))
                     })
                     .collect()
             })
             .unwrap_or_default();
+        let mut to_reference: Vec<f64> = paired.iter().map(|p| p.0).collect();
+        let mut cpu_to_reference: Vec<f64> = paired.iter().filter_map(|p| p.1).collect();
+        let cell = |values: &mut Vec<f64>| {
+            if values.is_empty() {
+                "-".to_owned()
+            } else {
+                show(spread(values))
+            }
+        };
         let _ = writeln!(
             md,
-            "| {} KiB | {} | {} | {} | {:.0} | {} | {:.0} | {} | {} |",
+            "| {} KiB | {} | {} | {} | {:.0} | {} | {:.0} | {} | {} | {} | {} |",
             f.body_bytes / 1024,
             f.target,
             f.workload.name(),
             f.concurrency,
             spread(&mut rps).0,
-            if to_bare.is_empty() {
-                "-".into()
-            } else {
-                show(spread(&mut to_bare))
-            },
+            cell(&mut to_bare),
             spread(&mut p99).0,
-            reference.map_or("-".into(), |(t, w)| format!("{t} {}", w.name())),
-            if to_reference.is_empty() {
-                "-".into()
+            if cpu.is_empty() {
+                "-".to_owned()
             } else {
-                show(spread(&mut to_reference))
+                format!("{:.1}", median(&mut cpu))
             },
+            reference.map_or("-".into(), |(t, w)| format!("{t} {}", w.name())),
+            cell(&mut to_reference),
+            cell(&mut cpu_to_reference),
         );
     }
     let mut bare: Vec<String> = Vec::new();

@@ -36,6 +36,11 @@ pub struct Cell {
     /// The round of the run (1-based) the cell belongs to (`--rounds`).
     #[serde(default)]
     pub round: usize,
+    /// The server's CPU time per request over the cell, warm-up included, µs: its runtime's
+    /// threads in process, every thread of a peer's process (the SQL stores' own threads, such
+    /// as SQLite's, are not counted).
+    #[serde(default)]
+    pub server_cpu_us: Option<f64>,
 }
 
 /// Every throughput cell: per round, body size and concurrency, one group of the bare handler
@@ -109,6 +114,14 @@ impl Running {
         }
     }
 
+    /// The server's CPU time so far, ns.
+    pub(crate) fn cpu_ns(&self) -> u64 {
+        match self {
+            Running::InProcess(..) => crate::cpu::server_threads_ns(),
+            Running::Child(child) => crate::cpu::process_ns(child.pid),
+        }
+    }
+
     /// Stops the server and hands a memory store's freed pages back.
     fn stop(self) {
         if let Running::InProcess(server, Some(handle)) = self {
@@ -149,7 +162,7 @@ pub(crate) fn launch(
 
 fn print_cell(cell: &Cell) {
     eprintln!(
-        "  {:>8} {:>6} c={:<3} {:>3}KiB {:>9.0} req/s  p50 {:>7.0} us  p99 {:>7.0} us  [{} exec, {} replay, {} 409, {} other, {} err]",
+        "  {:>8} {:>6} c={:<3} {:>3}KiB {:>9.0} req/s  p50 {:>7.0} us  p99 {:>7.0} us  cpu {:>5.1} us/req  [{} exec, {} replay, {} 409, {} other, {} err]",
         cell.target,
         cell.workload.name(),
         cell.concurrency,
@@ -157,6 +170,7 @@ fn print_cell(cell: &Cell) {
         cell.result.rps,
         cell.result.p50_us,
         cell.result.p99_us,
+        cell.server_cpu_us.unwrap_or(0.0),
         cell.result.executed,
         cell.result.replayed,
         cell.result.conflicts,
@@ -217,6 +231,7 @@ fn run_cell(
         _ => {}
     }
     let statements_before = target.statements();
+    let cpu_before = server.cpu_ns();
     let result = rts.client.block_on(drive(Plan {
         targets: vec![server.addr()],
         run,
@@ -228,6 +243,11 @@ fn run_cell(
             measure: args.duration,
         },
     }))?;
+    let server_cpu_us = Some(
+        server.cpu_ns().saturating_sub(cpu_before) as f64
+            / 1000.0
+            / result.total_requests.max(1) as f64,
+    );
     let statements_per_request = statements_before
         .zip(target.statements())
         .map(|(before, after)| (after - before) as f64 / result.total_requests.max(1) as f64);
@@ -241,6 +261,7 @@ fn run_cell(
         ratio_vs_bare: None,
         statements_per_request,
         round: 0,
+        server_cpu_us,
     })
 }
 
