@@ -56,10 +56,17 @@ mod tests {
     #[test]
     fn a_busy_thread_shows_cpu_time() {
         let before = process_ns(std::process::id());
+        assert!(before > 0, "schedstat is readable");
+        // Spin until 10 ms of CPU show up; on a loaded machine that takes longer than 10 ms of
+        // wall time, so the bound is generous and only a counter that never moves fails it.
         let mut x = 0u64;
         let started = std::time::Instant::now();
-        while started.elapsed() < std::time::Duration::from_millis(30) {
-            x = std::hint::black_box(x.wrapping_add(1));
+        while process_ns(std::process::id()) < before + 10_000_000
+            && started.elapsed() < std::time::Duration::from_secs(20)
+        {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
         }
         assert!(process_ns(std::process::id()) >= before + 10_000_000);
         std::thread::spawn(register_server_thread).join().unwrap();
