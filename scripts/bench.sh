@@ -3,7 +3,9 @@
 #   - the criterion micro benchmarks (core layer, webhook verification and its paired ratios,
 #     sqlx stores, Redis store);
 #   - the load harness (crates/tower-idempotency-loadtest), which also redraws
-#     docs/benchmarks/throughput.svg.
+#     docs/benchmarks/throughput.svg: every store beside the bare handler, its SQL floors and the
+#     peer (`idempotent` 2.0, served by crates/tower-idempotency-loadtest/peer, built here with
+#     --ignore-rust-version: it declares Rust 1.98 and compiles on the project's 1.95).
 #
 # Usage: scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
 #   e.g. scripts/bench.sh -- --duration-ms 3000
@@ -57,8 +59,11 @@ if [[ $criterion == 1 ]]; then
 fi
 
 if [[ $load == 1 ]]; then
+    echo "== the peer's server (target/peer/release/loadtest-peer)"
+    cargo build --release --ignore-rust-version --target-dir target/peer \
+        --manifest-path crates/tower-idempotency-loadtest/peer/Cargo.toml
     echo "== load harness (-> $out/loadtest-latest.*, docs/benchmarks/throughput.svg)"
-    cargo run --release -p tower-idempotency-loadtest -- \
+    cargo run --release -p tower-idempotency-loadtest --bin tower-idempotency-loadtest -- \
         --out "$out" --chart docs/benchmarks/throughput.svg "$@" 2> >(tee "$out/loadtest-progress.txt" >&2)
 fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"

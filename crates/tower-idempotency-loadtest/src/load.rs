@@ -63,7 +63,8 @@ pub enum Keys {
 }
 
 impl Keys {
-    fn key(self, run: &str, n: u64) -> String {
+    /// The key of request number `n` of the run `run`.
+    pub fn key(self, run: &str, n: u64) -> String {
         match self {
             Keys::Unique => format!("{run}-n-{n}"),
             Keys::Cycle(count) => format!("{run}-r-{}", n % count),
@@ -282,7 +283,7 @@ async fn run_worker(
         let request = Request::post("/orders")
             .header(header::HOST, &host)
             .header("idempotency-key", plan.keys.key(&plan.run, n))
-            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(plan.body.clone()))
             .expect("valid request");
         let started = Instant::now();

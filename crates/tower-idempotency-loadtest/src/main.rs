@@ -1,29 +1,38 @@
 //! Load harness for tower-idempotency.
 //!
 //! In one run it starts, on loopback, a bare echo handler and the same handler behind
-//! `IdempotencyLayer::client_keys(store)` for each store (memory, SQLite, Postgres, Redis), drives
-//! each with a built-in load generator for three workloads (new keys, replays, hot-key
-//! duplicates) at several concurrency levels, and reports throughput, p50/p99 latency, the
-//! layer/bare throughput ratio, store round trips per request, raw store floors, multi-instance
-//! scaling, peak RSS, memory per in-flight request and bytes allocated per request. Results go to
-//! JSON, CSV and Markdown under `target/bench-results/`, and a chart to an SVG file.
+//! `IdempotencyLayer::client_keys(store)` for each store (memory, SQLite, Postgres, Redis), the
+//! peer (`idempotent` 2.0 with its memory and Valkey stores, in a child process: [`peer`]) and
+//! the SQL floors (raw statements in the handler: [`sql_floors`]); drives each with a built-in
+//! load generator for three workloads (new keys, replays, hot-key duplicates), in several rounds,
+//! and reports throughput, p50/p99 latency, the ratio to the bare handler and to the cell's
+//! reference (peer or floor) per round, store round trips per request, raw store floors,
+//! sustained fresh keys at default capacity, multi-instance scaling, peak RSS, memory per
+//! in-flight request and bytes allocated per request. Results go to JSON, CSV and Markdown under
+//! `target/bench-results/`, and a chart to an SVG file.
 //!
-//! One module per measurement ([`throughput`], [`round_trips`], [`floors`], [`scaling`],
-//! [`memory`]); this file parses the flags, opens the targets and runs each measurement in turn.
+//! One module per measurement ([`throughput`], [`round_trips`], [`floors`], [`sustained`],
+//! [`scaling`], [`memory`]); [`summary`] and [`report`] write the tables; this file parses the
+//! flags, opens the targets and runs each measurement in turn.
 //!
 //! Run `cargo run --release -p tower-idempotency-loadtest -- --help` for the flags.
 #![warn(missing_docs)]
 
 mod alloc;
 mod cli;
+mod cpu;
 mod floors;
 mod load;
 mod memory;
+mod peer;
 mod report;
 mod round_trips;
 mod scaling;
 mod server;
 mod setup;
+mod sql_floors;
+mod summary;
+mod sustained;
 mod throughput;
 
 use std::{process::ExitCode, time::Instant};
@@ -37,6 +46,7 @@ use memory::ChildReport;
 use round_trips::RoundTrips;
 use scaling::ScalingRow;
 use setup::{cleanup, loadavg, open_store, run_id, runtimes, Backends, Runtimes, Target};
+use sustained::SustainedRow;
 use throughput::Cell;
 
 #[global_allocator]
@@ -85,6 +95,9 @@ pub struct Results {
     pub runtime: String,
     /// Measured window per cell, ms.
     pub duration_ms: u64,
+    /// Rounds of throughput groups.
+    #[serde(default)]
+    pub rounds: usize,
     /// Warm-up per cell, ms.
     pub warmup_ms: u64,
     /// Throughput cells.
@@ -93,6 +106,9 @@ pub struct Results {
     pub round_trips: Vec<RoundTrips>,
     /// Raw store floors.
     pub floors: Vec<Floor>,
+    /// Fresh keys for a long window against the memory stores.
+    #[serde(default)]
+    pub sustained: Vec<SustainedRow>,
     /// Multi-instance runs.
     pub scaling: Vec<ScalingRow>,
     /// Child-process memory measurements.
@@ -134,7 +150,7 @@ fn run(args: Args) -> Result<()> {
     let loadavg_start = loadavg();
     let rts = runtimes(args.shared_runtime)?;
     let run = run_id();
-    let backends = Backends::from_env(run, args.store_lanes);
+    let backends = Backends::from_env(run, args.store_lanes, args.peer_binary.clone());
     eprintln!(
         "loadtest: run {} (load average {loadavg_start}); runtime {}",
         backends.run,
@@ -168,10 +184,12 @@ fn run(args: Args) -> Result<()> {
         }
         .to_owned(),
         duration_ms: args.duration.as_millis() as u64,
+        rounds: args.rounds,
         warmup_ms: args.warmup.as_millis() as u64,
         cells: Vec::new(),
         round_trips: Vec::new(),
         floors: Vec::new(),
+        sustained: Vec::new(),
         scaling: Vec::new(),
         memory: Vec::new(),
         skipped,
@@ -198,6 +216,9 @@ fn measure_all(
         "loadtest: throughput cells done in {:.0?}",
         started.elapsed()
     );
+    if !args.sustained.is_zero() {
+        results.sustained = sustained::measure(args, rts, b, targets)?;
+    }
     for target in targets {
         results
             .round_trips

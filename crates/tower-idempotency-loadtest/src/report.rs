@@ -71,10 +71,11 @@ fn markdown(results: &Results) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Run at unix {} on {} CPUs, runtime `{}`, {} ms per cell after {} ms warm-up; load average {} at start, {} at end.\n",
+        "Run at unix {} on {} CPUs, runtime `{}`, {} round(s) of {} ms per cell after {} ms warm-up; load average {} at start, {} at end.\n",
         results.started_unix,
         results.cpus,
         results.runtime,
+        results.rounds,
         results.duration_ms,
         results.warmup_ms,
         results.loadavg_start,
@@ -83,6 +84,8 @@ fn markdown(results: &Results) -> String {
     for skipped in &results.skipped {
         let _ = writeln!(md, "Skipped: {skipped}\n");
     }
+    crate::summary::table(&mut md, results);
+    crate::summary::sustained_table(&mut md, results);
     throughput_table(&mut md, results);
     round_trips_table(&mut md, results);
     floors_table(&mut md, results);
@@ -94,26 +97,18 @@ fn markdown(results: &Results) -> String {
 /// The throughput cells, ordered by body, target, workload and concurrency.
 fn throughput_table(md: &mut String, results: &Results) {
     md.push_str("#### Throughput and latency\n\n");
-    md.push_str("| body | target | workload | conc. | req/s | p50 µs | p99 µs | layer/bare | SQL stmts/req | handler ran / replayed / 409 |\n");
-    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str("| round | body | target | workload | conc. | req/s | p50 µs | p99 µs | layer/bare | SQL stmts/req | handler ran / replayed / 409 |\n");
+    md.push_str("|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
     let mut cells: Vec<&Cell> = results.cells.iter().collect();
     let order = |t: &str| {
-        [
-            "bare",
-            "memory",
-            "memory-constfp",
-            "sqlite",
-            "postgres",
-            "postgres+cache",
-            "redis",
-            "redis+cache",
-        ]
-        .iter()
-        .position(|x| *x == t)
-        .unwrap_or(9)
+        crate::setup::TARGETS
+            .iter()
+            .position(|x| *x == t)
+            .unwrap_or(99)
     };
     cells.sort_by_key(|c| {
         (
+            c.round,
             c.body_bytes,
             order(&c.target),
             c.workload as u8,
@@ -124,7 +119,8 @@ fn throughput_table(md: &mut String, results: &Results) {
         let r = &c.result;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} / {} / {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} / {} / {} |",
+            c.round,
             kib(c.body_bytes),
             c.target,
             if c.target == "bare" {
@@ -151,11 +147,11 @@ fn throughput_table(md: &mut String, results: &Results) {
 fn round_trips_table(md: &mut String, results: &Results) {
     if !results.round_trips.is_empty() {
         md.push_str("\n#### Store round trips per request (1 KiB, 16 workers)\n\n");
-        md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 |\n|---|---|---:|---|---:|---|\n");
+        md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 | Redis server µs / request | Redis commands / request |\n|---|---|---:|---|---:|---|---:|---|\n");
         for r in &results.round_trips {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.3} | {} / {} / {} |",
+                "| {} | {} | {} | {} | {:.3} | {} / {} / {} | {} | {} |",
                 r.store,
                 r.workload.name(),
                 r.requests,
@@ -163,7 +159,11 @@ fn round_trips_table(md: &mut String, results: &Results) {
                 r.per_request,
                 r.executed,
                 r.replayed,
-                r.conflicts
+                r.conflicts,
+                r.redis_server
+                    .as_ref()
+                    .map_or("-".into(), |c| format!("{:.1}", c.usec_per_request)),
+                r.redis_server.as_ref().map_or("-", |c| c.calls.as_str()),
             );
         }
     }
@@ -312,23 +312,24 @@ type BarGroup = (String, Vec<(usize, f64)>);
 fn chart_groups(results: &Results) -> Vec<BarGroup> {
     let mut groups: Vec<BarGroup> = Vec::new();
     for body in [1024usize, 64 * 1024] {
-        for target in [
-            "memory",
-            "memory-constfp",
-            "sqlite",
-            "postgres",
-            "postgres+cache",
-            "redis",
-            "redis+cache",
-        ] {
+        for target in crate::setup::TARGETS.into_iter().filter(|t| *t != "bare") {
             for workload in Workload::ALL {
-                let bars: Vec<(usize, f64)> = results
-                    .cells
-                    .iter()
-                    .filter(|c| {
-                        c.target == target && c.workload == workload && c.body_bytes == body
-                    })
-                    .filter_map(|c| c.ratio_vs_bare.map(|r| (c.concurrency, r)))
+                // One bar per concurrency: the median over the rounds.
+                let mut bars: Vec<(usize, Vec<f64>)> = Vec::new();
+                for c in results.cells.iter().filter(|c| {
+                    c.target == target && c.workload == workload && c.body_bytes == body
+                }) {
+                    let Some(ratio) = c.ratio_vs_bare else {
+                        continue;
+                    };
+                    match bars.iter_mut().find(|(level, _)| *level == c.concurrency) {
+                        Some((_, ratios)) => ratios.push(ratio),
+                        None => bars.push((c.concurrency, vec![ratio])),
+                    }
+                }
+                let bars: Vec<(usize, f64)> = bars
+                    .into_iter()
+                    .map(|(level, mut ratios)| (level, crate::summary::median(&mut ratios)))
                     .collect();
                 if !bars.is_empty() {
                     groups.push((

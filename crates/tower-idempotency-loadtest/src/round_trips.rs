@@ -14,8 +14,9 @@ use tower_idempotency_testkit::{Protocol, Proxy};
 
 use crate::{
     load::{drive, Keys, Plan, Stop, Workload, REPLAY_KEYS},
-    server::{router, serve, App},
+    peer::PeerStore,
     setup::{body, Backends, Runtimes, Target},
+    throughput::launch,
     Args, HarnessError, Result,
 };
 
@@ -42,6 +43,20 @@ pub struct RoundTrips {
     pub replayed: u64,
     /// `409`s.
     pub conflicts: u64,
+    /// Redis only: the server's CPU time per request (`INFO commandstats` `usec`, scripts'
+    /// inner commands included), and the commands it counted per request. Server-wide counters:
+    /// other clients of the same server during the pass would add to them.
+    #[serde(default)]
+    pub redis_server: Option<RedisServerCost>,
+}
+
+/// What a Redis pass cost the server, per request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RedisServerCost {
+    /// Microseconds of command execution per request.
+    pub usec_per_request: f64,
+    /// `command × calls per request`, e.g. `set 1.00, evalsha 1.00`.
+    pub calls: String,
 }
 
 /// A counting pass per workload: 16 workers, a fixed number of requests, round trips counted on
@@ -56,6 +71,11 @@ pub(crate) fn count(
     let Some((counted, proxy, unit)) = counted_target(rts, b, target)? else {
         return Ok(Vec::new());
     };
+    // A peer's Valkey store connects through the proxy too.
+    let redis_url = match &proxy {
+        Some(p) => format!("redis://{}", p.addr),
+        None => b.redis_url.clone(),
+    };
     let counter = || match (&proxy, &counted) {
         (Some(p), _) => p.counted(),
         (None, t) => t.statements().unwrap_or(0),
@@ -63,9 +83,7 @@ pub(crate) fn count(
     let requests = if args.quick { 200 } else { 2000 };
     let mut rows = Vec::new();
     for workload in Workload::ALL {
-        let server = rts
-            .server
-            .block_on(serve(router(App::default(), counted.layer())))?;
+        let server = launch(rts, b, &counted, &redis_url)?;
         let run = format!("{}-rt-{}-{}", b.run, target.name(), workload.name());
         let keys = match workload {
             Workload::New => Keys::Unique,
@@ -73,7 +91,7 @@ pub(crate) fn count(
             Workload::Hot => Keys::Hot,
         };
         let plan = |stop| Plan {
-            targets: vec![server.addr],
+            targets: vec![server.addr()],
             run: run.clone(),
             keys,
             body: body(1024),
@@ -91,9 +109,22 @@ pub(crate) fn count(
             };
             rts.client.block_on(drive(warm))?;
         }
+        let stats = |url: &str| rts.server.block_on(command_stats(url));
+        let redis_before = match &proxy {
+            Some(_) if unit == "commands" => Some(stats(&b.redis_url)?),
+            _ => None,
+        };
         let before = counter();
         let result = rts.client.block_on(drive(plan(Stop::Count(requests))))?;
         let trips = counter() - before;
+        let redis_server = match redis_before {
+            Some(before) => Some(server_cost(
+                &before,
+                &stats(&b.redis_url)?,
+                result.total_requests,
+            )),
+            None => None,
+        };
         let row = RoundTrips {
             store: target.name().into(),
             workload,
@@ -105,12 +136,17 @@ pub(crate) fn count(
             executed: result.executed,
             replayed: result.replayed,
             conflicts: result.conflicts,
+            redis_server,
         };
         eprintln!(
-            "  {:>8} {:>6} {:.2} {unit}/request",
+            "  {:>8} {:>6} {:.2} {unit}/request{}",
             target.name(),
             workload.name(),
-            row.per_request
+            row.per_request,
+            row.redis_server.as_ref().map_or(String::new(), |c| format!(
+                "; server {:.1} us/request ({})",
+                c.usec_per_request, c.calls
+            ))
         );
         rows.push(row);
     }
@@ -125,7 +161,19 @@ fn counted_target(
     target: &Target,
 ) -> Result<Option<(Target, Option<Proxy>, &'static str)>> {
     Ok(Some(match target {
-        Target::Bare | Target::Memory | Target::MemoryConstantFingerprint => return Ok(None),
+        Target::Bare
+        | Target::Memory
+        | Target::MemoryConstantFingerprint
+        | Target::SqlFloor(_)
+        | Target::Peer(PeerStore::Bare | PeerStore::Memory) => return Ok(None),
+        // The peer connects through the proxy (see `count`); it has no in-process store.
+        Target::Peer(PeerStore::Valkey) => {
+            let upstream = redis_addr(&b.redis_url)?;
+            let proxy = rts
+                .server
+                .block_on(Proxy::counting(upstream.to_string(), Protocol::Resp))?;
+            (target.clone(), Some(proxy), "commands")
+        }
         Target::Sqlite(_) => (target.clone(), None, "statements"),
         Target::Postgres(_) | Target::PostgresCached(_) => {
             let (store, proxy) = postgres_through_proxy(rts, b)?;
@@ -197,4 +245,76 @@ fn redis_addr(url: &str) -> Result<SocketAddr> {
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| HarnessError::Usage("REDIS_URL host does not resolve".into()))
+}
+
+/// `INFO commandstats`: per command, (calls, usec).
+type CommandStats = std::collections::BTreeMap<String, (u64, u64)>;
+
+async fn command_stats(url: &str) -> Result<CommandStats> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await?;
+    // Lines like `cmdstat_set:calls=3,usec=12,usec_per_call=4.00,...`.
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |key: &str| {
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix(key)?.parse::<u64>().ok())
+            };
+            Some((name.to_owned(), (field("calls=")?, field("usec=")?)))
+        })
+        .collect())
+}
+
+/// The difference of two snapshots, per request, less the `INFO` that took the first one (a
+/// script's own `INFO` calls, as `idempotent`'s claim makes, stay in).
+fn server_cost(before: &CommandStats, after: &CommandStats, requests: u64) -> RedisServerCost {
+    let n = requests.max(1) as f64;
+    let mut usec = 0;
+    let mut calls = Vec::new();
+    for (name, &(after_calls, after_usec)) in after {
+        let (before_calls, before_usec) = before.get(name).copied().unwrap_or((0, 0));
+        let ours = u64::from(name == "info");
+        let delta = after_calls.saturating_sub(before_calls + ours);
+        if delta > 0 {
+            usec += after_usec.saturating_sub(before_usec);
+            calls.push(format!("{name} {:.2}", delta as f64 / n));
+        }
+    }
+    RedisServerCost {
+        usec_per_request: usec as f64 / n,
+        calls: calls.join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_cost_is_the_per_request_difference_without_the_snapshot_info() {
+        let stats = |pairs: &[(&str, (u64, u64))]| -> CommandStats {
+            pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+        };
+        let before = stats(&[("set", (10, 100)), ("info", (1, 50))]);
+        let after = stats(&[
+            ("set", (30, 140)),
+            ("info", (2, 60)),
+            ("evalsha", (20, 200)),
+        ]);
+        let cost = server_cost(&before, &after, 20);
+        assert_eq!(cost.calls, "evalsha 1.00, set 1.00");
+        assert_eq!(cost.usec_per_request, 12.0);
+        // A script's own INFO calls count.
+        let after = stats(&[("set", (10, 100)), ("info", (22, 250))]);
+        let cost = server_cost(&before, &after, 20);
+        assert_eq!(cost.calls, "info 1.00");
+        assert_eq!(cost.usec_per_request, 10.0);
+    }
 }

@@ -11,7 +11,12 @@ use tower_idempotency_core::{
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore, SqliteStore};
 
-use crate::{alloc, Result};
+use crate::{
+    alloc,
+    peer::PeerStore,
+    sql_floors::{FloorKind, SqlFloor},
+    Result,
+};
 
 /// The two runtimes: the servers (and stores) on one, the load generator on the other.
 pub(crate) struct Runtimes {
@@ -31,7 +36,10 @@ pub(crate) fn runtimes(shared: bool) -> Result<Runtimes> {
             .thread_name(name)
             .enable_all();
         if server {
-            builder.on_thread_start(alloc::mark_server_thread);
+            builder.on_thread_start(|| {
+                alloc::mark_server_thread();
+                crate::cpu::register_server_thread();
+            });
         }
         builder.build()
     };
@@ -69,6 +77,10 @@ pub(crate) enum Target {
     PostgresCached(Arc<PostgresStore>),
     /// The Redis store behind a `LocalReplayCache`.
     RedisCached(RedisStore),
+    /// `idempotent` 2.0 (or its bare control) in a `loadtest-peer` child process.
+    Peer(PeerStore),
+    /// A SQL floor: raw statements in the handler, no layer.
+    SqlFloor(Arc<SqlFloor>),
 }
 
 impl Target {
@@ -83,23 +95,22 @@ impl Target {
             Target::Redis(_) => "redis",
             Target::PostgresCached(_) => "postgres+cache",
             Target::RedisCached(_) => "redis+cache",
+            Target::Peer(peer) => peer.name(),
+            Target::SqlFloor(floor) => floor.kind().name(),
         }
     }
 
-    /// A fresh layer; the memory store (and a local cache) is new each time so a cell's records
-    /// are freed after it.
+    /// A fresh layer (none for the targets without one, or served out of process); the memory
+    /// store (and a local cache) is new each time so a cell's records are freed after it. The
+    /// memory store has its default capacity, as a user gets it.
     pub(crate) fn layer(&self) -> Option<IdempotencyLayer> {
         Some(match self {
-            Target::Bare => return None,
-            Target::Memory => {
-                IdempotencyLayer::client_keys(MemoryStore::new().with_max_entries(50_000_000))
-            }
-            Target::MemoryConstantFingerprint => {
-                IdempotencyLayer::client_keys(MemoryStore::new().with_max_entries(50_000_000))
-                    .fingerprint(FingerprintMode::Custom(Arc::new(|_, _| {
-                        Fingerprint([0; 32])
-                    })))
-            }
+            Target::Bare | Target::Peer(_) | Target::SqlFloor(_) => return None,
+            Target::Memory => IdempotencyLayer::client_keys(MemoryStore::new()),
+            Target::MemoryConstantFingerprint => IdempotencyLayer::client_keys(MemoryStore::new())
+                .fingerprint(FingerprintMode::Custom(Arc::new(|_, _| {
+                    Fingerprint([0; 32])
+                }))),
             Target::Sqlite(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Postgres(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Redis(s) => IdempotencyLayer::client_keys(s.clone()),
@@ -122,7 +133,7 @@ impl Target {
     ) {
         match self {
             Target::Memory => {
-                let store = Arc::new(MemoryStore::new().with_max_entries(50_000_000));
+                let store = Arc::new(MemoryStore::new());
                 (
                     Some(IdempotencyLayer::client_keys(store.clone())),
                     Some(store),
@@ -142,6 +153,25 @@ impl Target {
     }
 }
 
+/// Every target, in table order (each store beside its peer and its floors); all but `bare`
+/// are what `--stores` runs by default.
+pub(crate) const TARGETS: [&str; 14] = [
+    "bare",
+    "peer-bare",
+    "memory",
+    "memory-constfp",
+    "idempotent-memory",
+    "sqlite",
+    "sqlite-floor-write",
+    "postgres",
+    "postgres+cache",
+    "postgres-floor-write",
+    "postgres-floor-read",
+    "redis",
+    "redis+cache",
+    "idempotent-valkey",
+];
+
 /// `/proc/loadavg`'s three averages.
 pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -157,9 +187,15 @@ pub(crate) fn run_id() -> String {
     format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
 }
 
-/// A request body of `size` bytes.
+/// A JSON order of `size` bytes (padded in its `note`; never shorter than the order itself).
 pub(crate) fn body(size: usize) -> Bytes {
-    Bytes::from(vec![b'x'; size])
+    const HEAD: &[u8] = br#"{"customer":"cus_4f1c9a","currency":"eur","items":[{"sku":"sku-001","qty":2,"price":1999},{"sku":"sku-002","qty":1,"price":4999}],"note":""#;
+    const TAIL: &[u8] = br#""}"#;
+    let mut body = Vec::with_capacity(size.max(HEAD.len() + TAIL.len()));
+    body.extend_from_slice(HEAD);
+    body.resize(size.saturating_sub(TAIL.len()).max(HEAD.len()), b'x');
+    body.extend_from_slice(TAIL);
+    Bytes::from(body)
 }
 
 /// Where the stores live, and the names this run uses there.
@@ -172,13 +208,19 @@ pub(crate) struct Backends {
     pub(crate) redis_prefix: String,
     /// `--store-lanes`, applied to every sqlx store the harness opens.
     pub(crate) store_lanes: Option<usize>,
+    /// The `loadtest-peer` binary (`--peer-bin`).
+    pub(crate) peer_binary: PathBuf,
+    /// The peer's Valkey prefix (`idempotent` refuses `:` in one).
+    pub(crate) peer_prefix: String,
 }
 
 impl Backends {
     /// The backends of `DATABASE_URL` and `REDIS_URL` (loopback defaults) and a temporary SQLite
     /// file, with names of the run `run`.
-    pub(crate) fn from_env(run: String, store_lanes: Option<usize>) -> Self {
+    pub(crate) fn from_env(run: String, store_lanes: Option<usize>, peer_binary: PathBuf) -> Self {
         Self {
+            peer_prefix: crate::peer::valkey_prefix(&run),
+            peer_binary,
             sqlite_path: std::env::temp_dir().join(format!("tower-idempotency-loadtest-{run}.db")),
             pg_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
@@ -248,6 +290,23 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
                 Target::RedisCached(store)
             })
         }
+        "idempotent-memory" | "idempotent-valkey" | "peer-bare" => {
+            crate::peer::check_binary(&b.peer_binary)?;
+            Ok(Target::Peer(match name {
+                "idempotent-memory" => PeerStore::Memory,
+                "idempotent-valkey" => PeerStore::Valkey,
+                _ => PeerStore::Bare,
+            }))
+        }
+        "sqlite-floor-write" | "postgres-floor-write" | "postgres-floor-read" => {
+            let kind = match name {
+                "sqlite-floor-write" => FloorKind::SqliteWrite,
+                "postgres-floor-write" => FloorKind::PostgresWrite,
+                _ => FloorKind::PostgresRead,
+            };
+            let floor = SqlFloor::open(kind, b).await.map_err(|e| describe(&e))?;
+            Ok(Target::SqlFloor(Arc::new(floor)))
+        }
         other => Err(format!("unknown store {other:?}")),
     }
 }
@@ -257,7 +316,7 @@ pub(crate) fn cleanup(rts: &Runtimes, b: &Backends) {
     let pg = async {
         let pool = sqlx::PgPool::connect(&b.pg_url).await?;
         sqlx::raw_sql(&format!(
-            "DROP TABLE IF EXISTS \"{0}\"; DROP SEQUENCE IF EXISTS \"{0}_token_seq\";",
+            "DROP TABLE IF EXISTS \"{0}\"; DROP SEQUENCE IF EXISTS \"{0}_token_seq\"; DROP TABLE IF EXISTS \"{0}_floor\";",
             b.pg_table
         ))
         .execute(&pool)
@@ -268,45 +327,67 @@ pub(crate) fn cleanup(rts: &Runtimes, b: &Backends) {
     if let Err(e) = rts.server.block_on(pg) {
         eprintln!("loadtest: could not drop table {}: {e}", b.pg_table);
     }
-    let redis = async {
-        let client = redis::Client::open(b.redis_url.as_str())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let pattern = format!("{}:*", b.redis_prefix);
-        let mut cursor: u64 = 0;
-        let mut deleted = 0usize;
-        loop {
-            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(5000)
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                deleted += keys.len();
-                let () = redis::cmd("UNLINK")
-                    .arg(&keys)
-                    .query_async(&mut conn)
-                    .await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+    for prefix in [&b.redis_prefix, &b.peer_prefix] {
+        match rts
+            .server
+            .block_on(delete_redis_prefix(&b.redis_url, prefix))
+        {
+            Ok(n) => eprintln!("loadtest: deleted {n} redis keys under {prefix}"),
+            Err(e) => eprintln!("loadtest: could not clean redis prefix {prefix}: {e}"),
         }
-        Ok::<_, redis::RedisError>(deleted)
-    };
-    match rts.server.block_on(redis) {
-        Ok(n) => eprintln!("loadtest: deleted {n} redis keys under {}", b.redis_prefix),
-        Err(e) => eprintln!(
-            "loadtest: could not clean redis prefix {}: {e}",
-            b.redis_prefix
-        ),
     }
     for suffix in ["", "-wal", "-shm"] {
         let mut path = b.sqlite_path.clone().into_os_string();
         path.push(suffix);
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Deletes every key under `prefix:`; returns how many.
+async fn delete_redis_prefix(url: &str, prefix: &str) -> Result<usize, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let pattern = format!("{prefix}:*");
+    let mut cursor: u64 = 0;
+    let mut deleted = 0usize;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(5000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            deleted += keys.len();
+            let () = redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::body;
+
+    #[test]
+    fn bodies_are_json_orders_of_the_requested_size() {
+        for size in [1024, 64 * 1024] {
+            let bytes = body(size);
+            assert_eq!(bytes.len(), size);
+            let order: serde_json::Value = serde_json::from_slice(&bytes).expect("valid JSON");
+            assert_eq!(order["items"].as_array().map(Vec::len), Some(2));
+        }
+        // Smaller than the order itself: the whole order, unpadded.
+        let small = body(10);
+        assert!(small.len() > 10);
+        assert!(serde_json::from_slice::<serde_json::Value>(&small).is_ok());
     }
 }

@@ -26,9 +26,10 @@
 //! | state | value | expiry |
 //! |---|---|---|
 //! | in flight | `'I'`, fencing token (8 bytes), request fingerprint (32 bytes), lease deadline (8 bytes, Unix ms) | `PX` = the lease |
-//! | completed | `'D'`, fingerprint (32 bytes), the completing fencing token (8 bytes), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
+//! | completed | `'E'`, fingerprint (32 bytes), the completing fencing token (8 bytes), expiry deadline (8 bytes, Unix ms), [`CompletedRecord::encode`] of the response | `PX` = the TTL |
 //!
-//! Records written without the token (`'C'`, fingerprint, response) are still read.
+//! Records written without the deadline (`'D'`, fingerprint, token, response) or without the
+//! token either (`'C'`, fingerprint, response) are still read; their remaining TTL costs a `PTTL`.
 //!
 //! Redis's own key expiry implements both the lease and the TTL, so no sweeper is needed and an
 //! expired record is simply absent.
@@ -38,15 +39,15 @@
 //! | call | what is sent | round trips |
 //! |---|---|---|
 //! | `claim` | `SET key <in-flight> NX PX <lease> GET`: creates the record, or returns the existing one (the whole completed record, or the holder's fingerprint and deadline) | 1 |
-//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'D'+fingerprint+token PX ttl`; `APPEND` the response; `PUBLISH` | 1 |
+//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'E'+fingerprint+token+deadline PX ttl`; `APPEND` the response; `PUBLISH` | 1 |
 //! | `complete`, larger record | pipeline: `SET <staging key> <record> PX 60000`, then script: check token; `RENAME` staging key to record; `SETRANGE` the fingerprint; `PEXPIRE ttl`; `PUBLISH` (a stale holder's staged value is deleted instead) | 1 |
 //! | `renew` | script: check token; `SETRANGE` the deadline; `PEXPIRE` | 1 |
 //! | `release` | script: check token; `DEL`; `PUBLISH` | 1 |
 //! | `get` | `GET` | 1 |
 //! | `forget` | script: `DEL`; `PUBLISH` when it deleted a record | 1 |
 //!
-//! So a first request costs two round trips (claim, complete) and a replay or a concurrent
-//! duplicate costs one `SET … NX GET`. Scripts ([`redis::Script`]) are sent as `EVALSHA`; on
+//! So a first request costs two round trips and three commands (claim; complete: `EVALSHA`, or a
+//! staging `SET` and `EVALSHA`), and a replay or a concurrent duplicate costs one `SET … NX GET`. Scripts ([`redis::Script`]) are sent as `EVALSHA`; on
 //! `NOSCRIPT` (after a restart or failover) the client loads the script and retries.
 //! [`RedisStore::connect`] preloads them (`SCRIPT LOAD`, on every master in a cluster).
 //!
@@ -58,9 +59,12 @@
 //! a plain `SET` and a `RENAME`. `SET` with both `NX` and `GET` needs **Redis 7.0** or later (or
 //! Valkey).
 //!
-//! The deadline in an in-flight record is written by the claimer's clock and read by the
-//! duplicate's, and only feeds `lease_remaining` (the `Retry-After` hint): clock skew between
-//! application hosts shifts that hint and nothing else. The lease itself is Redis's `PX`.
+//! The deadlines in a record are written by the claimer's or completer's clock and read by
+//! another host's. They only feed `lease_remaining` (the `Retry-After` hint) and `ttl_remaining`
+//! (how long a [`LocalReplayCache`](tower_idempotency_core::LocalReplayCache) may keep a replay,
+//! within its own bound): clock skew between application hosts shifts those and nothing else.
+//! The lease and the TTL themselves are Redis's `PX`. Keeping the deadline in the value spares
+//! every claim and read a `PTTL` command.
 //!
 //! # Notices for waiting requests
 //! The scripts that complete, release or forget a record `PUBLISH` its store key on
@@ -108,7 +112,7 @@ use bytes::{BufMut, Bytes};
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster_async::ClusterConnection,
-    ErrorKind, Pipeline, RedisError, ScriptInvocation, ServerErrorKind, Value,
+    Cmd, ErrorKind, Pipeline, RedisError, ScriptInvocation, ServerErrorKind, Value,
 };
 use settlements::RedisNotices;
 use tower_idempotency_core::{
@@ -128,11 +132,15 @@ const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 const KIND_IN_FLIGHT: u8 = b'I';
 /// Completed, without the completing token (still read, no longer written).
 const KIND_COMPLETED: u8 = b'C';
-/// Completed, with the completing token, so a resent completion can tell it already applied.
+/// Completed, with the completing token (still read, no longer written).
 const KIND_COMPLETED_BY: u8 = b'D';
+/// Completed, with the completing token (so a resent completion can tell it already applied)
+/// and the expiry deadline (so a read needs no `PTTL`).
+const KIND_COMPLETED_UNTIL: u8 = b'E';
 const IN_FLIGHT_LEN: usize = 1 + 8 + 32 + 8;
 const COMPLETED_HEADER_LEN: usize = 1 + 32;
 const COMPLETED_BY_HEADER_LEN: usize = 1 + 32 + 8;
+const COMPLETED_UNTIL_HEADER_LEN: usize = 1 + 32 + 8 + 8;
 /// Records up to this size go to Redis inside the script call; larger ones are staged with a
 /// plain `SET` first, because Redis copies every string passed into Lua, in proportion to its size
 /// (`cargo bench -p tower-idempotency-redis --bench redis_store` has a 64 KiB first request).
@@ -474,14 +482,35 @@ impl RedisStore {
         }
     }
 
-    async fn pipeline(&self, pipeline: &Pipeline) -> Result<(Value, i64), StoreError> {
+    /// One command in one round trip.
+    async fn command(&self, command: &Cmd) -> Result<Value, StoreError> {
         self.round_trip(async {
             match self.connection.clone() {
-                Connection::Single(mut c) => pipeline.query_async::<(Value, i64)>(&mut c).await,
-                Connection::Cluster(mut c) => pipeline.query_async::<(Value, i64)>(&mut c).await,
+                Connection::Single(mut c) => command.query_async::<Value>(&mut c).await,
+                Connection::Cluster(mut c) => command.query_async::<Value>(&mut c).await,
             }
         })
         .await
+    }
+
+    /// Decodes a record read from `record_key`; a record without its deadline (written by an
+    /// earlier version) takes a second round trip for its `PTTL`.
+    async fn decode_read(
+        &self,
+        record_key: &str,
+        value: Vec<u8>,
+    ) -> Result<RecordState, StoreError> {
+        let pttl = if needs_pttl(&value) {
+            let mut command = redis::cmd("PTTL");
+            command.arg(record_key);
+            match self.command(&command).await? {
+                Value::Int(pttl) => pttl,
+                _ => return Err(corrupt("PTTL reply")),
+            }
+        } else {
+            -1
+        };
+        decode_state(value, unix_ms(), pttl)
     }
 
     /// `EVALSHA`, and on `NOSCRIPT` (server restarted or failed over) `SCRIPT LOAD` and again.
@@ -618,6 +647,7 @@ fn decode_completed(value: Vec<u8>) -> Result<CompletedRecord, StoreError> {
     let header = match value.first() {
         Some(&KIND_COMPLETED) => COMPLETED_HEADER_LEN,
         Some(&KIND_COMPLETED_BY) => COMPLETED_BY_HEADER_LEN,
+        Some(&KIND_COMPLETED_UNTIL) => COMPLETED_UNTIL_HEADER_LEN,
         _ => return Err(corrupt("record kind")),
     };
     if value.len() < header {
@@ -630,8 +660,14 @@ fn decode_completed(value: Vec<u8>) -> Result<CompletedRecord, StoreError> {
     Ok(record)
 }
 
+/// Whether a record value lacks its expiry deadline, so its remaining TTL takes a `PTTL`.
+fn needs_pttl(value: &[u8]) -> bool {
+    matches!(value.first(), Some(&KIND_COMPLETED | &KIND_COMPLETED_BY))
+}
+
 /// Decodes a record value read at wall-clock time `now_ms`, whose key had `pttl_ms` left (the
-/// `PTTL` reply: negative when the key vanished or has no expiry, which reads as no time left).
+/// `PTTL` reply: negative when the key vanished or has no expiry, which reads as no time left;
+/// only read for the records that [`needs_pttl`]).
 fn decode_state(value: Vec<u8>, now_ms: u64, pttl_ms: i64) -> Result<RecordState, StoreError> {
     match value.first() {
         Some(&KIND_IN_FLIGHT) if value.len() == IN_FLIGHT_LEN => {
@@ -643,6 +679,13 @@ fn decode_state(value: Vec<u8>, now_ms: u64, pttl_ms: i64) -> Result<RecordState
                 token: FencingToken(u64::from_be_bytes(field(1..9))),
                 fingerprint: fingerprint_from(&value[9..41])?,
                 lease_remaining: Duration::from_millis(deadline.saturating_sub(now_ms)),
+            })
+        }
+        Some(&KIND_COMPLETED_UNTIL) if value.len() >= COMPLETED_UNTIL_HEADER_LEN => {
+            let deadline = u64::from_be_bytes(value[41..49].try_into().expect("8 bytes"));
+            Ok(RecordState::Completed {
+                record: decode_completed(value)?,
+                ttl_remaining: Duration::from_millis(deadline.saturating_sub(now_ms)),
             })
         }
         Some(&KIND_COMPLETED | &KIND_COMPLETED_BY) => Ok(RecordState::Completed {
@@ -674,23 +717,19 @@ impl Store for RedisStore {
         let record_key = self.redis_key(key);
         let lease_ms = expiry_ms(lease);
         let value = in_flight_value(token, fingerprint, unix_ms() + lease_ms);
-        // One atomic command: create the record unless one exists, and return the existing one;
-        // `PTTL` in the same round trip gives an existing record's remaining lifetime.
-        let mut pipeline = redis::pipe();
-        pipeline
-            .cmd("SET")
+        // One atomic command: create the record unless one exists, and return the existing one
+        // (which carries its own deadlines).
+        let mut command = redis::cmd("SET");
+        command
             .arg(&record_key)
             .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(lease_ms)
-            .arg("GET")
-            .cmd("PTTL")
-            .arg(&record_key);
-        let (existing, pttl) = self.pipeline(&pipeline).await?;
-        match existing {
+            .arg("GET");
+        match self.command(&command).await? {
             Value::Nil => Ok(ClaimOutcome::Claimed { token }),
-            Value::BulkString(existing) => match decode_state(existing, unix_ms(), pttl)? {
+            Value::BulkString(existing) => match self.decode_read(&record_key, existing).await? {
                 // Our own record: a claim the client resent after its first attempt landed.
                 RecordState::InFlight { token: holder, .. } if holder == token => {
                     Ok(ClaimOutcome::Claimed { token })
@@ -748,7 +787,8 @@ impl Store for RedisStore {
             response: response.clone(),
         }
         .encode();
-        let size = COMPLETED_BY_HEADER_LEN + encoded.len();
+        let size = COMPLETED_UNTIL_HEADER_LEN + encoded.len();
+        let deadline = unix_ms().saturating_add(ttl_ms).to_be_bytes();
         if size > self.max_record_bytes {
             return Err(StoreError::RecordTooLarge {
                 size,
@@ -762,6 +802,7 @@ impl Store for RedisStore {
                 .arg(&token_bytes(token)[..])
                 .arg(ttl_ms)
                 .arg(encoded)
+                .arg(&deadline[..])
                 .arg(&self.notices.channel)
                 .arg(key);
             return ownership(self.invoke(invocation).await?);
@@ -769,9 +810,10 @@ impl Store for RedisStore {
         // Large: a plain SET to a staging key of this token (same hash tag, so same slot), then
         // the script renames it over the record, in one pipelined round trip.
         let mut staged = Vec::with_capacity(size);
-        staged.put_u8(KIND_COMPLETED_BY);
+        staged.put_u8(KIND_COMPLETED_UNTIL);
         staged.put_bytes(0, 32);
         staged.put_slice(&token_bytes(token));
+        staged.put_slice(&deadline);
         staged.extend_from_slice(&encoded);
         drop(encoded);
         let staging_key = format!("{record_key}:staged:{:016x}", token.0);
@@ -807,15 +849,11 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
         let record_key = self.redis_key(key);
-        let mut pipeline = redis::pipe();
-        pipeline
-            .cmd("GET")
-            .arg(&record_key)
-            .cmd("PTTL")
-            .arg(&record_key);
-        match self.pipeline(&pipeline).await? {
-            (Value::Nil, _) => Ok(None),
-            (Value::BulkString(value), pttl) => decode_state(value, unix_ms(), pttl).map(Some),
+        let mut command = redis::cmd("GET");
+        command.arg(&record_key);
+        match self.command(&command).await? {
+            Value::Nil => Ok(None),
+            Value::BulkString(value) => self.decode_read(&record_key, value).await.map(Some),
             _ => Err(corrupt("GET reply")),
         }
     }
@@ -919,12 +957,50 @@ mod tests {
             vec![b'C'; 10],
             vec![b'C'; 40],
             vec![b'D'; 40],
+            vec![b'E'; 48],
         ] {
             assert!(matches!(
                 decode_state(value, 100, 1000),
                 Err(StoreError::Corrupt(_))
             ));
         }
+    }
+
+    #[test]
+    fn completed_values_carry_their_remaining_ttl() {
+        let encoded = CompletedRecord {
+            fingerprint: Fingerprint([0; 32]),
+            response: CachedResponse {
+                status: http::StatusCode::CREATED,
+                headers: http::HeaderMap::new(),
+                body: Bytes::from_static(b"order"),
+                body_omitted: false,
+            },
+        }
+        .encode();
+        let mut value = vec![KIND_COMPLETED_UNTIL];
+        value.extend_from_slice(&[5; 32]);
+        value.extend_from_slice(&token_bytes(FencingToken(9)));
+        value.extend_from_slice(&10_250u64.to_be_bytes());
+        value.extend_from_slice(&encoded);
+        assert!(!needs_pttl(&value));
+        // The PTTL argument is not read: the deadline in the value is.
+        match decode_state(value.clone(), 10_000, -1).unwrap() {
+            RecordState::Completed {
+                record,
+                ttl_remaining,
+            } => {
+                assert_eq!(record.fingerprint, Fingerprint([5; 32]));
+                assert_eq!(record.response.body, "order");
+                assert_eq!(ttl_remaining, Duration::from_millis(250));
+            }
+            other => panic!("expected a completed record, got {other:?}"),
+        }
+        assert!(matches!(
+            decode_state(value, 20_000, -1).unwrap(),
+            RecordState::Completed { ttl_remaining, .. } if ttl_remaining.is_zero()
+        ));
+        assert!(needs_pttl(b"D") && needs_pttl(b"C") && !needs_pttl(b"I"));
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!
 //! Record values (see the crate documentation):
 //! - in flight: `'I'`, token (8 bytes), fingerprint (32 bytes), lease deadline (8 bytes): 49 bytes;
-//! - completed: `'D'`, fingerprint (32 bytes), the completing token (8 bytes), the encoded
-//!   response (`'C'` records, without the token, are still read).
+//! - completed: `'E'`, fingerprint (32 bytes), the completing token (8 bytes), the expiry
+//!   deadline (8 bytes), the encoded response (`'D'` records, without the deadline, and `'C'`
+//!   records, without the token either, are still read and recognised as completed).
 //!
 //! A client may resend a script whose reply was lost (redis-rs's cluster client does after a
 //! connection error). A completion finding the record already completed by its own token
@@ -37,7 +38,8 @@ const CHECK: &str = r"
 local head = redis.call('GETRANGE', KEYS[1], 0, 48)
 local ok = string.len(head) == 49 and string.byte(head, 1) == 73
   and string.sub(head, 2, 9) == ARGV[1]
-local done = string.len(head) >= 41 and string.byte(head, 1) == 68
+local done = string.len(head) >= 41
+  and (string.byte(head, 1) == 69 or string.byte(head, 1) == 68)
   and string.sub(head, 34, 41) == ARGV[1]
 ";
 
@@ -61,16 +63,17 @@ return 0
 });
 
 /// Completes with a small response passed inline. `ARGV[2]`: TTL in ms; `ARGV[3]`: the encoded
-/// response; `ARGV[4]`, `ARGV[5]`: the notice's channel and message. The fingerprint comes from the in-flight record (the caller of `complete` does not
+/// response; `ARGV[4]`: the expiry deadline (8 bytes); `ARGV[5]`, `ARGV[6]`: the notice's channel
+/// and message. The fingerprint comes from the in-flight record (the caller of `complete` does not
 /// pass it); `APPEND` after `SET` keeps the expiry and spares Lua a concatenation.
 /// Returns 1 when the token is current or already completed the record, 0 otherwise.
 pub(crate) static COMPLETE_INLINE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 if ok then
-  redis.call('SET', KEYS[1], 'D' .. string.sub(head, 10, 41) .. ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], 'E' .. string.sub(head, 10, 41) .. ARGV[1] .. ARGV[4], 'PX', ARGV[2])
   redis.call('APPEND', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  redis.call('PUBLISH', ARGV[5], ARGV[6])
   return 1
 end
 if done then
@@ -82,8 +85,8 @@ return 0
 });
 
 /// Completes with a large response already written to the staging key `KEYS[2]` as
-/// `'D'`, 32 placeholder bytes, the token, encoded response. `ARGV[2]`: TTL in ms; `ARGV[3]`,
-/// `ARGV[4]`: the notice's channel and message.
+/// `'E'`, 32 placeholder bytes, the token, the expiry deadline, encoded response. `ARGV[2]`: TTL
+/// in ms; `ARGV[3]`, `ARGV[4]`: the notice's channel and message.
 /// `RENAME` moves the value without copying it and `SETRANGE` fills in the fingerprint in place.
 /// Returns 1 when the token is current or already completed the record, 0 otherwise (the staged
 /// value is dropped either way), and 2 when the staging key is missing.

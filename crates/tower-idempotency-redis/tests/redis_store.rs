@@ -186,9 +186,9 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
 }
 
 /// Counted by the server itself on a dedicated redis-server, over real HTTP through the layer:
-/// a new key costs one `SET … NX GET` with a pipelined `PTTL` (claim) and one `EVALSHA`
-/// (complete); a large response adds one pipelined `SET` of the staged value (same round trip);
-/// a replay is one `SET … NX GET` and its `PTTL`.
+/// a new key costs one `SET … NX GET` (claim) and one `EVALSHA` (complete); a large response
+/// adds one pipelined `SET` of the staged value (same round trip); a replay is one
+/// `SET … NX GET` (the record carries its deadline, so no `PTTL`).
 /// Commands run inside scripts also show up in `commandstats`, so the exact inner commands are
 /// asserted too (the completion's `PUBLISH` for waiters in other instances among them):
 /// nothing else reached the server.
@@ -223,7 +223,6 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
 
     let small_first = counts(&[
         ("set", 2),
-        ("pttl", 1),
         ("evalsha", 1),
         ("getrange", 1),
         ("append", 1),
@@ -231,7 +230,6 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
     ]);
     let large_first = counts(&[
         ("set", 2),
-        ("pttl", 1),
         ("evalsha", 1),
         ("getrange", 1),
         ("exists", 1),
@@ -260,8 +258,8 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
         assert_eq!(replay.bytes().await.unwrap().len(), body_len);
         assert_eq!(
             delta(&after_first, &command_stats(&url)),
-            counts(&[("set", 1), ("pttl", 1)]),
-            "{path}: a replay is one SET NX GET and its PTTL"
+            counts(&[("set", 1)]),
+            "{path}: a replay is one SET NX GET"
         );
     }
     drop(serving);
@@ -650,55 +648,66 @@ async fn a_resent_completion_answers_current_and_changes_nothing() {
     assert_eq!(cleanup.count_keys(), 2, "two records, no staged copy left");
 }
 
-/// Records completed in the earlier layout (`'C'`, fingerprint, response; no token) are still
-/// replayed.
+/// Records completed in the earlier layouts (`'C'`: fingerprint, response; `'D'`: fingerprint,
+/// token, response; neither with its deadline) are still replayed, with the TTL Redis reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_without_the_completing_token_are_still_read() {
     let Some(store) = common::standalone_store().await else {
         return;
     };
-    let k = key("legacy");
-    let fingerprint = Fingerprint([7; 32]);
-    let mut value = vec![b'C'];
-    value.extend_from_slice(fingerprint.as_bytes());
-    value.extend_from_slice(
-        &tower_idempotency_core::CompletedRecord {
-            fingerprint,
-            response: response("legacy"),
-        }
-        .encode(),
-    );
     let mut connection = redis::Client::open(common::redis_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(store.store.redis_key(&k))
-        .arg(value)
-        .arg("PX")
-        .arg(60_000)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    match store
-        .claim(
-            &k,
-            &fingerprint,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Completed {
-            record,
-            ttl_remaining,
-        } => {
-            assert_eq!(record.response.body, "legacy");
-            assert_eq!(record.fingerprint, fingerprint);
-            assert!(ttl_remaining <= Duration::from_secs(60) && !ttl_remaining.is_zero());
+    for kind in [b'C', b'D'] {
+        let k = key(&format!("legacy-{}", kind as char));
+        let fingerprint = Fingerprint([7; 32]);
+        let mut value = vec![kind];
+        value.extend_from_slice(fingerprint.as_bytes());
+        if kind == b'D' {
+            value.extend_from_slice(&42u64.to_be_bytes());
         }
-        other => panic!("expected the legacy record, got {other:?}"),
+        value.extend_from_slice(
+            &tower_idempotency_core::CompletedRecord {
+                fingerprint,
+                response: response("legacy"),
+            }
+            .encode(),
+        );
+        let _: () = redis::cmd("SET")
+            .arg(store.store.redis_key(&k))
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        match store
+            .claim(
+                &k,
+                &fingerprint,
+                tower_idempotency_core::FencingToken::random().unwrap(),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Completed {
+                record,
+                ttl_remaining,
+            } => {
+                assert_eq!(record.response.body, "legacy");
+                assert_eq!(record.fingerprint, fingerprint);
+                assert!(ttl_remaining <= Duration::from_secs(60) && !ttl_remaining.is_zero());
+            }
+            other => panic!("expected the legacy record, got {other:?}"),
+        }
+        match store.get(&k).await.unwrap() {
+            Some(RecordState::Completed { ttl_remaining, .. }) => {
+                assert!(ttl_remaining <= Duration::from_secs(60) && !ttl_remaining.is_zero())
+            }
+            other => panic!("expected the legacy record, got {other:?}"),
+        }
     }
 }
