@@ -39,7 +39,7 @@
 //! statement first reads the key in its snapshot (a CTE) and, when it finds a live row, returns
 //! it without writing anything, so replays are read-only; the upsert only runs when the snapshot
 //! has no live row. Each store counts the statements it executes
-//! ([`PostgresStore::statements_executed`], [`SqliteStore::statements_executed`]); the test
+//! ([`SqlStore::statements_executed`]); the test
 //! suite asserts the counts above over real HTTP, and for Postgres also on the wire (a proxy
 //! that counts the protocol's round trips).
 //!
@@ -97,26 +97,42 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod common;
+// The store is written once (`store`) over what differs between databases (`backend`, with
+// `sqlite` and `postgres` implementing it); `lanes` keeps connections checked out so that a
+// statement is one round trip; `record` decodes rows and checks completions; `lease` holds the
+// rules for claims that waited; `error` maps database errors; `clock` is SQLite's time.
+mod backend;
+mod clock;
+mod error;
 mod lanes;
+mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod record;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod store;
 pub mod transactional;
 
 #[cfg(all(feature = "conformance", any(feature = "sqlite", feature = "postgres")))]
 pub mod conformance;
 
+pub use backend::Backend;
 #[cfg(feature = "postgres")]
-pub use postgres::{schema_sql as postgres_schema_sql, PostgresStore};
+pub use postgres::schema_sql as postgres_schema_sql;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{schema_sql as sqlite_schema_sql, SqliteStore, SQLITE_BUSY_TIMEOUT};
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlite::{schema_sql as sqlite_schema_sql, SQLITE_BUSY_TIMEOUT};
+pub use store::SqlStore;
 pub use transactional::{IdempotentTx, TxHandle, TxRejection};
+
+/// The SQLite store: a [`SqlStore`] in an SQLite database file, the embedded default.
+#[cfg(feature = "sqlite")]
+pub type SqliteStore = SqlStore<sqlx::Sqlite>;
+
+/// The Postgres store: a [`SqlStore`] in a Postgres table, shared by every instance on the
+/// database.
+#[cfg(feature = "postgres")]
+pub type PostgresStore = SqlStore<sqlx::Postgres>;
 
 /// The sqlx version this crate is built on, re-exported so pools and transactions match it.
 pub use sqlx;

@@ -1,6 +1,9 @@
 //! Helpers shared by the SQLite and Postgres tests: temporary tables and files that clean up
-//! after themselves, the skip policy, and a small HTTP server behind the layer.
+//! after themselves, the skip policy, a small HTTP server behind the layer, and the tests every
+//! SQL store passes ([`shared`]).
 #![allow(dead_code)]
+
+pub mod shared;
 
 use std::{
     hash::{BuildHasher, RandomState},
@@ -84,15 +87,30 @@ mod sqlite_helpers {
         }
     }
 
+    impl shared::Place for SqliteFile {
+        type DB = sqlx::Sqlite;
+        const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+        const MISSING_TABLE: &'static str = "no such table";
+
+        async fn create() -> Option<Self> {
+            Some(Self::new())
+        }
+
+        async fn open(&self) -> SqliteStore {
+            self.store("idem").await
+        }
+
+        async fn count_rows(store: &SqliteStore) -> i64 {
+            sqlx::query_scalar(&format!(r#"SELECT count(*) FROM "{}""#, store.table()))
+                .fetch_one(store.pool())
+                .await
+                .expect("count")
+        }
+    }
+
     /// A migrated SQLite store in a fresh file.
     pub async fn sqlite_store() -> Guarded<Arc<SqliteStore>, SqliteFile> {
-        let file = SqliteFile::new();
-        let store = file.store("idem").await;
-        store.migrate().await.expect("migrate");
-        Guarded {
-            store: Arc::new(store),
-            guard: file,
-        }
+        shared::migrated().await.expect("SQLite needs no server")
     }
 }
 
@@ -307,15 +325,31 @@ mod pg_helpers {
         }
     }
 
+    impl shared::Place for PgTable {
+        type DB = sqlx::Postgres;
+        const BEGIN_WRITE: &'static str = "BEGIN";
+        const MISSING_TABLE: &'static str = "42P01";
+
+        async fn create() -> Option<Self> {
+            pg_pool().await?;
+            Some(Self::new())
+        }
+
+        async fn open(&self) -> PostgresStore {
+            self.store().await.expect("Postgres answered a moment ago")
+        }
+
+        async fn count_rows(store: &PostgresStore) -> i64 {
+            sqlx::query_scalar(&format!(r#"SELECT count(*) FROM "{}""#, store.table()))
+                .fetch_one(store.pool())
+                .await
+                .expect("count")
+        }
+    }
+
     /// A migrated Postgres store in a fresh table, or `None` when Postgres is unreachable.
     pub async fn pg_store() -> Option<Guarded<Arc<PostgresStore>, PgTable>> {
-        let table = PgTable::new();
-        let store = table.store().await?;
-        store.migrate().await.expect("migrate");
-        Some(Guarded {
-            store: Arc::new(store),
-            guard: table,
-        })
+        shared::migrated().await
     }
 }
 
@@ -377,15 +411,7 @@ pub async fn closing_the_pool_does_not_wait_for_the_store<F>(
     F: std::future::Future<Output = ()>,
 {
     let lease = Duration::from_secs(60);
-    store
-        .claim(
-            &random_key("close"),
-            &fingerprint(1),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            lease,
-        )
-        .await
-        .expect("claim");
+    claim(store, &random_key("close"), 1, lease).await;
     // `close` is called only now: sqlx marks the pool closed when `Pool::close` is called.
     tokio::time::timeout(Duration::from_secs(10), close())
         .await
@@ -443,15 +469,7 @@ pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
     tokio::time::sleep(lease * 3 / 2).await;
     release_lock.await;
     let winner = token_of(waiting.await.unwrap().expect("claim after the wait"));
-    let next = store
-        .claim(
-            key,
-            &fingerprint(3),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            lease,
-        )
-        .await
-        .expect("claim");
+    let next = claim(&*store, key, 3, lease).await;
     assert!(
         matches!(next, ClaimOutcome::InFlight { .. }),
         "the claim granted after the wait had already expired: {next:?}"
@@ -463,6 +481,15 @@ pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
             .expect("complete"),
         Ownership::Current
     );
+}
+
+/// Claims `key` with a fresh token and the fingerprint `[fp; 32]`; a store error fails the test.
+pub async fn claim(store: &dyn Store, key: &str, fp: u8, lease: Duration) -> ClaimOutcome {
+    let token = FencingToken::random().expect("random token");
+    store
+        .claim(key, &fingerprint(fp), token, lease)
+        .await
+        .expect("claim")
 }
 
 pub fn fingerprint(byte: u8) -> Fingerprint {
