@@ -123,6 +123,7 @@ impl Backend for Postgres {
     const STORE_NAME: &'static str = "postgres";
     const BEGIN: &'static str = "BEGIN";
     const EXCLUSIVE: bool = false;
+    const ONE_WRITER: bool = false;
 
     fn schema_sql(table: &str) -> String {
         schema_sql(table)

@@ -89,6 +89,7 @@ impl Backend for Sqlite {
     // upgrade to a write after another connection's commit (`SQLITE_BUSY` at once).
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
     const EXCLUSIVE: bool = true;
+    const ONE_WRITER: bool = true;
 
     fn schema_sql(table: &str) -> String {
         schema_sql(table)

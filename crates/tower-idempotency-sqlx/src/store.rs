@@ -19,7 +19,7 @@ use crate::{
     backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
     clock::StoreClock,
     error, lanes,
-    lanes::Lanes,
+    lanes::{Lanes, StoreLanes},
     lease,
     record::{millis, ownership, token_param, Completion, TokenOutOfRange},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
@@ -36,7 +36,9 @@ use crate::{
 /// (`statement_timestamp()`), so application hosts need no synchronised clocks.
 ///
 /// **SQLite**: durable across restarts, shared by every process on the host that opens the same
-/// file; writes are serialised by SQLite's database lock. Times are unix milliseconds: the
+/// file. A claim reads the key first, so replays and in-flight duplicates are reads that run
+/// in parallel; the writes of one process run one at a time on a writer lane (across
+/// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
 /// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
 /// step of the system clock while the store runs does not expire live leases (or extend them).
 /// Processes sharing the file agree on the time up to any clock step taken between their
@@ -56,7 +58,7 @@ use crate::{
 /// ```
 #[derive(Debug)]
 pub struct SqlStore<DB: Backend> {
-    lanes: Lanes<DB>,
+    lanes: StoreLanes<DB>,
     table: String,
     sql: Statements,
     max_record_bytes: usize,
@@ -74,7 +76,11 @@ impl<DB: Backend> SqlStore<DB> {
     pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
-            lanes: Lanes::new(pool.clone(), lanes::default_lane_count(&pool)),
+            lanes: StoreLanes::new(
+                pool.clone(),
+                lanes::default_lane_count(&pool),
+                DB::ONE_WRITER,
+            ),
             table: table.to_owned(),
             sql: DB::statements(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
@@ -116,6 +122,9 @@ impl<DB: Backend> SqlStore<DB> {
     /// the pool per statement). Defaults to half the pool's maximum size. Waiting for a lane is
     /// bounded by the pool's `acquire_timeout`, as a pool acquire is.
     ///
+    /// On SQLite, with two lanes or more, one lane is the writer (every statement that may write
+    /// runs on it, one at a time) and the others run reads; with one lane, reads share it.
+    ///
     /// Why: sqlx's pool pings a connection when it hands it out and again when it takes it back
     /// (for SQLite, a message to the connection's worker thread and back), so a store call
     /// through the pool costs three round trips; on a held connection it costs one (a
@@ -123,7 +132,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// failed or was cancelled goes back to the pool to be checked). Leave enough of the pool
     /// for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
-        self.lanes = Lanes::new(self.lanes.pool().clone(), lanes);
+        self.lanes = StoreLanes::new(self.lanes.pool().clone(), lanes, DB::ONE_WRITER);
         self
     }
 
@@ -266,17 +275,22 @@ impl<DB: Backend> SqlStore<DB> {
         DB::bind(sql, self.clock.now_ms(), params)
     }
 
-    /// Runs `statement` on a lane (see [`crate::lanes`]); the lane keeps its connection only
-    /// when the statement succeeded.
+    /// Runs `statement` on a write lane (see [`crate::lanes`]).
     async fn on_lane<T>(
         &self,
         statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut lane = self
-            .lanes
-            .take()
-            .await
-            .map_err(|e| self.map_error(e, None))?;
+        self.on(self.lanes.writes(), statement).await
+    }
+
+    /// Runs `statement` on one of `lanes`; the lane keeps its connection only when the
+    /// statement succeeded.
+    async fn on<T>(
+        &self,
+        lanes: &Lanes<DB>,
+        statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut lane = lanes.take().await.map_err(|e| self.map_error(e, None))?;
         let result = match lane.connection().await {
             Ok(conn) => statement(conn).await,
             Err(error) => Err(self.map_error(error, None)),
@@ -344,28 +358,57 @@ impl<DB: Backend> SqlStore<DB> {
         .await
     }
 
-    /// One purge statement, on a connection from the pool (not a lane: a purge of a large
-    /// backlog must not hold up requests).
+    /// One purge statement: with one writer, on the writer lane, so it waits its turn instead
+    /// of making requests wait in SQLite's busy handler; otherwise on a connection from the
+    /// pool, so a purge of a large backlog does not hold up a lane.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
+        let purge = async |conn: &mut DB::Connection| {
+            self.count();
+            let done = DB::execute(conn, self.bind(&self.sql.purge, Params::Purge))
+                .await
+                .map_err(|e| self.map_error(e, None))?;
+            Ok(DB::rows_affected(&done))
+        };
+        if DB::ONE_WRITER {
+            return self.on_lane(purge).await;
+        }
         let mut conn = self
             .pool()
             .acquire()
             .await
             .map_err(|e| self.map_error(e, None))?;
-        self.count();
-        let done = DB::execute(&mut conn, self.bind(&self.sql.purge, Params::Purge))
-            .await
-            .map_err(|e| self.map_error(e, None))?;
-        Ok(DB::rows_affected(&done))
+        purge(&mut conn).await
     }
 
-    /// Runs a statement that returns at most one row, on a lane.
-    async fn fetch_on_lane(
+    /// The key's live record read on a reader lane, as a claim reports it: a replay or an
+    /// in-flight duplicate is answered without a write. `None`: no live record, claim it.
+    async fn read_live(
         &self,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let get = Params::Get { key };
+        let Some((row, now)) = self
+            .fetch_on(self.lanes.reads(), &self.sql.get, get)
+            .await?
+        else {
+            return Ok(None);
+        };
+        DB::decode(&row, now)
+            .map_err(|e| self.map_error(e, None))?
+            .into_claim_outcome(token)
+            .map(Some)
+    }
+
+    /// Runs a statement that returns at most one row, on one of `lanes`.
+    async fn fetch_on(
+        &self,
+        lanes: &Lanes<DB>,
         sql: &str,
         params: Params<'_>,
     ) -> Result<Option<(DB::Row, i64)>, StoreError> {
-        self.on_lane(async |conn| {
+        self.on(lanes, async |conn| {
             let now = self.clock.now_ms();
             self.count();
             let row = DB::fetch_optional(conn, DB::bind(sql, now, params))
@@ -392,6 +435,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let claim_once = || async {
+            if DB::ONE_WRITER {
+                if let Some(live) = self.read_live(key, token).await? {
+                    return Ok(live);
+                }
+            }
             self.on_lane(async |conn| self.claim_in(conn, key, fingerprint, token, lease).await)
                 .await
         };
@@ -431,8 +479,9 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        let get = Params::Get { key };
         match self
-            .fetch_on_lane(&self.sql.get, Params::Get { key })
+            .fetch_on(self.lanes.reads(), &self.sql.get, get)
             .await?
         {
             None => Ok(None),
@@ -445,7 +494,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         match self
-            .fetch_on_lane(&self.sql.forget, Params::Forget { key })
+            .fetch_on(
+                self.lanes.writes(),
+                &self.sql.forget,
+                Params::Forget { key },
+            )
             .await?
         {
             None => Ok(false),

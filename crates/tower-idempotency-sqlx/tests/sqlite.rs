@@ -120,3 +120,100 @@ async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
         "the renewed lease had already expired: {next:?}"
     );
 }
+
+/// A replay reads on a reader lane and never takes the write lock: with another connection
+/// holding it (`BEGIN IMMEDIATE`), 32 concurrent replays over HTTP are all answered before the
+/// lock is released. Were a replay a write, each would wait in SQLite's busy handler until
+/// the busy timeout and fail with `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_run_beside_a_held_write_lock() {
+    let guarded = sqlite_store().await;
+    let store = guarded.store.clone();
+    let server = serve(tower_idempotency_core::IdempotencyLayer::client_keys(
+        store.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let key = random_suffix();
+    let (status, replayed, first) = post_order(&client, &server.url, &key).await;
+    assert_eq!((status, replayed), (201, false));
+
+    let writer = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    let replays: Vec<_> = (0..32)
+        .map(|_| {
+            let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+            tokio::spawn(async move { post_order(&client, &url, &key).await })
+        })
+        .collect();
+    for replay in replays {
+        let (status, replayed, body) = replay.await.expect("task");
+        assert_eq!((status, replayed), (201, true));
+        assert_eq!(body, first);
+    }
+    writer.rollback().await.expect("rollback");
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+}
+
+/// Writes are serialised in the process on one writer lane, never by SQLite's busy handler:
+/// on a pool whose busy timeout is zero (a write that meets another fails at once with
+/// `SQLITE_BUSY`, answered `503`), 64 first requests over HTTP, 32 at a time, all run once,
+/// and their 64 replays, all at once, are all replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_need_no_busy_handler() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::str::FromStr;
+    let file = SqliteFile::new();
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::ZERO);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = std::sync::Arc::new(SqliteStore::new(pool, "idem").expect("table"));
+    store.migrate().await.expect("migrate");
+    assert_eq!(store.connection_lanes(), 4, "one writer and three readers");
+    let server = serve(tower_idempotency_core::IdempotencyLayer::client_keys(
+        store.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let keys: Vec<String> = (0..64)
+        .map(|i| format!("{}-{i}", random_suffix()))
+        .collect();
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    let send = |key: &String, limit: Option<std::sync::Arc<tokio::sync::Semaphore>>| {
+        let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+        tokio::spawn(async move {
+            let _permit = match &limit {
+                Some(limit) => Some(limit.acquire().await.expect("open")),
+                None => None,
+            };
+            post_order(&client, &url, &key).await
+        })
+    };
+    let first: Vec<_> = keys.iter().map(|k| send(k, Some(limit.clone()))).collect();
+    for request in first {
+        let (status, replayed, _) = request.await.expect("task");
+        assert_eq!((status, replayed), (201, false));
+    }
+    let replays: Vec<_> = keys.iter().map(|k| send(k, None)).collect();
+    for replay in replays {
+        let (status, replayed, _) = replay.await.expect("task");
+        assert_eq!((status, replayed), (201, true));
+    }
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        64
+    );
+}

@@ -18,6 +18,8 @@ pub trait Place: Sized + Send + Sync + 'static {
     type DB: Backend;
     /// The statement a transaction that writes starts with.
     const BEGIN_WRITE: &'static str;
+    /// Statements of a first request (claim and completion; SQLite reads the key first).
+    const FIRST_REQUEST_STATEMENTS: u64;
     /// Part of the error a claim on a table that was never created reports.
     const MISSING_TABLE: &'static str;
     /// A fresh place, or `None` when its database is unreachable (the test is skipped).
@@ -51,7 +53,7 @@ macro_rules! sql_store_tests {
             two_instances_share_one_table,
             two_instances_wait_for_one_result,
             restart_keeps_completed,
-            first_request_takes_two_statements_and_a_replay_one,
+            a_first_request_takes_its_statements_and_a_replay_one,
             crashed_holder_blocks_until_its_lease_expires,
             oversize_record_is_rejected_and_the_key_can_be_released,
             transaction_hooks_commit_and_roll_back_with_the_caller,
@@ -105,7 +107,7 @@ pub async fn restart_keeps_completed<P: Place>() {
     conformance::restart_keeps_completed(Arc::new(before), Arc::new(after)).await;
 }
 
-pub async fn first_request_takes_two_statements_and_a_replay_one<P: Place>() {
+pub async fn a_first_request_takes_its_statements_and_a_replay_one<P: Place>() {
     let Some(guarded) = migrated::<P>().await else {
         return;
     };
@@ -117,7 +119,11 @@ pub async fn first_request_takes_two_statements_and_a_replay_one<P: Place>() {
     let before = store.statements_executed();
     let (status, replayed, first) = post_order(&client, &server.url, &key).await;
     assert_eq!((status, replayed), (201, false));
-    assert_eq!(store.statements_executed() - before, 2, "claim + complete");
+    assert_eq!(
+        store.statements_executed() - before,
+        P::FIRST_REQUEST_STATEMENTS,
+        "claim + complete"
+    );
 
     let before = store.statements_executed();
     let (status, replayed, again) = post_order(&client, &server.url, &key).await;
