@@ -165,18 +165,14 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     #[doc(hidden)]
     fn bind<'q>(sql: &'q str, now_ms: i64, params: Params<'q>) -> Statement<'q, Self>;
 
-    /// Decodes a row the claim or get statement returned; `now_ms` is the time the statement
-    /// was bound with.
+    /// Decodes a row the claim, get or forget statement returned; `now_ms` is the time the
+    /// statement was bound with.
     #[doc(hidden)]
     fn decode(row: &Self::Row, now_ms: i64) -> Result<RawRecord, sqlx::Error>;
 
     /// How many rows a statement changed (sqlx has no trait for it).
     #[doc(hidden)]
     fn rows_affected(done: &Self::QueryResult) -> u64;
-
-    /// Decodes the forget statement's row: whether the deleted record was live.
-    #[doc(hidden)]
-    fn decode_live(row: &Self::Row) -> Result<bool, sqlx::Error>;
 
     /// Opens the pool `connect()` uses.
     #[doc(hidden)]

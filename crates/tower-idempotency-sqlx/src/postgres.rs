@@ -105,11 +105,8 @@ WHERE key = $1 AND token = $2 AND state = 0"#
             r#"SELECT {RETURNED} FROM "{table}"
 WHERE key = $1 AND expires_at > statement_timestamp()"#
         ),
-        // Deletes one record whatever its state; `live` tells whether it had not expired yet.
-        forget: format!(
-            r#"DELETE FROM "{table}" WHERE key = $1
-RETURNING expires_at > statement_timestamp() AS live"#
-        ),
+        // Deletes one record whatever its state, and returns it.
+        forget: format!(r#"DELETE FROM "{table}" WHERE key = $1 RETURNING {RETURNED}"#),
         // Batched, skipping rows a claimer holds locked, so purging never blocks requests.
         purge: format!(
             r#"DELETE FROM "{table}" WHERE key IN (
@@ -196,10 +193,6 @@ impl Backend for Postgres {
 
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
         done.rows_affected()
-    }
-
-    fn decode_live(row: &sqlx::postgres::PgRow) -> Result<bool, sqlx::Error> {
-        row.try_get("live")
     }
 
     /// 10 connections, 5 s acquire timeout.

@@ -72,10 +72,8 @@ WHERE key = ?1 AND token = ?2 AND state = 0"#
         ),
         release: format!(r#"DELETE FROM "{table}" WHERE key = ?1 AND token = ?2 AND state = 0"#),
         get: format!(r#"SELECT {RETURNED} FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#),
-        // Deletes one record whatever its state; `live` tells whether it had not expired yet.
-        forget: format!(
-            r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING expires_at > ?2 AS live"#
-        ),
+        // Deletes one record whatever its state, and returns it.
+        forget: format!(r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING {RETURNED}"#),
         purge: format!(
             r#"DELETE FROM "{table}" WHERE rowid IN (
     SELECT rowid FROM "{table}" WHERE expires_at <= ?1 LIMIT {PURGE_BATCH})"#
@@ -139,7 +137,8 @@ impl Backend for Sqlite {
                 .bind(token)
                 .bind(now.saturating_add(lease_ms)),
             Params::Release { key, token } => query.bind(key).bind(token),
-            Params::Get { key } | Params::Forget { key } => query.bind(key).bind(now),
+            Params::Get { key } => query.bind(key).bind(now),
+            Params::Forget { key } => query.bind(key),
             Params::Purge => query.bind(now),
         }
     }
@@ -163,10 +162,6 @@ impl Backend for Sqlite {
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         done.rows_affected()
-    }
-
-    fn decode_live(row: &sqlx::sqlite::SqliteRow) -> Result<bool, sqlx::Error> {
-        row.try_get("live")
     }
 
     /// WAL mode with `synchronous = NORMAL` and a [`SQLITE_BUSY_TIMEOUT`] busy timeout, on a

@@ -21,7 +21,7 @@ use crate::{
     error, lanes,
     lanes::{Lanes, StoreLanes},
     lease,
-    record::{millis, ownership, token_param, Completion, TokenOutOfRange},
+    record::{millis, ownership, token_param, Completion, RawRecord, TokenOutOfRange},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -226,9 +226,7 @@ impl<DB: Backend> SqlStore<DB> {
             .await
             .map_err(|e| self.map_error(e, None))?
             .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?;
-        DB::decode(&row, now)
-            .map_err(|e| self.map_error(e, None))?
-            .into_claim_outcome(token)
+        self.decode(&row, now)?.into_claim_outcome(token)
     }
 
     /// [`Store::complete`] on a connection or transaction of the caller's.
@@ -269,6 +267,10 @@ impl<DB: Backend> SqlStore<DB> {
 
     fn map_error(&self, error: sqlx::Error, size: Option<usize>) -> StoreError {
         error::map_error(error, size, self.max_record_bytes)
+    }
+
+    fn decode(&self, row: &DB::Row, now: i64) -> Result<RawRecord, StoreError> {
+        DB::decode(row, now).map_err(|e| self.map_error(e, None))
     }
 
     fn bind<'q>(&self, sql: &'q str, params: Params<'q>) -> Statement<'q, DB> {
@@ -395,10 +397,7 @@ impl<DB: Backend> SqlStore<DB> {
         else {
             return Ok(None);
         };
-        DB::decode(&row, now)
-            .map_err(|e| self.map_error(e, None))?
-            .into_claim_outcome(token)
-            .map(Some)
+        self.decode(&row, now)?.into_claim_outcome(token).map(Some)
     }
 
     /// Runs a statement that returns at most one row, on one of `lanes`.
@@ -485,24 +484,19 @@ impl<DB: Backend> Store for SqlStore<DB> {
             .await?
         {
             None => Ok(None),
-            Some((row, now)) => DB::decode(&row, now)
-                .map_err(|e| self.map_error(e, None))?
-                .into_state()
-                .map(Some),
+            Some((row, now)) => self.decode(&row, now)?.into_state().map(Some),
         }
     }
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let forget = Params::Forget { key };
         match self
-            .fetch_on(
-                self.lanes.writes(),
-                &self.sql.forget,
-                Params::Forget { key },
-            )
+            .fetch_on(self.lanes.writes(), &self.sql.forget, forget)
             .await?
         {
             None => Ok(false),
-            Some((row, _)) => DB::decode_live(&row).map_err(|e| self.map_error(e, None)),
+            // A deleted record that had expired was absent already.
+            Some((row, now)) => Ok(self.decode(&row, now)?.remaining_ms > 0),
         }
     }
 
