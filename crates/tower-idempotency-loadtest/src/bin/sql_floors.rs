@@ -7,7 +7,8 @@
 //!   kind of connections: `INSERT` of the key's row, then `UPDATE` of it with the response (on
 //!   SQLite one writer connection behind an async mutex; on Postgres as many held connections
 //!   as the store has lanes);
-//! - replay floor: the handler reads the row by primary key (`SELECT *`, held connections).
+//! - replay floor: the handler reads the row by primary key (`SELECT *`), on as many held
+//!   connections as the store reads on (SQLite: its reader lanes; Postgres: its lanes).
 //!
 //! ```text
 //! cargo run --release -p tower-idempotency-loadtest --bin sql_floors -- \
@@ -247,8 +248,9 @@ async fn sqlite_subject(run: &str) -> Result<Subject, BoxError> {
     sqlx::raw_sql(&sqlite_schema_sql("floor"))
         .execute(&mut writer)
         .await?;
+    // As many readers as the store has reader lanes (one of its lanes is the writer).
     let mut readers = Vec::new();
-    for _ in 0..store.connection_lanes().max(1) {
+    for _ in 0..store.connection_lanes().saturating_sub(1).max(1) {
         readers.push(open().await?);
     }
     let floor = Floor::Sqlite {
