@@ -3,6 +3,8 @@
 //! this order: the bare handler; the layer on the store with new keys; the new-key floor; the
 //! layer with replays; the replay floor; the bare handler again (ratios use the mean of both).
 //!
+//! Both floors answer with the body, as the echo handler behind the layer does.
+//!
 //! - new-key floor: the handler runs two raw single-row writes per request on the store's
 //!   kind of connections: `INSERT` of the key's row, then `UPDATE` of it with the response (on
 //!   SQLite one writer connection behind an async mutex; on Postgres as many held connections
@@ -122,7 +124,11 @@ VALUES ({a}, {b}, {c}, 0, {expires})"#
                 r#"UPDATE "{table}" SET state = 1, status = 201, headers = {b}, body = {c},
     expires_at = {expires} WHERE key = {a}"#
             ),
-            select: format!(r#"SELECT * FROM "{table}" WHERE key = {a}"#),
+            // The whole row is read, as a replay reads it; its body is the answer.
+            select: format!(
+                r#"SELECT body, token, fingerprint, state, expires_at, status, headers,
+    body_omitted FROM "{table}" WHERE key = {a}"#
+            ),
         }
     }
 }
@@ -146,12 +152,13 @@ fn key_of(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-/// Two single-row writes: the key's row, then the response into it.
+/// Two single-row writes: the key's row, then the response into it. Answers with the body, as
+/// the echo handler behind the layer does.
 async fn write_twice(
     State(floor): State<Arc<Floor>>,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> (StatusCode, Bytes) {
     let key = key_of(&headers);
     let ok = match &*floor {
         Floor::Sqlite { writer, sql, .. } => {
@@ -184,38 +191,31 @@ async fn write_twice(
                     .await
         }
     };
-    if ok {
-        StatusCode::CREATED
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
+    match ok {
+        true => (StatusCode::CREATED, body),
+        false => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::new()),
     }
 }
 
-/// One primary-key read of the key's row.
+/// One primary-key read of the key's row; answers with the row's body, as a replay does.
 async fn read_once(State(floor): State<Arc<Floor>>, headers: HeaderMap) -> (StatusCode, Bytes) {
     let key = key_of(&headers);
-    let row = match &*floor {
+    let body: Option<Vec<u8>> = match &*floor {
         Floor::Sqlite { readers, sql, .. } => {
-            let select = sqlx::query(&sql.select).bind(&key);
-            readers
-                .with(async |c| select.fetch_optional(c).await)
-                .await
-                .ok()
-                .flatten()
-                .map(|_| ())
+            let select = sqlx::query_scalar(&sql.select).bind(&key);
+            readers.with(async |c| select.fetch_optional(c).await).await
         }
         Floor::Postgres { connections, sql } => {
-            let select = sqlx::query(&sql.select).bind(&key);
+            let select = sqlx::query_scalar(&sql.select).bind(&key);
             connections
                 .with(async |c| select.fetch_optional(c).await)
                 .await
-                .ok()
-                .flatten()
-                .map(|_| ())
         }
-    };
-    match row {
-        Some(()) => (StatusCode::CREATED, Bytes::new()),
+    }
+    .ok()
+    .flatten();
+    match body {
+        Some(body) => (StatusCode::CREATED, Bytes::from(body)),
         None => (StatusCode::NOT_FOUND, Bytes::new()),
     }
 }
