@@ -16,9 +16,14 @@
 //!
 //! Every check uses fresh random keys, so the checks may share one table or key prefix and run
 //! in parallel. Checks that wait for leases or TTLs use leases of a few hundred milliseconds.
-//! Three checks need two stores and are called directly: [`two_instances_over_http`],
-//! [`waiting_across_instances_over_http`] and [`restart_keeps_completed`]; so is [`records_over_the_store_limit_complete_without_body`],
-//! which needs a store configured with a small record limit.
+//! Some checks need two stores and are called directly: [`two_instances_over_http`],
+//! [`waiting_across_instances_over_http`] and [`restart_keeps_completed`], and for a store that
+//! pushes notices of settled keys ([`Store::settlements`]) also
+//! [`settlements_are_notified_across_instances`],
+//! [`waiting_across_instances_is_notified_over_http`] and
+//! [`notified_waiter_leaves_nothing_behind_over_http`]; so is
+//! [`records_over_the_store_limit_complete_without_body`], which needs a store configured with a
+//! small record limit.
 
 use std::{
     hash::{BuildHasher, RandomState},
@@ -27,6 +32,13 @@ use std::{
         Arc,
     },
     time::Duration,
+};
+
+mod notices;
+
+pub use notices::{
+    notified_waiter_leaves_nothing_behind_over_http, settlements_are_notified_across_instances,
+    waiting_across_instances_is_notified_over_http,
 };
 
 use axum::{extract::State, routing::post, Router};
@@ -100,6 +112,10 @@ impl<S: Store, G: Send + Sync + 'static> Store for Guarded<S, G> {
 
     fn name(&self) -> &'static str {
         self.store.name()
+    }
+
+    fn settlements(&self) -> Option<crate::store::Settlements> {
+        self.store.settlements()
     }
 }
 
@@ -177,6 +193,10 @@ impl<S: Store> Store for CountingStore<S> {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    fn settlements(&self) -> Option<crate::store::Settlements> {
+        self.inner.settlements()
     }
 }
 
@@ -1197,8 +1217,9 @@ pub async fn waiting_ends_at_max_wait_or_disconnect_over_http(store: Arc<dyn Sto
 
 /// Two application instances (see [`two_instances_over_http`]) with `wait_for_result`: 25
 /// concurrent identical POSTs spread over both run the handler once and all get its `201`.
-/// The waiters on the instance not running it learn the result by claiming again on their
-/// timer (this checks that path; the other instance's signal never reaches them).
+/// The waiters on the instance not running it learn the result from the store's notices
+/// ([`Store::settlements`]) or, for a store without them, by claiming again on their timer;
+/// [`waiting_across_instances_is_notified_over_http`] tells the two apart.
 pub async fn waiting_across_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
     let wait = Duration::from_secs(10);

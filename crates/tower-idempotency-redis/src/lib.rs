@@ -38,11 +38,12 @@
 //! | call | what is sent | round trips |
 //! |---|---|---|
 //! | `claim` | `SET key <in-flight> NX PX <lease> GET`: creates the record, or returns the existing one (the whole completed record, or the holder's fingerprint and deadline) | 1 |
-//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'D'+fingerprint+token PX ttl`; `APPEND` the response | 1 |
-//! | `complete`, larger record | pipeline: `SET <staging key> <record> PX 60000`, then script: check token; `RENAME` staging key to record; `SETRANGE` the fingerprint; `PEXPIRE ttl` (a stale holder's staged value is deleted instead) | 1 |
+//! | `complete`, record ≤ 4 KiB | script: check token; `SET 'D'+fingerprint+token PX ttl`; `APPEND` the response; `PUBLISH` | 1 |
+//! | `complete`, larger record | pipeline: `SET <staging key> <record> PX 60000`, then script: check token; `RENAME` staging key to record; `SETRANGE` the fingerprint; `PEXPIRE ttl`; `PUBLISH` (a stale holder's staged value is deleted instead) | 1 |
 //! | `renew` | script: check token; `SETRANGE` the deadline; `PEXPIRE` | 1 |
-//! | `release` | script: check token; `DEL` | 1 |
+//! | `release` | script: check token; `DEL`; `PUBLISH` | 1 |
 //! | `get` | `GET` | 1 |
+//! | `forget` | script: `DEL`; `PUBLISH` when it deleted a record | 1 |
 //!
 //! So a first request costs two round trips (claim, complete) and a replay or a concurrent
 //! duplicate costs one `SET … NX GET`. Scripts ([`redis::Script`]) are sent as `EVALSHA`; on
@@ -60,6 +61,17 @@
 //! The deadline in an in-flight record is written by the claimer's clock and read by the
 //! duplicate's, and only feeds `lease_remaining` (the `Retry-After` hint): clock skew between
 //! application hosts shifts that hint and nothing else. The lease itself is Redis's `PX`.
+//!
+//! # Notices for waiting requests
+//! The scripts that complete, release or forget a record `PUBLISH` its store key on
+//! `<prefix>:settled` when they changed it. A store with clients to subscribe with
+//! ([`RedisStore::with_notices`]; [`RedisStore::connect`] and [`RedisStore::connect_cluster`]
+//! set them up) keeps one `SUBSCRIBE` connection and wakes the requests waiting on that key
+//! ([`Store::settlements`], used by the layer's `wait_for_result`), so waiters in every
+//! instance claim again once, when notified, instead of polling. In a cluster a plain `PUBLISH`
+//! reaches subscribers on every node (the cluster bus relays it), so one subscription hears
+//! every master; a sharded `SPUBLISH` would need the channel in the record's slot, one
+//! subscription per shard. The price: each publish crosses the cluster bus to every node.
 //!
 //! # Fencing tokens
 //! A token is 64 bits from the operating system's CSPRNG, drawn by the client. A counter would
@@ -88,18 +100,20 @@
 #![warn(missing_docs)]
 
 mod scripts;
+mod settlements;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::{BufMut, Bytes};
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster_async::ClusterConnection,
-    Cmd, ErrorKind, Pipeline, RedisError, ScriptInvocation, ServerErrorKind, Value,
+    ErrorKind, Pipeline, RedisError, ScriptInvocation, ServerErrorKind, Value,
 };
+use settlements::RedisNotices;
 use tower_idempotency_core::store::{
     CachedResponse, ClaimOutcome, CodecError, CompletedRecord, FencingToken, Fingerprint,
-    Ownership, RecordState, Store, StoreError,
+    Ownership, RecordState, Settlements, Store, StoreError,
 };
 
 /// Default largest encoded record: 16 MiB.
@@ -202,6 +216,7 @@ pub struct RedisStore {
     prefix: String,
     max_record_bytes: usize,
     timeout: Duration,
+    notices: Arc<RedisNotices>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -217,6 +232,7 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("max_record_bytes", &self.max_record_bytes)
             .field("timeout", &self.timeout)
+            .field("notices", &self.notices.subscribes())
             .finish()
     }
 }
@@ -272,7 +288,26 @@ impl RedisStore {
             prefix: prefix.to_owned(),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             timeout: DEFAULT_TIMEOUT,
+            notices: Arc::new(RedisNotices::new(prefix, Vec::new())),
         })
+    }
+
+    /// Subscribes to the notices of settled keys through `clients` (tried in turn; for a
+    /// cluster, clients of some of its nodes), for requests waiting on a key another instance
+    /// holds ([`Store::settlements`]). [`connect`](Self::connect) and
+    /// [`connect_cluster`](Self::connect_cluster) do this with their URLs; a store built with
+    /// [`new`](Self::new) or [`cluster`](Self::cluster) has no notices until this is called, and
+    /// its waiters poll.
+    ///
+    /// Costs one extra connection per store (its clones share it), opened on the first request
+    /// through a waiting layer. Every store, with notices or not, publishes one message per
+    /// completion, release and forget on `<prefix>:settled`; a cluster relays each to every node.
+    pub fn with_notices(mut self, clients: impl IntoIterator<Item = redis::Client>) -> Self {
+        self.notices = Arc::new(RedisNotices::new(
+            &self.prefix,
+            clients.into_iter().collect(),
+        ));
+        self
     }
 
     /// Connects to one Redis server (`redis://host:port/db`) with a 2 s connection and response
@@ -290,6 +325,7 @@ impl RedisStore {
     ) -> Result<Self, ConnectError> {
         validate_prefix(prefix)?;
         let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
+        let notices = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(Duration::from_secs(2)))
@@ -297,7 +333,7 @@ impl RedisStore {
         let manager = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(ConnectError::Redis)?;
-        let store = Self::new(manager, prefix)?;
+        let store = Self::new(manager, prefix)?.with_notices([notices]);
         store.check_eviction(&options).await?;
         store.preload_scripts().await.map_err(ConnectError::Redis)?;
         Ok(store)
@@ -320,6 +356,12 @@ impl RedisStore {
         options: ConnectOptions,
     ) -> Result<Self, ConnectError> {
         validate_prefix(prefix)?;
+        let nodes: Vec<&str> = nodes.into_iter().collect();
+        let notices = nodes
+            .iter()
+            .map(|node| redis::Client::open(*node))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConnectError::Redis)?;
         let client = redis::cluster::ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_secs(2))
@@ -329,7 +371,7 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(ConnectError::Redis)?;
-        let store = Self::cluster(connection, prefix)?;
+        let store = Self::cluster(connection, prefix)?.with_notices(notices);
         store.check_eviction(&options).await?;
         store.preload_scripts().await.map_err(ConnectError::Redis)?;
         Ok(store)
@@ -430,17 +472,6 @@ impl RedisStore {
             Ok(result) => result.map_err(|e| map_error(e, started.elapsed())),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
-    }
-
-    /// A two-command pipeline (a read and the key's `PTTL`) in one round trip.
-    async fn command(&self, command: &Cmd) -> Result<Value, StoreError> {
-        self.round_trip(async {
-            match self.connection.clone() {
-                Connection::Single(mut c) => command.query_async::<Value>(&mut c).await,
-                Connection::Cluster(mut c) => command.query_async::<Value>(&mut c).await,
-            }
-        })
-        .await
     }
 
     async fn pipeline(&self, pipeline: &Pipeline) -> Result<(Value, i64), StoreError> {
@@ -730,7 +761,9 @@ impl Store for RedisStore {
                 .key(record_key)
                 .arg(&token_bytes(token)[..])
                 .arg(ttl_ms)
-                .arg(encoded);
+                .arg(encoded)
+                .arg(&self.notices.channel)
+                .arg(key);
             return ownership(self.invoke(invocation).await?);
         }
         // Large: a plain SET to a staging key of this token (same hash tag, so same slot), then
@@ -747,7 +780,9 @@ impl Store for RedisStore {
             .key(&record_key)
             .key(&staging_key)
             .arg(&token_bytes(token)[..])
-            .arg(ttl_ms);
+            .arg(ttl_ms)
+            .arg(&self.notices.channel)
+            .arg(key);
         let mut pipeline = redis::pipe();
         pipeline
             .cmd("SET")
@@ -764,7 +799,9 @@ impl Store for RedisStore {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation
             .key(self.redis_key(key))
-            .arg(&token_bytes(token)[..]);
+            .arg(&token_bytes(token)[..])
+            .arg(&self.notices.channel)
+            .arg(key);
         ownership(self.invoke(invocation).await?)
     }
 
@@ -783,13 +820,16 @@ impl Store for RedisStore {
         }
     }
 
-    /// `DEL` of the record key. Redis expires records itself, so an expired record is already
-    /// gone and reads as `false`. A staged response of the holder (larger completions) is left to
-    /// its own 60 s expiry.
+    /// A script: `DEL` of the record key, and the notice when it deleted one. Redis expires
+    /// records itself, so an expired record is already gone and reads as `false`. A staged
+    /// response of the holder (larger completions) is left to its own 60 s expiry.
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        let mut command = redis::cmd("DEL");
-        command.arg(self.redis_key(key));
-        match self.command(&command).await? {
+        let mut invocation = scripts::FORGET.prepare_invoke();
+        invocation
+            .key(self.redis_key(key))
+            .arg(&self.notices.channel)
+            .arg(key);
+        match self.invoke(invocation).await? {
             Value::Int(deleted) => Ok(deleted > 0),
             _ => Err(corrupt("DEL reply")),
         }
@@ -797,6 +837,14 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    /// Pub/sub on `<prefix>:settled`, when the store has clients to subscribe with
+    /// ([`with_notices`](RedisStore::with_notices)).
+    fn settlements(&self) -> Option<Settlements> {
+        self.notices
+            .subscribes()
+            .then(|| self.notices.settlements())
     }
 }
 

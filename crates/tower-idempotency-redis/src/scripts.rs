@@ -18,6 +18,13 @@
 //!
 //! Tokens are compared as the raw 8 bytes, never as Lua numbers: Lua numbers are doubles and would
 //! merge tokens above 2^53.
+//!
+//! Every script that settles a key (completes, releases or forgets it) ends its change with
+//! `PUBLISH <channel> <store key>` (the last two `ARGV`s), for waiters in other instances (see
+//! `settlements.rs`); only when it changed the record, so a stale or resent call publishes
+//! nothing. A plain `PUBLISH`, not a sharded `SPUBLISH`: inside a script a shard channel would
+//! have to hash to the record's slot, and a cluster delivers a plain one on every node, so one
+//! subscription on any node hears every master.
 
 use std::sync::LazyLock;
 
@@ -54,7 +61,7 @@ return 0
 });
 
 /// Completes with a small response passed inline. `ARGV[2]`: TTL in ms; `ARGV[3]`: the encoded
-/// response. The fingerprint comes from the in-flight record (the caller of `complete` does not
+/// response; `ARGV[4]`, `ARGV[5]`: the notice's channel and message. The fingerprint comes from the in-flight record (the caller of `complete` does not
 /// pass it); `APPEND` after `SET` keeps the expiry and spares Lua a concatenation.
 /// Returns 1 when the token is current or already completed the record, 0 otherwise.
 pub(crate) static COMPLETE_INLINE: LazyLock<Script> = LazyLock::new(|| {
@@ -63,6 +70,7 @@ pub(crate) static COMPLETE_INLINE: LazyLock<Script> = LazyLock::new(|| {
 if ok then
   redis.call('SET', KEYS[1], 'D' .. string.sub(head, 10, 41) .. ARGV[1], 'PX', ARGV[2])
   redis.call('APPEND', KEYS[1], ARGV[3])
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
   return 1
 end
 if done then
@@ -74,7 +82,8 @@ return 0
 });
 
 /// Completes with a large response already written to the staging key `KEYS[2]` as
-/// `'D'`, 32 placeholder bytes, the token, encoded response. `ARGV[2]`: TTL in ms.
+/// `'D'`, 32 placeholder bytes, the token, encoded response. `ARGV[2]`: TTL in ms; `ARGV[3]`,
+/// `ARGV[4]`: the notice's channel and message.
 /// `RENAME` moves the value without copying it and `SETRANGE` fills in the fingerprint in place.
 /// Returns 1 when the token is current or already completed the record, 0 otherwise (the staged
 /// value is dropped either way), and 2 when the staging key is missing.
@@ -88,6 +97,7 @@ if ok then
   redis.call('RENAME', KEYS[2], KEYS[1])
   redis.call('SETRANGE', KEYS[1], 1, string.sub(head, 10, 41))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
   return 1
 end
 redis.call('DEL', KEYS[2])
@@ -99,12 +109,14 @@ return 0
     )
 });
 
-/// Deletes the in-flight record. Returns 1 when the token is current, 0 otherwise.
+/// Deletes the in-flight record. `ARGV[2]`, `ARGV[3]`: the notice's channel and message.
+/// Returns 1 when the token is current, 0 otherwise.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 if ok then
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
 end
 return 0
@@ -112,7 +124,27 @@ return 0
     )
 });
 
+/// Deletes the record whatever its state (no token check, so no `CHECK`). `ARGV[1]`,
+/// `ARGV[2]`: the notice's channel and message. Returns how many keys were deleted.
+pub(crate) static FORGET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local deleted = redis.call('DEL', KEYS[1])
+if deleted > 0 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+end
+return deleted
+",
+    )
+});
+
 /// All scripts, for preloading.
-pub(crate) fn all() -> [&'static Script; 4] {
-    [&RENEW, &COMPLETE_INLINE, &COMPLETE_STAGED, &RELEASE]
+pub(crate) fn all() -> [&'static Script; 5] {
+    [
+        &RENEW,
+        &COMPLETE_INLINE,
+        &COMPLETE_STAGED,
+        &RELEASE,
+        &FORGET,
+    ]
 }

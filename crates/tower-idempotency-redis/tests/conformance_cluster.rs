@@ -236,3 +236,45 @@ async fn connect_cluster_checks_every_master_for_eviction() {
     let policies = store.eviction_policies().await.expect("policies");
     assert_eq!(policies, vec!["noeviction".to_owned(); 3], "one per master");
 }
+
+/// Two cluster instances, each subscribed to notices through one node only (a different one):
+/// a plain `PUBLISH` from whichever master holds the key reaches both.
+async fn two_notified_cluster_instances() -> Option<(Arc<dyn Store>, Arc<dyn Store>)> {
+    let (Some(a), Some(b)) = (common::cluster_store().await, common::cluster_store().await) else {
+        return None;
+    };
+    let urls = common::Cluster::shared()?.urls();
+    let node = |i: usize| redis::Client::open(urls[i].as_str()).expect("node url");
+    let b = common::TestStore {
+        store: tower_idempotency_redis::RedisStore::cluster(
+            common::cluster_connection(common::Cluster::shared().unwrap())
+                .await
+                .unwrap(),
+            a.store.prefix(),
+        )
+        .unwrap()
+        .with_notices([node(1)]),
+        guard: b.guard,
+    };
+    let a = common::TestStore {
+        store: a.store.with_notices([node(0)]),
+        guard: a.guard,
+    };
+    Some((Arc::new(a), Arc::new(b)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settled_keys_are_notified_through_one_node() {
+    let Some((a, b)) = two_notified_cluster_instances().await else {
+        return;
+    };
+    conformance::settlements_are_notified_across_instances(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_on_another_instance_are_woken_by_pubsub() {
+    let Some((a, b)) = two_notified_cluster_instances().await else {
+        return;
+    };
+    conformance::waiting_across_instances_is_notified_over_http(a, b).await;
+}

@@ -190,7 +190,8 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
 /// (complete); a large response adds one pipelined `SET` of the staged value (same round trip);
 /// a replay is one `SET … NX GET` and its `PTTL`.
 /// Commands run inside scripts also show up in `commandstats`, so the exact inner commands are
-/// asserted too: nothing else reached the server.
+/// asserted too (the completion's `PUBLISH` for waiters in other instances among them):
+/// nothing else reached the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_key_costs_two_round_trips_and_replay_one() {
     let Some(server) = common::RedisServer::start(&[]) else {
@@ -227,6 +228,7 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
         ("evalsha", 1),
         ("getrange", 1),
         ("append", 1),
+        ("publish", 1),
     ]);
     let large_first = counts(&[
         ("set", 2),
@@ -237,6 +239,7 @@ async fn new_key_costs_two_round_trips_and_replay_one() {
         ("rename", 1),
         ("setrange", 1),
         ("pexpire", 1),
+        ("publish", 1),
     ]);
     for (path, key, first_expected, body_len) in [
         ("/small", "small-1", &small_first, 7),

@@ -1,11 +1,12 @@
 //! What differs between the databases a [`SqlStore`](crate::SqlStore) runs on: the SQL text, the
-//! DDL, how parameters are bound and rows decoded, and how a pool is opened. Everything else
-//! (lanes, lease rules, fencing, error mapping, statement counting) is written once in
-//! [`crate::store`].
+//! DDL, how parameters are bound and rows decoded, how a pool is opened, and whether waiters in
+//! other instances hear of settled keys. Everything else (lanes, lease rules, fencing, error
+//! mapping, statement counting) is written once in [`crate::store`].
 
 use std::{fmt::Debug, future::Future, pin::Pin};
 
 use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
+use tower_idempotency_core::store::Settlements;
 
 use crate::record::RawRecord;
 
@@ -177,4 +178,18 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     /// Opens the pool `connect()` uses.
     #[doc(hidden)]
     fn connect_pool(url: &str) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
+
+    /// What a store keeps to tell its waiters of keys other instances settled.
+    #[doc(hidden)]
+    type Notices: Debug + Send + Sync;
+
+    /// A store's notices on `table`, or `None` where the database sends none (its waiters
+    /// re-claim on their bounded poll). Opens no connection.
+    #[doc(hidden)]
+    fn notices(pool: &Pool<Self>, table: &str) -> Option<Self::Notices>;
+
+    /// What [`Store::settlements`](tower_idempotency_core::store::Store::settlements) returns
+    /// for a store with `notices`.
+    #[doc(hidden)]
+    fn settlements(notices: &Self::Notices) -> Settlements;
 }

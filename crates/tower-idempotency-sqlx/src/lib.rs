@@ -106,7 +106,8 @@
 // The store is written once (`store`) over what differs between databases (`backend`, with
 // `sqlite` and `postgres` implementing it); `lanes` keeps connections checked out so that a
 // statement is one round trip; `record` decodes rows and checks completions; `lease` holds the
-// rules for claims that waited; `error` maps database errors; `clock` is SQLite's time.
+// rules for claims that waited; `error` maps database errors; `clock` is SQLite's time;
+// `settlements` is Postgres's notices of settled keys for waiters in other instances.
 mod backend;
 mod clock;
 mod error;
@@ -115,6 +116,8 @@ mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+#[cfg(feature = "postgres")]
+mod settlements;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;

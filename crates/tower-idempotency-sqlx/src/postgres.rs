@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
+use tower_idempotency_core::store::Settlements;
 
 use crate::{
     backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
     record::RawRecord,
+    settlements::{notify_each, PgNotices},
 };
 
 /// The DDL [`PostgresStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their own migrations.
@@ -26,7 +28,8 @@ pub fn schema_sql(table: &str) -> String {
     status       smallint,
     headers      bytea,
     body         bytea,
-    body_omitted boolean NOT NULL DEFAULT false
+    body_omitted boolean NOT NULL DEFAULT false,
+    watched      boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 80);
 -- `CREATE INDEX IF NOT EXISTS` takes its table lock before it looks for the index, so on a
 -- live table it would queue behind every open transaction (a `claim_in` in a business
@@ -39,6 +42,13 @@ BEGIN
         WHERE i.indrelid = '"{table}"'::regclass AND c.relname = '{table}_expires_at_idx'
     ) THEN
         CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
+    END IF;
+    -- Tables created before waiters marked keys; `ADD COLUMN IF NOT EXISTS` locks first too.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = '"{table}"'::regclass AND attname = 'watched' AND NOT attisdropped
+    ) THEN
+        ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS watched boolean NOT NULL DEFAULT false;
     END IF;
 END
 $$;
@@ -53,6 +63,7 @@ const RETURNED: &str = "token, fingerprint, state, \
 
 fn statements(table: &str) -> Statements {
     let expired = "cur.expires_at <= statement_timestamp()";
+    let notify = notify_each(table, "done");
     Statements {
         // One statement, one round trip, in every case.
         //
@@ -85,28 +96,45 @@ ins AS (
         headers      = CASE WHEN {expired} THEN NULL ELSE cur.headers END,
         body         = CASE WHEN {expired} THEN NULL ELSE cur.body END,
         body_omitted = CASE WHEN {expired} THEN false ELSE cur.body_omitted END,
+        watched      = CASE WHEN {expired} THEN false ELSE cur.watched END,
         expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE cur.expires_at END
     RETURNING {RETURNED}
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
         ),
+        // Completion, release and forget notify waiters in other instances (see
+        // `settlements.rs`) for the row they changed if a waiter marked it; the command tag
+        // still counts the rows changed, and forget still returns the row it deleted.
         complete: format!(
-            r#"UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
+            r#"WITH done AS (
+UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
     body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 0"#
+WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
+)
+SELECT {notify}"#
         ),
         renew: format!(
             r#"UPDATE "{table}"
 SET expires_at = statement_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE key = $1 AND token = $2 AND state = 0"#
         ),
-        release: format!(r#"DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0"#),
+        release: format!(
+            r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
+)
+SELECT {notify}"#
+        ),
         get: format!(
             r#"SELECT {RETURNED} FROM "{table}"
 WHERE key = $1 AND expires_at > statement_timestamp()"#
         ),
         // Deletes one record whatever its state, and returns it.
-        forget: format!(r#"DELETE FROM "{table}" WHERE key = $1 RETURNING {RETURNED}"#),
+        forget: format!(
+            r#"WITH done AS (
+DELETE FROM "{table}" WHERE key = $1 RETURNING key, watched, {RETURNED}
+)
+SELECT done.*, {notify}"#
+        ),
         // Batched, skipping rows a claimer holds locked, so purging never blocks requests.
         purge: format!(
             r#"DELETE FROM "{table}" WHERE key IN (
@@ -202,5 +230,15 @@ impl Backend for Postgres {
             .acquire_timeout(Duration::from_secs(5))
             .connect(url)
             .await
+    }
+
+    type Notices = PgNotices;
+
+    fn notices(pool: &PgPool, table: &str) -> Option<PgNotices> {
+        Some(PgNotices::new(pool, table))
+    }
+
+    fn settlements(notices: &PgNotices) -> Settlements {
+        notices.settlements()
     }
 }

@@ -6,6 +6,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
     Row, Sqlite, SqlitePool,
 };
+use tower_idempotency_core::store::Settlements;
 
 use crate::{
     backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
@@ -177,5 +178,17 @@ impl Backend for Sqlite {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
+    }
+
+    /// None: SQLite has no notices, and its waiters are on one host, where the bounded poll
+    /// of a re-claim is a read on a reader lane.
+    type Notices = std::convert::Infallible;
+
+    fn notices(_: &SqlitePool, _: &str) -> Option<Self::Notices> {
+        None
+    }
+
+    fn settlements(notices: &Self::Notices) -> Settlements {
+        match *notices {}
     }
 }

@@ -11,8 +11,8 @@ use std::{
 
 use sqlx::Pool;
 use tower_idempotency_core::store::{
-    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Store,
-    StoreError,
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlements,
+    Store, StoreError,
 };
 
 use crate::{
@@ -64,6 +64,7 @@ pub struct SqlStore<DB: Backend> {
     max_record_bytes: usize,
     statements: AtomicU64,
     pub(crate) clock: StoreClock,
+    notices: Option<DB::Notices>,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -86,6 +87,7 @@ impl<DB: Backend> SqlStore<DB> {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
             clock: StoreClock::system(),
+            notices: DB::notices(&pool, table),
         })
     }
 
@@ -502,5 +504,15 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     fn name(&self) -> &'static str {
         DB::STORE_NAME
+    }
+
+    /// Postgres: `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and
+    /// `forget` notify the hex SHA-256 of the key they changed, in the same statement, when a
+    /// waiter marked the key ([`Settlements::watch`] sets its `watched` column, which a new
+    /// claim clears); each store object keeps one `LISTEN` connection of its own (besides its
+    /// pool), opened on the first request through a waiting layer and reopened after a failure
+    /// (100 ms, doubling up to 5 s, waiters poll meanwhile). SQLite: none, waiters poll.
+    fn settlements(&self) -> Option<Settlements> {
+        self.notices.as_ref().map(DB::settlements)
     }
 }

@@ -401,24 +401,8 @@ async fn blocked_claim(
                 .await
         }
     });
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{table}\"%'"
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(&waiting)
-            .fetch_one(owner.pool())
-            .await
-            .expect("pg_stat_activity");
-        if n > 0 {
-            return (blocker, blocked);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the claim never blocked"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_one_waits_on_a_lock(owner, &table).await;
+    (blocker, blocked)
 }
 
 /// A claim cancelled while Postgres blocks it (another transaction holds an uncommitted row of

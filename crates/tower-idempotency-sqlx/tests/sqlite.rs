@@ -69,6 +69,14 @@ async fn schema_sql_names_the_table() {
     assert!(sql.contains(r#""orders_idem_expires_at_idx""#));
 }
 
+/// SQLite sends no notices of settled keys: its waiters re-claim on their bounded poll, a read
+/// on a reader lane (Postgres's notices: `tests/postgres_notices.rs`).
+#[tokio::test]
+async fn sqlite_sends_no_notices() {
+    let file = SqliteFile::new();
+    assert!(file.store("idem").await.settlements().is_none());
+}
+
 /// A store whose lanes hold connections can be dropped after its runtime is gone: a pooled
 /// connection dropped outside a runtime panics in sqlx (it spawns its return to the pool), so
 /// the lanes close theirs instead.

@@ -388,10 +388,13 @@ impl IdempotencyLayer {
     ///
     /// Waiters of one key in this process share one notification, sent when the request
     /// running here completes or releases the key; each then claims the key once more. A holder
-    /// in another instance sends nothing here: every waiter also claims again after 50 ms,
-    /// then after doubling intervals (100 ms, 200 ms, ...), never later than the holder's
-    /// remaining lease: about `log2(wait / 50 ms)` store calls per waiter. See
-    /// `docs/configuration.md`.
+    /// in another instance is heard through the store's notices ([`Store::settlements`]:
+    /// Postgres `LISTEN/NOTIFY`, Redis pub/sub), one subscription per store object: a waiter
+    /// then claims again only when notified, and as a safety net when the holder's lease or
+    /// the wait ends. With a store that has no notices (SQLite, memory, a custom store), or
+    /// while its subscription is down, every waiter also claims again after 50 ms, then after
+    /// doubling intervals (100 ms, 200 ms, ...), never later than the holder's remaining lease:
+    /// about `log2(wait / 50 ms)` store calls per waiter. See `docs/configuration.md`.
     ///
     /// ```
     /// use std::time::Duration;

@@ -206,6 +206,7 @@ where
         Err(error) => return Ok(reject(Rejection::from(error), Outcome::Rejected)),
     };
 
+    let mark = config.wait.as_ref().map(|w| w.mark(config.store.as_ref()));
     let key_claim = claim(&config, &store_key, &fingerprint);
     let claim = match authenticated::claim(&config, &store_key, key_claim, authenticator).await {
         Checked::Claim(claim) => claim,
@@ -217,9 +218,11 @@ where
         }
     };
     // With `wait_for_result`, an in-flight duplicate waits for the result (see `wait.rs`).
-    let claim = match &config.wait {
-        Some(waiters) => wait::settle(&config, waiters, &store_key, &fingerprint, claim).await,
-        None => claim,
+    let claim = match (&config.wait, mark) {
+        (Some(waiters), Some(mark)) => {
+            wait::settle(&config, waiters, mark, &store_key, &fingerprint, claim).await
+        }
+        _ => claim,
     };
     let claim = match claim {
         Ok(claim) => claim,

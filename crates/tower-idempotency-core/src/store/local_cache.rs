@@ -290,4 +290,8 @@ impl<S: Store> Store for LocalReplayCache<S> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+
+    fn settlements(&self) -> Option<super::Settlements> {
+        self.inner.settlements()
+    }
 }

@@ -46,11 +46,14 @@
 mod codec;
 mod local_cache;
 mod memory;
+mod settlements;
 mod transaction;
 
 pub use codec::{decode_headers, encode_headers, CodecError};
 pub use local_cache::{LocalReplayCache, DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL};
 pub use memory::MemoryStore;
+pub(crate) use settlements::{KeySignal, KeySignals};
+pub use settlements::{Settlement, Settlements, Subscriber};
 pub use transaction::{CommitError, StoreTransaction, TransactionalStore};
 
 use std::{fmt, sync::Arc, time::Duration};
@@ -270,6 +273,23 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str {
         "custom"
     }
+
+    /// Notices that keys were settled by any instance, for requests waiting on an in-flight key
+    /// ([`IdempotencyLayer::wait_for_result`](crate::IdempotencyLayer::wait_for_result)):
+    /// `None` (the default) for a store that cannot push them, whose waiters claim the key
+    /// again on a timer instead.
+    ///
+    /// A store offering them sends a notice naming the key after every `complete`, `release`
+    /// and `forget` that changed a record (in the same statement or script, so a notice is
+    /// never sent for a change that did not happen; a store for which notices are costly may
+    /// send them only for keys a waiter marked, see [`Settlements::with_watch`]), keeps one
+    /// subscription per store object that feeds the returned [`Settlements`] (a
+    /// [`Subscriber`] runs it), and may start it lazily on the first call (so this is called
+    /// on a Tokio runtime). Notices may be lost; waiters still claim again when the holder's
+    /// lease or their wait ends.
+    fn settlements(&self) -> Option<Settlements> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -321,6 +341,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+
+    fn settlements(&self) -> Option<Settlements> {
+        (**self).settlements()
     }
 }
 

@@ -362,6 +362,25 @@ mod pg_helpers {
     pub async fn pg_store() -> Option<Guarded<Arc<PostgresStore>, PgTable>> {
         shared::migrated().await
     }
+
+    /// Polls, through `store`'s pool, until a call on `table` queues behind a row lock.
+    pub async fn until_one_waits_on_a_lock(store: &PostgresStore, table: &str) {
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{table}\"%'"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: i64 = sqlx::query_scalar(&waiting)
+                .fetch_one(store.pool())
+                .await
+                .expect("pg_stat_activity");
+            if n > 0 {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "nothing blocked");
+            tokio::task::yield_now().await;
+        }
+    }
 }
 
 // ---------------------------------------------------------------- HTTP
