@@ -42,7 +42,7 @@ use sqlx::{Database, Pool};
 use tokio::sync::{Notify, Semaphore};
 use tower_idempotency_core::{CacheDirective, IdempotencyLayer, MemoryStore, Store};
 
-use crate::{transactional::BoxFuture, IdempotentTx};
+use crate::{backend::BoxFuture, IdempotentTx};
 
 /// The store under test and a pool on the database its transactions write to.
 #[derive(Clone)]

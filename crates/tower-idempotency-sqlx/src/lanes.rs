@@ -47,6 +47,63 @@ fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
     (pool.options().get_max_connections() as usize).saturating_sub(1)
 }
 
+/// A store's lanes. For a database that takes one writer at a time (SQLite), writes run on a
+/// lane of their own and reads on the others: the writer lane serialises writes in the process
+/// (a writer waits on an async lock, not in SQLite's busy handler, which sleeps and retries),
+/// and reads, which in WAL mode never wait for the writer, run in parallel beside it. For
+/// other databases every statement takes any lane.
+pub(crate) struct StoreLanes<DB: Database> {
+    writes: Lanes<DB>,
+    /// `None`: reads share the write lanes.
+    reads: Option<Lanes<DB>>,
+}
+
+impl<DB: Database> StoreLanes<DB> {
+    /// `count` lanes over `pool` (capped at all but one of its connections); with
+    /// `one_writer` and at least two lanes, one of them is the writer.
+    pub fn new(pool: Pool<DB>, count: usize, one_writer: bool) -> Self {
+        let count = count.min(lane_limit(&pool));
+        if one_writer && count >= 2 {
+            Self {
+                writes: Lanes::new(pool.clone(), 1),
+                reads: Some(Lanes::new(pool, count - 1)),
+            }
+        } else {
+            Self {
+                writes: Lanes::new(pool, count),
+                reads: None,
+            }
+        }
+    }
+
+    /// The lanes of statements that may write.
+    pub fn writes(&self) -> &Lanes<DB> {
+        &self.writes
+    }
+
+    /// The lanes of statements that only read.
+    pub fn reads(&self) -> &Lanes<DB> {
+        self.reads.as_ref().unwrap_or(&self.writes)
+    }
+
+    pub fn pool(&self) -> &Pool<DB> {
+        self.writes.pool()
+    }
+
+    pub fn count(&self) -> usize {
+        self.writes.count() + self.reads.as_ref().map_or(0, Lanes::count)
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for StoreLanes<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLanes")
+            .field("writes", &self.writes)
+            .field("reads", &self.reads)
+            .finish()
+    }
+}
+
 /// A fixed set of lanes over one pool. With no lanes, every statement takes a connection from
 /// the pool for itself.
 pub(crate) struct Lanes<DB: Database> {

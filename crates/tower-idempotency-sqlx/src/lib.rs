@@ -26,10 +26,10 @@
 //!
 //! # Round trips
 //!
-//! | request | statements |
-//! |---|---|
-//! | first request (claim, then complete or release) | 2 |
-//! | duplicate while in flight, or replay of a completed key | 1 |
+//! | request | Postgres | SQLite |
+//! |---|---|---|
+//! | first request (claim, then complete or release) | 2 | 3 (a read, then the same 2) |
+//! | duplicate while in flight, or replay of a completed key | 1 | 1 (a read) |
 //!
 //! The claim is **one** statement whose core is `INSERT .. ON CONFLICT (key) DO UPDATE ..
 //! RETURNING` on the primary key, the only arbiter of who holds a key. Its update always fires:
@@ -38,13 +38,19 @@
 //! the existing row has expired, the same update installs the new claim. On Postgres the
 //! statement first reads the key in its snapshot (a CTE) and, when it finds a live row, returns
 //! it without writing anything, so replays are read-only; the upsert only runs when the snapshot
-//! has no live row. Each store counts the statements it executes
-//! ([`PostgresStore::statements_executed`], [`SqliteStore::statements_executed`]); the test
+//! has no live row. SQLite takes one writer at a time, so the SQLite store reads the key first,
+//! on a connection of its own, and runs the upsert only when it found no live row: a replay or
+//! an in-flight duplicate is a read, which in WAL mode runs beside the writer and never waits
+//! for the write lock. Its writes run on one writer connection behind an async lock, so
+//! requests of one process queue in order instead of in SQLite's busy handler (which sleeps
+//! and retries). Each store counts the statements it executes
+//! ([`SqlStore::statements_executed`]); the test
 //! suite asserts the counts above over real HTTP, and for Postgres also on the wire (a proxy
 //! that counts the protocol's round trips).
 //!
 //! A statement is one round trip because each store keeps a few of its pool's connections
-//! checked out ("lanes", half the pool by default; `with_connection_lanes` changes it). Through
+//! checked out ("lanes", half the pool by default; `with_connection_lanes` changes it; on
+//! SQLite one of them is the writer, the others read). Through
 //! the pool itself, sqlx 0.8 pings a connection when it hands it out and again when it takes it
 //! back, which makes every statement three round trips (the load harness's `--store-lanes 0`
 //! measures that path against the lanes).
@@ -97,28 +103,45 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod common;
+// The store is written once (`store`) over what differs between databases (`backend`, with
+// `sqlite` and `postgres` implementing it); `lanes` keeps connections checked out so that a
+// statement is one round trip; `record` decodes rows and checks completions; `lease` holds the
+// rules for claims that waited; `error` maps database errors; `clock` is SQLite's time;
+// `settlements` is Postgres's notices of settled keys for waiters in other instances.
+mod backend;
+mod clock;
+mod error;
 mod lanes;
+mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod record;
 #[cfg(feature = "postgres")]
 mod settlements;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod store;
 pub mod transactional;
 
 #[cfg(all(feature = "conformance", any(feature = "sqlite", feature = "postgres")))]
 pub mod conformance;
 
+pub use backend::Backend;
 #[cfg(feature = "postgres")]
-pub use postgres::{schema_sql as postgres_schema_sql, PostgresStore};
+pub use postgres::schema_sql as postgres_schema_sql;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{schema_sql as sqlite_schema_sql, SqliteStore, SQLITE_BUSY_TIMEOUT};
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlite::{schema_sql as sqlite_schema_sql, SQLITE_BUSY_TIMEOUT};
+pub use store::SqlStore;
 pub use transactional::{IdempotentTx, TxHandle, TxRejection};
+
+/// The SQLite store: a [`SqlStore`] in an SQLite database file, the embedded default.
+#[cfg(feature = "sqlite")]
+pub type SqliteStore = SqlStore<sqlx::Sqlite>;
+
+/// The Postgres store: a [`SqlStore`] in a Postgres table, shared by every instance on the
+/// database.
+#[cfg(feature = "postgres")]
+pub type PostgresStore = SqlStore<sqlx::Postgres>;
 
 /// The sqlx version this crate is built on, re-exported so pools and transactions match it.
 pub use sqlx;

@@ -55,9 +55,10 @@ WHERE key = $1 AND state = 0 AND expires_at > statement_timestamp()"#
     )
 }
 
-/// A store's notices and the task holding its `LISTEN` connection, started on first use.
+/// A store's notices and the task holding its `LISTEN` connection, started on first use. Public
+/// only to be Postgres's [`Backend::Notices`](crate::Backend::Notices); this module is private.
 #[derive(Debug)]
-pub(crate) struct PgNotices {
+pub struct PgNotices {
     subscriber: Subscriber,
     pool: PgPool,
     channel: String,
@@ -100,7 +101,7 @@ fn watch(pool: &PgPool, table: &str) -> impl Fn(&str) -> Marking + Send + Sync +
                 .bind(key)
                 .execute(&pool)
                 .await
-                .map_err(|e| crate::common::map_error(e, None, 0))?;
+                .map_err(|e| crate::error::map_error(e, None, 0))?;
             Ok(done.rows_affected() == 1)
         })
     }

@@ -1,5 +1,5 @@
 //! The transactional mode for the SQL stores: [`IdempotentTx`], the extractor a handler writes
-//! through, and the stores' [`TransactionalStore`](tower_idempotency_core::TransactionalStore)
+//! through, and the stores' [`TransactionalStore`]
 //! implementation.
 //!
 //! With [`IdempotencyLayer::transactional`](tower_idempotency_core::IdempotencyLayer::transactional)
@@ -40,9 +40,7 @@
 
 use std::{
     fmt,
-    future::Future,
     ops::{Deref, DerefMut},
-    pin::Pin,
     sync::Arc,
     time::Duration,
 };
@@ -52,11 +50,14 @@ use axum_core::{
     response::{IntoResponse, Response},
 };
 use http::{request::Parts, StatusCode};
-use sqlx::{Database, Pool, Transaction};
+use sqlx::{Database, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tower_idempotency_core::{
     CachedResponse, CommitError, FencingToken, Ownership, Problem, StoreError, StoreTransaction,
+    TransactionalStore,
 };
+
+use crate::{Backend, SqlStore};
 
 type Shared<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
 
@@ -203,29 +204,6 @@ impl IntoResponse for TxRejection {
     }
 }
 
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What the transactional mode needs from a SQL store.
-pub(crate) trait Backend: Send + Sync {
-    type DB: Database;
-    /// The statement that opens the handler's transaction.
-    const BEGIN: &'static str;
-    /// Whether the open transaction alone keeps other claimers out (SQLite's write lock).
-    const EXCLUSIVE: bool;
-
-    fn pool(&self) -> &Pool<Self::DB>;
-
-    /// The store's fenced completion statement, on the transaction's connection.
-    fn complete_in<'a>(
-        &'a self,
-        conn: &'a mut <Self::DB as Database>::Connection,
-        key: &'a str,
-        token: FencingToken,
-        response: &'a CachedResponse,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Ownership, StoreError>>;
-}
-
 /// Why a transaction could not be used; carried inside a [`StoreError`].
 #[derive(Debug, thiserror::Error)]
 enum TransactionState {
@@ -236,7 +214,7 @@ enum TransactionState {
 }
 
 fn map_error(error: sqlx::Error) -> StoreError {
-    crate::common::map_error(error, None, crate::DEFAULT_MAX_RECORD_BYTES)
+    crate::error::map_error(error, None, crate::DEFAULT_MAX_RECORD_BYTES)
 }
 
 /// Whether a failed `COMMIT` lost its connection, so that the server may have committed.
@@ -253,38 +231,32 @@ fn connection_lost(error: &sqlx::Error) -> bool {
     }
 }
 
-/// [`TransactionalStore::begin`](tower_idempotency_core::TransactionalStore::begin) for
-/// a SQL store.
-pub(crate) async fn begin<'s, B: Backend>(
-    backend: &'s B,
-    key: &str,
-    token: FencingToken,
-) -> Result<Box<dyn StoreTransaction + 's>, StoreError>
-where
-    B::DB: Database,
-{
-    let transaction = backend
-        .pool()
-        .begin_with(B::BEGIN)
-        .await
-        .map_err(map_error)?;
-    Ok(Box::new(SqlTransaction {
-        backend,
-        handle: TxHandle::new(transaction),
-        key: key.to_owned(),
-        token,
-    }))
+#[async_trait::async_trait]
+impl<DB: Backend> TransactionalStore for SqlStore<DB> {
+    async fn begin<'s>(
+        &'s self,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Box<dyn StoreTransaction + 's>, StoreError> {
+        let transaction = self.pool().begin_with(DB::BEGIN).await.map_err(map_error)?;
+        Ok(Box::new(SqlTransaction {
+            store: self,
+            handle: TxHandle::new(transaction),
+            key: key.to_owned(),
+            token,
+        }))
+    }
 }
 
-struct SqlTransaction<'s, B: Backend> {
-    backend: &'s B,
-    handle: TxHandle<B::DB>,
+struct SqlTransaction<'s, DB: Backend> {
+    store: &'s SqlStore<DB>,
+    handle: TxHandle<DB>,
     key: String,
     token: FencingToken,
 }
 
-impl<B: Backend> SqlTransaction<'_, B> {
-    fn take(&self) -> Result<Transaction<'static, B::DB>, StoreError> {
+impl<DB: Backend> SqlTransaction<'_, DB> {
+    fn take(&self) -> Result<Transaction<'static, DB>, StoreError> {
         let mut guard = self
             .handle
             .0
@@ -297,13 +269,13 @@ impl<B: Backend> SqlTransaction<'_, B> {
 }
 
 #[async_trait::async_trait]
-impl<B: Backend> StoreTransaction for SqlTransaction<'_, B> {
+impl<DB: Backend> StoreTransaction for SqlTransaction<'_, DB> {
     fn attach(&self, extensions: &mut http::Extensions) {
         extensions.insert(self.handle.clone());
     }
 
     fn holds_key_exclusively(&self) -> bool {
-        B::EXCLUSIVE
+        DB::EXCLUSIVE
     }
 
     async fn commit_with(
@@ -314,7 +286,7 @@ impl<B: Backend> StoreTransaction for SqlTransaction<'_, B> {
         let mut transaction = self.take().map_err(CommitError::NotCommitted)?;
         // A failed completion drops the transaction, which rolls it back.
         let ownership = self
-            .backend
+            .store
             .complete_in(&mut transaction, &self.key, self.token, response, ttl)
             .await
             .map_err(CommitError::NotCommitted)?;
@@ -339,90 +311,6 @@ impl<B: Backend> StoreTransaction for SqlTransaction<'_, B> {
             // Still held by the handler (or already finished): dropped with its last holder,
             // which rolls it back.
             Err(_) => Ok(()),
-        }
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-    use crate::PostgresStore;
-    use tower_idempotency_core::TransactionalStore;
-
-    impl Backend for PostgresStore {
-        type DB = sqlx::Postgres;
-        const BEGIN: &'static str = "BEGIN";
-        const EXCLUSIVE: bool = false;
-
-        fn pool(&self) -> &Pool<sqlx::Postgres> {
-            PostgresStore::pool(self)
-        }
-
-        fn complete_in<'a>(
-            &'a self,
-            conn: &'a mut sqlx::PgConnection,
-            key: &'a str,
-            token: FencingToken,
-            response: &'a CachedResponse,
-            ttl: Duration,
-        ) -> BoxFuture<'a, Result<Ownership, StoreError>> {
-            Box::pin(PostgresStore::complete_in(
-                self, conn, key, token, response, ttl,
-            ))
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl TransactionalStore for PostgresStore {
-        async fn begin<'s>(
-            &'s self,
-            key: &str,
-            token: FencingToken,
-        ) -> Result<Box<dyn StoreTransaction + 's>, StoreError> {
-            begin(self, key, token).await
-        }
-    }
-}
-
-#[cfg(feature = "sqlite")]
-mod sqlite {
-    use super::*;
-    use crate::SqliteStore;
-    use tower_idempotency_core::TransactionalStore;
-
-    impl Backend for SqliteStore {
-        type DB = sqlx::Sqlite;
-        // The write lock from the start: a deferred transaction that read first could not
-        // upgrade to a write after another connection's commit (`SQLITE_BUSY` at once).
-        const BEGIN: &'static str = "BEGIN IMMEDIATE";
-        const EXCLUSIVE: bool = true;
-
-        fn pool(&self) -> &Pool<sqlx::Sqlite> {
-            SqliteStore::pool(self)
-        }
-
-        fn complete_in<'a>(
-            &'a self,
-            conn: &'a mut sqlx::SqliteConnection,
-            key: &'a str,
-            token: FencingToken,
-            response: &'a CachedResponse,
-            ttl: Duration,
-        ) -> BoxFuture<'a, Result<Ownership, StoreError>> {
-            Box::pin(SqliteStore::complete_in(
-                self, conn, key, token, response, ttl,
-            ))
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl TransactionalStore for SqliteStore {
-        async fn begin<'s>(
-            &'s self,
-            key: &str,
-            token: FencingToken,
-        ) -> Result<Box<dyn StoreTransaction + 's>, StoreError> {
-            begin(self, key, token).await
         }
     }
 }

@@ -1,14 +1,12 @@
-//! Postgres store: the conformance suite plus the store's own guarantees, each test in its own
-//! table. Skips (saying so on stderr) when Postgres is unreachable, unless CI=true.
+//! Postgres store: the conformance suite, the tests every SQL store passes, and the store's own
+//! guarantees, each test in its own table. Skips (saying so on stderr) when Postgres is unreachable, unless CI=true.
 
 mod common;
 
 use std::{sync::Arc, time::Duration};
 
 use common::*;
-use tower_idempotency_core::{
-    conformance, ClaimOutcome, IdempotencyLayer, Ownership, RecordState, Store, StoreError,
-};
+use tower_idempotency_core::{ClaimOutcome, IdempotencyLayer, Ownership, Store, StoreError};
 use tower_idempotency_sqlx::{postgres_schema_sql, ConfigError, PostgresStore};
 
 mod suite {
@@ -24,62 +22,7 @@ mod suite_with_local_cache {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_with_separate_pools() {
-    let table = PgTable::new();
-    let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
-        return;
-    };
-    a.migrate().await.expect("migrate");
-    conformance::two_instances_over_http(Arc::new(a), Arc::new(b)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_wait_for_one_result() {
-    let table = PgTable::new();
-    let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
-        return;
-    };
-    a.migrate().await.expect("migrate");
-    conformance::waiting_across_instances_over_http(Arc::new(a), Arc::new(b)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_keeps_completed() {
-    let table = PgTable::new();
-    let Some(before) = table.store().await else {
-        return;
-    };
-    before.migrate().await.expect("migrate");
-    let after = table.store().await.expect("second pool");
-    conformance::restart_keeps_completed(Arc::new(before), Arc::new(after)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_request_takes_two_statements_and_a_replay_one() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    let store = guarded.store.clone();
-    let server = serve(IdempotencyLayer::client_keys(store.clone())).await;
-    let client = reqwest::Client::new();
-    let key = random_suffix();
-
-    let before = store.statements_executed();
-    let (status, replayed, first) = post_order(&client, &server.url, &key).await;
-    assert_eq!((status, replayed), (201, false));
-    assert_eq!(store.statements_executed() - before, 2, "claim + complete");
-
-    let before = store.statements_executed();
-    let (status, replayed, again) = post_order(&client, &server.url, &key).await;
-    assert_eq!((status, replayed), (201, true));
-    assert_eq!(again, first);
-    assert_eq!(store.statements_executed() - before, 1, "one claim replays");
-    assert_eq!(
-        server.executions.load(std::sync::atomic::Ordering::SeqCst),
-        1
-    );
-}
+sql_store_tests!(crate::common::PgTable);
 
 /// The claim statement is the only arbiter even across pools and on a key whose previous record
 /// expired: 100 claimers over two pools, repeated, always exactly one winner, and every loser
@@ -97,17 +40,7 @@ async fn hundred_claimers_over_two_pools_one_winner() {
         let key = Arc::new(random_key("race"));
         if round % 2 == 1 {
             // An expired in-flight record: the race is over its reclaim, not an insert.
-            token_of(
-                stores[0]
-                    .claim(
-                        &key,
-                        &fingerprint(9),
-                        tower_idempotency_core::FencingToken::random().unwrap(),
-                        short,
-                    )
-                    .await
-                    .expect("claim"),
-            );
+            token_of(claim(&*stores[0], &key, 9, short).await);
             tokio::time::sleep(short + Duration::from_millis(50)).await;
         }
         let barrier = Arc::new(tokio::sync::Barrier::new(100));
@@ -120,18 +53,7 @@ async fn hundred_claimers_over_two_pools_one_winner() {
                 );
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    (
-                        i,
-                        store
-                            .claim(
-                                &key,
-                                &fingerprint(i),
-                                tower_idempotency_core::FencingToken::random().unwrap(),
-                                Duration::from_secs(60),
-                            )
-                            .await
-                            .expect("claim"),
-                    )
+                    (i, claim(&*store, &key, i, Duration::from_secs(60)).await)
                 })
             })
             .collect();
@@ -150,64 +72,6 @@ async fn hundred_claimers_over_two_pools_one_winner() {
         assert_eq!(losers.len(), 99);
         assert!(losers.iter().all(|fp| *fp == fingerprint(winner)));
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crashed_holder_blocks_until_its_lease_expires() {
-    let table = PgTable::new();
-    let Some(crashed) = table.store().await else {
-        return;
-    };
-    crashed.migrate().await.expect("migrate");
-    let key = random_key("crash");
-    let lease = Duration::from_millis(300);
-    token_of(
-        crashed
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
-    // The holder's connections go away without completing or releasing.
-    crashed.pool().close().await;
-    drop(crashed);
-
-    let restarted = table.store().await.expect("reconnect");
-    match restarted
-        .claim(
-            &key,
-            &fingerprint(2),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            lease,
-        )
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::InFlight {
-            fingerprint: fp,
-            lease_remaining,
-        } => {
-            assert_eq!(fp, fingerprint(1));
-            assert!(lease_remaining <= lease, "{lease_remaining:?}");
-        }
-        other => panic!("the lease must still hold, got {other:?}"),
-    }
-    tokio::time::sleep(lease + Duration::from_millis(100)).await;
-    token_of(
-        restarted
-            .claim(
-                &key,
-                &fingerprint(2),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
 }
 
 #[tokio::test]
@@ -248,118 +112,6 @@ async fn unreachable_database_is_unavailable() {
     );
 }
 
-#[tokio::test]
-async fn oversize_record_is_rejected_and_the_key_can_be_released() {
-    let table = PgTable::new();
-    let Some(store) = table.store().await else {
-        return;
-    };
-    let store = store.with_max_record_bytes(1024);
-    store.migrate().await.expect("migrate");
-    let key = random_key("big");
-    let lease = Duration::from_secs(60);
-    let token = token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
-    let mut big = response("");
-    big.body = bytes::Bytes::from(vec![7u8; 4096]);
-    match store.complete(&key, token, &big, lease).await {
-        Err(StoreError::RecordTooLarge { size, limit }) => {
-            assert!(size > 4096, "{size}");
-            assert_eq!(limit, 1024);
-        }
-        other => panic!("expected RecordTooLarge, got {other:?}"),
-    }
-    assert_eq!(
-        store.release(&key, token).await.expect("release"),
-        Ownership::Current
-    );
-    assert_eq!(store.get(&key).await.expect("get"), None);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transaction_hooks_commit_and_roll_back_with_the_caller() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    let store = &guarded.store;
-    let lease = Duration::from_secs(60);
-
-    let rolled_back = random_key("rollback");
-    let mut tx = store.pool().begin().await.expect("begin");
-    let token = token_of(
-        store
-            .claim_in(
-                &mut tx,
-                &rolled_back,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
-    let done = store
-        .complete_in(&mut tx, &rolled_back, token, &response("x"), lease)
-        .await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
-    tx.rollback().await.expect("rollback");
-    assert_eq!(store.get(&rolled_back).await.expect("get"), None);
-
-    let committed = random_key("commit");
-    let mut tx = store.pool().begin().await.expect("begin");
-    let token = token_of(
-        store
-            .claim_in(
-                &mut tx,
-                &committed,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
-    // Until the transaction commits, other connections see the claim as in flight (they wait
-    // for the row lock only if they race the insert; afterwards they read the committed row).
-    let done = store
-        .complete_in(&mut tx, &committed, token, &response("kept"), lease)
-        .await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
-    tx.commit().await.expect("commit");
-    match store.get(&committed).await.expect("get") {
-        Some(RecordState::Completed { record, .. }) => assert_eq!(record.response.body, "kept"),
-        other => panic!("expected the committed record, got {other:?}"),
-    }
-
-    let released = random_key("release");
-    let mut tx = store.pool().begin().await.expect("begin");
-    let token = token_of(
-        store
-            .claim_in(
-                &mut tx,
-                &released,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
-    let done = store.release_in(&mut tx, &released, token).await;
-    assert_eq!(done.expect("release"), Ownership::Current);
-    tx.commit().await.expect("commit");
-    assert_eq!(store.get(&released).await.expect("get"), None);
-}
-
 /// A claim inside an open transaction holds the row: a concurrent duplicate waits for the
 /// commit and then replays the committed result instead of running the handler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,17 +137,7 @@ async fn duplicate_waits_for_the_claiming_transaction() {
     );
     let mut duplicate = tokio::spawn({
         let (store, key) = (store.clone(), key.clone());
-        async move {
-            store
-                .claim(
-                    &key,
-                    &fingerprint(1),
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    lease,
-                )
-                .await
-                .expect("claim")
-        }
+        async move { claim(&*store, &key, 1, lease).await }
     });
     assert!(
         tokio::time::timeout(Duration::from_millis(300), &mut duplicate)
@@ -435,28 +177,10 @@ async fn replays_and_duplicates_do_not_write() {
             .await
             .expect("xmin")
     };
-    let token = token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
+    let token = token_of(claim(store, &key, 1, lease).await);
     let in_flight = version(key.clone()).await;
     for _ in 0..3 {
-        let outcome = store
-            .claim(
-                &key,
-                &fingerprint(2),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim");
+        let outcome = claim(store, &key, 2, lease).await;
         assert!(
             matches!(outcome, ClaimOutcome::InFlight { .. }),
             "{outcome:?}"
@@ -468,112 +192,13 @@ async fn replays_and_duplicates_do_not_write() {
     let completed = version(key.clone()).await;
     assert_ne!(completed, in_flight);
     for _ in 0..3 {
-        let outcome = store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim");
+        let outcome = claim(store, &key, 1, lease).await;
         assert!(
             matches!(outcome, ClaimOutcome::Completed { .. }),
             "{outcome:?}"
         );
     }
     assert_eq!(version(key).await, completed);
-}
-
-async fn count_rows(store: &PostgresStore) -> i64 {
-    sqlx::query_scalar(&format!(r#"SELECT count(*) FROM "{}""#, store.table()))
-        .fetch_one(store.pool())
-        .await
-        .expect("count")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_deletes_only_expired_records() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    let store = &guarded.store;
-    // Long enough that the set-up (nine statements) ends well inside it on a loaded machine.
-    let short = Duration::from_millis(1500);
-    for i in 0..5 {
-        let key = random_key(&format!("purge{i}"));
-        let token = token_of(
-            store
-                .claim(
-                    &key,
-                    &fingerprint(1),
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    short,
-                )
-                .await
-                .expect("claim"),
-        );
-        if i % 2 == 0 {
-            store
-                .complete(&key, token, &response("x"), short)
-                .await
-                .expect("complete");
-        }
-    }
-    let live = random_key("live");
-    token_of(
-        store
-            .claim(
-                &live,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                Duration::from_secs(60),
-            )
-            .await
-            .expect("claim"),
-    );
-    assert_eq!(
-        store.purge_expired().await.expect("purge"),
-        0,
-        "nothing expired yet"
-    );
-    tokio::time::sleep(short + Duration::from_millis(200)).await;
-    assert_eq!(store.purge_expired().await.expect("purge"), 5);
-    assert_eq!(count_rows(store).await, 1);
-    assert!(store.get(&live).await.expect("get").is_some());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn background_purger_runs_and_stops_with_the_store() {
-    let table = PgTable::new();
-    let Some(store) = table.store().await else {
-        return;
-    };
-    let store = Arc::new(store);
-    store.migrate().await.expect("migrate");
-    let key = random_key("purger");
-    token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                Duration::from_millis(100),
-            )
-            .await
-            .expect("claim"),
-    );
-    let purger = store.spawn_purger(Duration::from_millis(50));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while count_rows(&store).await != 0 {
-        assert!(tokio::time::Instant::now() < deadline, "purger did not run");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    drop(store);
-    tokio::time::timeout(Duration::from_secs(2), purger)
-        .await
-        .expect("the purger stops once the store is dropped")
-        .expect("purger task");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -593,17 +218,7 @@ async fn concurrent_migrations() {
         migration.await.expect("task").expect("concurrent migrate");
     }
     let key = random_key("migrated");
-    let token = token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                Duration::from_secs(60),
-            )
-            .await
-            .expect("claim"),
-    );
+    let token = token_of(claim(&*store, &key, 1, Duration::from_secs(60)).await);
     assert_eq!(
         store.release(&key, token).await.expect("release"),
         Ownership::Current
@@ -644,17 +259,7 @@ async fn tokens_stay_unique_after_a_lossy_failover() {
     } else {
         None
     };
-    let lost = token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim"),
-    );
+    let lost = token_of(claim(&store, &key, 1, lease).await);
     // The failover: the promoted replica never saw the claim, nor the sequence advance.
     sqlx::query(&format!(
         r#"DELETE FROM "{}" WHERE key = $1"#,
@@ -672,17 +277,7 @@ async fn tokens_stay_unique_after_a_lossy_failover() {
             .await
             .expect("rewind the sequence");
     }
-    let current = token_of(
-        store
-            .claim(
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease,
-            )
-            .await
-            .expect("claim after the failover"),
-    );
+    let current = token_of(claim(&store, &key, 1, lease).await);
     assert_ne!(
         lost, current,
         "the new holder must not share the lost holder's token"
@@ -700,39 +295,6 @@ fn schema_sql_names_the_table() {
     let sql = postgres_schema_sql("orders_idem");
     assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "orders_idem""#));
     assert!(!sql.contains("SEQUENCE"), "tokens need no sequence");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_mid_request() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    common::client_disconnect_mid_request(Arc::new(guarded)).await;
-}
-
-#[tokio::test]
-async fn missing_table_is_a_backend_error() {
-    let table = PgTable::new();
-    let Some(store) = table.store().await else {
-        return;
-    };
-    let result = store
-        .claim(
-            &random_key("nomigrate"),
-            &fingerprint(1),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(1),
-        )
-        .await;
-    match result {
-        Err(error @ StoreError::Backend(_)) => {
-            let source = std::error::Error::source(&error)
-                .expect("source")
-                .to_string();
-            assert!(source.contains("42P01"), "{source}");
-        }
-        other => panic!("expected a backend error, got {other:?}"),
-    }
 }
 
 /// A store on a pool of its own through the round-trip counting proxy, with `lanes` lanes.
@@ -836,24 +398,8 @@ async fn blocked_claim(
                 .await
         }
     });
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{table}\"%'"
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(&waiting)
-            .fetch_one(owner.pool())
-            .await
-            .expect("pg_stat_activity");
-        if n > 0 {
-            return (blocker, blocked);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the claim never blocked"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_one_waits_on_a_lock(owner, &table).await;
+    (blocker, blocked)
 }
 
 /// A claim cancelled while Postgres blocks it (another transaction holds an uncommitted row of
@@ -936,16 +482,6 @@ async fn a_dead_lane_connection_is_replaced() {
     }
 }
 
-/// Closing the pool does not wait for the store to be dropped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn closing_the_pool_empties_the_lanes() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    let store = &guarded.store;
-    closing_the_pool_does_not_wait_for_the_store(&**store, || store.pool().close()).await;
-}
-
 /// Waiting for a lane is bounded like a pool acquire: with the only lane stuck behind another
 /// transaction's row lock, the next call fails `Unavailable` after the pool's acquire timeout
 /// instead of waiting for the lock. Lanes are capped at all but one of the pool's connections.
@@ -1010,34 +546,6 @@ async fn migrate_on_a_live_table_does_not_wait_for_open_transactions() {
         matches!(migrated, Ok(Ok(()))),
         "migrate waited for an open claim_in transaction: {migrated:?}"
     );
-}
-
-/// A claim that waited on another transaction's row lock longer than its lease must still get
-/// its whole lease: the statement dates the lease from when it arrived.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_that_waited_for_a_row_lock_gets_its_whole_lease() {
-    let Some(guarded) = pg_store().await else {
-        return;
-    };
-    let store = guarded.store.clone();
-    let key = random_key("lock-wait");
-    let mut tx = store.pool().begin().await.expect("begin");
-    token_of(
-        store
-            .claim_in(
-                &mut tx,
-                &key,
-                &fingerprint(1),
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                Duration::from_secs(60),
-            )
-            .await
-            .expect("claim_in"),
-    );
-    a_claim_behind_a_lock_gets_its_whole_lease(store, &key, async move {
-        tx.rollback().await.expect("rollback")
-    })
-    .await;
 }
 
 /// `migrate()` looks for the purge index beside its own table: a same-named table and index in

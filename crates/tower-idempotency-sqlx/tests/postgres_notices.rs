@@ -22,31 +22,29 @@ async fn two_stores(table: &PgTable) -> Option<(Arc<PostgresStore>, Arc<Postgres
     Some((Arc::new(a), Arc::new(b)))
 }
 
+/// Runs a core check of two instances on two stores over one fresh table.
+async fn across_two_stores<F: std::future::Future<Output = ()>>(
+    check: impl FnOnce(Arc<dyn Store>, Arc<dyn Store>) -> F,
+) {
+    let table = PgTable::new();
+    if let Some((a, b)) = two_stores(&table).await {
+        check(a, b).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_keys_are_notified_to_another_instance() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
-        return;
-    };
-    conformance::settlements_are_notified_across_instances(a, b).await;
+    across_two_stores(conformance::settlements_are_notified_across_instances).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_on_another_instance_are_woken_by_notify() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
-        return;
-    };
-    conformance::waiting_across_instances_is_notified_over_http(a, b).await;
+    across_two_stores(conformance::waiting_across_instances_is_notified_over_http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notified_waiter_that_disconnects_leaves_nothing_behind() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
-        return;
-    };
-    conformance::notified_waiter_leaves_nothing_behind_over_http(a, b).await;
+    across_two_stores(conformance::notified_waiter_leaves_nothing_behind_over_http).await;
 }
 
 /// The backend pids of the connections listening on `table`'s channel.
@@ -279,25 +277,6 @@ async fn migrate_adds_the_watched_column_to_an_older_table() {
     tokio::time::timeout(Duration::from_secs(5), waiter.settled())
         .await
         .expect("notified");
-}
-
-/// The backends of the calls on `table` queued behind a row lock, polled until there is one.
-async fn until_one_waits_on_a_lock(store: &PostgresStore, table: &str) {
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\"{table}\"%'"
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(&waiting)
-            .fetch_one(store.pool())
-            .await
-            .expect("pg_stat_activity");
-        if n > 0 {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "nothing blocked");
-        tokio::task::yield_now().await;
-    }
 }
 
 /// A waiter's mark and the holder's completion, in either order, leave the waiter finishing:

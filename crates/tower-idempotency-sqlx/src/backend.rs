@@ -1,0 +1,195 @@
+//! What differs between the databases a [`SqlStore`](crate::SqlStore) runs on: the SQL text, the
+//! DDL, how parameters are bound and rows decoded, how a pool is opened, and whether waiters in
+//! other instances hear of settled keys. Everything else (lanes, lease rules, fencing, error
+//! mapping, statement counting) is written once in [`crate::store`].
+
+use std::{fmt::Debug, future::Future, pin::Pin};
+
+use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
+use tower_idempotency_core::Settlements;
+
+use crate::record::RawRecord;
+
+/// A statement with its parameters bound, ready to run.
+pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments<'q>>;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Running statements, for every sqlx database whose connections are executors. A supertrait
+/// of [`Backend`] so that the sqlx bounds are written here once, not on every generic item.
+pub trait Execute: Database {
+    /// Runs a statement that returns at most one row.
+    fn fetch_optional<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        statement: Statement<'q, Self>,
+    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>>;
+
+    /// Runs a statement that returns no rows.
+    fn execute<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        statement: Statement<'q, Self>,
+    ) -> BoxFuture<'e, Result<Self::QueryResult, sqlx::Error>>;
+
+    /// Runs `sql`, which may hold several statements, on a connection of `pool`.
+    fn execute_script<'e>(
+        pool: &'e Pool<Self>,
+        sql: &'e str,
+    ) -> BoxFuture<'e, Result<(), sqlx::Error>>;
+}
+
+impl<DB: Database> Execute for DB
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    fn fetch_optional<'e, 'q: 'e>(
+        conn: &'e mut DB::Connection,
+        statement: Statement<'q, DB>,
+    ) -> BoxFuture<'e, Result<Option<DB::Row>, sqlx::Error>> {
+        Box::pin(statement.fetch_optional(conn))
+    }
+
+    fn execute<'e, 'q: 'e>(
+        conn: &'e mut DB::Connection,
+        statement: Statement<'q, DB>,
+    ) -> BoxFuture<'e, Result<DB::QueryResult, sqlx::Error>> {
+        Box::pin(statement.execute(conn))
+    }
+
+    fn execute_script<'e>(
+        pool: &'e Pool<DB>,
+        sql: &'e str,
+    ) -> BoxFuture<'e, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::raw_sql(sql).execute(pool).await?;
+            Ok(())
+        })
+    }
+}
+
+/// Rows removed per purge statement, so a purge never holds locks on a large part of the table.
+pub(crate) const PURGE_BATCH: i64 = 1000;
+
+/// The SQL text of a store's statements, made once per store for its table.
+#[derive(Debug)]
+pub struct Statements {
+    pub(crate) claim: String,
+    pub(crate) complete: String,
+    pub(crate) renew: String,
+    pub(crate) release: String,
+    pub(crate) get: String,
+    pub(crate) forget: String,
+    pub(crate) purge: String,
+}
+
+/// The parameters of one statement, which a backend binds in the order its SQL text expects.
+/// Durations are milliseconds; `now_ms` is the store's clock, for backends that date rows
+/// themselves (SQLite) rather than with the database's clock (Postgres).
+#[derive(Debug)]
+pub enum Params<'q> {
+    /// [`Statements::claim`].
+    Claim {
+        key: &'q str,
+        fingerprint: &'q [u8],
+        token: i64,
+        lease_ms: i64,
+    },
+    /// [`Statements::complete`].
+    Complete {
+        key: &'q str,
+        token: i64,
+        status: u16,
+        headers: Vec<u8>,
+        body: &'q [u8],
+        body_omitted: bool,
+        ttl_ms: i64,
+    },
+    /// [`Statements::renew`].
+    Renew {
+        key: &'q str,
+        token: i64,
+        lease_ms: i64,
+    },
+    /// [`Statements::release`].
+    Release { key: &'q str, token: i64 },
+    /// [`Statements::get`].
+    Get { key: &'q str },
+    /// [`Statements::forget`].
+    Forget { key: &'q str },
+    /// [`Statements::purge`].
+    Purge,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    #[cfg(feature = "sqlite")]
+    impl Sealed for sqlx::Sqlite {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for sqlx::Postgres {}
+}
+
+/// A database a [`SqlStore`](crate::SqlStore) runs on: `sqlx::Sqlite` (feature `sqlite`) and
+/// `sqlx::Postgres` (feature `postgres`). Sealed: the store's guarantees rest on the SQL each
+/// backend runs, which the crate's tests check against the real databases.
+pub trait Backend: Execute + sealed::Sealed + Debug {
+    /// The name [`Store::name`](tower_idempotency_core::Store::name) reports.
+    #[doc(hidden)]
+    const STORE_NAME: &'static str;
+    /// The statement that opens a transactional-mode transaction.
+    #[doc(hidden)]
+    const BEGIN: &'static str;
+    /// Whether an open transaction alone keeps other claimers out (SQLite's write lock).
+    #[doc(hidden)]
+    const EXCLUSIVE: bool;
+    /// Whether the database takes one writer at a time (SQLite). The store then runs writes on
+    /// one lane and reads on the others, and a claim first reads the key on a reader lane, so a
+    /// replay or an in-flight duplicate never takes the write lock. Otherwise the claim
+    /// statement reads before it writes by itself.
+    #[doc(hidden)]
+    const ONE_WRITER: bool;
+
+    /// The DDL of the store's table.
+    #[doc(hidden)]
+    fn schema_sql(table: &str) -> String;
+
+    /// What `migrate()` runs: the DDL, with whatever makes concurrent migrations safe.
+    #[doc(hidden)]
+    fn migration_sql(table: &str) -> String {
+        Self::schema_sql(table)
+    }
+
+    /// The statements on `table`.
+    #[doc(hidden)]
+    fn statements(table: &str) -> Statements;
+
+    /// Binds `params` to `sql`, the statement of [`Statements`] they belong to.
+    #[doc(hidden)]
+    fn bind<'q>(sql: &'q str, now_ms: i64, params: Params<'q>) -> Statement<'q, Self>;
+
+    /// Decodes a row the claim, get or forget statement returned; `now_ms` is the time the
+    /// statement was bound with.
+    #[doc(hidden)]
+    fn decode(row: &Self::Row, now_ms: i64) -> Result<RawRecord, sqlx::Error>;
+
+    /// How many rows a statement changed (sqlx has no trait for it).
+    #[doc(hidden)]
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Opens the pool `connect()` uses.
+    #[doc(hidden)]
+    fn connect_pool(url: &str) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
+
+    /// What a store keeps to tell its waiters of keys other instances settled.
+    #[doc(hidden)]
+    type Notices: Debug + Send + Sync;
+
+    /// A store's notices on `table`, or `None` where the database sends none (its waiters
+    /// re-claim on their bounded poll). Opens no connection.
+    #[doc(hidden)]
+    fn notices(pool: &Pool<Self>, table: &str) -> Option<Self::Notices>;
+
+    /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns
+    /// for a store with `notices`.
+    #[doc(hidden)]
+    fn settlements(notices: &Self::Notices) -> Settlements;
+}

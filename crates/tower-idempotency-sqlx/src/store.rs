@@ -1,0 +1,518 @@
+//! The store, written once over a [`Backend`]: [`SqlStore<Sqlite>`](crate::SqliteStore) and
+//! [`SqlStore<Postgres>`](crate::PostgresStore).
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use sqlx::Pool;
+use tower_idempotency_core::{
+    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlements,
+    Store, StoreError,
+};
+
+use crate::{
+    backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
+    clock::StoreClock,
+    error, lanes,
+    lanes::{Lanes, StoreLanes},
+    lease,
+    record::{millis, ownership, token_param, Completion, RawRecord, TokenOutOfRange},
+    validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
+};
+
+/// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
+/// ([`PostgresStore`](crate::PostgresStore)).
+///
+/// Every call is a single statement (see the [crate documentation](crate) for the SQL shape and
+/// round-trip counts), run on one of the store's [lanes](Self::with_connection_lanes).
+///
+/// **Postgres**: several application instances sharing one database coordinate through the
+/// table, whose primary key decides every race. Times are taken from the database clock
+/// (`statement_timestamp()`), so application hosts need no synchronised clocks.
+///
+/// **SQLite**: durable across restarts, shared by every process on the host that opens the same
+/// file. A claim reads the key first, so replays and in-flight duplicates are reads that run
+/// in parallel; the writes of one process run one at a time on a writer lane (across
+/// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
+/// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
+/// step of the system clock while the store runs does not expire live leases (or extend them).
+/// Processes sharing the file agree on the time up to any clock step taken between their
+/// starts; start them after the clock is synchronised (e.g. after systemd's
+/// `time-sync.target`).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency_sqlx::{PostgresStore, SqliteStore};
+/// let store = SqliteStore::connect("sqlite:///var/lib/app/idempotency.db").await?;
+/// store.migrate().await?;
+/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+/// let store = PostgresStore::new(pool, "idempotency_records")?;
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SqlStore<DB: Backend> {
+    lanes: StoreLanes<DB>,
+    table: String,
+    sql: Statements,
+    max_record_bytes: usize,
+    statements: AtomicU64,
+    pub(crate) clock: StoreClock,
+    notices: Option<DB::Notices>,
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// A store on `pool` using `table`, which must pass
+    /// [`validate_table_name`](crate::validate_table_name). Runs no SQL; call
+    /// [`migrate`](Self::migrate) or create the table with the backend's `schema_sql` first.
+    ///
+    /// On SQLite, open the pool in WAL mode with a busy timeout (as [`connect`](Self::connect)
+    /// does), or concurrent requests fail with "database is locked".
+    pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
+        validate_table_name(table)?;
+        Ok(Self {
+            lanes: StoreLanes::new(
+                pool.clone(),
+                lanes::default_lane_count(&pool),
+                DB::ONE_WRITER,
+            ),
+            table: table.to_owned(),
+            sql: DB::statements(table),
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            statements: AtomicU64::new(0),
+            clock: StoreClock::system(),
+            notices: DB::notices(&pool, table),
+        })
+    }
+
+    /// Opens a pool on `url` and uses the [`DEFAULT_TABLE`].
+    ///
+    /// SQLite (`sqlite://path` or `sqlite::memory:`): creates the file if missing, in WAL mode
+    /// with `synchronous = NORMAL` and a [`SQLITE_BUSY_TIMEOUT`](crate::SQLITE_BUSY_TIMEOUT)
+    /// busy timeout, on a pool of 8 connections (the store keeps 4 of them as
+    /// [lanes](Self::with_connection_lanes)). Postgres: 10 connections, 5 s acquire timeout;
+    /// the store keeps 5 of them as lanes.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::connect_with_table(url, DEFAULT_TABLE).await
+    }
+
+    /// Like [`connect`](Self::connect) with a table of your choice.
+    pub async fn connect_with_table(url: &str, table: &str) -> Result<Self, ConnectError> {
+        validate_table_name(table)?;
+        let pool = DB::connect_pool(url)
+            .await
+            .map_err(ConnectError::Database)?;
+        Ok(Self::new(pool, table)?)
+    }
+
+    /// Sets the largest record (encoded headers plus body) [`complete`](Store::complete)
+    /// accepts; larger ones fail with [`StoreError::RecordTooLarge`] without touching the
+    /// database. Defaults to [`DEFAULT_MAX_RECORD_BYTES`].
+    pub fn with_max_record_bytes(mut self, limit: usize) -> Self {
+        self.max_record_bytes = limit;
+        self
+    }
+
+    /// Sets how many of the pool's connections the store keeps checked out for its own
+    /// statements (capped at all but one of the pool's connections; `0` takes a connection from
+    /// the pool per statement). Defaults to half the pool's maximum size. Waiting for a lane is
+    /// bounded by the pool's `acquire_timeout`, as a pool acquire is.
+    ///
+    /// On SQLite, with two lanes or more, one lane is the writer (every statement that may write
+    /// runs on it, one at a time) and the others run reads; with one lane, reads share it.
+    ///
+    /// Why: sqlx's pool pings a connection when it hands it out and again when it takes it back
+    /// (for SQLite, a message to the connection's worker thread and back), so a store call
+    /// through the pool costs three round trips; on a held connection it costs one (a
+    /// connection idle for more than a second is pinged before use, and one whose statement
+    /// failed or was cancelled goes back to the pool to be checked). Leave enough of the pool
+    /// for the application and for [`claim_in`](Self::claim_in) transactions.
+    pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = StoreLanes::new(self.lanes.pool().clone(), lanes, DB::ONE_WRITER);
+        self
+    }
+
+    /// How many connections the store keeps checked out for its statements; see
+    /// [`with_connection_lanes`](Self::with_connection_lanes).
+    pub fn connection_lanes(&self) -> usize {
+        self.lanes.count()
+    }
+
+    /// The pool this store runs on.
+    pub fn pool(&self) -> &Pool<DB> {
+        self.lanes.pool()
+    }
+
+    /// The table this store uses.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// How many SQL statements this store has executed, for tests and metrics.
+    pub fn statements_executed(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Creates the table and its index if they do not exist (the backend's `schema_sql`). On
+    /// Postgres it is safe to run from several instances at once: it holds a
+    /// transaction-scoped advisory lock.
+    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+        DB::execute_script(self.pool(), &DB::migration_sql(&self.table)).await
+    }
+
+    /// Deletes every expired record and returns how many were deleted.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let done = self.purge_batch().await?;
+            total += done;
+            if done < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs [`purge_expired`](Self::purge_expired) every `every` until the last `Arc` of the
+    /// store is dropped (or the returned handle is aborted). Failures are logged and retried at
+    /// the next tick.
+    pub fn spawn_purger(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let store = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                // Holding only a weak reference between runs lets the store (and its pool) drop.
+                let Some(store) = store.upgrade() else { return };
+                match store.purge_expired().await {
+                    Ok(0) => {}
+                    Ok(purged) => tracing::debug!(purged, "purged expired idempotency records"),
+                    Err(error) => {
+                        tracing::warn!(%error, "purging expired idempotency records failed")
+                    }
+                }
+            }
+        })
+    }
+
+    /// [`Store::claim`] on a connection or transaction of the caller's, e.g. to claim the key in
+    /// the same transaction as the business write (`store.claim_in(&mut tx, ..)`).
+    ///
+    /// On SQLite, start such a transaction with `pool.begin_with("BEGIN IMMEDIATE")`: in a
+    /// deferred transaction that read before claiming, another connection's commit makes the
+    /// claim's upgrade to a write fail with `SQLITE_BUSY` at once instead of waiting.
+    pub async fn claim_in(
+        &self,
+        conn: &mut DB::Connection,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let now = self.clock.now_ms();
+        let claim = Params::Claim {
+            key,
+            fingerprint: &fingerprint.as_bytes()[..],
+            token,
+            lease_ms: millis(lease),
+        };
+        self.count();
+        let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
+            .await
+            .map_err(|e| self.map_error(e, None))?
+            .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?;
+        self.decode(&row, now)?.into_claim_outcome(token)
+    }
+
+    /// [`Store::complete`] on a connection or transaction of the caller's.
+    pub async fn complete_in(
+        &self,
+        conn: &mut DB::Connection,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        match Completion::prepare(token, response, ttl, self.max_record_bytes)? {
+            Some(completion) => self.complete_with(conn, key, completion).await,
+            None => Ok(Ownership::Stale),
+        }
+    }
+
+    /// [`Store::release`] on a connection or transaction of the caller's.
+    pub async fn release_in(
+        &self,
+        conn: &mut DB::Connection,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Ownership, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        let release = Params::Release { key, token };
+        self.fenced(conn, &self.sql.release, release, None).await
+    }
+}
+
+/// The statements' plumbing: binding, counting, error mapping, lanes.
+impl<DB: Backend> SqlStore<DB> {
+    fn count(&self) {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn map_error(&self, error: sqlx::Error, size: Option<usize>) -> StoreError {
+        error::map_error(error, size, self.max_record_bytes)
+    }
+
+    fn decode(&self, row: &DB::Row, now: i64) -> Result<RawRecord, StoreError> {
+        DB::decode(row, now).map_err(|e| self.map_error(e, None))
+    }
+
+    fn bind<'q>(&self, sql: &'q str, params: Params<'q>) -> Statement<'q, DB> {
+        DB::bind(sql, self.clock.now_ms(), params)
+    }
+
+    /// Runs `statement` on a write lane (see [`crate::lanes`]).
+    async fn on_lane<T>(
+        &self,
+        statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.on(self.lanes.writes(), statement).await
+    }
+
+    /// Runs `statement` on one of `lanes`; the lane keeps its connection only when the
+    /// statement succeeded.
+    async fn on<T>(
+        &self,
+        lanes: &Lanes<DB>,
+        statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut lane = lanes.take().await.map_err(|e| self.map_error(e, None))?;
+        let result = match lane.connection().await {
+            Ok(conn) => statement(conn).await,
+            Err(error) => Err(self.map_error(error, None)),
+        };
+        lane.settle(result.is_ok());
+        result
+    }
+
+    /// Runs a statement fenced by the caller's token: whether it changed the caller's row.
+    /// Bound once a connection is ours, so a lease is dated after any wait for a lane.
+    async fn fenced(
+        &self,
+        conn: &mut DB::Connection,
+        sql: &str,
+        params: Params<'_>,
+        size: Option<usize>,
+    ) -> Result<Ownership, StoreError> {
+        self.count();
+        let done = DB::execute(conn, self.bind(sql, params))
+            .await
+            .map_err(|e| self.map_error(e, size))?;
+        Ok(ownership(DB::rows_affected(&done)))
+    }
+
+    /// The completion's statement, on a record [`Completion::prepare`] checked.
+    async fn complete_with(
+        &self,
+        conn: &mut DB::Connection,
+        key: &str,
+        completion: Completion<'_>,
+    ) -> Result<Ownership, StoreError> {
+        let size = completion.size;
+        let params = Params::Complete {
+            key,
+            token: completion.token,
+            status: completion.response.status.as_u16(),
+            headers: completion.headers,
+            body: &completion.response.body[..],
+            body_omitted: completion.response.body_omitted,
+            ttl_ms: completion.ttl_ms,
+        };
+        self.fenced(conn, &self.sql.complete, params, Some(size))
+            .await
+    }
+
+    /// One renewal statement.
+    async fn renew_once(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        let lease_ms = millis(lease);
+        self.on_lane(async |conn| {
+            let renew = Params::Renew {
+                key,
+                token,
+                lease_ms,
+            };
+            self.fenced(conn, &self.sql.renew, renew, None).await
+        })
+        .await
+    }
+
+    /// One purge statement: with one writer, on the writer lane, so it waits its turn instead
+    /// of making requests wait in SQLite's busy handler; otherwise on a connection from the
+    /// pool, so a purge of a large backlog does not hold up a lane.
+    async fn purge_batch(&self) -> Result<u64, StoreError> {
+        let purge = async |conn: &mut DB::Connection| {
+            self.count();
+            let done = DB::execute(conn, self.bind(&self.sql.purge, Params::Purge))
+                .await
+                .map_err(|e| self.map_error(e, None))?;
+            Ok(DB::rows_affected(&done))
+        };
+        if DB::ONE_WRITER {
+            return self.on_lane(purge).await;
+        }
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        purge(&mut conn).await
+    }
+
+    /// The key's live record read on a reader lane, as a claim reports it: a replay or an
+    /// in-flight duplicate is answered without a write. `None`: no live record, claim it.
+    async fn read_live(
+        &self,
+        key: &str,
+        token: FencingToken,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let get = Params::Get { key };
+        let Some((row, now)) = self
+            .fetch_on(self.lanes.reads(), &self.sql.get, get)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.decode(&row, now)?.into_claim_outcome(token).map(Some)
+    }
+
+    /// Runs a statement that returns at most one row, on one of `lanes`.
+    async fn fetch_on(
+        &self,
+        lanes: &Lanes<DB>,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Option<(DB::Row, i64)>, StoreError> {
+        self.on(lanes, async |conn| {
+            let now = self.clock.now_ms();
+            self.count();
+            let row = DB::fetch_optional(conn, DB::bind(sql, now, params))
+                .await
+                .map_err(|e| self.map_error(e, None))?;
+            Ok(row.map(|row| (row, now)))
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl<DB: Backend> Store for SqlStore<DB> {
+    /// The transactional mode's transactions (see [`crate::transactional`]).
+    fn transactions(&self) -> Option<&dyn tower_idempotency_core::TransactionalStore> {
+        Some(self)
+    }
+
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let claim_once = || async {
+            if DB::ONE_WRITER {
+                if let Some(live) = self.read_live(key, token).await? {
+                    return Ok(live);
+                }
+            }
+            self.on_lane(async |conn| self.claim_in(conn, key, fingerprint, token, lease).await)
+                .await
+        };
+        lease::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        lease::renew_for_a_whole_lease(|| self.renew_once(key, token, lease), lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        token: FencingToken,
+        response: &CachedResponse,
+        ttl: Duration,
+    ) -> Result<Ownership, StoreError> {
+        // Checked before a lane is taken: an oversized record never touches the database.
+        match Completion::prepare(token, response, ttl, self.max_record_bytes)? {
+            Some(completion) => {
+                self.on_lane(async |conn| self.complete_with(conn, key, completion).await)
+                    .await
+            }
+            None => Ok(Ownership::Stale),
+        }
+    }
+
+    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.on_lane(async |conn| self.release_in(conn, key, token).await)
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
+        let get = Params::Get { key };
+        match self
+            .fetch_on(self.lanes.reads(), &self.sql.get, get)
+            .await?
+        {
+            None => Ok(None),
+            Some((row, now)) => self.decode(&row, now)?.into_state().map(Some),
+        }
+    }
+
+    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
+        let forget = Params::Forget { key };
+        match self
+            .fetch_on(self.lanes.writes(), &self.sql.forget, forget)
+            .await?
+        {
+            None => Ok(false),
+            // A deleted record that had expired was absent already.
+            Some((row, now)) => Ok(self.decode(&row, now)?.remaining_ms > 0),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        DB::STORE_NAME
+    }
+
+    /// Postgres: `LISTEN/NOTIFY` on the channel `<table>_settled`: `complete`, `release` and
+    /// `forget` notify the hex SHA-256 of the key they changed, in the same statement, when a
+    /// waiter marked the key ([`Settlements::watch`] sets its `watched` column, which a new
+    /// claim clears); each store object keeps one `LISTEN` connection of its own (besides its
+    /// pool), opened on the first request through a waiting layer and reopened after a failure
+    /// (100 ms, doubling up to 5 s, waiters poll meanwhile). SQLite: none, waiters poll.
+    fn settlements(&self) -> Option<Settlements> {
+        self.notices.as_ref().map(DB::settlements)
+    }
+}
