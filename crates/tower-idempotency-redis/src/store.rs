@@ -220,31 +220,6 @@ enum ReplyError {
     StagedValueMissing,
 }
 
-/// The outcome of a claim that found `existing` in place.
-fn claim_outcome(existing: RecordState, token: FencingToken) -> ClaimOutcome {
-    match existing {
-        // Our own record: a claim the client resent after its first attempt landed.
-        RecordState::InFlight { token: holder, .. } if holder == token => {
-            ClaimOutcome::Claimed { token }
-        }
-        RecordState::InFlight {
-            fingerprint,
-            lease_remaining,
-            ..
-        } => ClaimOutcome::InFlight {
-            fingerprint,
-            lease_remaining,
-        },
-        RecordState::Completed {
-            record,
-            ttl_remaining,
-        } => ClaimOutcome::Completed {
-            record,
-            ttl_remaining,
-        },
-    }
-}
-
 #[async_trait::async_trait]
 impl Store for RedisStore {
     async fn claim(
@@ -269,10 +244,27 @@ impl Store for RedisStore {
             .arg("GET");
         match self.command(&command).await? {
             Value::Nil => Ok(ClaimOutcome::Claimed { token }),
-            Value::BulkString(existing) => {
-                let existing = self.decode_read(&record_key, existing).await?;
-                Ok(claim_outcome(existing, token))
-            }
+            Value::BulkString(existing) => match self.decode_read(&record_key, existing).await? {
+                // Our own record: a claim the client resent after its first attempt landed.
+                RecordState::InFlight { token: holder, .. } if holder == token => {
+                    Ok(ClaimOutcome::Claimed { token })
+                }
+                RecordState::InFlight {
+                    fingerprint,
+                    lease_remaining,
+                    ..
+                } => Ok(ClaimOutcome::InFlight {
+                    fingerprint,
+                    lease_remaining,
+                }),
+                RecordState::Completed {
+                    record,
+                    ttl_remaining,
+                } => Ok(ClaimOutcome::Completed {
+                    record,
+                    ttl_remaining,
+                }),
+            },
             _ => Err(corrupt("SET reply")),
         }
     }
