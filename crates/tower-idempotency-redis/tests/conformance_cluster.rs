@@ -100,43 +100,7 @@ async fn dead_master_fails_its_slots_quickly() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let mut on_victim = None;
-    let mut elsewhere = None;
-    for i in 0..200 {
-        let key = format!("dead:{i:064x}");
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&key)
-            .query(&mut con)
-            .unwrap();
-        let owners: Vec<String> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query::<Vec<redis::Value>>(&mut con)
-            .unwrap()
-            .into_iter()
-            .filter_map(|range| {
-                let redis::Value::Array(items) = range else {
-                    return None;
-                };
-                let (redis::Value::Int(lo), redis::Value::Int(hi)) = (&items[0], &items[1]) else {
-                    return None;
-                };
-                let redis::Value::Array(master) = &items[2] else {
-                    return None;
-                };
-                let redis::Value::Int(port) = master[1] else {
-                    return None;
-                };
-                ((*lo..=*hi).contains(&i64::from(slot))).then(|| port.to_string())
-            })
-            .collect();
-        if owners == [victim.to_string()] {
-            on_victim.get_or_insert(key);
-        } else {
-            elsewhere.get_or_insert(key);
-        }
-    }
-    let (on_victim, elsewhere) = (on_victim.unwrap(), elsewhere.unwrap());
+    let (on_victim, elsewhere) = keys_on_and_off(&mut con, victim);
     assert!(matches!(
         store
             .claim(
@@ -180,6 +144,51 @@ async fn dead_master_fails_its_slots_quickly() {
             .await,
         Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
     ));
+}
+
+/// A store key whose slot the master on port `victim` owns, and one it does not.
+fn keys_on_and_off(con: &mut redis::Connection, victim: u16) -> (String, String) {
+    let mut on_victim = None;
+    let mut elsewhere = None;
+    for i in 0..200 {
+        let key = format!("dead:{i:064x}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(con)
+            .unwrap();
+        if slot_owners(con, slot) == [victim.to_string()] {
+            on_victim.get_or_insert(key);
+        } else {
+            elsewhere.get_or_insert(key);
+        }
+    }
+    (on_victim.unwrap(), elsewhere.unwrap())
+}
+
+/// The ports of the masters `CLUSTER SLOTS` names for `slot`.
+fn slot_owners(con: &mut redis::Connection, slot: u16) -> Vec<String> {
+    redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query::<Vec<redis::Value>>(con)
+        .unwrap()
+        .into_iter()
+        .filter_map(|range| {
+            let redis::Value::Array(items) = range else {
+                return None;
+            };
+            let (redis::Value::Int(lo), redis::Value::Int(hi)) = (&items[0], &items[1]) else {
+                return None;
+            };
+            let redis::Value::Array(master) = &items[2] else {
+                return None;
+            };
+            let redis::Value::Int(port) = master[1] else {
+                return None;
+            };
+            ((*lo..=*hi).contains(&i64::from(slot))).then(|| port.to_string())
+        })
+        .collect()
 }
 
 /// A large record is staged under a second key that must share the record's slot; store keys
