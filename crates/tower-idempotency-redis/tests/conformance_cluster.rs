@@ -9,22 +9,22 @@ use tower_idempotency_core::{conformance, Store};
 
 tower_idempotency_core::store_conformance_tests!(common::cluster_store());
 
+/// A store on its own connection to the shared cluster with `prefix`: a second application
+/// instance beside the store that has it.
+async fn another_instance(prefix: &str) -> tower_idempotency_redis::RedisStore {
+    let connection = common::cluster_connection(common::Cluster::shared().unwrap())
+        .await
+        .unwrap();
+    tower_idempotency_redis::RedisStore::cluster(connection, prefix).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_two_instances_over_http() {
     let (Some(a), Some(b)) = (common::cluster_store().await, common::cluster_store().await) else {
         return;
     };
     // Same prefix, separate cluster connections: two application instances.
-    let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap(),
-        b.hooks.0,
-    );
+    let b = common::TestStore::new(another_instance(a.store.prefix()).await, b.hooks.0);
     let a: Arc<dyn Store> = Arc::new(a);
     conformance::two_instances_over_http(a, Arc::new(b)).await;
 }
@@ -92,8 +92,6 @@ async fn dead_master_fails_its_slots_quickly() {
     let store = tower_idempotency_redis::RedisStore::cluster(connection, "deadmaster")
         .unwrap()
         .with_timeout(std::time::Duration::from_secs(3));
-    let fp = tower_idempotency_core::Fingerprint([2; 32]);
-    let lease = std::time::Duration::from_secs(30);
     // Find which keys live on the master we are about to kill.
     let victim = cluster.nodes[0].port;
     let mut con = redis::Client::open(cluster.urls()[0].as_str())
@@ -102,27 +100,12 @@ async fn dead_master_fails_its_slots_quickly() {
         .unwrap();
     let (on_victim, elsewhere) = keys_on_and_off(&mut con, victim);
     assert!(matches!(
-        store
-            .claim(
-                &on_victim,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease
-            )
-            .await
-            .unwrap(),
+        claim_fresh(&store, &on_victim).await.unwrap(),
         tower_idempotency_core::ClaimOutcome::Claimed { .. }
     ));
     cluster.nodes[0].kill();
     let started = std::time::Instant::now();
-    let result = store
-        .claim(
-            &on_victim,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            lease,
-        )
-        .await;
+    let result = claim_fresh(&store, &on_victim).await;
     let elapsed = started.elapsed();
     assert!(
         matches!(
@@ -134,16 +117,21 @@ async fn dead_master_fails_its_slots_quickly() {
     );
     assert!(elapsed < std::time::Duration::from_secs(4), "{elapsed:?}");
     assert!(matches!(
-        store
-            .claim(
-                &elsewhere,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease
-            )
-            .await,
+        claim_fresh(&store, &elsewhere).await,
         Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
     ));
+}
+
+/// A claim of `key` with a fresh token.
+async fn claim_fresh(
+    store: &tower_idempotency_redis::RedisStore,
+    key: &str,
+) -> Result<tower_idempotency_core::ClaimOutcome, tower_idempotency_core::StoreError> {
+    let fp = tower_idempotency_core::Fingerprint([2; 32]);
+    let token = tower_idempotency_core::FencingToken::random().unwrap();
+    store
+        .claim(key, &fp, token, std::time::Duration::from_secs(30))
+        .await
 }
 
 /// A store key whose slot the master on port `victim` owns, and one it does not.
@@ -255,14 +243,9 @@ async fn two_notified_cluster_instances() -> Option<(Arc<dyn Store>, Arc<dyn Sto
     let urls = common::Cluster::shared()?.urls();
     let node = |i: usize| redis::Client::open(urls[i].as_str()).expect("node url");
     let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap()
-        .with_notices([node(1)]),
+        another_instance(a.store.prefix())
+            .await
+            .with_notices([node(1)]),
         b.guard().clone(),
     );
     let guard = a.guard().clone();
