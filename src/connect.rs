@@ -54,17 +54,20 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreErro
     }
 }
 
-fn connect_error(store: &'static str) -> impl FnOnce(BoxError) -> ConnectStoreError {
-    move |source| ConnectStoreError::Connect { store, source }
+/// Maps a failure to connect or migrate `store` to [`ConnectStoreError::Connect`].
+fn connect_error<E: Into<BoxError>>(store: &'static str) -> impl FnOnce(E) -> ConnectStoreError {
+    move |source| ConnectStoreError::Connect {
+        store,
+        source: source.into(),
+    }
 }
 
 #[cfg(feature = "sqlite")]
 async fn sqlite(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    let fail = |e: BoxError| connect_error("sqlite")(e);
     let store = crate::SqliteStore::connect(url)
         .await
-        .map_err(|e| fail(e.into()))?;
-    store.migrate().await.map_err(|e| fail(e.into()))?;
+        .map_err(connect_error("sqlite"))?;
+    store.migrate().await.map_err(connect_error("sqlite"))?;
     Ok(Arc::new(store))
 }
 
@@ -75,11 +78,10 @@ async fn sqlite(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
 
 #[cfg(feature = "postgres")]
 async fn postgres(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    let fail = |e: BoxError| connect_error("postgres")(e);
     let store = crate::PostgresStore::connect(url)
         .await
-        .map_err(|e| fail(e.into()))?;
-    store.migrate().await.map_err(|e| fail(e.into()))?;
+        .map_err(connect_error("postgres"))?;
+    store.migrate().await.map_err(connect_error("postgres"))?;
     Ok(Arc::new(store))
 }
 
@@ -92,7 +94,7 @@ async fn postgres(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
 async fn redis(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
     let store = crate::RedisStore::connect(url, "idempotency")
         .await
-        .map_err(|e| connect_error("redis")(e.into()))?;
+        .map_err(connect_error("redis"))?;
     Ok(Arc::new(store))
 }
 

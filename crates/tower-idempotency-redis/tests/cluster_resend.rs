@@ -273,40 +273,10 @@ async fn over_http_lost_replies_run_the_handler_once() {
     let record_of = |key: &str| store.redis_key(&store_key(key));
     let (claim_lost, completion_lost) = (record_of("claim-lost"), record_of("completion-lost"));
     let reader = store.clone();
-    let executions = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let executions = executions.clone();
-        move || {
-            let executions = executions.clone();
-            async move {
-                executions.fetch_add(1, Ordering::SeqCst);
-                (StatusCode::CREATED, "made")
-            }
-        }
-    };
-    let app = Router::new()
-        .route("/orders", post(handler))
-        .route_layer(IdempotencyLayer::client_keys(store).namespace("cluster-resend"));
-    let server = Server::start(app).await;
+    let (server, executions) = counting_orders(store).await;
     let url = server.url("/orders");
     let client = reqwest::Client::new();
-    let send = |key: &'static str| {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let response = client
-                .post(url)
-                .header("idempotency-key", key)
-                .body("{}")
-                .send()
-                .await
-                .expect("request");
-            let replayed = response
-                .headers()
-                .get("idempotent-replayed")
-                .is_some_and(|v| v == "true");
-            (response.status(), replayed)
-        }
-    };
+    let send = |key: &'static str| post_order(client.clone(), url.clone(), key);
 
     cluster.lose_reply_to(&claim_lost, &claim_of(&prefix));
     let answers = futures_join_all((0..8).map(|_| tokio::spawn(send("claim-lost")))).await;
@@ -350,6 +320,42 @@ async fn over_http_lost_replies_run_the_handler_once() {
     }
 
     server.stop().await;
+}
+
+/// A server whose `POST /orders` runs behind the layer on `store` (namespace `cluster-resend`),
+/// and the count of the handler's runs.
+async fn counting_orders(store: RedisStore) -> (Server, Arc<AtomicUsize>) {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let executions = executions.clone();
+        move || {
+            let executions = executions.clone();
+            async move {
+                executions.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::CREATED, "made")
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/orders", post(handler))
+        .route_layer(IdempotencyLayer::client_keys(store).namespace("cluster-resend"));
+    (Server::start(app).await, executions)
+}
+
+/// Posts an order with idempotency key `key`: the status, and whether it was a replay.
+async fn post_order(client: reqwest::Client, url: String, key: &str) -> (StatusCode, bool) {
+    let response = client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .expect("request");
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    (response.status(), replayed)
 }
 
 /// Awaits spawned tasks in order.

@@ -9,22 +9,22 @@ use tower_idempotency_core::{conformance, Store};
 
 tower_idempotency_core::store_conformance_tests!(common::cluster_store());
 
+/// A store on its own connection to the shared cluster with `prefix`: a second application
+/// instance beside the store that has it.
+async fn another_instance(prefix: &str) -> tower_idempotency_redis::RedisStore {
+    let connection = common::cluster_connection(common::Cluster::shared().unwrap())
+        .await
+        .unwrap();
+    tower_idempotency_redis::RedisStore::cluster(connection, prefix).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_two_instances_over_http() {
     let (Some(a), Some(b)) = (common::cluster_store().await, common::cluster_store().await) else {
         return;
     };
     // Same prefix, separate cluster connections: two application instances.
-    let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap(),
-        b.hooks.0,
-    );
+    let b = common::TestStore::new(another_instance(a.store.prefix()).await, b.hooks.0);
     let a: Arc<dyn Store> = Arc::new(a);
     conformance::two_instances_over_http(a, Arc::new(b)).await;
 }
@@ -92,73 +92,20 @@ async fn dead_master_fails_its_slots_quickly() {
     let store = tower_idempotency_redis::RedisStore::cluster(connection, "deadmaster")
         .unwrap()
         .with_timeout(std::time::Duration::from_secs(3));
-    let fp = tower_idempotency_core::Fingerprint([2; 32]);
-    let lease = std::time::Duration::from_secs(30);
     // Find which keys live on the master we are about to kill.
     let victim = cluster.nodes[0].port;
     let mut con = redis::Client::open(cluster.urls()[0].as_str())
         .unwrap()
         .get_connection()
         .unwrap();
-    let mut on_victim = None;
-    let mut elsewhere = None;
-    for i in 0..200 {
-        let key = format!("dead:{i:064x}");
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&key)
-            .query(&mut con)
-            .unwrap();
-        let owners: Vec<String> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query::<Vec<redis::Value>>(&mut con)
-            .unwrap()
-            .into_iter()
-            .filter_map(|range| {
-                let redis::Value::Array(items) = range else {
-                    return None;
-                };
-                let (redis::Value::Int(lo), redis::Value::Int(hi)) = (&items[0], &items[1]) else {
-                    return None;
-                };
-                let redis::Value::Array(master) = &items[2] else {
-                    return None;
-                };
-                let redis::Value::Int(port) = master[1] else {
-                    return None;
-                };
-                ((*lo..=*hi).contains(&i64::from(slot))).then(|| port.to_string())
-            })
-            .collect();
-        if owners == [victim.to_string()] {
-            on_victim.get_or_insert(key);
-        } else {
-            elsewhere.get_or_insert(key);
-        }
-    }
-    let (on_victim, elsewhere) = (on_victim.unwrap(), elsewhere.unwrap());
+    let (on_victim, elsewhere) = keys_on_and_off(&mut con, victim);
     assert!(matches!(
-        store
-            .claim(
-                &on_victim,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease
-            )
-            .await
-            .unwrap(),
+        claim_fresh(&store, &on_victim).await.unwrap(),
         tower_idempotency_core::ClaimOutcome::Claimed { .. }
     ));
     cluster.nodes[0].kill();
     let started = std::time::Instant::now();
-    let result = store
-        .claim(
-            &on_victim,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            lease,
-        )
-        .await;
+    let result = claim_fresh(&store, &on_victim).await;
     let elapsed = started.elapsed();
     assert!(
         matches!(
@@ -170,16 +117,66 @@ async fn dead_master_fails_its_slots_quickly() {
     );
     assert!(elapsed < std::time::Duration::from_secs(4), "{elapsed:?}");
     assert!(matches!(
-        store
-            .claim(
-                &elsewhere,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                lease
-            )
-            .await,
+        claim_fresh(&store, &elsewhere).await,
         Ok(tower_idempotency_core::ClaimOutcome::Claimed { .. })
     ));
+}
+
+/// A claim of `key` with a fresh token.
+async fn claim_fresh(
+    store: &tower_idempotency_redis::RedisStore,
+    key: &str,
+) -> Result<tower_idempotency_core::ClaimOutcome, tower_idempotency_core::StoreError> {
+    let fp = tower_idempotency_core::Fingerprint([2; 32]);
+    let token = tower_idempotency_core::FencingToken::random().unwrap();
+    store
+        .claim(key, &fp, token, std::time::Duration::from_secs(30))
+        .await
+}
+
+/// A store key whose slot the master on port `victim` owns, and one it does not.
+fn keys_on_and_off(con: &mut redis::Connection, victim: u16) -> (String, String) {
+    let mut on_victim = None;
+    let mut elsewhere = None;
+    for i in 0..200 {
+        let key = format!("dead:{i:064x}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(con)
+            .unwrap();
+        if slot_owners(con, slot) == [victim.to_string()] {
+            on_victim.get_or_insert(key);
+        } else {
+            elsewhere.get_or_insert(key);
+        }
+    }
+    (on_victim.unwrap(), elsewhere.unwrap())
+}
+
+/// The ports of the masters `CLUSTER SLOTS` names for `slot`.
+fn slot_owners(con: &mut redis::Connection, slot: u16) -> Vec<String> {
+    redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query::<Vec<redis::Value>>(con)
+        .unwrap()
+        .into_iter()
+        .filter_map(|range| {
+            let redis::Value::Array(items) = range else {
+                return None;
+            };
+            let (redis::Value::Int(lo), redis::Value::Int(hi)) = (&items[0], &items[1]) else {
+                return None;
+            };
+            let redis::Value::Array(master) = &items[2] else {
+                return None;
+            };
+            let redis::Value::Int(port) = master[1] else {
+                return None;
+            };
+            ((*lo..=*hi).contains(&i64::from(slot))).then(|| port.to_string())
+        })
+        .collect()
 }
 
 /// A large record is staged under a second key that must share the record's slot; store keys
@@ -246,14 +243,9 @@ async fn two_notified_cluster_instances() -> Option<(Arc<dyn Store>, Arc<dyn Sto
     let urls = common::Cluster::shared()?.urls();
     let node = |i: usize| redis::Client::open(urls[i].as_str()).expect("node url");
     let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap()
-        .with_notices([node(1)]),
+        another_instance(a.store.prefix())
+            .await
+            .with_notices([node(1)]),
         b.guard().clone(),
     );
     let guard = a.guard().clone();
