@@ -22,7 +22,7 @@ use tower_idempotency::{
     webhooks::stripe::StripeVerifier,
 };
 
-use super::{BoxError, InboxSettings as Settings};
+use crate::{config::InboxSettings as Settings, BoxError};
 
 /// The running inbox: its routes, its worker, and the `inbox_effects` rows for `GET /effects`.
 pub struct Running {
