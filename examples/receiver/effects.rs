@@ -7,7 +7,7 @@ use std::{
 
 use axum::{extract::State, http::StatusCode, Json};
 
-use crate::app::App;
+use crate::{app::App, BoxError};
 
 /// Executions per `<route>:<event key>`, in this process.
 #[derive(Clone, Default)]
@@ -32,22 +32,28 @@ impl Effects {
 pub async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64>>, StatusCode> {
     let mut effects = app.effects.snapshot();
     if let Some(payments) = &app.payments {
-        let rows = payments.rows().await.map_err(|error| {
-            tracing::error!(%error, "reading the payments table failed");
-            StatusCode::SERVICE_UNAVAILABLE
-        })?;
-        for (key, count) in rows {
-            effects.insert(format!("payments:{key}"), count);
-        }
+        let rows = payments.rows().await;
+        add_rows(&mut effects, "payments", rows)?;
     }
     if let Some(inbox) = &app.inbox_effects {
-        let rows = inbox.rows().await.map_err(|error| {
-            tracing::error!(%error, "reading the inbox_effects table failed");
-            StatusCode::SERVICE_UNAVAILABLE
-        })?;
-        for (event_id, count) in rows {
-            effects.insert(format!("inbox:{event_id}"), count);
-        }
+        let rows = inbox.rows().await;
+        add_rows(&mut effects, "inbox", rows)?;
     }
     Ok(Json(effects))
+}
+
+/// Adds a table's counts as `<route>:<name>`; a table that cannot be read makes the answer `503`.
+fn add_rows(
+    effects: &mut BTreeMap<String, u64>,
+    route: &str,
+    rows: Result<Vec<(String, u64)>, BoxError>,
+) -> Result<(), StatusCode> {
+    let rows = rows.map_err(|error| {
+        tracing::error!(%error, route, "reading the effects table failed");
+        StatusCode::SERVICE_UNAVAILABLE
+    })?;
+    for (name, count) in rows {
+        effects.insert(format!("{route}:{name}"), count);
+    }
+    Ok(())
 }

@@ -91,6 +91,8 @@ mod payments;
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 #[path = "no_payments.rs"]
 mod payments;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 mod webhook;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -3,9 +3,6 @@
 //! commits together with the key's completion: a crash before the commit leaves no row, and the
 //! retry writes the only one.
 
-#[cfg(feature = "sqlite")]
-use std::{str::FromStr, time::Duration};
-
 use axum::{
     extract::State,
     http::{HeaderMap, StatusCode},
@@ -18,17 +15,13 @@ use tower_idempotency::{sqlx, IdempotencyLayer, IdempotentTx};
 
 use crate::{
     app::{idempotency_key, App},
+    sql::{Pool, Table},
     BoxError,
 };
 
-/// The payments table's own pool (for its DDL and `GET /effects`), by database.
+/// The payments table's own pool (for its DDL and `GET /effects`).
 #[derive(Clone)]
-pub enum Payments {
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-}
+pub struct Payments(Pool);
 
 #[derive(serde::Deserialize)]
 pub struct Payment {
@@ -45,55 +38,31 @@ fn failed(error: sqlx::Error) -> Response {
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
+const TABLE: Table = Table {
+    #[cfg(feature = "sqlite")]
+    sqlite: "CREATE TABLE IF NOT EXISTS payments (\
+             id INTEGER PRIMARY KEY AUTOINCREMENT, \
+             idempotency_key TEXT NOT NULL, amount INTEGER NOT NULL)",
+    #[cfg(feature = "postgres")]
+    postgres: "SELECT pg_advisory_xact_lock(hashtext('receiver:payments'));\
+               CREATE TABLE IF NOT EXISTS payments (\
+               id bigserial PRIMARY KEY, \
+               idempotency_key text NOT NULL, amount bigint NOT NULL)",
+};
+
 impl Payments {
     /// Opens a small pool of its own on the store's database and creates `payments`.
     pub async fn open(url: &str) -> Result<Option<Self>, BoxError> {
-        match url.split(':').next().unwrap_or_default() {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => {
-                let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
-                    .create_if_missing(true)
-                    .busy_timeout(Duration::from_secs(5));
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(2)
-                    .connect_with(options)
-                    .await?;
-                sqlx::raw_sql(
-                    "CREATE TABLE IF NOT EXISTS payments (\
-                     id INTEGER PRIMARY KEY AUTOINCREMENT, \
-                     idempotency_key TEXT NOT NULL, amount INTEGER NOT NULL)",
-                )
-                .execute(&pool)
-                .await?;
-                Ok(Some(Self::Sqlite(pool)))
-            }
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => {
-                let pool = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(2)
-                    .connect(url)
-                    .await?;
-                sqlx::raw_sql(
-                    "SELECT pg_advisory_xact_lock(hashtext('receiver:payments'));\
-                     CREATE TABLE IF NOT EXISTS payments (\
-                     id bigserial PRIMARY KEY, \
-                     idempotency_key text NOT NULL, amount bigint NOT NULL)",
-                )
-                .execute(&pool)
-                .await?;
-                Ok(Some(Self::Postgres(pool)))
-            }
-            _ => Ok(None),
-        }
+        Ok(Pool::open(url, 2, false, &TABLE).await?.map(Self))
     }
 
     /// The route, behind `layer` (transactional on this database's store).
     pub fn route(&self, layer: IdempotencyLayer) -> Router<App> {
-        let router = match self {
+        let router = match self.0 {
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(_) => Router::new().route("/payments", post(pay_sqlite)),
+            Pool::Sqlite(_) => Router::new().route("/payments", post(pay_sqlite)),
             #[cfg(feature = "postgres")]
-            Self::Postgres(_) => Router::new().route("/payments", post(pay_postgres)),
+            Pool::Postgres(_) => Router::new().route("/payments", post(pay_postgres)),
         };
         router.route_layer(layer)
     }
@@ -101,16 +70,7 @@ impl Payments {
     /// Rows of `payments` per idempotency key.
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         let sql = "SELECT idempotency_key, count(*) FROM payments GROUP BY idempotency_key";
-        let rows: Vec<(String, i64)> = match self {
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
-            #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
-        };
-        Ok(rows
-            .into_iter()
-            .map(|(key, n)| (key, n.max(0) as u64))
-            .collect())
+        self.0.counts(sql).await
     }
 }
 
