@@ -20,9 +20,12 @@ use std::{
 };
 
 use axum::{extract::State, routing::post, Json, Router};
-use tokio::{sync::Semaphore, task::JoinSet};
+use tokio::{
+    sync::{oneshot, Semaphore},
+    task::{JoinHandle, JoinSet},
+};
 use tower_idempotency::{
-    connect_store, webhooks::stripe, IdempotencyLayer, VerifiedWebhook, WebhookLayerExt,
+    connect_store, webhooks::stripe, IdempotencyLayer, Store, VerifiedWebhook, WebhookLayerExt,
 };
 
 const SECRET: &str = "whsec_demo_secret_do_not_use_in_production";
@@ -199,47 +202,8 @@ fn shuffle<T>(items: &mut [T]) {
     }
 }
 
-#[tokio::main]
-async fn main() {
-    let options = match parse_options() {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
-    let default_db =
-        std::env::temp_dir().join(format!("tower-idempotency-demo-{}.db", std::process::id()));
-    let store_url = options
-        .store
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", default_db.display()));
-    let store = match connect_store(&store_url).await {
-        Ok(store) => store,
-        Err(error) => {
-            eprintln!("cannot open store {store_url}: {error}");
-            std::process::exit(1);
-        }
-    };
-
-    let effects = Effects::default();
-    let app = Router::new()
-        .route("/webhooks/stripe", post(stripe_webhook))
-        .route_layer(IdempotencyLayer::stripe([SECRET], store))
-        .with_state(effects.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let url = format!("http://{}/webhooks/stripe", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-
+/// Every genuine delivery `duplicates` times, plus the forgeries, in a shuffled order.
+fn plan(options: &Options) -> Vec<Delivery> {
     let mut deliveries: Vec<Delivery> = (0..options.events)
         .flat_map(|i| std::iter::repeat_n(Delivery::Genuine(i), options.duplicates))
         .collect();
@@ -252,24 +216,43 @@ async fn main() {
         });
     }
     shuffle(&mut deliveries);
+    deliveries
+}
+
+/// The receiver on a free loopback port: its URL, and the sender that stops it.
+async fn serve(
+    store: Arc<dyn Store>,
+    effects: Effects,
+) -> (String, oneshot::Sender<()>, JoinHandle<std::io::Result<()>>) {
+    let app = Router::new()
+        .route("/webhooks/stripe", post(stripe_webhook))
+        .route_layer(IdempotencyLayer::stripe([SECRET], store))
+        .with_state(effects);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let url = format!("http://{}/webhooks/stripe", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (url, stop, server)
+}
+
+/// Sends every delivery, `concurrency` at once, with a progress line on stderr.
+async fn send_all(url: &str, deliveries: Vec<Delivery>, concurrency: usize) -> Arc<Tally> {
     let total = deliveries.len();
-
-    println!("tower-idempotency demo");
-    println!("  receiver  {url}");
-    println!("  store     {store_url}");
-    println!(
-        "  sending   {} events x {} deliveries + {} forgeries = {total} requests, {} at once\n",
-        options.events, options.duplicates, options.forgeries, options.concurrency
-    );
-
-    let started = Instant::now();
     let tally = Arc::new(Tally::default());
     let client = reqwest::Client::new();
-    let permits = Arc::new(Semaphore::new(options.concurrency));
+    let permits = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
     for delivery in deliveries {
         let permit = permits.clone().acquire_owned().await.unwrap();
-        let (client, url, tally) = (client.clone(), url.clone(), tally.clone());
+        let (client, url, tally) = (client.clone(), url.to_owned(), tally.clone());
         tasks.spawn(async move {
             deliver(&client, &url, delivery, &tally).await;
             drop(permit);
@@ -291,14 +274,18 @@ async fn main() {
     });
     while tasks.join_next().await.is_some() {}
     progress.await.unwrap();
-    let elapsed = started.elapsed();
-    let _ = stop.send(());
-    let _ = server.await;
-    let _ = std::fs::remove_file(&default_db);
-    for suffix in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", default_db.display()));
-    }
+    tally
+}
 
+/// Prints the table and the verdict; `false` unless every event ran once and every forgery
+/// was refused.
+fn report(
+    options: &Options,
+    effects: &Effects,
+    tally: &Tally,
+    total: usize,
+    elapsed: Duration,
+) -> bool {
     let runs = effects.0.lock().unwrap().clone();
     let handler_executions: usize = runs.values().sum();
     let ran_once = runs.values().filter(|&&n| n == 1).count();
@@ -332,8 +319,60 @@ async fn main() {
             "\n  VERDICT: every one of the {} events ran exactly once; all {} forgeries were refused.",
             options.events, options.forgeries
         );
+        true
     } else {
         println!("\n  VERDICT: FAILED (see the table above).");
+        false
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let options = match parse_options() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let default_db =
+        std::env::temp_dir().join(format!("tower-idempotency-demo-{}.db", std::process::id()));
+    let store_url = options
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", default_db.display()));
+    let store = match connect_store(&store_url).await {
+        Ok(store) => store,
+        Err(error) => {
+            eprintln!("cannot open store {store_url}: {error}");
+            std::process::exit(1);
+        }
+    };
+
+    let effects = Effects::default();
+    let (url, stop, server) = serve(store, effects.clone()).await;
+    let deliveries = plan(&options);
+    let total = deliveries.len();
+
+    println!("tower-idempotency demo");
+    println!("  receiver  {url}");
+    println!("  store     {store_url}");
+    println!(
+        "  sending   {} events x {} deliveries + {} forgeries = {total} requests, {} at once\n",
+        options.events, options.duplicates, options.forgeries, options.concurrency
+    );
+
+    let started = Instant::now();
+    let tally = send_all(&url, deliveries, options.concurrency).await;
+    let elapsed = started.elapsed();
+    let _ = stop.send(());
+    let _ = server.await;
+    let _ = std::fs::remove_file(&default_db);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", default_db.display()));
+    }
+
+    if !report(&options, &effects, &tally, total, elapsed) {
         std::process::exit(1);
     }
 }

@@ -45,7 +45,7 @@ async fn main() {
         println!("POST /orders (key {key:?}): {}", response.status());
     }
 
-    // A server answers `GET /metrics` with this text (see `examples/receiver.rs`).
+    // A server answers `GET /metrics` with this text (see `examples/receiver/metrics.rs`).
     let text = prometheus.render();
     for line in text.lines().filter(|line| line.contains("idempotency_")) {
         println!("{line}");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Soak test: mixed traffic (new keys, duplicates, bad input) against the reference receiver
-# (examples/receiver.rs) with Postgres and with Redis, for SOAK_SECONDS per store (default 600),
+# (examples/receiver/) with Postgres and with Redis, for SOAK_SECONDS per store (default 600),
 # then a "flat" phase of SOAK_FLAT_SECONDS (default 300; 0 skips it) with only duplicates of the
 # keys already completed and bad input: no new key.
 #

@@ -448,7 +448,7 @@ async fn stale_holder_is_fenced_redis() {
     stale_holder_cannot_overwrite(store, "redis").await;
 }
 
-/// The reference receiver (`examples/receiver.rs`) as a child process, SIGKILLed on drop.
+/// The reference receiver (`examples/receiver/`) as a child process, SIGKILLed on drop.
 struct Receiver {
     child: std::process::Child,
     base: String,

@@ -1,4 +1,4 @@
-//! The transactional mode against crashes: the reference receiver (`examples/receiver.rs`) runs
+//! The transactional mode against crashes: the reference receiver (`examples/receiver/`) runs
 //! as a child process with `POST /payments` (one row per payment, written in the same
 //! transaction as the key's completion) and is SIGKILLed at random points of its handlers, many
 //! times, on SQLite and on Postgres. After each restart the retries of every key end with exactly

@@ -1,4 +1,4 @@
-//! Black-box test of `examples/receiver.rs`: the compiled receiver runs as a child process on a
+//! Black-box test of `examples/receiver/`: the compiled receiver runs as a child process on a
 //! loopback port with a fresh SQLite file, and is driven only over HTTP (and SIGTERM).
 #![cfg(all(feature = "sqlite", feature = "webhooks", unix))]
 
@@ -39,9 +39,13 @@ fn receiver_binary() -> PathBuf {
     let binary = profile_dir
         .join("examples")
         .join(format!("receiver{}", std::env::consts::EXE_SUFFIX));
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/receiver.rs");
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/receiver");
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    if modified(&binary) < modified(&source) {
+    let newest_source = std::fs::read_dir(sources)
+        .expect("examples/receiver")
+        .filter_map(|entry| modified(&entry.ok()?.path()))
+        .max();
+    if modified(&binary) < newest_source {
         build_receiver(profile_dir.parent().unwrap());
     }
     binary

@@ -5,7 +5,7 @@
 //! `test.flaky` fails its first two attempts. `GET /inbox/failed` lists the failed event ids,
 //! `POST /inbox/failed/{event_id}/retry` re-queues one.
 
-use std::{str::FromStr, time::Duration};
+use std::time::Duration;
 
 use axum::{
     extract::{Path, State},
@@ -22,7 +22,11 @@ use tower_idempotency::{
     webhooks::stripe::StripeVerifier,
 };
 
-use super::{BoxError, InboxSettings as Settings};
+use crate::{
+    config::InboxSettings as Settings,
+    sql::{Pool, Table},
+    BoxError,
+};
 
 /// The running inbox: its routes, its worker, and the `inbox_effects` rows for `GET /effects`.
 pub struct Running {
@@ -38,28 +42,21 @@ pub async fn drain(worker: InboxWorker, deadline: Duration) -> bool {
 
 /// Reads `inbox_effects`.
 #[derive(Clone)]
-pub enum Effects {
-    #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
-    #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool),
-}
+pub struct Effects(Pool);
 
-const EFFECTS_SQL: &str = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
+const TABLE: Table = Table {
+    #[cfg(feature = "sqlite")]
+    sqlite: "CREATE TABLE IF NOT EXISTS inbox_effects (event_id TEXT NOT NULL)",
+    #[cfg(feature = "postgres")]
+    postgres: "SELECT pg_advisory_xact_lock(hashtext('receiver:inbox_effects'));\
+               CREATE TABLE IF NOT EXISTS inbox_effects (event_id text NOT NULL)",
+};
 
 impl Effects {
     /// Rows of `inbox_effects` per event id.
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
-        let rows: Vec<(String, i64)> = match self {
-            #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => sqlx::query_as(EFFECTS_SQL).fetch_all(pool).await?,
-            #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => sqlx::query_as(EFFECTS_SQL).fetch_all(pool).await?,
-        };
-        Ok(rows
-            .into_iter()
-            .map(|(id, n)| (id, n.max(0) as u64))
-            .collect())
+        let sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
+        self.0.counts(sql).await
     }
 }
 
@@ -107,56 +104,30 @@ pub async fn start(
     secrets: Vec<String>,
     settings: &Settings,
 ) -> Result<Option<Running>, BoxError> {
+    let Some(pool) = Pool::open(url, 8, true, &TABLE).await? else {
+        return Ok(None);
+    };
     let verifier = StripeVerifier::new(secrets);
     let delay = settings.handler_delay;
-    match url.split(':').next().unwrap_or_default() {
+    let (router, worker) = match &pool {
         #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(5));
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(8)
-                .connect_with(options)
-                .await?;
-            sqlx::raw_sql("CREATE TABLE IF NOT EXISTS inbox_effects (event_id TEXT NOT NULL)")
-                .execute(&pool)
-                .await?;
+        Pool::Sqlite(pool) => {
             let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
             let handler = move |event, tx| handle_sqlite(delay, event, tx);
-            let (router, worker) = mount(inbox, verifier, handler, settings).await?;
-            let effects = Effects::Sqlite(pool);
-            Ok(Some(Running {
-                router,
-                worker,
-                effects,
-            }))
+            mount(inbox, verifier, handler, settings).await?
         }
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(8)
-                .connect(url)
-                .await?;
-            sqlx::raw_sql(
-                "SELECT pg_advisory_xact_lock(hashtext('receiver:inbox_effects'));\
-                 CREATE TABLE IF NOT EXISTS inbox_effects (event_id text NOT NULL)",
-            )
-            .execute(&pool)
-            .await?;
+        Pool::Postgres(pool) => {
             let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
             let handler = move |event, tx| handle_postgres(delay, event, tx);
-            let (router, worker) = mount(inbox, verifier, handler, settings).await?;
-            let effects = Effects::Postgres(pool);
-            Ok(Some(Running {
-                router,
-                worker,
-                effects,
-            }))
+            mount(inbox, verifier, handler, settings).await?
         }
-        _ => Ok(None),
-    }
+    };
+    Ok(Some(Running {
+        router,
+        worker,
+        effects: Effects(pool),
+    }))
 }
 
 async fn mount<DB: InboxDatabase>(

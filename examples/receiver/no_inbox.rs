@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::Router;
 
-use super::{BoxError, InboxSettings as Settings};
+use crate::{config::InboxSettings as Settings, BoxError};
 
 #[derive(Clone)]
 pub enum Effects {}

@@ -1,4 +1,4 @@
-//! The reference receiver (`examples/receiver.rs`) as a child process the crash tests SIGKILL,
+//! The reference receiver (`examples/receiver/`) as a child process the crash tests SIGKILL,
 //! and a Postgres database of a test's own (the receiver uses fixed table names).
 #![allow(dead_code)] // Each test binary uses a different subset.
 
@@ -19,9 +19,9 @@ pub fn receiver_binary() -> PathBuf {
     let binary = profile_dir.join("examples").join("receiver");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let newest_source = ["examples/receiver.rs", "examples/receiver/inbox.rs"]
-        .iter()
-        .filter_map(|source| modified(&root.join(source)))
+    let newest_source = std::fs::read_dir(root.join("examples/receiver"))
+        .expect("examples/receiver")
+        .filter_map(|entry| modified(&entry.ok()?.path()))
         .max();
     if modified(&binary) < newest_source {
         let status = std::process::Command::new(env!("CARGO"))

@@ -1,5 +1,5 @@
 //! Traffic generator for `scripts/soak.sh`: mixed traffic against the reference receiver
-//! (`examples/receiver.rs`) for a bounded time, then a check that every valid key ran exactly
+//! (`examples/receiver/`) for a bounded time, then a check that every valid key ran exactly
 //! once (`GET /effects`) and that no request was answered `5xx`; then, optionally, a "flat"
 //! phase that creates no key at all, to show the receiver's memory stays flat.
 //!

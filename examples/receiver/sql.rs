@@ -1,0 +1,81 @@
+//! A small pool of the receiver's own on the store's database, for the tables its handlers
+//! write (`payments`, `inbox_effects`) and their counts in `GET /effects`.
+
+#[cfg(feature = "sqlite")]
+use std::{str::FromStr, time::Duration};
+
+use tower_idempotency::sqlx;
+
+use crate::BoxError;
+
+/// The pool, by database.
+#[derive(Clone)]
+pub enum Pool {
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+}
+
+/// A table's DDL on each database, run once when the pool opens.
+pub struct Table {
+    #[cfg(feature = "sqlite")]
+    pub sqlite: &'static str,
+    #[cfg(feature = "postgres")]
+    pub postgres: &'static str,
+}
+
+impl Pool {
+    /// Opens `max_connections` on the store's database (SQLite in WAL mode when `wal`) and
+    /// creates `table`; `None` for a store that is not SQL.
+    pub async fn open(
+        url: &str,
+        max_connections: u32,
+        wal: bool,
+        table: &Table,
+    ) -> Result<Option<Self>, BoxError> {
+        // Only SQLite has a journal mode to choose.
+        let _ = wal;
+        match url.split(':').next().unwrap_or_default() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                let mut options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    .busy_timeout(Duration::from_secs(5));
+                if wal {
+                    options = options.journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+                }
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect_with(options)
+                    .await?;
+                sqlx::raw_sql(table.sqlite).execute(&pool).await?;
+                Ok(Some(Self::Sqlite(pool)))
+            }
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect(url)
+                    .await?;
+                sqlx::raw_sql(table.postgres).execute(&pool).await?;
+                Ok(Some(Self::Postgres(pool)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The rows of `sql`, a `SELECT <name>, count(*) ... GROUP BY <name>`, as counts per name.
+    pub async fn counts(&self, sql: &'static str) -> Result<Vec<(String, u64)>, BoxError> {
+        let rows: Vec<(String, i64)> = match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(name, n)| (name, n.max(0) as u64))
+            .collect())
+    }
+}
