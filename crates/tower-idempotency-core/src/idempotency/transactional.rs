@@ -26,9 +26,12 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::{
+    claim::within,
     layer::Config,
+    lease::renewing_lease,
     metrics,
-    service::{produce, reject, release, renewing_lease, with_outcome, within, Answer, Produced},
+    service::{reject, with_outcome, Answer},
+    settle::{produce, release, Produced},
 };
 use crate::{
     outcome::Outcome,

@@ -18,7 +18,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{layer::Config, service};
+use super::{claim, layer::Config};
 use crate::store::{
     ClaimOutcome, Fingerprint, KeySignal, KeySignals, Settlement, Settlements, Store,
 };
@@ -49,7 +49,7 @@ pub(super) async fn settle(
             break;
         }
         waiting.before_claim();
-        claimed = service::claim(config, key, fingerprint).await;
+        claimed = claim::claim(config, key, fingerprint).await;
     }
     claimed
 }
