@@ -62,7 +62,9 @@ use std::{
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use crate::store::{CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Store};
+use crate::store::{
+    CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership, Store,
+};
 
 const SHORT_LEASE: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(60);
@@ -121,6 +123,30 @@ async fn claim_token(store: &dyn Store, key: &str, fp: &Fingerprint, lease: Dura
 
 fn token(value: u64) -> crate::FencingToken {
     crate::FencingToken(value)
+}
+
+/// Completes `key` as the holder of the token `holder`, asserting that the store takes it.
+async fn complete_as(store: &dyn Store, key: &str, holder: u64, cached: &CachedResponse) {
+    let done = store.complete(key, token(holder), cached, LONG).await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+}
+
+/// Claims `key` with a fresh token and answers the completed record found there; anything else
+/// panics with `expected` and what was found.
+async fn replayed(
+    store: &dyn Store,
+    key: &str,
+    fp: &Fingerprint,
+    expected: &str,
+) -> CompletedRecord {
+    match store
+        .claim(key, fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Completed { record, .. } => record,
+        other => panic!("{expected}, got {other:?}"),
+    }
 }
 
 /// Generates one `#[tokio::test]` per conformance check.

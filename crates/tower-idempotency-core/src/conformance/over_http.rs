@@ -15,7 +15,7 @@ use http::StatusCode;
 
 use super::{
     fresh_key, random_u64,
-    server::{concurrent_posts, Server},
+    server::{concurrent_posts, post_once, Server},
     SHORT_LEASE,
 };
 use crate::{store::Store, IdempotencyLayer};
@@ -166,13 +166,8 @@ pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
     let first = tokio::spawn({
         let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
         async move {
-            client
-                .post(url)
-                .header("idempotency-key", key)
-                .body("{}")
-                .send()
+            post_once(&client, &url, &key, "first request")
                 .await
-                .expect("first request")
                 .status()
         }
     });
@@ -182,16 +177,7 @@ pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
     let duplicates: Vec<_> = (0..10)
         .map(|_| {
             let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .header("idempotency-key", key)
-                    .body("{}")
-                    .send()
-                    .await
-                    .expect("duplicate")
-                    .status()
-            })
+            tokio::spawn(async move { post_once(&client, &url, &key, "duplicate").await.status() })
         })
         .collect();
     for duplicate in duplicates {
@@ -203,13 +189,7 @@ pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
     }
     gate.notify_one();
     assert_eq!(first.await.expect("task"), StatusCode::CREATED);
-    let retry = client
-        .post(&server.url)
-        .header("idempotency-key", &key)
-        .body("{}")
-        .send()
-        .await
-        .expect("retry");
+    let retry = post_once(&client, &server.url, &key, "retry").await;
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(server.executions.load(Ordering::SeqCst), 1);
 }
@@ -225,18 +205,11 @@ pub async fn records_over_the_store_limit_complete_without_body(
     let server = serve_gated(store, 2 * limit, Arc::default(), None).await;
     let client = reqwest::Client::new();
     let key = fresh_key("too-large");
-    let send = || {
-        client
-            .post(&server.url)
-            .header("idempotency-key", &key)
-            .body("{}")
-            .send()
-    };
-    let first = send().await.expect("first request");
+    let first = post_once(&client, &server.url, &key, "first request").await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(first.bytes().await.expect("body").len(), 2 * limit);
     tokio::time::sleep(SHORT_LEASE * 2).await;
-    let retry = send().await.expect("retry");
+    let retry = post_once(&client, &server.url, &key, "retry").await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.headers()["idempotent-body-omitted"], "true");

@@ -6,7 +6,10 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::{claim_token, fingerprint, fresh_key, fresh_token, response, token, LONG, SHORT_LEASE};
+use super::{
+    claim_token, complete_as, fingerprint, fresh_key, fresh_token, replayed, response, token, LONG,
+    SHORT_LEASE,
+};
 use crate::store::{ClaimOutcome, CompletedRecord, FencingToken, Ownership, RecordState, Store};
 
 /// Claim, complete, then a second claim replays the response with its headers (repeated ones
@@ -17,20 +20,13 @@ pub async fn claim_complete_replay(store: Arc<dyn Store>) {
     assert_eq!(store.get(&key).await.expect("get"), None, "unknown key");
     let t = claim_token(&*store, &key, &fp, LONG).await;
     let cached = response(r#"{"order_id":"ord_1"}"#);
-    let done = store.complete(&key, token(t), &cached, LONG).await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
+    complete_as(&*store, &key, t, &cached).await;
     let expected = CompletedRecord {
         fingerprint: fp,
         response: cached,
     };
-    match store
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::Completed { record, .. } => assert_eq!(record, expected),
-        other => panic!("expected the completed record, got {other:?}"),
-    }
+    let record = replayed(&*store, &key, &fp, "expected the completed record").await;
+    assert_eq!(record, expected);
     match store.get(&key).await.expect("get") {
         Some(RecordState::Completed { record, .. }) => assert_eq!(record, expected),
         other => panic!("expected the completed record, got {other:?}"),
@@ -157,16 +153,9 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
         assert_eq!(result.expect("fenced call"), Ownership::Stale);
     }
     let fresh = response("fresh");
-    let done = store.complete(&key, token(second), &fresh, LONG).await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
-    match store
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, fresh.body),
-        other => panic!("expected the new holder's result, got {other:?}"),
-    }
+    complete_as(&*store, &key, second, &fresh).await;
+    let record = replayed(&*store, &key, &fp, "expected the new holder's result").await;
+    assert_eq!(record.response.body, fresh.body);
     // A completed record cannot be completed again: a store answers `Stale`, or `Current` when
     // it treats the call as a resend of the completion that already applied (see the contract);
     // either way the record is unchanged.
@@ -253,16 +242,9 @@ pub async fn fingerprint_is_reported(store: Arc<dyn Store>) {
         ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, original),
         other => panic!("expected in flight, got {other:?}"),
     }
-    let done = store.complete(&key, token(t), &response("x"), LONG).await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
-    match store
-        .claim(&key, &other, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::Completed { record, .. } => assert_eq!(record.fingerprint, original),
-        other => panic!("expected completed, got {other:?}"),
-    }
+    complete_as(&*store, &key, t, &response("x")).await;
+    let record = replayed(&*store, &key, &other, "expected completed").await;
+    assert_eq!(record.fingerprint, original);
 }
 
 /// Bodies with every byte value, a 1 MiB body, an empty body and the omitted-body marker
@@ -282,16 +264,9 @@ pub async fn binary_and_large_bodies_round_trip(store: Arc<dyn Store>) {
         let key = fresh_key("bodies");
         let fp = fingerprint(8);
         let t = claim_token(&*store, &key, &fp, LONG).await;
-        let done = store.complete(&key, token(t), &cached, LONG).await;
-        assert_eq!(done.expect("complete"), Ownership::Current);
-        match store
-            .claim(&key, &fp, fresh_token(), LONG)
-            .await
-            .expect("claim")
-        {
-            ClaimOutcome::Completed { record, .. } => assert_eq!(record.response, cached),
-            other => panic!("expected completed, got {other:?}"),
-        }
+        complete_as(&*store, &key, t, &cached).await;
+        let record = replayed(&*store, &key, &fp, "expected completed").await;
+        assert_eq!(record.response, cached);
     }
 }
 
@@ -366,8 +341,7 @@ pub async fn forget_deletes_one_record(store: Arc<dyn Store>) {
     let fp = fingerprint(12);
     for k in [&key, &other] {
         let t = claim_token(&*store, k, &fp, LONG).await;
-        let done = store.complete(k, token(t), &response("kept"), LONG).await;
-        assert_eq!(done.expect("complete"), Ownership::Current);
+        complete_as(&*store, k, t, &response("kept")).await;
     }
     assert!(
         store.forget(&key).await.expect("forget"),
@@ -435,15 +409,8 @@ pub async fn restart_keeps_completed(before: Arc<dyn Store>, after: Arc<dyn Stor
     let fp = fingerprint(11);
     let t = claim_token(&*before, &key, &fp, LONG).await;
     let cached = response("survives");
-    let done = before.complete(&key, token(t), &cached, LONG).await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
+    complete_as(&*before, &key, t, &cached).await;
     drop(before);
-    match after
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::Completed { record, .. } => assert_eq!(record.response, cached),
-        other => panic!("a completed key must survive a restart, got {other:?}"),
-    }
+    let record = replayed(&*after, &key, &fp, "a completed key must survive a restart").await;
+    assert_eq!(record.response, cached);
 }

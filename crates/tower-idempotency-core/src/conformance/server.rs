@@ -92,3 +92,19 @@ pub(super) async fn until(what: &str, condition: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Sends one POST of `{}` under `key`; `what` names it in the panic when it gets no response.
+pub(super) async fn post_once(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    what: &str,
+) -> reqwest::Response {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+}

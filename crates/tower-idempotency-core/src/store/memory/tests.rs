@@ -3,15 +3,15 @@ use super::*;
 /// Completes `key` with `body` and returns the body the store replays.
 async fn stored_body(store: &MemoryStore, key: &str, body: Bytes) -> Bytes {
     let fp = Fingerprint([3; 32]);
-    let Ok(ClaimOutcome::Claimed { token }) = store
-        .claim(
+    let claim = || {
+        store.claim(
             key,
             &fp,
             FencingToken::random().unwrap(),
             Duration::from_secs(60),
         )
-        .await
-    else {
+    };
+    let Ok(ClaimOutcome::Claimed { token }) = claim().await else {
         panic!("fresh key");
     };
     let response = CachedResponse {
@@ -24,15 +24,7 @@ async fn stored_body(store: &MemoryStore, key: &str, body: Bytes) -> Bytes {
         .complete(key, token, &response, Duration::from_secs(60))
         .await;
     assert_eq!(done.unwrap(), Ownership::Current);
-    match store
-        .claim(
-            key,
-            &fp,
-            FencingToken::random().unwrap(),
-            Duration::from_secs(60),
-        )
-        .await
-    {
+    match claim().await {
         Ok(ClaimOutcome::Completed { record, .. }) => record.response.body,
         other => panic!("expected the completed record, got {other:?}"),
     }
@@ -135,24 +127,12 @@ async fn a_full_store_refuses_new_claims_until_records_expire() {
     let refused = refused.expect("a bounded store must refuse once full");
     assert!(store.len() <= SHARDS);
     // Live records are never evicted to make room: that would let a duplicate run twice.
-    let blocked = store
-        .claim(
-            &format!("k:{refused}"),
-            &fp,
-            FencingToken::random().unwrap(),
-            lease,
-        )
-        .await;
+    let refused_key = format!("k:{refused}");
+    let claim_refused = || store.claim(&refused_key, &fp, FencingToken::random().unwrap(), lease);
+    let blocked = claim_refused().await;
     assert!(matches!(blocked, Err(StoreError::CapacityExceeded(_))));
     tokio::time::sleep(lease * 2).await;
-    let after = store
-        .claim(
-            &format!("k:{refused}"),
-            &fp,
-            FencingToken::random().unwrap(),
-            lease,
-        )
-        .await;
+    let after = claim_refused().await;
     assert!(
         matches!(after, Ok(ClaimOutcome::Claimed { .. })),
         "{after:?}"
