@@ -13,8 +13,11 @@ use futures_util::FutureExt;
 use http::StatusCode;
 
 use super::{
-    claim_token, concurrent_posts, fingerprint, fresh_key, one_result_for_all, response,
-    serve_waiting, token as fencing, until, First, LONG,
+    claim_token, fingerprint, fresh_key, response,
+    server::{concurrent_posts, until},
+    token as fencing,
+    waiting::{one_result_for_all, serve_waiting, First},
+    LONG,
 };
 use crate::store::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlement,

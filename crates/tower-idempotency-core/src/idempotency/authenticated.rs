@@ -5,7 +5,7 @@ use std::future::Future;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use super::{layer::Config, metrics, service::within};
+use super::{claim::within, layer::Config, metrics};
 use crate::{
     authenticator::Authenticator,
     scope::MAX_NAMESPACE_LEN,

@@ -3,11 +3,16 @@
 
 mod authenticated;
 mod body;
+mod claim;
 mod detach;
 mod future;
 mod layer;
+mod lease;
 mod metrics;
+mod replay;
+mod request_body;
 mod service;
+mod settle;
 mod transactional;
 mod wait;
 

@@ -26,14 +26,18 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::{
+    claim::within,
     layer::Config,
+    lease::renewing_lease,
     metrics,
-    service::{produce, reject, release, renewing_lease, with_outcome, within, Answer, Produced},
+    service::{reject, with_outcome, Answer},
+    settle::{produce, release, Produced},
+    ResponseBody,
 };
 use crate::{
     outcome::Outcome,
     problem::Rejection,
-    store::{BoxError, CommitError, FencingToken, Ownership, StoreTransaction},
+    store::{BoxError, CachedResponse, CommitError, FencingToken, Ownership, StoreTransaction},
 };
 
 /// Why [`IdempotencyLayer::try_transactional`](super::IdempotencyLayer::try_transactional)
@@ -62,29 +66,13 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let unavailable = Rejection::StoreUnavailable {
-        retry_after: config.retry_after,
-    };
-    // `try_transactional` only switches the mode on for a store that has transactions.
-    let Some(transactions) = config.store.transactions() else {
-        tracing::error!("the transactional mode is on but the store has no transactions");
-        release(&config, &key, token).await;
-        return Ok(reject(unavailable, Outcome::StoreUnavailable));
-    };
-    let transaction = match within(
-        config.store_timeout(),
-        metrics::timed(&config, "begin", transactions.begin(&key, token)),
-    )
-    .await
-    {
-        Some(Ok(transaction)) => transaction,
-        failed => {
-            let error = match failed {
-                Some(Err(error)) => error.to_string(),
-                _ => format!("timed out after {:?}", config.store_timeout()),
-            };
-            tracing::error!(%error, "opening the handler's transaction failed; key released, answering 503");
+    let transaction = match open(&config, &key, token).await {
+        Some(transaction) => transaction,
+        None => {
             release(&config, &key, token).await;
+            let unavailable = Rejection::StoreUnavailable {
+                retry_after: config.retry_after,
+            };
             return Ok(reject(unavailable, Outcome::StoreUnavailable));
         }
     };
@@ -100,43 +88,87 @@ where
             .await
             .0
     };
-
-    let (response, cached) = match produced {
-        Ok(Produced::Complete(response, cached)) => (response, cached),
-        Ok(Produced::Release(response)) => {
-            roll_back(&config, transaction).await;
-            release(&config, &key, token).await;
-            return Ok(with_outcome(response, Outcome::ExecutedReleased));
+    let failed = match produced {
+        Ok(Produced::Complete(response, cached)) => {
+            return commit(&config, transaction, &key, token, response, &cached).await;
         }
-        Ok(Produced::Error(error)) => {
-            roll_back(&config, transaction).await;
-            release(&config, &key, token).await;
-            Span::current().record("outcome", Outcome::HandlerFailed.as_str());
-            return Err(error);
-        }
+        Ok(Produced::Release(response)) => Failed::Released(response),
+        Ok(Produced::Error(error)) => Failed::Error(error),
         Ok(Produced::BodyFailed) => {
             tracing::error!("the handler's response body failed; its writes were rolled back and the key released");
-            roll_back(&config, transaction).await;
-            release(&config, &key, token).await;
-            return Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed));
+            Failed::Rejected
         }
         Err(_panic) => {
             tracing::error!(
                 "the handler panicked; its writes were rolled back and the key released"
             );
-            roll_back(&config, transaction).await;
-            release(&config, &key, token).await;
-            return Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed));
+            Failed::Rejected
         }
     };
+    roll_back(&config, transaction).await;
+    release(&config, &key, token).await;
+    match failed {
+        Failed::Released(response) => Ok(with_outcome(response, Outcome::ExecutedReleased)),
+        Failed::Error(error) => {
+            Span::current().record("outcome", Outcome::HandlerFailed.as_str());
+            Err(error)
+        }
+        Failed::Rejected => Ok(reject(Rejection::HandlerFailed, Outcome::HandlerFailed)),
+    }
+}
 
+/// A handler's result that rolls its transaction back and releases the key.
+enum Failed<R, E> {
+    /// The cache policy releases the response: answer it.
+    Released(R),
+    /// The inner service failed: pass the error on.
+    Error(E),
+    /// The handler panicked or its response body failed: answer `500`.
+    Rejected,
+}
+
+/// Opens the handler's transaction, fenced by the claim's token; `None` (logged) when the store
+/// has none or it failed to open in time.
+async fn open<'c>(
+    config: &'c Config,
+    key: &str,
+    token: FencingToken,
+) -> Option<Box<dyn StoreTransaction + 'c>> {
+    // `try_transactional` only switches the mode on for a store that has transactions.
+    let Some(transactions) = config.store.transactions() else {
+        tracing::error!("the transactional mode is on but the store has no transactions");
+        return None;
+    };
+    let begun = within(
+        config.store_timeout(),
+        metrics::timed(config, "begin", transactions.begin(key, token)),
+    )
+    .await;
+    let error = match begun {
+        Some(Ok(transaction)) => return Some(transaction),
+        Some(Err(error)) => error.to_string(),
+        None => format!("timed out after {:?}", config.store_timeout()),
+    };
+    tracing::error!(%error, "opening the handler's transaction failed; key released, answering 503");
+    None
+}
+
+/// Commits the handler's writes with the key's completion and answers by what the commit did.
+async fn commit<B, E>(
+    config: &Config,
+    transaction: Box<dyn StoreTransaction + '_>,
+    key: &str,
+    token: FencingToken,
+    response: Response<ResponseBody<B>>,
+    cached: &CachedResponse,
+) -> Answer<B, E> {
     let retry_after = config.retry_after;
     let committed = within(
         config.store_timeout(),
         metrics::timed(
-            &config,
+            config,
             "commit",
-            transaction.commit_with(&cached, config.ttl),
+            transaction.commit_with(cached, config.ttl),
         ),
     )
     .await;
@@ -151,7 +183,7 @@ where
         }
         Some(Err(CommitError::NotCommitted(error))) => {
             tracing::error!(%error, "the handler's transaction was not committed; nothing was written, key released");
-            release(&config, &key, token).await;
+            release(config, key, token).await;
             Ok(reject(
                 Rejection::CommitFailed { retry_after },
                 Outcome::RolledBack,
@@ -165,7 +197,7 @@ where
             tracing::error!(%error, "the outcome of the handler's commit is unknown; the next claim of the key reads it from the store");
             // Safe either way: a release is fenced to the in-flight record of this token, which a
             // commit that landed has completed.
-            release(&config, &key, token).await;
+            release(config, key, token).await;
             Ok(reject(
                 Rejection::CommitOutcomeUnknown { retry_after },
                 Outcome::CommitUnknown,

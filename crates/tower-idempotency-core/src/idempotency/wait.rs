@@ -18,7 +18,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{layer::Config, service};
+use super::{claim, layer::Config};
 use crate::store::{
     ClaimOutcome, Fingerprint, KeySignal, KeySignals, Settlement, Settlements, Store,
 };
@@ -49,7 +49,7 @@ pub(super) async fn settle(
             break;
         }
         waiting.before_claim();
-        claimed = service::claim(config, key, fingerprint).await;
+        claimed = claim::claim(config, key, fingerprint).await;
     }
     claimed
 }
@@ -281,6 +281,14 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
 
+    /// The mark of a first claim made with `notices` up and no local signal sent yet.
+    fn mark_with(notices: &Settlements) -> Mark {
+        Mark {
+            local: 0,
+            store: Some((notices.clone(), notices.sent())),
+        }
+    }
+
     #[tokio::test]
     async fn a_dropped_waiter_leaves_no_channel_behind() {
         let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 2));
@@ -321,10 +329,7 @@ mod tests {
         let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
         let notices = Settlements::new();
         notices.connected(true);
-        let mark = || Mark {
-            local: 0,
-            store: Some((notices.clone(), notices.sent())),
-        };
+        let mark = || mark_with(&notices);
         let mut one = Waiting::new(&waiters, mark());
         let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
         assert!(
@@ -347,13 +352,7 @@ mod tests {
         let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
         let notices = Settlements::new();
         notices.connected(true);
-        let mut one = Waiting::new(
-            &waiters,
-            Mark {
-                local: 0,
-                store: Some((notices.clone(), notices.sent())),
-            },
-        );
+        let mut one = Waiting::new(&waiters, mark_with(&notices));
         // Sent after the claim's mark, before the waiter subscribed: nobody heard it.
         notices.settled("k");
         let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
@@ -382,10 +381,7 @@ mod tests {
             }
         });
         notices.connected(true);
-        let mark = || Mark {
-            local: 0,
-            store: Some((notices.clone(), notices.sent())),
-        };
+        let mark = || mark_with(&notices);
         let mut one = Waiting::new(&waiters, mark());
         let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
         assert!(

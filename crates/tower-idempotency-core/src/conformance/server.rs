@@ -1,0 +1,110 @@
+//! The test servers' common parts: a server that stops when dropped, concurrent duplicates, and
+//! polling for a condition.
+
+use std::{
+    sync::{atomic::AtomicUsize, Arc},
+    time::Duration,
+};
+
+use axum::Router;
+use bytes::Bytes;
+use http::StatusCode;
+
+/// A test server: `POST /orders` behind the layer, counting handler executions.
+pub(super) struct Server {
+    pub(super) url: String,
+    pub(super) executions: Arc<AtomicUsize>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.shutdown.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Server {
+    /// Serves `app` on a loopback port until the returned server is dropped.
+    pub(super) async fn start(app: Router, executions: Arc<AtomicUsize>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let url = format!("http://{}/orders", listener.local_addr().expect("addr"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await
+                .expect("serve");
+        });
+        Self {
+            url,
+            executions,
+            shutdown: Some(tx),
+        }
+    }
+}
+
+/// Sends 25 identical POSTs at once, spread over `urls`; answers each one's status, whether it
+/// was a replay, and its body.
+pub(super) async fn concurrent_posts(
+    client: &reqwest::Client,
+    urls: &[String],
+    key: &str,
+) -> Vec<(StatusCode, bool, Bytes)> {
+    const CONCURRENT: usize = 25;
+    let barrier = Arc::new(tokio::sync::Barrier::new(CONCURRENT));
+    let requests: Vec<_> = (0..CONCURRENT)
+        .map(|i| {
+            let (client, barrier, key) = (client.clone(), barrier.clone(), key.to_owned());
+            let url = urls[i % urls.len()].clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = client
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .body(r#"{"sku":"book","qty":1}"#)
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status();
+                let replayed = response.headers().contains_key("idempotent-replayed");
+                (status, replayed, response.bytes().await.expect("body"))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(request.await.expect("task"));
+    }
+    answers
+}
+
+/// Waits until `condition` holds (polled every 5 ms, at most 10 s: then panics).
+pub(super) async fn until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Sends one POST of `{}` under `key`; `what` names it in the panic when it gets no response.
+pub(super) async fn post_once(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    what: &str,
+) -> reqwest::Response {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("{what}: {error}"))
+}
