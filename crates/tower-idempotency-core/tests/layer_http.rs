@@ -107,6 +107,20 @@ impl Server {
         }
     }
 
+    /// Serves the counting handler behind a client-keys layer over a memory store.
+    async fn client_keys(handler: &Handler) -> Self {
+        Self::start(
+            IdempotencyLayer::client_keys(MemoryStore::new()),
+            handler.clone(),
+        )
+        .await
+    }
+
+    /// Posts `body` with `key` and waits for the response.
+    async fn send(&self, key: Option<&str>, body: &'static str) -> reqwest::Response {
+        self.post(key, body).send().await.unwrap()
+    }
+
     fn post(&self, key: Option<&str>, body: &'static str) -> reqwest::RequestBuilder {
         let request = self.client.post(format!("{}/orders", self.base)).body(body);
         match key {
@@ -128,6 +142,17 @@ async fn problem(response: reqwest::Response) -> (StatusCode, String, serde_json
     (status, kind, json)
 }
 
+/// Asserts `response` is the problem `slug` with `status`, returning its JSON.
+async fn assert_problem(
+    response: reqwest::Response,
+    status: StatusCode,
+    slug: &str,
+) -> serde_json::Value {
+    let (got, kind, json) = problem(response).await;
+    assert_eq!((got, kind), (status, problem_type(slug)));
+    json
+}
+
 fn problem_type(slug: &str) -> String {
     format!("urn:tower-idempotency:problem:{slug}")
 }
@@ -135,12 +160,8 @@ fn problem_type(slug: &str) -> String {
 #[tokio::test]
 async fn replay_is_byte_identical_and_marked() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    let first = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    let server = Server::client_keys(&handler).await;
+    let first = server.send(Some("k-1"), "{\"a\":1}").await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get("idempotent-replayed").is_none());
     assert!(
@@ -149,7 +170,7 @@ async fn replay_is_byte_identical_and_marked() {
     );
     let first_body = first.bytes().await.unwrap();
 
-    let second = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    let second = server.send(Some("k-1"), "{\"a\":1}").await;
     assert_eq!(second.status(), StatusCode::CREATED);
     assert_eq!(second.headers()["idempotent-replayed"], "true");
     assert_eq!(second.headers()["content-type"], "application/json");
@@ -164,41 +185,24 @@ async fn replay_is_byte_identical_and_marked() {
 #[tokio::test]
 async fn same_key_with_another_payload_is_422() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    server.post(Some("k"), "{\"qty\":1}").send().await.unwrap();
-    let reused = server.post(Some("k"), "{\"qty\":2}").send().await.unwrap();
-    let (status, kind, _) = problem(reused).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(kind, problem_type("key-reused"));
+    let server = Server::client_keys(&handler).await;
+    server.send(Some("k"), "{\"qty\":1}").await;
+    let reused = server.send(Some("k"), "{\"qty\":2}").await;
+    assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
 #[tokio::test]
 async fn missing_invalid_and_repeated_keys_are_400_and_never_run() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    let missing = server.post(None, "{}").send().await.unwrap();
-    let (status, kind, json) = problem(missing).await;
-    assert_eq!(
-        (status, kind.as_str()),
-        (
-            StatusCode::BAD_REQUEST,
-            problem_type("missing-key").as_str()
-        )
-    );
+    let server = Server::client_keys(&handler).await;
+    let missing = server.send(None, "{}").await;
+    let json = assert_problem(missing, StatusCode::BAD_REQUEST, "missing-key").await;
     assert_eq!(json["status"], 400);
 
     let long = "k".repeat(256);
     for bad in ["", "\"\"", long.as_str(), "has space", "\"unterminated"] {
-        let response = server.post(Some(bad), "{}").send().await.unwrap();
+        let response = server.send(Some(bad), "{}").await;
         let (status, kind, json) = problem(response).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}");
         assert_eq!(kind, problem_type("invalid-key"));
@@ -232,14 +236,7 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
         .send()
         .await
         .unwrap();
-    let (status, kind, _) = problem(declared).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            problem_type("payload-too-large")
-        )
-    );
+    assert_problem(declared, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // Chunked: no Content-Length, the cap is enforced while reading.
     let chunks: Vec<Result<Bytes, std::io::Error>> = big
@@ -256,14 +253,7 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
         .send()
         .await
         .unwrap();
-    let (status, kind, _) = problem(chunked).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            problem_type("payload-too-large")
-        )
-    );
+    assert_problem(chunked, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // A chunked body under the cap reaches the handler byte for byte.
     let small: Vec<Result<Bytes, std::io::Error>> =
@@ -289,7 +279,7 @@ async fn unguarded_methods_and_optional_keys_pass_through() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).optional_key();
     let server = Server::start(layer, handler.clone()).await;
     for _ in 0..2 {
-        let r = server.post(None, "{}").send().await.unwrap();
+        let r = server.send(None, "{}").await;
         assert_eq!(r.status(), StatusCode::CREATED);
         assert!(r.headers().get("idempotent-replayed").is_none());
         let get = server
@@ -307,11 +297,7 @@ async fn unguarded_methods_and_optional_keys_pass_through() {
 #[tokio::test]
 async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
+    let server = Server::client_keys(&handler).await;
     for _ in 0..2 {
         let r = server
             .post(Some("fails"), "{}")
@@ -455,10 +441,13 @@ async fn a_required_principal_that_is_missing_is_a_500_and_never_runs() {
         ))
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
-    let anonymous = server.post(Some("k"), "{}").send().await.unwrap();
-    let (status, kind, json) = problem(anonymous).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(kind, problem_type("principal-missing"));
+    let anonymous = server.send(Some("k"), "{}").await;
+    let json = assert_problem(
+        anonymous,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "principal-missing",
+    )
+    .await;
     assert_eq!(json["status"], 500);
     assert_eq!(handler.count(), 0, "an unscoped request never runs");
     let tenant = server
@@ -508,13 +497,9 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     let server = Server::start(layer, handler.clone()).await;
     let first = tokio::spawn(server.post(Some("slow"), "{}").send());
     handler.started.notified().await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.headers()["retry-after"], "2");
-    let (status, kind, _) = problem(duplicate).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::CONFLICT, problem_type("in-flight"))
-    );
+    assert_problem(duplicate, StatusCode::CONFLICT, "in-flight").await;
     handler.proceed.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
     assert_eq!(handler.count(), 1);
@@ -530,7 +515,7 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
     let server = Server::start(layer, handler.clone()).await;
     let first = tokio::spawn(server.post(Some("slow-lease"), "{}").send());
     handler.started.notified().await;
-    let duplicate = server.post(Some("slow-lease"), "{}").send().await.unwrap();
+    let duplicate = server.send(Some("slow-lease"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     let after: u64 = duplicate.headers()["retry-after"]
         .to_str()
@@ -554,7 +539,7 @@ async fn in_flight_status_is_configurable() {
     let server = Server::start(layer, handler.clone()).await;
     let first = tokio::spawn(server.post(Some("slow"), "{}").send());
     handler.started.notified().await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::TOO_MANY_REQUESTS);
     handler.proceed.notify_one();
     first.await.unwrap().unwrap();
@@ -617,7 +602,7 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
         .await
         .expect("the handler was cancelled with its caller instead of finishing");
 
-    let retry = server.post(Some("gone"), "{}").send().await.unwrap();
+    let retry = server.send(Some("gone"), "{}").await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert!(retry.text().await.unwrap().contains("\"execution\":1"));
@@ -627,25 +612,19 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
 #[tokio::test]
 async fn a_handler_panic_releases_the_key() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
+    let server = Server::client_keys(&handler).await;
     let exploded = server
         .post(Some("boom"), "{}")
         .header("x-behaviour", "panic-first")
         .send()
         .await
         .unwrap();
-    let (status, kind, _) = problem(exploded).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            problem_type("handler-failed")
-        )
-    );
+    assert_problem(
+        exploded,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
+    )
+    .await;
     let retry = server
         .post(Some("boom"), "{}")
         .header("x-behaviour", "panic-first")
@@ -666,16 +645,14 @@ async fn a_failing_or_hung_store_fails_closed_with_503() {
     ] {
         let handler = Handler::default();
         let server = Server::start(layer, handler.clone()).await;
-        let response = server.post(Some("k"), "{}").send().await.unwrap();
+        let response = server.send(Some("k"), "{}").await;
         assert!(response.headers().contains_key("retry-after"));
-        let (status, kind, json) = problem(response).await;
-        assert_eq!(
-            (status, kind),
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                problem_type("store-unavailable")
-            )
-        );
+        let json = assert_problem(
+            response,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+        )
+        .await;
         assert!(
             !json.to_string().contains("connection refused"),
             "backend errors stay in the logs"
@@ -704,7 +681,7 @@ async fn fail_open_is_explicit_and_marked() {
         ))
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
-    let response = server.post(Some("k"), "{}").send().await.unwrap();
+    let response = server.send(Some("k"), "{}").await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(response.headers()["x-outcome"], "failed_open");
     assert_eq!(handler.count(), 1);
@@ -720,7 +697,7 @@ async fn a_slow_handler_keeps_its_lease() {
     handler.started.notified().await;
     // Well past the original lease: without renewal the duplicate would run the handler again.
     tokio::time::sleep(lease * 3).await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     handler.proceed.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
@@ -736,12 +713,8 @@ async fn in_flight_bound_and_shutdown_drain() {
     let first = tokio::spawn(server.post(Some("a"), "{}").send());
     handler.started.notified().await;
 
-    let over = server.post(Some("b"), "{}").send().await.unwrap();
-    let (status, kind, _) = problem(over).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::SERVICE_UNAVAILABLE, problem_type("overloaded"))
-    );
+    let over = server.send(Some("b"), "{}").await;
+    assert_problem(over, StatusCode::SERVICE_UNAVAILABLE, "overloaded").await;
 
     let drain = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -756,7 +729,7 @@ async fn in_flight_bound_and_shutdown_drain() {
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
     assert_eq!(shutdown.in_flight(), 0);
 
-    let after = server.post(Some("c"), "{}").send().await.unwrap();
+    let after = server.send(Some("c"), "{}").await;
     assert_eq!(
         after.status(),
         StatusCode::SERVICE_UNAVAILABLE,
@@ -773,11 +746,7 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
     let server = Server::start(layer, handler.clone()).await;
     for _ in 0..2 {
-        server
-            .post(Some("raw-key-do-not-log"), "{}")
-            .send()
-            .await
-            .unwrap();
+        server.send(Some("raw-key-do-not-log"), "{}").await;
     }
     let logs = captured.text();
     assert!(logs.contains("namespace=\"orders\""), "{logs}");
@@ -794,41 +763,28 @@ async fn json_fields_fingerprint_replays_a_resend_with_other_volatile_fields() {
         .fingerprint(FingerprintMode::json_fields(["/amount", "/customer/id"]));
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(
+        .send(
             Some("pay-1"),
             r#"{"amount":100,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     let first_body = first.bytes().await.unwrap();
     // The same chosen fields, in another order and layout, with other unchosen fields.
     let resend = server
-        .post(
-            Some("pay-1"),
-            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }",
-        )
-        .send()
-        .await
-        .unwrap();
+        .send(Some("pay-1"),
+            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }").await;
     assert_eq!(resend.status(), StatusCode::CREATED);
     assert_eq!(resend.headers()["idempotent-replayed"], "true");
     assert_eq!(resend.bytes().await.unwrap(), first_body);
     // A chosen field changed: the key was reused for a different request.
     let changed = server
-        .post(
+        .send(
             Some("pay-1"),
             r#"{"amount":101,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
         )
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(changed).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
-    );
+        .await;
+    assert_problem(changed, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -840,37 +796,27 @@ async fn json_excluding_fingerprint_ignores_only_the_excluded_fields() {
     );
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"app"}}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     let resend = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"meta":{"source":"app","trace_id":"t2"},"amount":100,"sent_at":2}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(resend.status(), StatusCode::CREATED);
     assert_eq!(resend.headers()["idempotent-replayed"], "true");
     let changed = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"web"}}"#,
         )
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(changed).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
-    );
+        .await;
+    assert_problem(changed, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -882,15 +828,9 @@ async fn a_json_fingerprint_answers_400_to_a_body_that_is_not_json() {
         .fingerprint(FingerprintMode::json_fields(["/amount"]));
     let server = Server::start(layer, handler.clone()).await;
     let response = server
-        .post(Some("form-1"), "amount=100&secret=s3cr3t")
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, json) = problem(response).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::BAD_REQUEST, problem_type("body-not-json"))
-    );
+        .send(Some("form-1"), "amount=100&secret=s3cr3t")
+        .await;
+    let json = assert_problem(response, StatusCode::BAD_REQUEST, "body-not-json").await;
     assert!(
         !json.to_string().contains("s3cr3t"),
         "no body content in the problem"
