@@ -38,6 +38,12 @@ impl Handler {
         }
     }
 
+    /// Lets the held first execution go on and checks that its caller got the created order.
+    async fn finish(&self, first: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+        self.proceed.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
+
     fn count(&self) -> usize {
         self.executions.load(Ordering::SeqCst)
     }
@@ -119,6 +125,42 @@ impl Server {
     /// Posts `body` with `key` and waits for the response.
     async fn send(&self, key: Option<&str>, body: &'static str) -> reqwest::Response {
         self.post(key, body).send().await.unwrap()
+    }
+
+    /// Posts `body` with `key` and one more header, and waits for the response.
+    async fn send_with(
+        &self,
+        key: Option<&str>,
+        body: &'static str,
+        (name, value): (&str, &str),
+    ) -> reqwest::Response {
+        self.post(key, body)
+            .header(name, value)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Posts any body (bytes, a stream) with `key` and waits for the response.
+    async fn send_body(&self, key: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.client
+            .post(format!("{}/orders", self.base))
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts a request for `key` that the blocking `handler` holds, and waits until it runs.
+    async fn hold(
+        &self,
+        handler: &Handler,
+        key: &str,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let first = tokio::spawn(self.post(Some(key), "{}").send());
+        handler.started.notified().await;
+        first
     }
 
     fn post(&self, key: Option<&str>, body: &'static str) -> reqwest::RequestBuilder {
@@ -212,11 +254,8 @@ async fn missing_invalid_and_repeated_keys_are_400_and_never_run() {
         );
     }
     let repeated = server
-        .post(Some("a"), "{}")
-        .header("idempotency-key", "b")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("a"), "{}", ("idempotency-key", "b"))
+        .await;
     assert_eq!(problem(repeated).await.1, problem_type("invalid-key"));
     assert_eq!(handler.count(), 0);
 }
@@ -228,14 +267,7 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
     let server = Server::start(layer, handler.clone()).await;
     let big = vec![b'x'; 2048];
 
-    let declared = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "big-1")
-        .body(big.clone())
-        .send()
-        .await
-        .unwrap();
+    let declared = server.send_body("big-1", big.clone()).await;
     assert_problem(declared, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // Chunked: no Content-Length, the cap is enforced while reading.
@@ -244,30 +276,22 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
         .map(|c| Ok(Bytes::copy_from_slice(c)))
         .collect();
     let chunked = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "big-2")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .unwrap();
+        .send_body(
+            "big-2",
+            reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)),
+        )
+        .await;
     assert_problem(chunked, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // A chunked body under the cap reaches the handler byte for byte.
     let small: Vec<Result<Bytes, std::io::Error>> =
         vec![Ok(Bytes::from("{\"a\":")), Ok(Bytes::from("1}"))];
     let ok = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "small")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            small,
-        )))
-        .send()
-        .await
-        .unwrap();
+        .send_body(
+            "small",
+            reqwest::Body::wrap_stream(futures_util::stream::iter(small)),
+        )
+        .await;
     assert_eq!(ok.status(), StatusCode::CREATED);
     assert!(ok.text().await.unwrap().contains(r#"{\"a\":1}"#));
     assert_eq!(handler.count(), 1);
@@ -300,11 +324,8 @@ async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
     let server = Server::client_keys(&handler).await;
     for _ in 0..2 {
         let r = server
-            .post(Some("fails"), "{}")
-            .header("x-behaviour", "fail")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("fails"), "{}", ("x-behaviour", "fail"))
+            .await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
     assert_eq!(
@@ -315,11 +336,8 @@ async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
 
     for _ in 0..2 {
         let r = server
-            .post(Some("declined"), "{}")
-            .header("x-behaviour", "fail-but-final")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("declined"), "{}", ("x-behaviour", "fail-but-final"))
+            .await;
         assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
     }
     assert_eq!(handler.count(), 3, "CacheDirective::Complete keeps the 402");
@@ -330,11 +348,8 @@ async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
     let server = Server::start(layer, always.clone()).await;
     for _ in 0..2 {
         let r = server
-            .post(Some("fails"), "{}")
-            .header("x-behaviour", "fail")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("fails"), "{}", ("x-behaviour", "fail"))
+            .await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
     assert_eq!(always.count(), 1, "CachePolicy::always stores the 400");
@@ -346,11 +361,8 @@ async fn a_response_over_the_cache_cap_completes_and_replays_without_body() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_cached_body_bytes(1000);
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(Some("big"), "{}")
-        .header("x-behaviour", "big")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("big"), "{}", ("x-behaviour", "big"))
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(
         first.bytes().await.unwrap().len(),
@@ -358,11 +370,8 @@ async fn a_response_over_the_cache_cap_completes_and_replays_without_body() {
         "the first caller gets the whole body"
     );
     let replay = server
-        .post(Some("big"), "{}")
-        .header("x-behaviour", "big")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("big"), "{}", ("x-behaviour", "big"))
+        .await;
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(replay.headers()["idempotent-body-omitted"], "true");
     assert_eq!(replay.headers()["x-order"], "big");
@@ -393,29 +402,20 @@ async fn tenants_never_share_cached_responses() {
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
     let a = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "a")
-        .send()
+        .send_with(Some("same"), "{}", ("x-tenant", "a"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
     let b = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "b")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("same"), "{}", ("x-tenant", "b"))
+        .await;
     assert!(b.headers().get("idempotent-replayed").is_none());
     assert_ne!(b.text().await.unwrap(), a);
     assert_eq!(handler.count(), 2);
     let a_again = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "a")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("same"), "{}", ("x-tenant", "a"))
+        .await;
     assert_eq!(a_again.text().await.unwrap(), a);
 }
 
@@ -450,12 +450,7 @@ async fn a_required_principal_that_is_missing_is_a_500_and_never_runs() {
     .await;
     assert_eq!(json["status"], 500);
     assert_eq!(handler.count(), 0, "an unscoped request never runs");
-    let tenant = server
-        .post(Some("k"), "{}")
-        .header("x-tenant", "a")
-        .send()
-        .await
-        .unwrap();
+    let tenant = server.send_with(Some("k"), "{}", ("x-tenant", "a")).await;
     assert_eq!(tenant.status(), StatusCode::CREATED);
     assert_eq!(handler.count(), 1);
 }
@@ -495,13 +490,11 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     let layer =
         IdempotencyLayer::client_keys(MemoryStore::new()).retry_after(Duration::from_secs(2));
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "slow").await;
     let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.headers()["retry-after"], "2");
     assert_problem(duplicate, StatusCode::CONFLICT, "in-flight").await;
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -513,8 +506,7 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
         .retry_after(Duration::from_secs(30))
         .lease(Duration::from_secs(3));
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow-lease"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "slow-lease").await;
     let duplicate = server.send(Some("slow-lease"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     let after: u64 = duplicate.headers()["retry-after"]
@@ -526,8 +518,7 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
         (1..=3).contains(&after),
         "Retry-After {after} must lie within the holder's 3 s lease"
     );
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -537,8 +528,7 @@ async fn in_flight_status_is_configurable() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new())
         .in_flight_status(StatusCode::TOO_MANY_REQUESTS);
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "slow").await;
     let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::TOO_MANY_REQUESTS);
     handler.proceed.notify_one();
@@ -614,11 +604,8 @@ async fn a_handler_panic_releases_the_key() {
     let handler = Handler::default();
     let server = Server::client_keys(&handler).await;
     let exploded = server
-        .post(Some("boom"), "{}")
-        .header("x-behaviour", "panic-first")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("boom"), "{}", ("x-behaviour", "panic-first"))
+        .await;
     assert_problem(
         exploded,
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -626,11 +613,8 @@ async fn a_handler_panic_releases_the_key() {
     )
     .await;
     let retry = server
-        .post(Some("boom"), "{}")
-        .header("x-behaviour", "panic-first")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("boom"), "{}", ("x-behaviour", "panic-first"))
+        .await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(handler.count(), 2);
@@ -693,14 +677,12 @@ async fn a_slow_handler_keeps_its_lease() {
     let lease = Duration::from_millis(300);
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).lease(lease);
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "slow").await;
     // Well past the original lease: without renewal the duplicate would run the handler again.
     tokio::time::sleep(lease * 3).await;
     let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -710,8 +692,7 @@ async fn in_flight_bound_and_shutdown_drain() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_in_flight(1);
     let shutdown = layer.shutdown_handle();
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("a"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "a").await;
 
     let over = server.send(Some("b"), "{}").await;
     assert_problem(over, StatusCode::SERVICE_UNAVAILABLE, "overloaded").await;
