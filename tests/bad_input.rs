@@ -177,6 +177,40 @@ impl Req {
     }
 }
 
+/// The requests of a provider that signs in one header and names the event (or the time) in
+/// another: most tables vary one part of this shape.
+struct Signed {
+    route: &'static str,
+    signature: &'static str,
+    other: (&'static str, String),
+}
+
+impl Signed {
+    fn new(route: &'static str, signature: &'static str, other: (&'static str, &str)) -> Self {
+        Self {
+            route,
+            signature,
+            other: (other.0, other.1.to_owned()),
+        }
+    }
+
+    /// Both headers.
+    fn req(&self, body: &[u8], signature: impl Into<Vec<u8>>) -> Req {
+        self.only_signature(body, signature)
+            .header(self.other.0, self.other.1.clone())
+    }
+
+    /// The other header, no signature.
+    fn unsigned(&self, body: &[u8]) -> Req {
+        Req::new(self.route, body).header(self.other.0, self.other.1.clone())
+    }
+
+    /// The signature, not the other header.
+    fn only_signature(&self, body: &[u8], signature: impl Into<Vec<u8>>) -> Req {
+        Req::new(self.route, body).header(self.signature, signature)
+    }
+}
+
 /// What the server sent back, if anything.
 #[derive(Debug)]
 struct Answer {
@@ -270,6 +304,13 @@ fn case(name: impl Into<String>, req: Req, expect: Expect) -> Case {
         req,
         expect,
     }
+}
+
+/// One concern's table: each row's name is prefixed with the concern.
+fn table(concern: &str, rows: impl IntoIterator<Item = (&'static str, Req, Expect)>) -> Vec<Case> {
+    rows.into_iter()
+        .map(|(name, req, expect)| case(format!("{concern}: {name}"), req, expect))
+        .collect()
 }
 
 use Expect::*;
@@ -664,86 +705,82 @@ fn stripe_bodies(t: u64) -> Vec<Case> {
 
 /// GitHub.
 fn github() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"action":"opened"}"#.to_vec();
-    let gh = |sig: &str| {
-        Req::new("/github", body.clone())
-            .header("x-hub-signature-256", sig)
-            .header("x-github-delivery", "d-1")
-    };
+    let shape = Signed::new(
+        "/github",
+        "x-hub-signature-256",
+        ("x-github-delivery", "d-1"),
+    );
+    let gh = |sig: &str| shape.req(&body, sig);
     let good = github::sign(GITHUB, &body);
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/github", body.clone()).header("x-github-delivery", "d-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "only the legacy SHA-1 header",
-            Req::new("/github", body.clone())
-                .header("x-hub-signature", "sha1=00")
-                .header("x-github-delivery", "d-1"),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "other scheme",
-            gh("md5=abcdef"),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "no scheme prefix",
-            gh("abcdef"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "not hex",
-            gh("sha256=xyz"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        // Malformed, as Stripe's empty `v1=` is: not a signature that fails to match.
-        (
-            "empty signature",
-            gh("sha256="),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong secret",
-            gh(&github::sign(WRONG, &body)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            Req::new("/github", b"{\"action\":\"closed\"}".to_vec())
-                .header("x-hub-signature-256", good.clone())
-                .header("x-github-delivery", "d-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "missing delivery id",
-            Req::new("/github", body.clone()).header("x-hub-signature-256", good.clone()),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "delivery id of 300 bytes",
-            Req::new("/github", body.clone())
-                .header("x-hub-signature-256", good.clone())
-                .header("x-github-delivery", "d".repeat(300)),
-            Problem(400, "webhook-invalid-event-id"),
-        ),
-        (
-            "delivery id repeated",
-            gh(&good).header("x-github-delivery", "d-2"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-        (
-            "signature repeated",
-            gh(&good).header("x-hub-signature-256", good.clone()),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("github: {name}"), req, expect));
-    }
-    cases
+    table(
+        "github",
+        [
+            (
+                "missing header",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "only the legacy SHA-1 header",
+                shape.unsigned(&body).header("x-hub-signature", "sha1=00"),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "other scheme",
+                gh("md5=abcdef"),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "no scheme prefix",
+                gh("abcdef"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "not hex",
+                gh("sha256=xyz"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            // Malformed, as Stripe's empty `v1=` is: not a signature that fails to match.
+            (
+                "empty signature",
+                gh("sha256="),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "wrong secret",
+                gh(&github::sign(WRONG, &body)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "tampered body",
+                shape.req(b"{\"action\":\"closed\"}", good.clone()),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "missing delivery id",
+                shape.only_signature(&body, good.clone()),
+                Problem(400, "webhook-missing-event-id"),
+            ),
+            (
+                "delivery id of 300 bytes",
+                shape
+                    .only_signature(&body, good.clone())
+                    .header("x-github-delivery", "d".repeat(300)),
+                Problem(400, "webhook-invalid-event-id"),
+            ),
+            (
+                "delivery id repeated",
+                gh(&good).header("x-github-delivery", "d-2"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+            (
+                "signature repeated",
+                gh(&good).header("x-hub-signature-256", good.clone()),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ],
+    )
 }
 
 /// Slack and Zoom (v0 scheme, timestamp header).
@@ -1026,57 +1063,54 @@ fn standard_webhooks_signatures(t: u64) -> Vec<Case> {
 
 /// Shopify.
 fn shopify() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"id":1}"#.to_vec();
     let good = shopify::sign(SHOPIFY, &body);
-    let sh = |sig: &str| {
-        Req::new("/shopify", body.clone())
-            .header("x-shopify-hmac-sha256", sig)
-            .header("x-shopify-event-id", "ev-1")
-    };
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/shopify", body.clone()).header("x-shopify-event-id", "ev-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not base64",
-            sh("!!!not base64!!!"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        ("empty", sh(""), Problem(400, "webhook-malformed-header")),
-        (
-            "wrong secret",
-            sh(&shopify::sign(WRONG, &body)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            Req::new("/shopify", b"{\"id\":2}".to_vec())
-                .header("x-shopify-hmac-sha256", good.clone())
-                .header("x-shopify-event-id", "ev-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "no event id, validly signed",
-            Req::new("/shopify", body.clone()).header("x-shopify-hmac-sha256", good.clone()),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "signature repeated",
-            sh(&good).header("x-shopify-hmac-sha256", good.clone()),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("shopify: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new(
+        "/shopify",
+        "x-shopify-hmac-sha256",
+        ("x-shopify-event-id", "ev-1"),
+    );
+    let sh = |sig: &str| shape.req(&body, sig);
+    table(
+        "shopify",
+        [
+            (
+                "missing header",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "not base64",
+                sh("!!!not base64!!!"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            ("empty", sh(""), Problem(400, "webhook-malformed-header")),
+            (
+                "wrong secret",
+                sh(&shopify::sign(WRONG, &body)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "tampered body",
+                shape.req(b"{\"id\":2}", good.clone()),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "no event id, validly signed",
+                shape.only_signature(&body, good.clone()),
+                Problem(400, "webhook-missing-event-id"),
+            ),
+            (
+                "signature repeated",
+                sh(&good).header("x-shopify-hmac-sha256", good.clone()),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ],
+    )
 }
 
 /// Paddle.
 fn paddle(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let body = br#"{"event_id":"evt_p1","event_type":"x"}"#.to_vec();
@@ -1089,238 +1123,226 @@ fn paddle(t: u64) -> Vec<Case> {
     };
     let good = h1(PADDLE, t, &body);
     let pd = |v: String| Req::new("/paddle", body.clone()).header("paddle-signature", v);
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/paddle", body.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "comma instead of semicolon",
-            pd(format!("ts={t},h1={good}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only a timestamp",
-            pd(format!("ts={t}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "no timestamp",
-            pd(format!("h1={good}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only an unknown scheme",
-            pd(format!("ts={t};h2={good}")),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "not hex",
-            pd(format!("ts={t};h1=zz")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "non-numeric timestamp",
-            pd(format!("ts=x;h1={good}")),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "wrong secret",
-            pd(format!("ts={t};h1={}", h1(WRONG, t, &body))),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale timestamp, validly signed",
-            pd(paddle::sign(PADDLE, stale, &body)),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future timestamp, validly signed",
-            pd(paddle::sign(PADDLE, future, &body)),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "non-JSON body, validly signed",
-            Req::new("/paddle", b"nope".to_vec())
-                .header("paddle-signature", paddle::sign(PADDLE, t, b"nope")),
-            Problem(400, "webhook-body-not-json"),
-        ),
-    ] {
-        cases.push(case(format!("paddle: {name}"), req, expect));
-    }
-    cases
+    table(
+        "paddle",
+        [
+            (
+                "missing header",
+                Req::new("/paddle", body.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "comma instead of semicolon",
+                pd(format!("ts={t},h1={good}")),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "only a timestamp",
+                pd(format!("ts={t}")),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "no timestamp",
+                pd(format!("h1={good}")),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "only an unknown scheme",
+                pd(format!("ts={t};h2={good}")),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "not hex",
+                pd(format!("ts={t};h1=zz")),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "non-numeric timestamp",
+                pd(format!("ts=x;h1={good}")),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "wrong secret",
+                pd(format!("ts={t};h1={}", h1(WRONG, t, &body))),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "stale timestamp, validly signed",
+                pd(paddle::sign(PADDLE, stale, &body)),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future timestamp, validly signed",
+                pd(paddle::sign(PADDLE, future, &body)),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "non-JSON body, validly signed",
+                Req::new("/paddle", b"nope".to_vec())
+                    .header("paddle-signature", paddle::sign(PADDLE, t, b"nope")),
+                Problem(400, "webhook-body-not-json"),
+            ),
+        ],
+    )
 }
 
 /// Linear (timestamp in the body, milliseconds).
 fn linear(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let lbody = |ms: u64| format!(r#"{{"action":"create","webhookTimestamp":{ms}}}"#).into_bytes();
     let body = lbody(t * 1000);
-    let li = |sig: String, body: &[u8]| {
-        Req::new("/linear", body.to_vec())
-            .header("linear-signature", sig)
-            .header("linear-delivery", "ld-1")
-    };
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/linear", body.clone()).header("linear-delivery", "ld-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not hex",
-            li("xyz".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong secret",
-            li(linear::sign(WRONG, &body), &body),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            li(linear::sign(LINEAR, &body), &lbody(t * 1000 + 1)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, &lbody(stale * 1000)),
-                &lbody(stale * 1000),
+    let shape = Signed::new("/linear", "linear-signature", ("linear-delivery", "ld-1"));
+    let li = |sig: String, body: &[u8]| shape.req(body, sig);
+    table(
+        "linear",
+        [
+            (
+                "missing header",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, &lbody(future * 1000)),
-                &lbody(future * 1000),
+            (
+                "not hex",
+                li("xyz".into(), &body),
+                Problem(400, "webhook-malformed-header"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "no body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, b"{\"action\":\"x\"}"),
-                b"{\"action\":\"x\"}",
+            (
+                "wrong secret",
+                li(linear::sign(WRONG, &body), &body),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "string body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, b"{\"webhookTimestamp\":\"1\"}"),
-                b"{\"webhookTimestamp\":\"1\"}",
+            (
+                "tampered body",
+                li(linear::sign(LINEAR, &body), &lbody(t * 1000 + 1)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "non-JSON body, validly signed",
-            li(linear::sign(LINEAR, b"x"), b"x"),
-            Problem(400, "webhook-body-not-json"),
-        ),
-    ] {
-        cases.push(case(format!("linear: {name}"), req, expect));
-    }
-    cases
+            (
+                "stale body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, &lbody(stale * 1000)),
+                    &lbody(stale * 1000),
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, &lbody(future * 1000)),
+                    &lbody(future * 1000),
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "no body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, b"{\"action\":\"x\"}"),
+                    b"{\"action\":\"x\"}",
+                ),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "string body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, b"{\"webhookTimestamp\":\"1\"}"),
+                    b"{\"webhookTimestamp\":\"1\"}",
+                ),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "non-JSON body, validly signed",
+                li(linear::sign(LINEAR, b"x"), b"x"),
+                Problem(400, "webhook-body-not-json"),
+            ),
+        ],
+    )
 }
 
 /// GitLab (shared token).
 fn gitlab() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"object_kind":"push"}"#.to_vec();
-    for (name, req, expect) in [
-        (
-            "missing token",
-            Req::new("/gitlab", body.clone()).header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "wrong token",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", WRONG)
-                .header("idempotency-key", "gl-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "token prefix only",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", &GITLAB[..5])
-                .header("idempotency-key", "gl-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "empty token",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", "")
-                .header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "token repeated",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", GITLAB)
-                .header("x-gitlab-token", GITLAB)
-                .header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-        (
-            "no event id",
-            Req::new("/gitlab", body.clone()).header("x-gitlab-token", GITLAB),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "key repeated",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", GITLAB)
-                .header("idempotency-key", "a")
-                .header("idempotency-key", "b"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("gitlab: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new("/gitlab", "x-gitlab-token", ("idempotency-key", "gl-1"));
+    table(
+        "gitlab",
+        [
+            (
+                "missing token",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "wrong token",
+                shape.req(&body, WRONG),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "token prefix only",
+                shape.req(&body, &GITLAB[..5]),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "empty token",
+                shape.req(&body, ""),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "token repeated",
+                Req::new("/gitlab", body.clone())
+                    .header("x-gitlab-token", GITLAB)
+                    .header("x-gitlab-token", GITLAB)
+                    .header("idempotency-key", "gl-1"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+            (
+                "no event id",
+                shape.only_signature(&body, GITLAB),
+                Problem(400, "webhook-missing-event-id"),
+            ),
+            (
+                "key repeated",
+                shape
+                    .only_signature(&body, GITLAB)
+                    .header("idempotency-key", "a")
+                    .header("idempotency-key", "b"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ],
+    )
 }
 
 /// Discord (Ed25519; nothing here is validly signed).
 fn discord(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"id":"1","type":2}"#.to_vec();
-    for (name, req, expect) in [
-        (
-            "missing signature",
-            Req::new("/discord", body.clone()).header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not hex",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "zz")
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong length",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "00".repeat(32))
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "forged signature",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "11".repeat(64))
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-    ] {
-        cases.push(case(format!("discord: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new(
+        "/discord",
+        "x-signature-ed25519",
+        ("x-signature-timestamp", &t.to_string()),
+    );
+    table(
+        "discord",
+        [
+            (
+                "missing signature",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "not hex",
+                shape.req(&body, "zz"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "wrong length",
+                shape.req(&body, "00".repeat(32)),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "forged signature",
+                shape.req(&body, "11".repeat(64)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+        ],
+    )
 }
 
 /// Where a fixture's deliveries are sent (see `app`).
