@@ -543,21 +543,31 @@ async fn captured_delivery_is_refused_once_the_clock_moves_past_the_tolerance() 
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn store_debug_and_connect_errors_do_not_print_passwords() {
-    const PASSWORD: &str = "PWCHECK_pg_password_41";
-    // Nothing listens on port 1: connecting fails, and the error must not carry the password.
-    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test");
-    let error = tower_idempotency::connect_store(&url)
+/// Connecting to `url` (nothing listens on port 1) fails, and the error, shown either way,
+/// does not carry `password`.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+async fn connect_error_hides(url: &str, password: &str) {
+    let error = tower_idempotency::connect_store(url)
         .await
         .err()
         .expect("fails");
     let text = format!("{error} {error:?}");
     assert!(
-        !text.contains(PASSWORD),
+        !text.contains(password),
         "connect error leaks the password: {text}"
     );
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn store_debug_and_connect_errors_do_not_print_passwords() {
+    const PASSWORD: &str = "PWCHECK_pg_password_41";
+    // Nothing listens on port 1: connecting fails, and the error must not carry the password.
+    connect_error_hides(
+        &format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test"),
+        PASSWORD,
+    )
+    .await;
 
     let url = support::database_url();
     if !support::reachable(&support::host_port(&url)) {
@@ -583,14 +593,5 @@ async fn store_debug_and_connect_errors_do_not_print_passwords() {
 #[tokio::test]
 async fn redis_connect_errors_do_not_print_passwords() {
     const PASSWORD: &str = "PWCHECK_redis_password_42";
-    let url = format!("redis://:{PASSWORD}@127.0.0.1:1/0");
-    let error = tower_idempotency::connect_store(&url)
-        .await
-        .err()
-        .expect("fails");
-    let text = format!("{error} {error:?}");
-    assert!(
-        !text.contains(PASSWORD),
-        "connect error leaks the password: {text}"
-    );
+    connect_error_hides(&format!("redis://:{PASSWORD}@127.0.0.1:1/0"), PASSWORD).await;
 }
