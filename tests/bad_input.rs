@@ -13,8 +13,9 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{body::Bytes, extract::State, routing::post, Router};
 use tokio::{
@@ -83,13 +84,6 @@ fn app(store: Arc<CountingStore>, calls: Arc<AtomicUsize>) -> Router {
         )
     });
     app.with_state(calls)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// How the body is framed on the wire.
@@ -334,7 +328,7 @@ fn deep_json(depth: usize) -> Vec<u8> {
 
 /// Every case, by concern.
 fn catalog() -> Vec<Case> {
-    let t = now();
+    let t = unix_now();
     [
         body_size_and_framing(t),
         client_keys(),
@@ -1378,7 +1372,7 @@ fn fixture_negatives(t: u64) -> Vec<Case> {
 /// Valid requests through the same app: they must execute, which shows the catalog's zeros
 /// come from the inputs, not from a broken harness.
 fn controls() -> Vec<Req> {
-    let t = now();
+    let t = unix_now();
     let stripe_body = stripe_event("evt_control");
     let gh = br#"{"action":"opened"}"#.to_vec();
     let slack_body = br#"{"type":"event_callback","event_id":"EvControl"}"#.to_vec();
@@ -1426,7 +1420,7 @@ fn controls() -> Vec<Req> {
 /// Every fixture's valid delivery through its route runs the handler once and claims its key,
 /// plus the record of its signature where the verifier binds one (`Authenticator`).
 async fn fixture_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
-    let t = now();
+    let t = unix_now();
     for fixture in testing::fixtures() {
         let event = fixture.event(&format!("{}_control", fixture.provider()), t);
         let delivery = fixture.sign(&event, t);
@@ -1553,7 +1547,7 @@ async fn run_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
 /// once (streamed past without recursion) or be refused as not JSON (built with serde_json's
 /// recursion limit), but it never crashes the server.
 async fn deep_json_via_zoom(addr: &str, calls: &AtomicUsize) {
-    let t = now();
+    let t = unix_now();
     let deep = deep_json(10_000);
     let req = Req::new("/zoom", deep.clone())
         .header("x-zm-request-timestamp", t.to_string())

@@ -11,8 +11,9 @@ mod support;
 
 use std::{
     process::Output,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{routing::post_service, Router};
 use serde_json::Value;
@@ -70,10 +71,7 @@ async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [
     let ids = [format!("evt_cli_a_{label}"), format!("evt_cli_b_{label}")];
     for id in &ids {
         let body = format!(r#"{{"id":"{id}","type":"charge.succeeded"}}"#);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = unix_now();
         let response = client
             .post(format!("{base}/inbox/stripe"))
             .header(

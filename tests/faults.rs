@@ -15,6 +15,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{routing::post, Router};
 use bytes::Bytes;
@@ -501,10 +502,7 @@ async fn deliver(
     event: &str,
 ) -> Result<Reply, reqwest::Error> {
     let body = format!(r#"{{"id":"{event}","object":"event","type":"invoice.paid"}}"#);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = unix_now();
     let signature = tower_idempotency::webhooks::stripe::sign(CRASH_SECRET, now, body.as_bytes());
     let start = Instant::now();
     let response = client

@@ -15,8 +15,9 @@ mod support;
 
 use std::{
     hash::{BuildHasher, RandomState},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
+use tower_idempotency_testkit::unix_now;
 
 use futures_util::future::join_all;
 use receiver_process::{Database, Receiver};
@@ -47,10 +48,7 @@ fn body(id: &str, kind: &str) -> String {
 }
 
 async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = unix_now();
     client
         .post(format!("{base}/inbox/stripe"))
         .header(

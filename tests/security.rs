@@ -15,6 +15,7 @@ use std::{
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{
     extract::{Request, State},
@@ -62,13 +63,6 @@ impl Write for LogWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 async fn count(State(calls): State<Arc<AtomicUsize>>) -> &'static str {
@@ -124,7 +118,7 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
         .with_state(calls.clone());
     let base = serve(app).await;
     let client = reqwest::Client::new();
-    let t = now();
+    let t = unix_now();
     let mut forbidden: Vec<String> = vec![
         STRIPE_SECRET.into(),
         GITHUB_SECRET.into(),
@@ -269,7 +263,7 @@ async fn no_fixture_secret_or_signature_in_responses_or_logs() {
     });
     let base = serve(app.with_state(calls.clone())).await;
     let client = reqwest::Client::new();
-    let t = now();
+    let t = unix_now();
     let (mut forbidden, mut texts) = (Vec::new(), Vec::new());
     for fixture in &fixtures {
         let provider = fixture.provider();
