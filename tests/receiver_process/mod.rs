@@ -132,3 +132,26 @@ impl Drop for Database {
         }
     }
 }
+
+/// The `i64` results of `sql`, with `param` bound to its one parameter (`$1`), on the SQLite or
+/// Postgres database at `store` (a receiver's `IDEMPOTENCY_STORE`).
+pub async fn scalars(store: &str, sql: &str, param: &str) -> Vec<i64> {
+    if store.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
+        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        pool.close().await;
+        found.expect(sql)
+    } else {
+        let pool = sqlx::PgPool::connect(store)
+            .await
+            .expect("connect postgres");
+        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        pool.close().await;
+        found.expect(sql)
+    }
+}
+
+/// A pseudo-random number below `bound`.
+pub fn random_below(bound: u64) -> u64 {
+    tower_idempotency_testkit::random_u64() % bound
+}
