@@ -925,156 +925,150 @@ fn slack_bodies(t: u64) -> Vec<Case> {
     cases
 }
 
+/// A Standard Webhooks delivery of `body` with these three headers.
+fn standard_req(id: &str, ts: String, signature: String, body: &[u8]) -> Req {
+    Req::new("/standard", body.to_vec())
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts)
+        .header("webhook-signature", signature)
+}
+
 /// Standard Webhooks: the headers and their grammar.
 fn standard_webhooks_headers(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
-    let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
-        Req::new("/standard", body.to_vec())
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts)
-            .header("webhook-signature", sig)
-    };
     let good = standard::sign(&key_bytes, "msg_1", t, &body);
-    for (name, req, expect) in [
-        (
-            "missing signature",
-            Req::new("/standard", body.clone())
-                .header("webhook-id", "msg_1")
-                .header("webhook-timestamp", t.to_string()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "missing id",
-            Req::new("/standard", body.clone())
-                .header("webhook-timestamp", t.to_string())
-                .header("webhook-signature", good.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "missing timestamp",
-            Req::new("/standard", body.clone())
-                .header("webhook-id", "msg_1")
-                .header("webhook-signature", good.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "no version prefix",
-            sw("msg_1", t.to_string(), "abcdef".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only an unknown version",
-            sw("msg_1", t.to_string(), "v2,abcdef".into(), &body),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "not base64",
-            sw("msg_1", t.to_string(), "v1,!!!".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "17 signatures",
-            sw(
-                "msg_1",
-                t.to_string(),
-                vec![good.as_str(); 17].join(" "),
-                &body,
+    table(
+        "standard-webhooks",
+        [
+            (
+                "missing signature",
+                Req::new("/standard", body.clone())
+                    .header("webhook-id", "msg_1")
+                    .header("webhook-timestamp", t.to_string()),
+                Problem(400, "webhook-missing-header"),
             ),
-            Problem(400, "webhook-malformed-header"),
-        ),
-    ] {
-        cases.push(case(format!("standard-webhooks: {name}"), req, expect));
-    }
-    cases
+            (
+                "missing id",
+                Req::new("/standard", body.clone())
+                    .header("webhook-timestamp", t.to_string())
+                    .header("webhook-signature", good.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "missing timestamp",
+                Req::new("/standard", body.clone())
+                    .header("webhook-id", "msg_1")
+                    .header("webhook-signature", good.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "no version prefix",
+                standard_req("msg_1", t.to_string(), "abcdef".into(), &body),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "only an unknown version",
+                standard_req("msg_1", t.to_string(), "v2,abcdef".into(), &body),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "not base64",
+                standard_req("msg_1", t.to_string(), "v1,!!!".into(), &body),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "17 signatures",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    vec![good.as_str(); 17].join(" "),
+                    &body,
+                ),
+                Problem(400, "webhook-malformed-header"),
+            ),
+        ],
+    )
 }
 
 /// Standard Webhooks: timestamps, signatures and ids.
 fn standard_webhooks_signatures(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
-    let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
-        Req::new("/standard", body.to_vec())
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts)
-            .header("webhook-signature", sig)
-    };
     let good = standard::sign(&key_bytes, "msg_1", t, &body);
     let wrong_key = vec![7u8; 24];
-    for (name, req, expect) in [
-        (
-            "non-numeric timestamp",
-            sw("msg_1", "now".into(), good.clone(), &body),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "overflowing timestamp",
-            sw("msg_1", "99999999999999999999".into(), good.clone(), &body),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "wrong secret",
-            sw(
-                "msg_1",
-                t.to_string(),
-                standard::sign(&wrong_key, "msg_1", t, &body),
-                &body,
+    table(
+        "standard-webhooks",
+        [
+            (
+                "non-numeric timestamp",
+                standard_req("msg_1", "now".into(), good.clone(), &body),
+                Problem(400, "webhook-invalid-timestamp"),
             ),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "signature for another id",
-            sw("msg_2", t.to_string(), good.clone(), &body),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            sw(
-                "msg_1",
-                t.to_string(),
-                good.clone(),
-                b"{\"type\":\"user.deleted\"}",
+            (
+                "overflowing timestamp",
+                standard_req("msg_1", "99999999999999999999".into(), good.clone(), &body),
+                Problem(400, "webhook-invalid-timestamp"),
             ),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale timestamp, validly signed",
-            sw(
-                "msg_1",
-                stale.to_string(),
-                standard::sign(&key_bytes, "msg_1", stale, &body),
-                &body,
+            (
+                "wrong secret",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    standard::sign(&wrong_key, "msg_1", t, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future timestamp, validly signed",
-            sw(
-                "msg_1",
-                future.to_string(),
-                standard::sign(&key_bytes, "msg_1", future, &body),
-                &body,
+            (
+                "signature for another id",
+                standard_req("msg_2", t.to_string(), good.clone(), &body),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "id of 300 bytes, validly signed",
-            sw(
-                &"m".repeat(300),
-                t.to_string(),
-                standard::sign(&key_bytes, &"m".repeat(300), t, &body),
-                &body,
+            (
+                "tampered body",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    good.clone(),
+                    b"{\"type\":\"user.deleted\"}",
+                ),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-event-id"),
-        ),
-    ] {
-        cases.push(case(format!("standard-webhooks: {name}"), req, expect));
-    }
-    cases
+            (
+                "stale timestamp, validly signed",
+                standard_req(
+                    "msg_1",
+                    stale.to_string(),
+                    standard::sign(&key_bytes, "msg_1", stale, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future timestamp, validly signed",
+                standard_req(
+                    "msg_1",
+                    future.to_string(),
+                    standard::sign(&key_bytes, "msg_1", future, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "id of 300 bytes, validly signed",
+                standard_req(
+                    &"m".repeat(300),
+                    t.to_string(),
+                    standard::sign(&key_bytes, &"m".repeat(300), t, &body),
+                    &body,
+                ),
+                Problem(400, "webhook-invalid-event-id"),
+            ),
+        ],
+    )
 }
 
 /// Shopify.
