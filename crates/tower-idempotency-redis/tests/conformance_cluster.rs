@@ -9,22 +9,22 @@ use tower_idempotency_core::{conformance, Store};
 
 tower_idempotency_core::store_conformance_tests!(common::cluster_store());
 
+/// A store on the shared cluster under `a`'s prefix with a connection of its own: another
+/// application instance.
+async fn another_instance(a: &common::TestStore) -> tower_idempotency_redis::RedisStore {
+    let connection = common::cluster_connection(common::Cluster::shared().unwrap())
+        .await
+        .unwrap();
+    tower_idempotency_redis::RedisStore::cluster(connection, a.store.prefix()).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_two_instances_over_http() {
     let (Some(a), Some(b)) = (common::cluster_store().await, common::cluster_store().await) else {
         return;
     };
     // Same prefix, separate cluster connections: two application instances.
-    let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap(),
-        b.hooks.0,
-    );
+    let b = common::TestStore::new(another_instance(&a).await, b.hooks.0);
     let a: Arc<dyn Store> = Arc::new(a);
     conformance::two_instances_over_http(a, Arc::new(b)).await;
 }
@@ -246,14 +246,7 @@ async fn two_notified_cluster_instances() -> Option<(Arc<dyn Store>, Arc<dyn Sto
     let urls = common::Cluster::shared()?.urls();
     let node = |i: usize| redis::Client::open(urls[i].as_str()).expect("node url");
     let b = common::TestStore::new(
-        tower_idempotency_redis::RedisStore::cluster(
-            common::cluster_connection(common::Cluster::shared().unwrap())
-                .await
-                .unwrap(),
-            a.store.prefix(),
-        )
-        .unwrap()
-        .with_notices([node(1)]),
+        another_instance(&a).await.with_notices([node(1)]),
         b.guard().clone(),
     );
     let guard = a.guard().clone();
