@@ -13,8 +13,9 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{body::Bytes, extract::State, routing::post, Router};
 use tokio::{
@@ -83,13 +84,6 @@ fn app(store: Arc<CountingStore>, calls: Arc<AtomicUsize>) -> Router {
         )
     });
     app.with_state(calls)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// How the body is framed on the wire.
@@ -174,6 +168,78 @@ impl Req {
             Framing::Raw(_) => unreachable!(),
         }
         out
+    }
+}
+
+/// The requests of a provider that signs in one header and names the event (or the time) in
+/// another: most tables vary one part of this shape.
+struct Signed {
+    route: &'static str,
+    signature: &'static str,
+    other: (&'static str, String),
+}
+
+impl Signed {
+    fn new(route: &'static str, signature: &'static str, other: (&'static str, &str)) -> Self {
+        Self {
+            route,
+            signature,
+            other: (other.0, other.1.to_owned()),
+        }
+    }
+
+    /// Both headers.
+    fn req(&self, body: &[u8], signature: impl Into<Vec<u8>>) -> Req {
+        self.only_signature(body, signature)
+            .header(self.other.0, self.other.1.clone())
+    }
+
+    /// The other header, no signature.
+    fn unsigned(&self, body: &[u8]) -> Req {
+        Req::new(self.route, body).header(self.other.0, self.other.1.clone())
+    }
+
+    /// The rows every provider of this shape answers alike: no signature, another secret's
+    /// signature, a tampered body, no event id, and the signature twice.
+    fn common_rows(
+        &self,
+        body: &[u8],
+        good: &str,
+        wrong: &str,
+        tampered: &[u8],
+    ) -> [(&'static str, Req, Expect); 5] {
+        [
+            (
+                "missing header",
+                self.unsigned(body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "wrong secret",
+                self.req(body, wrong),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "tampered body",
+                self.req(tampered, good),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "no event id, validly signed",
+                self.only_signature(body, good),
+                Problem(400, "webhook-missing-event-id"),
+            ),
+            (
+                "signature repeated",
+                self.req(body, good).header(self.signature, good),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ]
+    }
+
+    /// The signature, not the other header.
+    fn only_signature(&self, body: &[u8], signature: impl Into<Vec<u8>>) -> Req {
+        Req::new(self.route, body).header(self.signature, signature)
     }
 }
 
@@ -272,6 +338,13 @@ fn case(name: impl Into<String>, req: Req, expect: Expect) -> Case {
     }
 }
 
+/// One concern's table: each row's name is prefixed with the concern.
+fn table(concern: &str, rows: impl IntoIterator<Item = (&'static str, Req, Expect)>) -> Vec<Case> {
+    rows.into_iter()
+        .map(|(name, req, expect)| case(format!("{concern}: {name}"), req, expect))
+        .collect()
+}
+
 use Expect::*;
 
 const BAD_SIG: u16 = 401;
@@ -279,6 +352,15 @@ const DEEP: &[&str] = &["webhook-body-not-json", "webhook-missing-event-id"];
 
 fn stripe_event(id: &str) -> String {
     format!(r#"{{"id":"{id}","object":"event","type":"invoice.paid"}}"#)
+}
+
+/// The hex `v1` signature of a Stripe delivery, without the header around it.
+fn stripe_hmac(secret: &str, ts: u64, body: &[u8]) -> String {
+    stripe::sign(secret, ts, body)
+        .split_once(",v1=")
+        .unwrap()
+        .1
+        .to_owned()
 }
 
 fn deep_json(depth: usize) -> Vec<u8> {
@@ -293,7 +375,7 @@ fn deep_json(depth: usize) -> Vec<u8> {
 
 /// Every case, by concern.
 fn catalog() -> Vec<Case> {
-    let t = now();
+    let t = unix_now();
     [
         body_size_and_framing(t),
         client_keys(),
@@ -421,20 +503,22 @@ fn client_keys() -> Vec<Case> {
             Problem(400, "invalid-key"),
         ));
     }
-    cases.push(case(
-        "repeated Idempotency-Key header",
-        Req::new("/orders", "{}")
-            .header("idempotency-key", "one")
-            .header("idempotency-key", "two"),
-        Problem(400, "invalid-key"),
-    ));
-    cases.push(case(
-        "repeated Idempotency-Key header, same value",
-        Req::new("/orders", "{}")
-            .header("idempotency-key", "same")
-            .header("idempotency-key", "same"),
-        Problem(400, "invalid-key"),
-    ));
+    for (name, first, second) in [
+        ("repeated Idempotency-Key header", "one", "two"),
+        (
+            "repeated Idempotency-Key header, same value",
+            "same",
+            "same",
+        ),
+    ] {
+        cases.push(case(
+            name,
+            Req::new("/orders", "{}")
+                .header("idempotency-key", first)
+                .header("idempotency-key", second),
+            Problem(400, "invalid-key"),
+        ));
+    }
     cases
 }
 
@@ -471,14 +555,7 @@ fn header_injection() -> Vec<Case> {
 fn stripe_header_grammar(t: u64) -> Vec<Case> {
     let mut cases = Vec::new();
     let body = stripe_event("evt_bad");
-    let hmac = |secret: &str, ts: u64, body: &[u8]| {
-        stripe::sign(secret, ts, body)
-            .split_once(",v1=")
-            .unwrap()
-            .1
-            .to_owned()
-    };
-    let good = hmac(STRIPE, t, body.as_bytes());
+    let good = stripe_hmac(STRIPE, t, body.as_bytes());
     let s = |v: String| Req::new("/stripe", body.clone()).header("stripe-signature", v);
     let malformed = Problem(400, "webhook-malformed-header");
     for (name, value, expect) in [
@@ -526,14 +603,7 @@ fn stripe_header_values(t: u64) -> Vec<Case> {
     let stale = t - 3600;
     let future = t + 3600;
     let body = stripe_event("evt_bad");
-    let hmac = |secret: &str, ts: u64, body: &[u8]| {
-        stripe::sign(secret, ts, body)
-            .split_once(",v1=")
-            .unwrap()
-            .1
-            .to_owned()
-    };
-    let good = hmac(STRIPE, t, body.as_bytes());
+    let good = stripe_hmac(STRIPE, t, body.as_bytes());
     let s = |v: String| Req::new("/stripe", body.clone()).header("stripe-signature", v);
     let malformed = Problem(400, "webhook-malformed-header");
     for (name, value, expect) in [
@@ -554,17 +624,23 @@ fn stripe_header_values(t: u64) -> Vec<Case> {
         ),
         (
             "wrong secret",
-            format!("t={t},v1={}", hmac(WRONG, t, body.as_bytes())),
+            format!("t={t},v1={}", stripe_hmac(WRONG, t, body.as_bytes())),
             Problem(BAD_SIG, "webhook-signature-mismatch"),
         ),
         (
             "stale timestamp, validly signed",
-            format!("t={stale},v1={}", hmac(STRIPE, stale, body.as_bytes())),
+            format!(
+                "t={stale},v1={}",
+                stripe_hmac(STRIPE, stale, body.as_bytes())
+            ),
             Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
         ),
         (
             "future timestamp, validly signed",
-            format!("t={future},v1={}", hmac(STRIPE, future, body.as_bytes())),
+            format!(
+                "t={future},v1={}",
+                stripe_hmac(STRIPE, future, body.as_bytes())
+            ),
             Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
         ),
         (
@@ -664,86 +740,63 @@ fn stripe_bodies(t: u64) -> Vec<Case> {
 
 /// GitHub.
 fn github() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"action":"opened"}"#.to_vec();
-    let gh = |sig: &str| {
-        Req::new("/github", body.clone())
-            .header("x-hub-signature-256", sig)
-            .header("x-github-delivery", "d-1")
-    };
+    let shape = Signed::new(
+        "/github",
+        "x-hub-signature-256",
+        ("x-github-delivery", "d-1"),
+    );
+    let gh = |sig: &str| shape.req(&body, sig);
     let good = github::sign(GITHUB, &body);
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/github", body.clone()).header("x-github-delivery", "d-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "only the legacy SHA-1 header",
-            Req::new("/github", body.clone())
-                .header("x-hub-signature", "sha1=00")
-                .header("x-github-delivery", "d-1"),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "other scheme",
-            gh("md5=abcdef"),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "no scheme prefix",
-            gh("abcdef"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "not hex",
-            gh("sha256=xyz"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        // Malformed, as Stripe's empty `v1=` is: not a signature that fails to match.
-        (
-            "empty signature",
-            gh("sha256="),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong secret",
-            gh(&github::sign(WRONG, &body)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            Req::new("/github", b"{\"action\":\"closed\"}".to_vec())
-                .header("x-hub-signature-256", good.clone())
-                .header("x-github-delivery", "d-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "missing delivery id",
-            Req::new("/github", body.clone()).header("x-hub-signature-256", good.clone()),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "delivery id of 300 bytes",
-            Req::new("/github", body.clone())
-                .header("x-hub-signature-256", good.clone())
-                .header("x-github-delivery", "d".repeat(300)),
-            Problem(400, "webhook-invalid-event-id"),
-        ),
-        (
-            "delivery id repeated",
-            gh(&good).header("x-github-delivery", "d-2"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-        (
-            "signature repeated",
-            gh(&good).header("x-hub-signature-256", good.clone()),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("github: {name}"), req, expect));
-    }
-    cases
+    let common = shape.common_rows(
+        &body,
+        &good,
+        &github::sign(WRONG, &body),
+        b"{\"action\":\"closed\"}",
+    );
+    table(
+        "github",
+        common.into_iter().chain([
+            (
+                "only the legacy SHA-1 header",
+                shape.unsigned(&body).header("x-hub-signature", "sha1=00"),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "other scheme",
+                gh("md5=abcdef"),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "no scheme prefix",
+                gh("abcdef"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "not hex",
+                gh("sha256=xyz"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            // Malformed, as Stripe's empty `v1=` is: not a signature that fails to match.
+            (
+                "empty signature",
+                gh("sha256="),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "delivery id of 300 bytes",
+                shape
+                    .only_signature(&body, good.clone())
+                    .header("x-github-delivery", "d".repeat(300)),
+                Problem(400, "webhook-invalid-event-id"),
+            ),
+            (
+                "delivery id repeated",
+                gh(&good).header("x-github-delivery", "d-2"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ]),
+    )
 }
 
 /// Slack and Zoom (v0 scheme, timestamp header).
@@ -872,211 +925,178 @@ fn slack_bodies(t: u64) -> Vec<Case> {
     cases
 }
 
+/// A Standard Webhooks delivery of `body` with these three headers.
+fn standard_req(id: &str, ts: String, signature: String, body: &[u8]) -> Req {
+    Req::new("/standard", body.to_vec())
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts)
+        .header("webhook-signature", signature)
+}
+
 /// Standard Webhooks: the headers and their grammar.
 fn standard_webhooks_headers(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
-    let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
-        Req::new("/standard", body.to_vec())
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts)
-            .header("webhook-signature", sig)
-    };
     let good = standard::sign(&key_bytes, "msg_1", t, &body);
-    for (name, req, expect) in [
-        (
-            "missing signature",
-            Req::new("/standard", body.clone())
-                .header("webhook-id", "msg_1")
-                .header("webhook-timestamp", t.to_string()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "missing id",
-            Req::new("/standard", body.clone())
-                .header("webhook-timestamp", t.to_string())
-                .header("webhook-signature", good.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "missing timestamp",
-            Req::new("/standard", body.clone())
-                .header("webhook-id", "msg_1")
-                .header("webhook-signature", good.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "no version prefix",
-            sw("msg_1", t.to_string(), "abcdef".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only an unknown version",
-            sw("msg_1", t.to_string(), "v2,abcdef".into(), &body),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "not base64",
-            sw("msg_1", t.to_string(), "v1,!!!".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "17 signatures",
-            sw(
-                "msg_1",
-                t.to_string(),
-                vec![good.as_str(); 17].join(" "),
-                &body,
+    table(
+        "standard-webhooks",
+        [
+            (
+                "missing signature",
+                Req::new("/standard", body.clone())
+                    .header("webhook-id", "msg_1")
+                    .header("webhook-timestamp", t.to_string()),
+                Problem(400, "webhook-missing-header"),
             ),
-            Problem(400, "webhook-malformed-header"),
-        ),
-    ] {
-        cases.push(case(format!("standard-webhooks: {name}"), req, expect));
-    }
-    cases
+            (
+                "missing id",
+                Req::new("/standard", body.clone())
+                    .header("webhook-timestamp", t.to_string())
+                    .header("webhook-signature", good.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "missing timestamp",
+                Req::new("/standard", body.clone())
+                    .header("webhook-id", "msg_1")
+                    .header("webhook-signature", good.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "no version prefix",
+                standard_req("msg_1", t.to_string(), "abcdef".into(), &body),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "only an unknown version",
+                standard_req("msg_1", t.to_string(), "v2,abcdef".into(), &body),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            (
+                "not base64",
+                standard_req("msg_1", t.to_string(), "v1,!!!".into(), &body),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "17 signatures",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    vec![good.as_str(); 17].join(" "),
+                    &body,
+                ),
+                Problem(400, "webhook-malformed-header"),
+            ),
+        ],
+    )
 }
 
 /// Standard Webhooks: timestamps, signatures and ids.
 fn standard_webhooks_signatures(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let key_bytes = standard::decode_secret(STANDARD).unwrap();
     let body = br#"{"type":"user.created"}"#.to_vec();
-    let sw = |id: &str, ts: String, sig: String, body: &[u8]| {
-        Req::new("/standard", body.to_vec())
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts)
-            .header("webhook-signature", sig)
-    };
     let good = standard::sign(&key_bytes, "msg_1", t, &body);
     let wrong_key = vec![7u8; 24];
-    for (name, req, expect) in [
-        (
-            "non-numeric timestamp",
-            sw("msg_1", "now".into(), good.clone(), &body),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "overflowing timestamp",
-            sw("msg_1", "99999999999999999999".into(), good.clone(), &body),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "wrong secret",
-            sw(
-                "msg_1",
-                t.to_string(),
-                standard::sign(&wrong_key, "msg_1", t, &body),
-                &body,
+    table(
+        "standard-webhooks",
+        [
+            (
+                "non-numeric timestamp",
+                standard_req("msg_1", "now".into(), good.clone(), &body),
+                Problem(400, "webhook-invalid-timestamp"),
             ),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "signature for another id",
-            sw("msg_2", t.to_string(), good.clone(), &body),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            sw(
-                "msg_1",
-                t.to_string(),
-                good.clone(),
-                b"{\"type\":\"user.deleted\"}",
+            (
+                "overflowing timestamp",
+                standard_req("msg_1", "99999999999999999999".into(), good.clone(), &body),
+                Problem(400, "webhook-invalid-timestamp"),
             ),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale timestamp, validly signed",
-            sw(
-                "msg_1",
-                stale.to_string(),
-                standard::sign(&key_bytes, "msg_1", stale, &body),
-                &body,
+            (
+                "wrong secret",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    standard::sign(&wrong_key, "msg_1", t, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future timestamp, validly signed",
-            sw(
-                "msg_1",
-                future.to_string(),
-                standard::sign(&key_bytes, "msg_1", future, &body),
-                &body,
+            (
+                "signature for another id",
+                standard_req("msg_2", t.to_string(), good.clone(), &body),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "id of 300 bytes, validly signed",
-            sw(
-                &"m".repeat(300),
-                t.to_string(),
-                standard::sign(&key_bytes, &"m".repeat(300), t, &body),
-                &body,
+            (
+                "tampered body",
+                standard_req(
+                    "msg_1",
+                    t.to_string(),
+                    good.clone(),
+                    b"{\"type\":\"user.deleted\"}",
+                ),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-event-id"),
-        ),
-    ] {
-        cases.push(case(format!("standard-webhooks: {name}"), req, expect));
-    }
-    cases
+            (
+                "stale timestamp, validly signed",
+                standard_req(
+                    "msg_1",
+                    stale.to_string(),
+                    standard::sign(&key_bytes, "msg_1", stale, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future timestamp, validly signed",
+                standard_req(
+                    "msg_1",
+                    future.to_string(),
+                    standard::sign(&key_bytes, "msg_1", future, &body),
+                    &body,
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "id of 300 bytes, validly signed",
+                standard_req(
+                    &"m".repeat(300),
+                    t.to_string(),
+                    standard::sign(&key_bytes, &"m".repeat(300), t, &body),
+                    &body,
+                ),
+                Problem(400, "webhook-invalid-event-id"),
+            ),
+        ],
+    )
 }
 
 /// Shopify.
 fn shopify() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"id":1}"#.to_vec();
     let good = shopify::sign(SHOPIFY, &body);
-    let sh = |sig: &str| {
-        Req::new("/shopify", body.clone())
-            .header("x-shopify-hmac-sha256", sig)
-            .header("x-shopify-event-id", "ev-1")
-    };
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/shopify", body.clone()).header("x-shopify-event-id", "ev-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not base64",
-            sh("!!!not base64!!!"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        ("empty", sh(""), Problem(400, "webhook-malformed-header")),
-        (
-            "wrong secret",
-            sh(&shopify::sign(WRONG, &body)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            Req::new("/shopify", b"{\"id\":2}".to_vec())
-                .header("x-shopify-hmac-sha256", good.clone())
-                .header("x-shopify-event-id", "ev-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "no event id, validly signed",
-            Req::new("/shopify", body.clone()).header("x-shopify-hmac-sha256", good.clone()),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "signature repeated",
-            sh(&good).header("x-shopify-hmac-sha256", good.clone()),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("shopify: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new(
+        "/shopify",
+        "x-shopify-hmac-sha256",
+        ("x-shopify-event-id", "ev-1"),
+    );
+    let sh = |sig: &str| shape.req(&body, sig);
+    let common = shape.common_rows(&body, &good, &shopify::sign(WRONG, &body), b"{\"id\":2}");
+    table(
+        "shopify",
+        common.into_iter().chain([
+            (
+                "not base64",
+                sh("!!!not base64!!!"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            ("empty", sh(""), Problem(400, "webhook-malformed-header")),
+        ]),
+    )
 }
 
 /// Paddle.
 fn paddle(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let body = br#"{"event_id":"evt_p1","event_type":"x"}"#.to_vec();
@@ -1089,238 +1109,215 @@ fn paddle(t: u64) -> Vec<Case> {
     };
     let good = h1(PADDLE, t, &body);
     let pd = |v: String| Req::new("/paddle", body.clone()).header("paddle-signature", v);
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/paddle", body.clone()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "comma instead of semicolon",
-            pd(format!("ts={t},h1={good}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only a timestamp",
-            pd(format!("ts={t}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "no timestamp",
-            pd(format!("h1={good}")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "only an unknown scheme",
-            pd(format!("ts={t};h2={good}")),
-            Problem(BAD_SIG, "webhook-unsupported-version"),
-        ),
-        (
-            "not hex",
-            pd(format!("ts={t};h1=zz")),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "non-numeric timestamp",
-            pd(format!("ts=x;h1={good}")),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "wrong secret",
-            pd(format!("ts={t};h1={}", h1(WRONG, t, &body))),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale timestamp, validly signed",
-            pd(paddle::sign(PADDLE, stale, &body)),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future timestamp, validly signed",
-            pd(paddle::sign(PADDLE, future, &body)),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "non-JSON body, validly signed",
-            Req::new("/paddle", b"nope".to_vec())
-                .header("paddle-signature", paddle::sign(PADDLE, t, b"nope")),
-            Problem(400, "webhook-body-not-json"),
-        ),
-    ] {
-        cases.push(case(format!("paddle: {name}"), req, expect));
-    }
-    cases
+    let malformed = Problem(400, "webhook-malformed-header");
+    table(
+        "paddle",
+        [
+            (
+                "missing header",
+                Req::new("/paddle", body.clone()),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "comma instead of semicolon",
+                pd(format!("ts={t},h1={good}")),
+                malformed,
+            ),
+            ("only a timestamp", pd(format!("ts={t}")), malformed),
+            ("no timestamp", pd(format!("h1={good}")), malformed),
+            (
+                "only an unknown scheme",
+                pd(format!("ts={t};h2={good}")),
+                Problem(BAD_SIG, "webhook-unsupported-version"),
+            ),
+            ("not hex", pd(format!("ts={t};h1=zz")), malformed),
+            (
+                "non-numeric timestamp",
+                pd(format!("ts=x;h1={good}")),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "wrong secret",
+                pd(format!("ts={t};h1={}", h1(WRONG, t, &body))),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "stale timestamp, validly signed",
+                pd(paddle::sign(PADDLE, stale, &body)),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future timestamp, validly signed",
+                pd(paddle::sign(PADDLE, future, &body)),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "non-JSON body, validly signed",
+                Req::new("/paddle", b"nope".to_vec())
+                    .header("paddle-signature", paddle::sign(PADDLE, t, b"nope")),
+                Problem(400, "webhook-body-not-json"),
+            ),
+        ],
+    )
 }
 
 /// Linear (timestamp in the body, milliseconds).
 fn linear(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let stale = t - 3600;
     let future = t + 3600;
     let lbody = |ms: u64| format!(r#"{{"action":"create","webhookTimestamp":{ms}}}"#).into_bytes();
     let body = lbody(t * 1000);
-    let li = |sig: String, body: &[u8]| {
-        Req::new("/linear", body.to_vec())
-            .header("linear-signature", sig)
-            .header("linear-delivery", "ld-1")
-    };
-    for (name, req, expect) in [
-        (
-            "missing header",
-            Req::new("/linear", body.clone()).header("linear-delivery", "ld-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not hex",
-            li("xyz".into(), &body),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong secret",
-            li(linear::sign(WRONG, &body), &body),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "tampered body",
-            li(linear::sign(LINEAR, &body), &lbody(t * 1000 + 1)),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "stale body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, &lbody(stale * 1000)),
-                &lbody(stale * 1000),
+    let shape = Signed::new("/linear", "linear-signature", ("linear-delivery", "ld-1"));
+    let li = |sig: String, body: &[u8]| shape.req(body, sig);
+    table(
+        "linear",
+        [
+            (
+                "missing header",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "future body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, &lbody(future * 1000)),
-                &lbody(future * 1000),
+            (
+                "not hex",
+                li("xyz".into(), &body),
+                Problem(400, "webhook-malformed-header"),
             ),
-            Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
-        ),
-        (
-            "no body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, b"{\"action\":\"x\"}"),
-                b"{\"action\":\"x\"}",
+            (
+                "wrong secret",
+                li(linear::sign(WRONG, &body), &body),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "string body timestamp, validly signed",
-            li(
-                linear::sign(LINEAR, b"{\"webhookTimestamp\":\"1\"}"),
-                b"{\"webhookTimestamp\":\"1\"}",
+            (
+                "tampered body",
+                li(linear::sign(LINEAR, &body), &lbody(t * 1000 + 1)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
             ),
-            Problem(400, "webhook-invalid-timestamp"),
-        ),
-        (
-            "non-JSON body, validly signed",
-            li(linear::sign(LINEAR, b"x"), b"x"),
-            Problem(400, "webhook-body-not-json"),
-        ),
-    ] {
-        cases.push(case(format!("linear: {name}"), req, expect));
-    }
-    cases
+            (
+                "stale body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, &lbody(stale * 1000)),
+                    &lbody(stale * 1000),
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "future body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, &lbody(future * 1000)),
+                    &lbody(future * 1000),
+                ),
+                Problem(BAD_SIG, "webhook-timestamp-outside-tolerance"),
+            ),
+            (
+                "no body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, b"{\"action\":\"x\"}"),
+                    b"{\"action\":\"x\"}",
+                ),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "string body timestamp, validly signed",
+                li(
+                    linear::sign(LINEAR, b"{\"webhookTimestamp\":\"1\"}"),
+                    b"{\"webhookTimestamp\":\"1\"}",
+                ),
+                Problem(400, "webhook-invalid-timestamp"),
+            ),
+            (
+                "non-JSON body, validly signed",
+                li(linear::sign(LINEAR, b"x"), b"x"),
+                Problem(400, "webhook-body-not-json"),
+            ),
+        ],
+    )
 }
 
 /// GitLab (shared token).
 fn gitlab() -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"object_kind":"push"}"#.to_vec();
-    for (name, req, expect) in [
-        (
-            "missing token",
-            Req::new("/gitlab", body.clone()).header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "wrong token",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", WRONG)
-                .header("idempotency-key", "gl-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "token prefix only",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", &GITLAB[..5])
-                .header("idempotency-key", "gl-1"),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-        (
-            "empty token",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", "")
-                .header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "token repeated",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", GITLAB)
-                .header("x-gitlab-token", GITLAB)
-                .header("idempotency-key", "gl-1"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-        (
-            "no event id",
-            Req::new("/gitlab", body.clone()).header("x-gitlab-token", GITLAB),
-            Problem(400, "webhook-missing-event-id"),
-        ),
-        (
-            "key repeated",
-            Req::new("/gitlab", body.clone())
-                .header("x-gitlab-token", GITLAB)
-                .header("idempotency-key", "a")
-                .header("idempotency-key", "b"),
-            Problem(400, "webhook-duplicate-header"),
-        ),
-    ] {
-        cases.push(case(format!("gitlab: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new("/gitlab", "x-gitlab-token", ("idempotency-key", "gl-1"));
+    table(
+        "gitlab",
+        [
+            (
+                "missing token",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "wrong token",
+                shape.req(&body, WRONG),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "token prefix only",
+                shape.req(&body, &GITLAB[..5]),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+            (
+                "empty token",
+                shape.req(&body, ""),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "token repeated",
+                Req::new("/gitlab", body.clone())
+                    .header("x-gitlab-token", GITLAB)
+                    .header("x-gitlab-token", GITLAB)
+                    .header("idempotency-key", "gl-1"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+            (
+                "no event id",
+                shape.only_signature(&body, GITLAB),
+                Problem(400, "webhook-missing-event-id"),
+            ),
+            (
+                "key repeated",
+                shape
+                    .only_signature(&body, GITLAB)
+                    .header("idempotency-key", "a")
+                    .header("idempotency-key", "b"),
+                Problem(400, "webhook-duplicate-header"),
+            ),
+        ],
+    )
 }
 
 /// Discord (Ed25519; nothing here is validly signed).
 fn discord(t: u64) -> Vec<Case> {
-    let mut cases = Vec::new();
     let body = br#"{"id":"1","type":2}"#.to_vec();
-    for (name, req, expect) in [
-        (
-            "missing signature",
-            Req::new("/discord", body.clone()).header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-missing-header"),
-        ),
-        (
-            "not hex",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "zz")
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "wrong length",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "00".repeat(32))
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(400, "webhook-malformed-header"),
-        ),
-        (
-            "forged signature",
-            Req::new("/discord", body.clone())
-                .header("x-signature-ed25519", "11".repeat(64))
-                .header("x-signature-timestamp", t.to_string()),
-            Problem(BAD_SIG, "webhook-signature-mismatch"),
-        ),
-    ] {
-        cases.push(case(format!("discord: {name}"), req, expect));
-    }
-    cases
+    let shape = Signed::new(
+        "/discord",
+        "x-signature-ed25519",
+        ("x-signature-timestamp", &t.to_string()),
+    );
+    table(
+        "discord",
+        [
+            (
+                "missing signature",
+                shape.unsigned(&body),
+                Problem(400, "webhook-missing-header"),
+            ),
+            (
+                "not hex",
+                shape.req(&body, "zz"),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "wrong length",
+                shape.req(&body, "00".repeat(32)),
+                Problem(400, "webhook-malformed-header"),
+            ),
+            (
+                "forged signature",
+                shape.req(&body, "11".repeat(64)),
+                Problem(BAD_SIG, "webhook-signature-mismatch"),
+            ),
+        ],
+    )
 }
 
 /// Where a fixture's deliveries are sent (see `app`).
@@ -1356,7 +1353,7 @@ fn fixture_negatives(t: u64) -> Vec<Case> {
 /// Valid requests through the same app: they must execute, which shows the catalog's zeros
 /// come from the inputs, not from a broken harness.
 fn controls() -> Vec<Req> {
-    let t = now();
+    let t = unix_now();
     let stripe_body = stripe_event("evt_control");
     let gh = br#"{"action":"opened"}"#.to_vec();
     let slack_body = br#"{"type":"event_callback","event_id":"EvControl"}"#.to_vec();
@@ -1404,7 +1401,7 @@ fn controls() -> Vec<Req> {
 /// Every fixture's valid delivery through its route runs the handler once and claims its key,
 /// plus the record of its signature where the verifier binds one (`Authenticator`).
 async fn fixture_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
-    let t = now();
+    let t = unix_now();
     for fixture in testing::fixtures() {
         let event = fixture.event(&format!("{}_control", fixture.provider()), t);
         let delivery = fixture.sign(&event, t);
@@ -1531,7 +1528,7 @@ async fn run_controls(addr: &str, calls: &AtomicUsize, store: &CountingStore) {
 /// once (streamed past without recursion) or be refused as not JSON (built with serde_json's
 /// recursion limit), but it never crashes the server.
 async fn deep_json_via_zoom(addr: &str, calls: &AtomicUsize) {
-    let t = now();
+    let t = unix_now();
     let deep = deep_json(10_000);
     let req = Req::new("/zoom", deep.clone())
         .header("x-zm-request-timestamp", t.to_string())

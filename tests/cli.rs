@@ -10,7 +10,7 @@
 
 mod support;
 
-use std::{process::Output, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 use support::*;
@@ -18,19 +18,6 @@ use tower_idempotency::{
     store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
     IdempotencyLayer, Ownership, PostgresStore, RecordState, RedisStore, SqliteStore, Store,
 };
-
-const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
-
-/// Runs the tool with `args` (and no `IDEMPOTENCY_STORE` from the environment).
-async fn cli(args: &[&str]) -> Output {
-    tokio::process::Command::new(BIN)
-        .args(args)
-        .env_remove("IDEMPOTENCY_STORE")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run the tool")
-}
 
 /// Runs the tool with `--json` and returns the parsed stdout; the command must succeed.
 async fn cli_json(store: &[&str], command: &[&str]) -> Value {

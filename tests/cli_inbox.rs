@@ -11,8 +11,9 @@ mod support;
 
 use std::{
     process::Output,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{routing::post_service, Router};
 use serde_json::Value;
@@ -23,18 +24,7 @@ use tower_idempotency::{
     webhooks::stripe::{self, StripeVerifier},
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_tower-idempotency");
 const SECRET: &str = "whsec_cli_inbox_test";
-
-async fn run(args: Vec<String>) -> Output {
-    tokio::process::Command::new(BIN)
-        .args(args)
-        .env_remove("IDEMPOTENCY_STORE")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("run the tool")
-}
 
 fn stdout(output: &Output) -> String {
     assert!(
@@ -70,10 +60,7 @@ async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [
     let ids = [format!("evt_cli_a_{label}"), format!("evt_cli_b_{label}")];
     for id in &ids {
         let body = format!(r#"{{"id":"{id}","type":"charge.succeeded"}}"#);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = unix_now();
         let response = client
             .post(format!("{base}/inbox/stripe"))
             .header(
@@ -108,7 +95,7 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         args.extend(["--inbox-table".to_owned(), table.clone()]);
         args
     };
-    let listed = stdout(&run(args(&["inbox", "list"])).await);
+    let listed = stdout(&cli(&args(&["inbox", "list"])).await);
     let lines: Vec<&str> = listed.lines().collect();
     assert!(lines[0].starts_with("PROVIDER"), "{label}: {listed}");
     assert_eq!(lines.len(), 3, "{label}: {listed}");
@@ -120,13 +107,13 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         assert!(row.contains("failed") && row.contains("refused by the test handler"));
     }
 
-    let json = stdout(&run(args(&["--json", "inbox", "list"])).await);
+    let json = stdout(&cli(&args(&["--json", "inbox", "list"])).await);
     let events: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(events.as_array().unwrap().len(), 2, "{label}: {events}");
     assert_eq!(events[0]["state"], "failed");
     assert_eq!(events[0]["attempts"], 1);
 
-    let retried = run(args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
+    let retried = cli(&args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
     let retried: Value = serde_json::from_str(&stdout(&retried)).unwrap();
     assert_eq!(retried["retried"]["event_id"], ids[0].as_str());
     let key = EventKey::new("stripe", ids[0].as_str());
@@ -134,7 +121,7 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         inbox.get(&key).await.unwrap().unwrap().state,
         EventState::Pending
     );
-    let pending = stdout(&run(args(&["--json", "inbox", "list", "--state", "pending"])).await);
+    let pending = stdout(&cli(&args(&["--json", "inbox", "list", "--state", "pending"])).await);
     let pending: Value = serde_json::from_str(&pending).unwrap();
     assert_eq!(
         pending[0]["event_id"],
@@ -143,7 +130,7 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     );
 
     // Not failed any more: refused, with an exit status and a message that says so.
-    let again = run(args(&["inbox", "retry", "stripe", &ids[0]])).await;
+    let again = cli(&args(&["inbox", "retry", "stripe", &ids[0]])).await;
     assert!(!again.status.success());
     let message = String::from_utf8_lossy(&again.stderr);
     assert!(message.contains("no failed event"), "{label}: {message}");

@@ -4,19 +4,23 @@
 //! never run a key twice, and run every retried key exactly once once the store is back.
 #![cfg(all(feature = "postgres", feature = "redis", feature = "sqlite"))]
 
+mod receiver_process;
 mod support;
 
 use std::{
+    collections::HashMap,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
     time::{Duration, Instant},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{routing::post, Router};
 use bytes::Bytes;
 use http::StatusCode;
+use receiver_process::{Database, Receiver};
 use support::*;
 use tokio::sync::Notify;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RedisStore, Store};
@@ -195,33 +199,21 @@ async fn abandoned_claim_is_released(store: impl Store, proxy: &Proxy, label: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_abandoned_claim_is_released() {
-    if !postgres_reachable("postgres abandoned claim").await {
+    let Some((store, proxy, _table)) =
+        proxied_postgres("postgres abandoned claim", "tidem_abandoned").await
+    else {
         return;
-    }
-    let url = database_url();
-    let proxy = Proxy::start(host_port(&url)).await;
-    let guard = PgTableGuard {
-        table: format!("tidem_abandoned_{}", random_suffix()),
     };
-    let store = postgres_store_via(&proxied_url(&url, &proxy), &guard.table).await;
     abandoned_claim_is_released(store, &proxy, "pg").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_abandoned_claim_is_released() {
-    if !redis_reachable("redis abandoned claim").await {
+    let Some((store, proxy, _keys)) =
+        proxied_redis("redis abandoned claim", "tidem-abandoned").await
+    else {
         return;
-    }
-    let url = redis_url();
-    let proxy = Proxy::start(host_port(&url)).await;
-    let guard = RedisPrefixGuard {
-        url: url.clone(),
-        prefix: format!("tidem-abandoned-{}", random_suffix()),
     };
-    let store = RedisStore::connect(&proxied_url(&url, &proxy), &guard.prefix)
-        .await
-        .expect("connect redis")
-        .with_timeout(STORE_TIMEOUT);
     abandoned_claim_is_released(store, &proxy, "redis").await;
 }
 
@@ -257,35 +249,69 @@ fn proxied_url(url: &str, proxy: &Proxy) -> String {
     url.replacen(&host_port(url), &proxy.addr.to_string(), 1)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_unreachable_or_slow_fails_closed_then_recovers() {
-    if !postgres_reachable("postgres fault injection").await {
-        return;
+/// A table of its own on the shared Postgres, dropped when the test ends.
+fn pg_table(prefix: &str) -> PgTableGuard {
+    PgTableGuard {
+        table: format!("{prefix}_{}", random_suffix()),
+    }
+}
+
+/// A key prefix of its own on the shared Redis, deleted when the test ends.
+fn redis_prefix(prefix: &str) -> RedisPrefixGuard {
+    RedisPrefixGuard {
+        url: redis_url(),
+        prefix: format!("{prefix}-{}", random_suffix()),
+    }
+}
+
+/// A Postgres store on a table of its own, reached through a fault proxy; `None` (the test
+/// skipped) when Postgres is not reachable.
+async fn proxied_postgres(
+    test: &str,
+    prefix: &str,
+) -> Option<(PostgresStore, Proxy, PgTableGuard)> {
+    if !postgres_reachable(test).await {
+        return None;
     }
     let url = database_url();
     let proxy = Proxy::start(host_port(&url)).await;
-    let guard = PgTableGuard {
-        table: format!("tidem_faults_{}", random_suffix()),
+    let table = pg_table(prefix);
+    let store = postgres_store_via(&proxied_url(&url, &proxy), &table.table).await;
+    Some((store, proxy, table))
+}
+
+/// A Redis store under a key prefix of its own, reached through a fault proxy; `None` (the
+/// test skipped) when Redis is not reachable.
+async fn proxied_redis(test: &str, prefix: &str) -> Option<(RedisStore, Proxy, RedisPrefixGuard)> {
+    if !redis_reachable(test).await {
+        return None;
+    }
+    let url = redis_url();
+    let proxy = Proxy::start(host_port(&url)).await;
+    let keys = redis_prefix(prefix);
+    let store = RedisStore::connect(&proxied_url(&url, &proxy), &keys.prefix)
+        .await
+        .expect("connect redis")
+        .with_timeout(STORE_TIMEOUT);
+    Some((store, proxy, keys))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unreachable_or_slow_fails_closed_then_recovers() {
+    let Some((store, proxy, _table)) =
+        proxied_postgres("postgres fault injection", "tidem_faults").await
+    else {
+        return;
     };
-    let store = postgres_store_via(&proxied_url(&url, &proxy), &guard.table).await;
     unreachable_and_slow_store(store, &proxy, "pg").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_or_slow_fails_closed_then_recovers() {
-    if !redis_reachable("redis fault injection").await {
+    let Some((store, proxy, _keys)) = proxied_redis("redis fault injection", "tidem-faults").await
+    else {
         return;
-    }
-    let url = redis_url();
-    let proxy = Proxy::start(host_port(&url)).await;
-    let guard = RedisPrefixGuard {
-        url: url.clone(),
-        prefix: format!("tidem-faults-{}", random_suffix()),
     };
-    let store = RedisStore::connect(&proxied_url(&url, &proxy), &guard.prefix)
-        .await
-        .expect("connect redis")
-        .with_timeout(STORE_TIMEOUT);
     unreachable_and_slow_store(store, &proxy, "redis").await;
 }
 
@@ -426,9 +452,7 @@ async fn stale_holder_is_fenced_postgres() {
     if !postgres_reachable("stale holder (postgres)").await {
         return;
     }
-    let guard = PgTableGuard {
-        table: format!("tidem_faults_{}", random_suffix()),
-    };
+    let guard = pg_table("tidem_faults");
     let store = postgres_store_via(&database_url(), &guard.table).await;
     stale_holder_cannot_overwrite(store, "postgres").await;
 }
@@ -438,81 +462,36 @@ async fn stale_holder_is_fenced_redis() {
     if !redis_reachable("stale holder (redis)").await {
         return;
     }
-    let guard = RedisPrefixGuard {
-        url: redis_url(),
-        prefix: format!("tidem-faults-{}", random_suffix()),
-    };
+    let guard = redis_prefix("tidem-faults");
     let store = RedisStore::connect(&redis_url(), &guard.prefix)
         .await
         .expect("connect redis");
     stale_holder_cannot_overwrite(store, "redis").await;
 }
 
-/// The reference receiver (`examples/receiver/`) as a child process, SIGKILLed on drop.
-struct Receiver {
-    child: std::process::Child,
-    base: String,
+/// What the receiver's handlers did, by key (`GET /effects`).
+async fn effects(receiver: &Receiver, client: &reqwest::Client) -> HashMap<String, u64> {
+    let body = client
+        .get(format!("{}/effects", receiver.base))
+        .send()
+        .await
+        .expect("GET /effects")
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).expect("effects JSON")
 }
 
-impl Receiver {
-    /// The example binary next to this test binary, when it has been built.
-    fn binary() -> Option<std::path::PathBuf> {
-        let exe = std::env::current_exe().ok()?;
-        let path = exe.parent()?.parent()?.join("examples").join("receiver");
-        path.exists().then_some(path)
-    }
-
-    fn start(store: &str, handler_delay_ms: u64, lease_ms: u64) -> Self {
-        use std::io::BufRead;
-        let binary = Self::binary().expect("receiver binary");
-        let mut child = std::process::Command::new(binary)
-            .env("RECEIVER_ADDR", "127.0.0.1:0")
-            .env("IDEMPOTENCY_STORE", store)
-            .env("STRIPE_WEBHOOK_SECRET", CRASH_SECRET)
-            .env("HANDLER_DELAY_MS", handler_delay_ms.to_string())
-            .env("IDEMPOTENCY_LEASE_MS", lease_ms.to_string())
-            .env("IDEMPOTENCY_TTL_SECS", "60")
-            .env("RUST_LOG", "error")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn receiver");
-        let mut line = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Self { child, base }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL: no drain, no destructors.
-        let _ = self.child.wait();
-    }
-
-    async fn effects(&self, client: &reqwest::Client) -> std::collections::HashMap<String, u64> {
-        let body = client
-            .get(format!("{}/effects", self.base))
-            .send()
-            .await
-            .expect("GET /effects")
-            .bytes()
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).expect("effects JSON")
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The receiver verifying Stripe deliveries against `store`, its handler taking
+/// `handler_delay_ms`, its leases `lease_ms`.
+fn start_receiver(store: &str, handler_delay_ms: u64, lease_ms: u64) -> Receiver {
+    Receiver::start(&[
+        ("IDEMPOTENCY_STORE", store.to_owned()),
+        ("STRIPE_WEBHOOK_SECRET", CRASH_SECRET.to_owned()),
+        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+        ("IDEMPOTENCY_LEASE_MS", lease_ms.to_string()),
+        ("IDEMPOTENCY_TTL_SECS", "60".to_owned()),
+    ])
 }
 
 const CRASH_SECRET: &str = "whsec_crash_test_secret";
@@ -523,10 +502,7 @@ async fn deliver(
     event: &str,
 ) -> Result<Reply, reqwest::Error> {
     let body = format!(r#"{{"id":"{event}","object":"event","type":"invoice.paid"}}"#);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = unix_now();
     let signature = tower_idempotency::webhooks::stripe::sign(CRASH_SECRET, now, body.as_bytes());
     let start = Instant::now();
     let response = client
@@ -560,14 +536,14 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
     let completed: Vec<String> = (0..4).map(|n| format!("evt_{run}_done{n}")).collect();
     let interrupted: Vec<String> = (0..4).map(|n| format!("evt_{run}_cut{n}")).collect();
 
-    let mut first = Receiver::start(store, 300, lease_ms);
+    let mut first = start_receiver(store, 300, lease_ms);
     for event in &completed {
         let reply = deliver(&client, &first.base, event).await.unwrap();
         assert_eq!(reply.status, StatusCode::OK, "{label}: {event}");
     }
     // Now handlers that take far longer than the test.
     first.kill();
-    let mut first = Receiver::start(store, 60_000, lease_ms);
+    let mut first = start_receiver(store, 60_000, lease_ms);
     let in_flight: Vec<_> = interrupted
         .iter()
         .map(|event| {
@@ -576,7 +552,7 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while first.effects(&client).await.len() < interrupted.len() {
+    while effects(&first, &client).await.len() < interrupted.len() {
         assert!(Instant::now() < deadline, "{label}: handlers did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -588,7 +564,7 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
         );
     }
 
-    let second = Receiver::start(store, 0, lease_ms);
+    let second = start_receiver(store, 0, lease_ms);
     for event in &completed {
         let reply = deliver(&client, &second.base, event).await.unwrap();
         assert_eq!(reply.status, StatusCode::OK, "{label}: {event}");
@@ -613,7 +589,7 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
         let again = deliver(&client, &second.base, event).await.unwrap();
         assert!(again.replayed, "{label}: {event} replays once recovered");
     }
-    let effects = second.effects(&client).await;
+    let effects = effects(&second, &client).await;
     for event in &interrupted {
         assert_eq!(
             effects.get(&format!("stripe:{event}")),
@@ -633,13 +609,6 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_killed_mid_handler_recovers_sqlite_and_redis() {
-    if Receiver::binary().is_none() {
-        skip(
-            "receiver crash test",
-            "target/debug/examples/receiver is not built (cargo test --workspace builds it)",
-        );
-        return;
-    }
     let dir = TempDir::new();
     let sqlite = format!("sqlite://{}/crash.db", dir.0.display());
     receiver_crash_mid_handler(&sqlite, "sqlite").await;
@@ -649,75 +618,13 @@ async fn receiver_killed_mid_handler_recovers_sqlite_and_redis() {
     }
 }
 
-/// A database of its own on the Postgres server of `DATABASE_URL`, dropped (with any
-/// connection a killed receiver left behind) when the test ends, even when it panics.
-struct PgDatabaseGuard {
-    name: String,
-}
-
-impl PgDatabaseGuard {
-    async fn create() -> Self {
-        let name = format!("tidem_crash_{}", random_suffix());
-        admin_execute(&format!("CREATE DATABASE {name}")).await;
-        Self { name }
-    }
-
-    /// `DATABASE_URL` with this database in place of its own.
-    fn url(&self) -> String {
-        let url = database_url();
-        let (url, query) = url
-            .split_once('?')
-            .map_or((url.as_str(), None), |(u, q)| (u, Some(q)));
-        let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
-        let authority = rest.split('/').next().unwrap_or(rest);
-        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
-        format!("{scheme}://{authority}/{}{query}", self.name)
-    }
-}
-
-async fn admin_execute(sql: &str) {
-    use tower_idempotency_sqlx::sqlx::Executor;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .expect("connect postgres");
-    pool.execute(sql).await.expect(sql);
-    pool.close().await;
-}
-
-impl Drop for PgDatabaseGuard {
-    fn drop(&mut self) {
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        // Drop runs inside the test's runtime, which cannot be blocked on: use a runtime of its own.
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(admin_execute(&sql));
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
-            panic!("could not drop the test database {}", self.name);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receiver_killed_mid_handler_recovers_postgres() {
-    if Receiver::binary().is_none() {
-        skip(
-            "receiver crash test (postgres)",
-            "target/debug/examples/receiver is not built (cargo test --workspace builds it)",
-        );
-        return;
-    }
     if !postgres_reachable("receiver crash test (postgres)").await {
         return;
     }
     // The receiver always uses the default table: a database of its own keeps the shared one clean.
-    let database = PgDatabaseGuard::create().await;
+    let database = Database::create(format!("tidem_crash_{}", random_suffix())).await;
     receiver_crash_mid_handler(&database.url(), "postgres").await;
 }
 

@@ -13,16 +13,14 @@
 mod receiver_process;
 mod support;
 
-use std::{
-    hash::{BuildHasher, RandomState},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, Instant};
+use tower_idempotency_testkit::unix_now;
 
 use futures_util::future::join_all;
-use receiver_process::{Database, Receiver};
+use receiver_process::{random_below, scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::{sqlx, webhooks::stripe};
+use tower_idempotency::webhooks::stripe;
 
 const SECRET: &str = "whsec_inbox_receiver_test";
 const HANDLER_DELAY_MS: u64 = 300;
@@ -47,10 +45,7 @@ fn body(id: &str, kind: &str) -> String {
 }
 
 async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = unix_now();
     client
         .post(format!("{base}/inbox/stripe"))
         .header(
@@ -109,29 +104,7 @@ async fn interrupted(store: &str, event_id: &str) -> bool {
 }
 
 async fn count(store: &str, sql: &str, event_id: &str) -> i64 {
-    if store.starts_with("sqlite:") {
-        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
-        let n = sqlx::query_scalar(sql)
-            .bind(event_id)
-            .fetch_one(&pool)
-            .await;
-        pool.close().await;
-        n.expect(sql)
-    } else {
-        let pool = sqlx::PgPool::connect(store)
-            .await
-            .expect("connect postgres");
-        let n = sqlx::query_scalar(sql)
-            .bind(event_id)
-            .fetch_one(&pool)
-            .await;
-        pool.close().await;
-        n.expect(sql)
-    }
-}
-
-fn random_below(bound: u64) -> u64 {
-    RandomState::new().hash_one(Instant::now()) % bound
+    scalars(store, sql, event_id).await[0]
 }
 
 /// `rounds` times: six events acknowledged by a receiver whose handlers take 300 ms, SIGKILLed

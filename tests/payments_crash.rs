@@ -8,15 +8,11 @@
 mod receiver_process;
 mod support;
 
-use std::{
-    hash::{BuildHasher, RandomState},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use receiver_process::{Database, Receiver};
+use receiver_process::{random_below, scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::sqlx;
 
 const LEASE_MS: u64 = 600;
 const HANDLER_DELAY_MS: u64 = 300;
@@ -54,34 +50,14 @@ async fn pay(client: &reqwest::Client, base: &str, key: &str) -> Result<Paid, re
     })
 }
 
-/// A pseudo-random number below `bound`, from the OS-seeded `RandomState`.
-fn random_below(bound: u64) -> u64 {
-    RandomState::new().hash_one(Instant::now()) % bound
-}
-
 /// The rows of `payments` for `key` (their ids), read from the database.
 async fn rows(store: &str, key: &str) -> Vec<i64> {
-    if store.starts_with("sqlite:") {
-        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
-        let ids = sqlx::query_scalar("SELECT id FROM payments WHERE idempotency_key = ?1")
-            .bind(key)
-            .fetch_all(&pool)
-            .await
-            .expect("read payments");
-        pool.close().await;
-        ids
-    } else {
-        let pool = sqlx::PgPool::connect(store)
-            .await
-            .expect("connect postgres");
-        let ids = sqlx::query_scalar("SELECT id FROM payments WHERE idempotency_key = $1")
-            .bind(key)
-            .fetch_all(&pool)
-            .await
-            .expect("read payments");
-        pool.close().await;
-        ids
-    }
+    scalars(
+        store,
+        "SELECT id FROM payments WHERE idempotency_key = $1",
+        key,
+    )
+    .await
 }
 
 /// `rounds` times: 4 payments sent at once to a receiver whose handlers hold their transaction

@@ -7,6 +7,7 @@ use std::{
     process::Stdio,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
+use tower_idempotency_testkit::unix_now;
 
 use futures_util::future::join_all;
 use serde_json::{json, Value};
@@ -212,13 +213,6 @@ impl Receiver {
 // ---------------------------------------------------------------------------------------------
 // Deliveries
 
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 /// One HTTP request, replayable any number of times.
 #[derive(Clone)]
 struct Delivery {
@@ -237,7 +231,7 @@ struct Answer {
 impl Delivery {
     fn stripe(secret: &str, id: &str) -> Self {
         let body = json!({ "id": id, "object": "event", "type": "invoice.paid" }).to_string();
-        let signature = stripe::sign(secret, now(), body.as_bytes());
+        let signature = stripe::sign(secret, unix_now(), body.as_bytes());
         Self {
             path: "/webhooks/stripe",
             content_type: "application/json",
@@ -263,7 +257,7 @@ impl Delivery {
     fn standard(secret: &str, id: &str) -> Self {
         let body = json!({ "type": "user.created", "data": { "id": 42 } }).to_string();
         let key = standard::decode_secret(secret).unwrap();
-        let ts = now();
+        let ts = unix_now();
         Self {
             path: "/webhooks/standard",
             content_type: "application/json",
@@ -538,7 +532,7 @@ async fn receiver_orders_wait_for_the_in_flight_result() {
     ])
     .await;
     let client = reqwest::Client::new();
-    let key = format!("wait-{}", now());
+    let key = format!("wait-{}", unix_now());
     let order = Delivery::order(Some(&key), json!({"sku": "book"}));
     let answers = join_all((0..DUPLICATES).map(|_| order.send(&client, &receiver))).await;
     for answer in &answers {

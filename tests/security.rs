@@ -15,6 +15,7 @@ use std::{
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{
     extract::{Request, State},
@@ -62,13 +63,6 @@ impl Write for LogWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 async fn count(State(calls): State<Arc<AtomicUsize>>) -> &'static str {
@@ -124,7 +118,7 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
         .with_state(calls.clone());
     let base = serve(app).await;
     let client = reqwest::Client::new();
-    let t = now();
+    let t = unix_now();
     let mut forbidden: Vec<String> = vec![
         STRIPE_SECRET.into(),
         GITHUB_SECRET.into(),
@@ -269,7 +263,7 @@ async fn no_fixture_secret_or_signature_in_responses_or_logs() {
     });
     let base = serve(app.with_state(calls.clone())).await;
     let client = reqwest::Client::new();
-    let t = now();
+    let t = unix_now();
     let (mut forbidden, mut texts) = (Vec::new(), Vec::new());
     for fixture in &fixtures {
         let provider = fixture.provider();
@@ -543,21 +537,31 @@ async fn captured_delivery_is_refused_once_the_clock_moves_past_the_tolerance() 
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn store_debug_and_connect_errors_do_not_print_passwords() {
-    const PASSWORD: &str = "PWCHECK_pg_password_41";
-    // Nothing listens on port 1: connecting fails, and the error must not carry the password.
-    let url = format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test");
-    let error = tower_idempotency::connect_store(&url)
+/// Connecting to `url` (nothing listens on port 1) fails, and the error, shown either way,
+/// does not carry `password`.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+async fn connect_error_hides(url: &str, password: &str) {
+    let error = tower_idempotency::connect_store(url)
         .await
         .err()
         .expect("fails");
     let text = format!("{error} {error:?}");
     assert!(
-        !text.contains(PASSWORD),
+        !text.contains(password),
         "connect error leaks the password: {text}"
     );
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn store_debug_and_connect_errors_do_not_print_passwords() {
+    const PASSWORD: &str = "PWCHECK_pg_password_41";
+    // Nothing listens on port 1: connecting fails, and the error must not carry the password.
+    connect_error_hides(
+        &format!("postgres://postgres:{PASSWORD}@127.0.0.1:1/test"),
+        PASSWORD,
+    )
+    .await;
 
     let url = support::database_url();
     if !support::reachable(&support::host_port(&url)) {
@@ -583,14 +587,5 @@ async fn store_debug_and_connect_errors_do_not_print_passwords() {
 #[tokio::test]
 async fn redis_connect_errors_do_not_print_passwords() {
     const PASSWORD: &str = "PWCHECK_redis_password_42";
-    let url = format!("redis://:{PASSWORD}@127.0.0.1:1/0");
-    let error = tower_idempotency::connect_store(&url)
-        .await
-        .err()
-        .expect("fails");
-    let text = format!("{error} {error:?}");
-    assert!(
-        !text.contains(PASSWORD),
-        "connect error leaks the password: {text}"
-    );
+    connect_error_hides(&format!("redis://:{PASSWORD}@127.0.0.1:1/0"), PASSWORD).await;
 }

@@ -6,6 +6,7 @@
 mod support;
 
 use std::sync::Arc;
+use tower_idempotency_testkit::unix_now;
 
 use axum::{http::StatusCode, routing::post, Router};
 use futures_util::future::join_all;
@@ -73,10 +74,7 @@ where
 
 fn stripe_delivery(event: &str) -> (String, Vec<(&'static str, String)>) {
     let body = format!(r#"{{"id":"{event}","object":"event","type":"charge.succeeded"}}"#);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = unix_now();
     let signature = stripe::sign(STRIPE_SECRET, now, body.as_bytes());
     (body, vec![("stripe-signature", signature)])
 }

@@ -82,7 +82,8 @@ impl Drop for Receiver {
     }
 }
 
-/// A database of the test's own, dropped at the end.
+/// A database of the test's own on the Postgres server of `DATABASE_URL`, dropped (with any
+/// connection a killed receiver left behind) when the test ends, even when it panics.
 pub struct Database {
     pub name: String,
 }
@@ -101,18 +102,24 @@ impl Database {
         Self { name }
     }
 
+    /// `DATABASE_URL` with this database in place of its own, its query kept.
     pub fn url(&self) -> String {
         let url = database_url();
+        let (url, query) = url
+            .split_once('?')
+            .map_or((url.as_str(), None), |(u, q)| (u, Some(q)));
         let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
         let authority = rest.split('/').next().unwrap_or(rest);
-        format!("{scheme}://{authority}/{}", self.name)
+        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+        format!("{scheme}://{authority}/{}{query}", self.name)
     }
 }
 
 impl Drop for Database {
     fn drop(&mut self) {
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let _ = std::thread::spawn(move || {
+        // Drop runs inside the test's runtime, which cannot be blocked on: use a runtime of its own.
+        let dropped = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -120,5 +127,31 @@ impl Drop for Database {
                 .block_on(admin(&sql));
         })
         .join();
+        if dropped.is_err() && !std::thread::panicking() {
+            panic!("could not drop the test database {}", self.name);
+        }
     }
+}
+
+/// The `i64` results of `sql`, with `param` bound to its one parameter (`$1`), on the SQLite or
+/// Postgres database at `store` (a receiver's `IDEMPOTENCY_STORE`).
+pub async fn scalars(store: &str, sql: &str, param: &str) -> Vec<i64> {
+    if store.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
+        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        pool.close().await;
+        found.expect(sql)
+    } else {
+        let pool = sqlx::PgPool::connect(store)
+            .await
+            .expect("connect postgres");
+        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        pool.close().await;
+        found.expect(sql)
+    }
+}
+
+/// A pseudo-random number below `bound`.
+pub fn random_below(bound: u64) -> u64 {
+    tower_idempotency_testkit::random_u64() % bound
 }

@@ -170,3 +170,16 @@ impl Drop for RedisPrefixGuard {
             .status();
     }
 }
+
+/// Runs the built `tower-idempotency` tool with `args` (and no `IDEMPOTENCY_STORE` from the
+/// environment).
+#[cfg(feature = "cli")]
+pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency"))
+        .args(args)
+        .env_remove("IDEMPOTENCY_STORE")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run the tool")
+}

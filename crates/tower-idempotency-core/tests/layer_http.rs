@@ -38,6 +38,12 @@ impl Handler {
         }
     }
 
+    /// Lets the held first execution go on and checks that its caller got the created order.
+    async fn finish(&self, first: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+        self.proceed.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
+
     fn count(&self) -> usize {
         self.executions.load(Ordering::SeqCst)
     }
@@ -107,6 +113,56 @@ impl Server {
         }
     }
 
+    /// Serves the counting handler behind a client-keys layer over a memory store.
+    async fn client_keys(handler: &Handler) -> Self {
+        Self::start(
+            IdempotencyLayer::client_keys(MemoryStore::new()),
+            handler.clone(),
+        )
+        .await
+    }
+
+    /// Posts `body` with `key` and waits for the response.
+    async fn send(&self, key: Option<&str>, body: &'static str) -> reqwest::Response {
+        self.post(key, body).send().await.unwrap()
+    }
+
+    /// Posts `body` with `key` and one more header, and waits for the response.
+    async fn send_with(
+        &self,
+        key: Option<&str>,
+        body: &'static str,
+        (name, value): (&str, &str),
+    ) -> reqwest::Response {
+        self.post(key, body)
+            .header(name, value)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Posts any body (bytes, a stream) with `key` and waits for the response.
+    async fn send_body(&self, key: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.client
+            .post(format!("{}/orders", self.base))
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts a request for `key` that the blocking `handler` holds, and waits until it runs.
+    async fn hold(
+        &self,
+        handler: &Handler,
+        key: &str,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let first = tokio::spawn(self.post(Some(key), "{}").send());
+        handler.started.notified().await;
+        first
+    }
+
     fn post(&self, key: Option<&str>, body: &'static str) -> reqwest::RequestBuilder {
         let request = self.client.post(format!("{}/orders", self.base)).body(body);
         match key {
@@ -128,6 +184,17 @@ async fn problem(response: reqwest::Response) -> (StatusCode, String, serde_json
     (status, kind, json)
 }
 
+/// Asserts `response` is the problem `slug` with `status`, returning its JSON.
+async fn assert_problem(
+    response: reqwest::Response,
+    status: StatusCode,
+    slug: &str,
+) -> serde_json::Value {
+    let (got, kind, json) = problem(response).await;
+    assert_eq!((got, kind), (status, problem_type(slug)));
+    json
+}
+
 fn problem_type(slug: &str) -> String {
     format!("urn:tower-idempotency:problem:{slug}")
 }
@@ -135,12 +202,8 @@ fn problem_type(slug: &str) -> String {
 #[tokio::test]
 async fn replay_is_byte_identical_and_marked() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    let first = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    let server = Server::client_keys(&handler).await;
+    let first = server.send(Some("k-1"), "{\"a\":1}").await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get("idempotent-replayed").is_none());
     assert!(
@@ -149,7 +212,7 @@ async fn replay_is_byte_identical_and_marked() {
     );
     let first_body = first.bytes().await.unwrap();
 
-    let second = server.post(Some("k-1"), "{\"a\":1}").send().await.unwrap();
+    let second = server.send(Some("k-1"), "{\"a\":1}").await;
     assert_eq!(second.status(), StatusCode::CREATED);
     assert_eq!(second.headers()["idempotent-replayed"], "true");
     assert_eq!(second.headers()["content-type"], "application/json");
@@ -164,41 +227,24 @@ async fn replay_is_byte_identical_and_marked() {
 #[tokio::test]
 async fn same_key_with_another_payload_is_422() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    server.post(Some("k"), "{\"qty\":1}").send().await.unwrap();
-    let reused = server.post(Some("k"), "{\"qty\":2}").send().await.unwrap();
-    let (status, kind, _) = problem(reused).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(kind, problem_type("key-reused"));
+    let server = Server::client_keys(&handler).await;
+    server.send(Some("k"), "{\"qty\":1}").await;
+    let reused = server.send(Some("k"), "{\"qty\":2}").await;
+    assert_problem(reused, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
 #[tokio::test]
 async fn missing_invalid_and_repeated_keys_are_400_and_never_run() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
-    let missing = server.post(None, "{}").send().await.unwrap();
-    let (status, kind, json) = problem(missing).await;
-    assert_eq!(
-        (status, kind.as_str()),
-        (
-            StatusCode::BAD_REQUEST,
-            problem_type("missing-key").as_str()
-        )
-    );
+    let server = Server::client_keys(&handler).await;
+    let missing = server.send(None, "{}").await;
+    let json = assert_problem(missing, StatusCode::BAD_REQUEST, "missing-key").await;
     assert_eq!(json["status"], 400);
 
     let long = "k".repeat(256);
     for bad in ["", "\"\"", long.as_str(), "has space", "\"unterminated"] {
-        let response = server.post(Some(bad), "{}").send().await.unwrap();
+        let response = server.send(Some(bad), "{}").await;
         let (status, kind, json) = problem(response).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}");
         assert_eq!(kind, problem_type("invalid-key"));
@@ -208,11 +254,8 @@ async fn missing_invalid_and_repeated_keys_are_400_and_never_run() {
         );
     }
     let repeated = server
-        .post(Some("a"), "{}")
-        .header("idempotency-key", "b")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("a"), "{}", ("idempotency-key", "b"))
+        .await;
     assert_eq!(problem(repeated).await.1, problem_type("invalid-key"));
     assert_eq!(handler.count(), 0);
 }
@@ -224,22 +267,8 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
     let server = Server::start(layer, handler.clone()).await;
     let big = vec![b'x'; 2048];
 
-    let declared = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "big-1")
-        .body(big.clone())
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(declared).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            problem_type("payload-too-large")
-        )
-    );
+    let declared = server.send_body("big-1", big.clone()).await;
+    assert_problem(declared, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // Chunked: no Content-Length, the cap is enforced while reading.
     let chunks: Vec<Result<Bytes, std::io::Error>> = big
@@ -247,37 +276,22 @@ async fn oversized_bodies_are_413_with_and_without_content_length() {
         .map(|c| Ok(Bytes::copy_from_slice(c)))
         .collect();
     let chunked = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "big-2")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(chunked).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            problem_type("payload-too-large")
+        .send_body(
+            "big-2",
+            reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)),
         )
-    );
+        .await;
+    assert_problem(chunked, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
 
     // A chunked body under the cap reaches the handler byte for byte.
     let small: Vec<Result<Bytes, std::io::Error>> =
         vec![Ok(Bytes::from("{\"a\":")), Ok(Bytes::from("1}"))];
     let ok = server
-        .client
-        .post(format!("{}/orders", server.base))
-        .header("idempotency-key", "small")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            small,
-        )))
-        .send()
-        .await
-        .unwrap();
+        .send_body(
+            "small",
+            reqwest::Body::wrap_stream(futures_util::stream::iter(small)),
+        )
+        .await;
     assert_eq!(ok.status(), StatusCode::CREATED);
     assert!(ok.text().await.unwrap().contains(r#"{\"a\":1}"#));
     assert_eq!(handler.count(), 1);
@@ -289,7 +303,7 @@ async fn unguarded_methods_and_optional_keys_pass_through() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).optional_key();
     let server = Server::start(layer, handler.clone()).await;
     for _ in 0..2 {
-        let r = server.post(None, "{}").send().await.unwrap();
+        let r = server.send(None, "{}").await;
         assert_eq!(r.status(), StatusCode::CREATED);
         assert!(r.headers().get("idempotent-replayed").is_none());
         let get = server
@@ -307,18 +321,11 @@ async fn unguarded_methods_and_optional_keys_pass_through() {
 #[tokio::test]
 async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
-    )
-    .await;
+    let server = Server::client_keys(&handler).await;
     for _ in 0..2 {
         let r = server
-            .post(Some("fails"), "{}")
-            .header("x-behaviour", "fail")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("fails"), "{}", ("x-behaviour", "fail"))
+            .await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
     assert_eq!(
@@ -329,11 +336,8 @@ async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
 
     for _ in 0..2 {
         let r = server
-            .post(Some("declined"), "{}")
-            .header("x-behaviour", "fail-but-final")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("declined"), "{}", ("x-behaviour", "fail-but-final"))
+            .await;
         assert_eq!(r.status(), StatusCode::PAYMENT_REQUIRED);
     }
     assert_eq!(handler.count(), 3, "CacheDirective::Complete keeps the 402");
@@ -344,11 +348,8 @@ async fn non_2xx_releases_unless_the_policy_or_handler_says_otherwise() {
     let server = Server::start(layer, always.clone()).await;
     for _ in 0..2 {
         let r = server
-            .post(Some("fails"), "{}")
-            .header("x-behaviour", "fail")
-            .send()
-            .await
-            .unwrap();
+            .send_with(Some("fails"), "{}", ("x-behaviour", "fail"))
+            .await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
     assert_eq!(always.count(), 1, "CachePolicy::always stores the 400");
@@ -360,11 +361,8 @@ async fn a_response_over_the_cache_cap_completes_and_replays_without_body() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_cached_body_bytes(1000);
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(Some("big"), "{}")
-        .header("x-behaviour", "big")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("big"), "{}", ("x-behaviour", "big"))
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(
         first.bytes().await.unwrap().len(),
@@ -372,11 +370,8 @@ async fn a_response_over_the_cache_cap_completes_and_replays_without_body() {
         "the first caller gets the whole body"
     );
     let replay = server
-        .post(Some("big"), "{}")
-        .header("x-behaviour", "big")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("big"), "{}", ("x-behaviour", "big"))
+        .await;
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(replay.headers()["idempotent-body-omitted"], "true");
     assert_eq!(replay.headers()["x-order"], "big");
@@ -407,29 +402,20 @@ async fn tenants_never_share_cached_responses() {
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
     let a = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "a")
-        .send()
+        .send_with(Some("same"), "{}", ("x-tenant", "a"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
     let b = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "b")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("same"), "{}", ("x-tenant", "b"))
+        .await;
     assert!(b.headers().get("idempotent-replayed").is_none());
     assert_ne!(b.text().await.unwrap(), a);
     assert_eq!(handler.count(), 2);
     let a_again = server
-        .post(Some("same"), "{}")
-        .header("x-tenant", "a")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("same"), "{}", ("x-tenant", "a"))
+        .await;
     assert_eq!(a_again.text().await.unwrap(), a);
 }
 
@@ -455,18 +441,16 @@ async fn a_required_principal_that_is_missing_is_a_500_and_never_runs() {
         ))
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
-    let anonymous = server.post(Some("k"), "{}").send().await.unwrap();
-    let (status, kind, json) = problem(anonymous).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(kind, problem_type("principal-missing"));
+    let anonymous = server.send(Some("k"), "{}").await;
+    let json = assert_problem(
+        anonymous,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "principal-missing",
+    )
+    .await;
     assert_eq!(json["status"], 500);
     assert_eq!(handler.count(), 0, "an unscoped request never runs");
-    let tenant = server
-        .post(Some("k"), "{}")
-        .header("x-tenant", "a")
-        .send()
-        .await
-        .unwrap();
+    let tenant = server.send_with(Some("k"), "{}", ("x-tenant", "a")).await;
     assert_eq!(tenant.status(), StatusCode::CREATED);
     assert_eq!(handler.count(), 1);
 }
@@ -506,17 +490,11 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     let layer =
         IdempotencyLayer::client_keys(MemoryStore::new()).retry_after(Duration::from_secs(2));
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let first = server.hold(&handler, "slow").await;
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.headers()["retry-after"], "2");
-    let (status, kind, _) = problem(duplicate).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::CONFLICT, problem_type("in-flight"))
-    );
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_problem(duplicate, StatusCode::CONFLICT, "in-flight").await;
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -528,9 +506,8 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
         .retry_after(Duration::from_secs(30))
         .lease(Duration::from_secs(3));
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow-lease"), "{}").send());
-    handler.started.notified().await;
-    let duplicate = server.post(Some("slow-lease"), "{}").send().await.unwrap();
+    let first = server.hold(&handler, "slow-lease").await;
+    let duplicate = server.send(Some("slow-lease"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     let after: u64 = duplicate.headers()["retry-after"]
         .to_str()
@@ -541,8 +518,7 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
         (1..=3).contains(&after),
         "Retry-After {after} must lie within the holder's 3 s lease"
     );
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -552,9 +528,8 @@ async fn in_flight_status_is_configurable() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new())
         .in_flight_status(StatusCode::TOO_MANY_REQUESTS);
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let first = server.hold(&handler, "slow").await;
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::TOO_MANY_REQUESTS);
     handler.proceed.notify_one();
     first.await.unwrap().unwrap();
@@ -617,7 +592,7 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
         .await
         .expect("the handler was cancelled with its caller instead of finishing");
 
-    let retry = server.post(Some("gone"), "{}").send().await.unwrap();
+    let retry = server.send(Some("gone"), "{}").await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert!(retry.text().await.unwrap().contains("\"execution\":1"));
@@ -627,31 +602,19 @@ async fn a_disconnected_caller_still_gets_its_result_stored() {
 #[tokio::test]
 async fn a_handler_panic_releases_the_key() {
     let handler = Handler::default();
-    let server = Server::start(
-        IdempotencyLayer::client_keys(MemoryStore::new()),
-        handler.clone(),
+    let server = Server::client_keys(&handler).await;
+    let exploded = server
+        .send_with(Some("boom"), "{}", ("x-behaviour", "panic-first"))
+        .await;
+    assert_problem(
+        exploded,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
     )
     .await;
-    let exploded = server
-        .post(Some("boom"), "{}")
-        .header("x-behaviour", "panic-first")
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(exploded).await;
-    assert_eq!(
-        (status, kind),
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            problem_type("handler-failed")
-        )
-    );
     let retry = server
-        .post(Some("boom"), "{}")
-        .header("x-behaviour", "panic-first")
-        .send()
-        .await
-        .unwrap();
+        .send_with(Some("boom"), "{}", ("x-behaviour", "panic-first"))
+        .await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(handler.count(), 2);
@@ -666,16 +629,14 @@ async fn a_failing_or_hung_store_fails_closed_with_503() {
     ] {
         let handler = Handler::default();
         let server = Server::start(layer, handler.clone()).await;
-        let response = server.post(Some("k"), "{}").send().await.unwrap();
+        let response = server.send(Some("k"), "{}").await;
         assert!(response.headers().contains_key("retry-after"));
-        let (status, kind, json) = problem(response).await;
-        assert_eq!(
-            (status, kind),
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                problem_type("store-unavailable")
-            )
-        );
+        let json = assert_problem(
+            response,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+        )
+        .await;
         assert!(
             !json.to_string().contains("connection refused"),
             "backend errors stay in the logs"
@@ -704,7 +665,7 @@ async fn fail_open_is_explicit_and_marked() {
         ))
         .with_state(handler.clone());
     let server = Server::start_router(app).await;
-    let response = server.post(Some("k"), "{}").send().await.unwrap();
+    let response = server.send(Some("k"), "{}").await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(response.headers()["x-outcome"], "failed_open");
     assert_eq!(handler.count(), 1);
@@ -716,14 +677,12 @@ async fn a_slow_handler_keeps_its_lease() {
     let lease = Duration::from_millis(300);
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).lease(lease);
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("slow"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "slow").await;
     // Well past the original lease: without renewal the duplicate would run the handler again.
     tokio::time::sleep(lease * 3).await;
-    let duplicate = server.post(Some("slow"), "{}").send().await.unwrap();
+    let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-    handler.proceed.notify_one();
-    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    handler.finish(first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -733,15 +692,10 @@ async fn in_flight_bound_and_shutdown_drain() {
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).max_in_flight(1);
     let shutdown = layer.shutdown_handle();
     let server = Server::start(layer, handler.clone()).await;
-    let first = tokio::spawn(server.post(Some("a"), "{}").send());
-    handler.started.notified().await;
+    let first = server.hold(&handler, "a").await;
 
-    let over = server.post(Some("b"), "{}").send().await.unwrap();
-    let (status, kind, _) = problem(over).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::SERVICE_UNAVAILABLE, problem_type("overloaded"))
-    );
+    let over = server.send(Some("b"), "{}").await;
+    assert_problem(over, StatusCode::SERVICE_UNAVAILABLE, "overloaded").await;
 
     let drain = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -756,7 +710,7 @@ async fn in_flight_bound_and_shutdown_drain() {
     assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
     assert_eq!(shutdown.in_flight(), 0);
 
-    let after = server.post(Some("c"), "{}").send().await.unwrap();
+    let after = server.send(Some("c"), "{}").await;
     assert_eq!(
         after.status(),
         StatusCode::SERVICE_UNAVAILABLE,
@@ -773,11 +727,7 @@ async fn the_span_records_namespace_key_hash_and_outcome_but_never_the_raw_key()
     let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
     let server = Server::start(layer, handler.clone()).await;
     for _ in 0..2 {
-        server
-            .post(Some("raw-key-do-not-log"), "{}")
-            .send()
-            .await
-            .unwrap();
+        server.send(Some("raw-key-do-not-log"), "{}").await;
     }
     let logs = captured.text();
     assert!(logs.contains("namespace=\"orders\""), "{logs}");
@@ -794,41 +744,28 @@ async fn json_fields_fingerprint_replays_a_resend_with_other_volatile_fields() {
         .fingerprint(FingerprintMode::json_fields(["/amount", "/customer/id"]));
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(
+        .send(
             Some("pay-1"),
             r#"{"amount":100,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     let first_body = first.bytes().await.unwrap();
     // The same chosen fields, in another order and layout, with other unchosen fields.
     let resend = server
-        .post(
-            Some("pay-1"),
-            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }",
-        )
-        .send()
-        .await
-        .unwrap();
+        .send(Some("pay-1"),
+            "{ \"sent_at\": \"10:00:05\",\n  \"customer\": {\"name\": \"B\", \"id\": \"c1\"},\n  \"amount\": 100 }").await;
     assert_eq!(resend.status(), StatusCode::CREATED);
     assert_eq!(resend.headers()["idempotent-replayed"], "true");
     assert_eq!(resend.bytes().await.unwrap(), first_body);
     // A chosen field changed: the key was reused for a different request.
     let changed = server
-        .post(
+        .send(
             Some("pay-1"),
             r#"{"amount":101,"customer":{"id":"c1","name":"A"},"sent_at":"10:00:00"}"#,
         )
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(changed).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
-    );
+        .await;
+    assert_problem(changed, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -840,37 +777,27 @@ async fn json_excluding_fingerprint_ignores_only_the_excluded_fields() {
     );
     let server = Server::start(layer, handler.clone()).await;
     let first = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"app"}}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(first.status(), StatusCode::CREATED);
     let resend = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"meta":{"source":"app","trace_id":"t2"},"amount":100,"sent_at":2}"#,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(resend.status(), StatusCode::CREATED);
     assert_eq!(resend.headers()["idempotent-replayed"], "true");
     let changed = server
-        .post(
+        .send(
             Some("ex-1"),
             r#"{"amount":100,"sent_at":1,"meta":{"trace_id":"t1","source":"web"}}"#,
         )
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, _) = problem(changed).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::UNPROCESSABLE_ENTITY, problem_type("key-reused"))
-    );
+        .await;
+    assert_problem(changed, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -882,15 +809,9 @@ async fn a_json_fingerprint_answers_400_to_a_body_that_is_not_json() {
         .fingerprint(FingerprintMode::json_fields(["/amount"]));
     let server = Server::start(layer, handler.clone()).await;
     let response = server
-        .post(Some("form-1"), "amount=100&secret=s3cr3t")
-        .send()
-        .await
-        .unwrap();
-    let (status, kind, json) = problem(response).await;
-    assert_eq!(
-        (status, kind),
-        (StatusCode::BAD_REQUEST, problem_type("body-not-json"))
-    );
+        .send(Some("form-1"), "amount=100&secret=s3cr3t")
+        .await;
+    let json = assert_problem(response, StatusCode::BAD_REQUEST, "body-not-json").await;
     assert!(
         !json.to_string().contains("s3cr3t"),
         "no body content in the problem"

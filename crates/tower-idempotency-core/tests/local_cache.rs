@@ -22,6 +22,30 @@ mod suite {
 const LEASE: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(3600);
 
+/// Claims `key` with a fresh random fencing token.
+async fn claim<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    fp: &Fingerprint,
+    lease: Duration,
+) -> ClaimOutcome {
+    let token = tower_idempotency_core::FencingToken::random().unwrap();
+    store.claim(key, fp, token, lease).await.unwrap()
+}
+
+/// Claims `key`, which must be new (or its lease over), and returns the token that owns it.
+async fn claimed<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    fp: &Fingerprint,
+    lease: Duration,
+) -> tower_idempotency_core::FencingToken {
+    match claim(store, key, fp, lease).await {
+        ClaimOutcome::Claimed { token } => token,
+        other => panic!("expected the key to be claimed, got {other:?}"),
+    }
+}
+
 fn response(body: &[u8]) -> CachedResponse {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());
@@ -36,33 +60,13 @@ fn response(body: &[u8]) -> CachedResponse {
 /// Claims and completes `key` through `cache`, returning the stored response.
 async fn complete(cache: &LocalReplayCache<CountingStore>, key: &str, body: &[u8]) {
     let fp = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed { token } = cache
-        .claim(
-            key,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let token = claimed(cache, key, &fp, LEASE).await;
     let done = cache.complete(key, token, &response(body), TTL).await;
     assert_eq!(done.unwrap(), Ownership::Current);
 }
 
 async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> Bytes {
-    match cache
-        .claim(
-            key,
-            &Fingerprint([1; 32]),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    {
+    match claim(cache, key, &Fingerprint([1; 32]), LEASE).await {
         ClaimOutcome::Completed { record, .. } => record.response.body,
         other => panic!("expected a replay, got {other:?}"),
     }
@@ -89,32 +93,12 @@ async fn another_instance_asks_the_store_once_then_replays_locally() {
     let reader = LocalReplayCache::new(shared.clone());
     let key = fresh_key("local-other-instance");
     let fp = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed { token } = writer
-        .claim(
-            &key,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let token = claimed(&writer, &key, &fp, LEASE).await;
     let done = writer.complete(&key, token, &response(b"x"), TTL).await;
     assert_eq!(done.unwrap(), Ownership::Current);
 
     for _ in 0..5 {
-        match reader
-            .claim(
-                &key,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                LEASE,
-            )
-            .await
-            .unwrap()
-        {
+        match claim(&reader, &key, &fp, LEASE).await {
             ClaimOutcome::Completed { record, .. } => assert_eq!(record.response.body, &b"x"[..]),
             other => panic!("expected a replay, got {other:?}"),
         }
@@ -128,73 +112,24 @@ async fn released_and_stale_completions_are_not_cached() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let fp = Fingerprint([4; 32]);
     let released = fresh_key("local-released");
-    let ClaimOutcome::Claimed { token } = cache
-        .claim(
-            &released,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let token = claimed(&cache, &released, &fp, LEASE).await;
     cache.release(&released, token).await.unwrap();
     assert!(matches!(
-        cache
-            .claim(
-                &released,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                LEASE
-            )
-            .await
-            .unwrap(),
+        claim(&cache, &released, &fp, LEASE).await,
         ClaimOutcome::Claimed { .. }
     ));
 
     let stale = fresh_key("local-stale");
     let short = Duration::from_millis(50);
-    let ClaimOutcome::Claimed { token: old } = cache
-        .claim(
-            &stale,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            short,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let old = claimed(&cache, &stale, &fp, short).await;
     // Waiting out the lease is what is under test; there is no event to await.
     tokio::time::sleep(short * 3).await;
-    let ClaimOutcome::Claimed { token: new } = cache
-        .claim(
-            &stale,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("an expired lease is reclaimed");
-    };
+    let new = claimed(&cache, &stale, &fp, LEASE).await;
     let done = cache.complete(&stale, old, &response(b"stale"), TTL).await;
     assert_eq!(done.unwrap(), Ownership::Stale);
     assert!(
         matches!(
-            cache
-                .claim(
-                    &stale,
-                    &fp,
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    LEASE
-                )
-                .await
-                .unwrap(),
+            claim(&cache, &stale, &fp, LEASE).await,
             ClaimOutcome::InFlight { .. }
         ),
         "a refused completion must not be replayed from the cache"
@@ -210,28 +145,12 @@ async fn in_flight_records_are_never_cached() {
     let key = fresh_key("local-in-flight");
     let fp = Fingerprint([2; 32]);
     assert!(matches!(
-        cache
-            .claim(
-                &key,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                LEASE
-            )
-            .await
-            .unwrap(),
+        claim(&cache, &key, &fp, LEASE).await,
         ClaimOutcome::Claimed { .. }
     ));
     for _ in 0..3 {
         assert!(matches!(
-            cache
-                .claim(
-                    &key,
-                    &fp,
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    LEASE
-                )
-                .await
-                .unwrap(),
+            claim(&cache, &key, &fp, LEASE).await,
             ClaimOutcome::InFlight { .. }
         ));
     }
@@ -294,16 +213,7 @@ async fn a_local_replay_still_reports_the_original_fingerprint() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-fingerprint");
     complete(&cache, &key, b"x").await;
-    match cache
-        .claim(
-            &key,
-            &Fingerprint([9; 32]),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    {
+    match claim(&cache, &key, &Fingerprint([9; 32]), LEASE).await {
         ClaimOutcome::Completed { record, .. } => {
             assert_eq!(record.fingerprint, Fingerprint([1; 32]))
         }
@@ -338,47 +248,20 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
     let key = fresh_key("local-record-ttl");
     let fp = Fingerprint([5; 32]);
     let record_ttl = Duration::from_millis(80);
-    let ClaimOutcome::Claimed { token } = cache
-        .claim(
-            &key,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let token = claimed(&cache, &key, &fp, LEASE).await;
     let done = cache
         .complete(&key, token, &response(b"x"), record_ttl)
         .await;
     assert_eq!(done.unwrap(), Ownership::Current);
     assert!(matches!(
-        cache
-            .claim(
-                &key,
-                &fp,
-                tower_idempotency_core::FencingToken::random().unwrap(),
-                LEASE
-            )
-            .await
-            .unwrap(),
+        claim(&cache, &key, &fp, LEASE).await,
         ClaimOutcome::Completed { .. }
     ));
     // Waiting out the record's TTL is what is under test; there is no event to await.
     tokio::time::sleep(record_ttl * 2).await;
     assert!(
         matches!(
-            cache
-                .claim(
-                    &key,
-                    &fp,
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    LEASE
-                )
-                .await
-                .unwrap(),
+            claim(&cache, &key, &fp, LEASE).await,
             ClaimOutcome::Claimed { .. }
         ),
         "the record expired in the store, so the key is new again"
@@ -393,15 +276,7 @@ async fn a_forgotten_key_is_not_replayed_from_the_cache() {
     assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
     assert!(cache.forget(&key).await.unwrap());
     let fp = Fingerprint([1; 32]);
-    let again = cache
-        .claim(
-            &key,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap();
+    let again = claim(&cache, &key, &fp, LEASE).await;
     assert!(
         matches!(again, ClaimOutcome::Claimed { .. }),
         "the cached copy must go with the record: {again:?}"
@@ -427,16 +302,7 @@ async fn a_replay_cached_from_the_store_expires_with_the_record() {
         .complete(&key, token, &response(b"short"), record_ttl)
         .await;
     assert_eq!(done.unwrap(), Ownership::Current);
-    match reader
-        .claim(
-            &key,
-            &fp,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .unwrap()
-    {
+    match claim(&reader, &key, &fp, LEASE).await {
         ClaimOutcome::Completed { ttl_remaining, .. } => assert!(ttl_remaining <= record_ttl),
         other => panic!("expected the completed record, got {other:?}"),
     }

@@ -138,6 +138,13 @@ async fn order(State(h): State<Handler>) -> (StatusCode, &'static str) {
     (StatusCode::CREATED, "created")
 }
 
+/// The orders endpoint behind a client-keys layer (namespace `orders`) over a memory store, and
+/// a client for it.
+async fn serve_orders(handler: Handler) -> (reqwest::Client, String) {
+    let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
+    (reqwest::Client::new(), serve(handler, layer).await)
+}
+
 /// Serves `/orders` (POST and GET) on a loopback port until the test's runtime ends.
 async fn serve(handler: Handler, layer: IdempotencyLayer) -> String {
     let app = Router::new()
@@ -164,9 +171,7 @@ async fn post_order(
 #[test]
 fn requests_are_counted_by_namespace_and_outcome() {
     recorded(|metrics| async move {
-        let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
-        let url = serve(Handler::default(), layer).await;
-        let client = reqwest::Client::new();
+        let (client, url) = serve_orders(Handler::default()).await;
 
         assert_eq!(post_order(&client, &url, Some("k1"), "a").await, 201);
         assert_eq!(post_order(&client, &url, Some("k1"), "a").await, 201);
@@ -190,9 +195,7 @@ fn requests_are_counted_by_namespace_and_outcome() {
 #[test]
 fn store_calls_are_timed_by_operation_and_store() {
     recorded(|metrics| async move {
-        let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
-        let url = serve(Handler::default(), layer).await;
-        let client = reqwest::Client::new();
+        let (client, url) = serve_orders(Handler::default()).await;
 
         assert_eq!(post_order(&client, &url, Some("k1"), "a").await, 201);
         assert_eq!(post_order(&client, &url, Some("k1"), "a").await, 201);
@@ -227,9 +230,7 @@ fn concurrent_duplicates_run_one_handler_and_the_gauge_follows_it() {
             block: true,
             ..Handler::default()
         };
-        let layer = IdempotencyLayer::client_keys(MemoryStore::new()).namespace("orders");
-        let url = serve(handler.clone(), layer).await;
-        let client = reqwest::Client::new();
+        let (client, url) = serve_orders(handler.clone()).await;
         let in_flight = || metrics.gauge(HANDLERS_IN_FLIGHT, &[("namespace", "orders")]);
 
         let first = tokio::spawn({

@@ -28,14 +28,26 @@ async fn start<DB: Fixture>(setup: &Setup<DB>, probe: &Probe) -> InboxWorker {
         .spawn()
 }
 
-/// 10 rounds of 25 concurrent identical deliveries: every one is acknowledged `200`, the inbox
-/// holds one row per event, and the handler runs and writes once per event.
-async fn concurrent_duplicates<DB: Fixture>() {
+/// A test's inbox at work: its tables, a probe handler run by `start`'s worker, the
+/// acknowledging route's URL, and a client.
+async fn running<DB: Fixture>() -> (Setup<DB>, Probe, InboxWorker, String, reqwest::Client) {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
     let worker = start(&setup, &probe).await;
     let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    (setup, probe, worker, url, reqwest::Client::new())
+}
+
+/// Drains `worker`, which must finish within 5 s, and drops the test's tables.
+async fn finish<DB: Fixture>(worker: InboxWorker, setup: Setup<DB>) {
+    assert!(worker.drain(Duration::from_secs(5)).await);
+    setup.cleanup().await;
+}
+
+/// 10 rounds of 25 concurrent identical deliveries: every one is acknowledged `200`, the inbox
+/// holds one row per event, and the handler runs and writes once per event.
+async fn concurrent_duplicates<DB: Fixture>() {
+    let (setup, probe, worker, url, client) = running::<DB>().await;
     for round in 0..10 {
         let id = format!("evt_dup_{round}");
         let body = event_body(&id, "charge.succeeded");
@@ -57,18 +69,13 @@ async fn concurrent_duplicates<DB: Fixture>() {
         assert_eq!(setup.effects(&id).await, 1, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(&id), 1, "{}: {id}", DB::LABEL);
     }
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// The handler is held at a gate that opens only after the sender got its `200`: the
 /// acknowledgement cannot have waited for it.
 async fn ack_before_slow_handler<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let probe = setup.probe();
-    let worker = start(&setup, &probe).await;
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let (setup, probe, worker, url, client) = running::<DB>().await;
     let status = deliver(&client, &url, SECRET, &event_body("evt_slow", "test.gated")).await;
     assert_eq!(status, 200);
     probe.wait_started(1).await;
@@ -78,18 +85,13 @@ async fn ack_before_slow_handler<DB: Fixture>() {
     probe.open_gate();
     setup.wait_for("evt_slow", EventState::Processed).await;
     assert_eq!(setup.effects("evt_slow").await, 1);
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// A handler that fails twice (after writing) is retried; its failed attempts' writes were
 /// rolled back, so the third leaves the only row. One that panics once is retried too.
 async fn retries_until_success<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let probe = setup.probe();
-    let worker = start(&setup, &probe).await;
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let (setup, probe, worker, url, client) = running::<DB>().await;
     for (id, kind) in [("evt_flaky", "test.flaky"), ("evt_panic", "test.panic")] {
         assert_eq!(
             deliver(&client, &url, SECRET, &event_body(id, kind)).await,
@@ -103,18 +105,13 @@ async fn retries_until_success<DB: Fixture>() {
     assert_eq!(setup.effects("evt_panic").await, 1, "{}", DB::LABEL);
     let event = setup.inbox.get(&EventKey::new("stripe", "evt_flaky")).await;
     assert_eq!(event.unwrap().unwrap().last_error, None);
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// A handler that always fails ends `Failed` after exactly `max_attempts` runs, with its last
 /// error and none of its writes; the admin retry gives it `max_attempts` more.
 async fn poison_fails_after_max_attempts<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let probe = setup.probe();
-    let worker = start(&setup, &probe).await;
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let (setup, probe, worker, url, client) = running::<DB>().await;
     let body = event_body("evt_poison", "test.poison");
     assert_eq!(deliver(&client, &url, SECRET, &body).await, 200);
     assert_eq!(setup.wait_for("evt_poison", EventState::Failed).await, 4);
@@ -137,8 +134,7 @@ async fn poison_fails_after_max_attempts<DB: Fixture>() {
         .retry(&EventKey::new("stripe", "evt_absent"))
         .await
         .unwrap());
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// One worker with a queue of one and 40 deliveries at once: the queue overflows, the sweeper
@@ -165,18 +161,13 @@ async fn full_queue_loses_nothing<DB: Fixture>() {
         assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(id), 1, "{}: {id}", DB::LABEL);
     }
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// A delivery signed with another secret, or whose body was changed after signing, is refused
 /// `401` and never stored.
 async fn forged_never_reaches_the_inbox<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let probe = setup.probe();
-    let worker = start(&setup, &probe).await;
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let (setup, probe, worker, url, client) = running::<DB>().await;
     let body = event_body("evt_forged", "charge.succeeded");
     let status = deliver(&client, &url, "whsec_someone_else_1234", &body).await;
     assert_eq!(status, 401);
@@ -195,8 +186,7 @@ async fn forged_never_reaches_the_inbox<DB: Fixture>() {
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.pending, counts.processed, counts.failed), (0, 0, 0));
     assert_eq!(probe.total_runs(), 0);
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 fn now_secs() -> u64 {
@@ -233,8 +223,7 @@ async fn outage_is_503_and_loses_nothing<DB: Fixture>() {
     assert_eq!(deliver(&client, &url, SECRET, &body).await, 200);
     setup.wait_for("evt_outage", EventState::Processed).await;
     assert_eq!(setup.effects("evt_outage").await, 1);
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// A drain whose deadline passes while a handler runs answers `false` and rolls it back; the
@@ -267,8 +256,7 @@ async fn drain_keeps_pending<DB: Fixture>() {
     let worker = quick(setup.inbox.worker(probe.handler::<DB>())).spawn();
     assert_eq!(setup.wait_for("evt_drain", EventState::Processed).await, 2);
     assert_eq!(setup.effects("evt_drain").await, 1);
-    assert!(worker.drain(Duration::from_secs(5)).await);
-    setup.cleanup().await;
+    finish(worker, setup).await;
 }
 
 /// The admin router over HTTP: lists failed and pending events, re-queues a failed one (`202`,

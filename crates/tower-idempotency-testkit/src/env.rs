@@ -53,6 +53,14 @@ pub fn random_u64() -> u64 {
     RandomState::new().hash_one(SystemTime::now())
 }
 
+/// The current unix time in seconds, as signed webhook deliveries carry it.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .as_secs()
+}
+
 /// 16 random hex digits, for table names, key prefixes and files no other run uses.
 pub fn random_suffix() -> String {
     format!("{:016x}", random_u64())

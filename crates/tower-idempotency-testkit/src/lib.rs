@@ -20,7 +20,8 @@ mod redis_server;
 mod stores;
 
 pub use env::{
-    database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip, which,
+    database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
+    unix_now, which,
 };
 pub use http::{free_port, serve, Server};
 pub use logs::CapturedLogs;

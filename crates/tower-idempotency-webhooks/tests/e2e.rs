@@ -5,8 +5,9 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, UNIX_EPOCH},
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{extract::State, routing::post, Router};
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
@@ -22,13 +23,6 @@ async fn count(State(calls): State<Arc<AtomicUsize>>, webhook: VerifiedWebhook) 
         webhook.provider(),
         webhook.event_id()
     )
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 #[tokio::test]
@@ -50,7 +44,7 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
             .send()
     };
 
-    let first = send(stripe::sign("whsec_e2e", now(), body.as_bytes()), body)
+    let first = send(stripe::sign("whsec_e2e", unix_now(), body.as_bytes()), body)
         .await
         .unwrap();
     assert_eq!(first.status(), 200);
@@ -62,7 +56,7 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     let retry_body =
         r#"{"id":"evt_e2e_1","object":"event","type":"invoice.paid","pending_webhooks":1}"#;
     let second = send(
-        stripe::sign("whsec_e2e", now(), retry_body.as_bytes()),
+        stripe::sign("whsec_e2e", unix_now(), retry_body.as_bytes()),
         retry_body,
     )
     .await
@@ -73,9 +67,12 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     // Forged: signed with another secret.
-    let forged = send(stripe::sign("whsec_attacker", now(), body.as_bytes()), body)
-        .await
-        .unwrap();
+    let forged = send(
+        stripe::sign("whsec_attacker", unix_now(), body.as_bytes()),
+        body,
+    )
+    .await
+    .unwrap();
     assert_eq!(forged.status(), 401);
     assert_eq!(forged.headers()["content-type"], "application/problem+json");
     let problem: serde_json::Value =
@@ -88,12 +85,15 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
 
     // Tampered body with a genuine signature of another body; and a replay from an hour ago.
     let other = r#"{"id":"evt_e2e_2","object":"event","type":"invoice.paid"}"#;
-    let tampered = send(stripe::sign("whsec_e2e", now(), body.as_bytes()), other)
-        .await
-        .unwrap();
+    let tampered = send(
+        stripe::sign("whsec_e2e", unix_now(), body.as_bytes()),
+        other,
+    )
+    .await
+    .unwrap();
     assert_eq!(tampered.status(), 401);
     let stale = send(
-        stripe::sign("whsec_e2e", now() - 3600, other.as_bytes()),
+        stripe::sign("whsec_e2e", unix_now() - 3600, other.as_bytes()),
         other,
     )
     .await
@@ -118,9 +118,12 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     );
 
     // A new event runs the handler.
-    let fresh = send(stripe::sign("whsec_e2e", now(), other.as_bytes()), other)
-        .await
-        .unwrap();
+    let fresh = send(
+        stripe::sign("whsec_e2e", unix_now(), other.as_bytes()),
+        other,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         fresh.text().await.unwrap(),
         "stripe handled evt_e2e_2 (call 2)"
@@ -191,7 +194,7 @@ async fn injected_clock_github_and_slack_challenge_over_http() {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "application/json");
     assert_eq!(response.text().await.unwrap(), r#"{"challenge":"c-123"}"#);
-    let response = signed(now()).await.unwrap();
+    let response = signed(unix_now()).await.unwrap();
     assert_eq!(
         response.status(),
         401,
@@ -298,7 +301,7 @@ async fn a_ttl_shorter_than_the_replay_window_is_raised_to_cover_it() {
         .with_state(calls.clone());
     let base = serve(app).await;
     let body = r#"{"id":"evt_ttl","type":"charge.succeeded"}"#;
-    let signature = stripe::sign(secret, now(), body.as_bytes());
+    let signature = stripe::sign(secret, unix_now(), body.as_bytes());
     let client = reqwest::Client::new();
     let send = || {
         client

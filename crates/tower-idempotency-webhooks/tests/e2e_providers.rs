@@ -17,8 +17,9 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc,
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
+use tower_idempotency_testkit::unix_now;
 
 use axum::{extract::State, routing::any, Router};
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
@@ -62,13 +63,6 @@ async fn count(State(shared): State<Arc<Shared>>, extensions: Extensions) -> Str
 const ROUTE: &str = "/hook/{account}";
 /// Another spelling of [`PATH`]: the same route and the same `Path` value.
 const PATH_VARIANT: &str = "/hook/acct_%31";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
 
 /// The next burst answer; a timeout rather than a hang if the layer made a duplicate wait.
 async fn next(rx: &mut mpsc::UnboundedReceiver<reqwest::Response>) -> reqwest::Response {
@@ -118,11 +112,11 @@ impl<'f> Harness<'f> {
 
     fn event(&self, n: u32) -> Event {
         let id = format!("{}-e2e-{n}", self.provider().replace('-', "_"));
-        self.fixture.event(&id, now())
+        self.fixture.event(&id, unix_now())
     }
 
     fn deliver(&self, signer: Signer, signed: &Event, sent: &Event) -> Delivery {
-        self.fixture.deliver(signer, signed, sent, now())
+        self.fixture.deliver(signer, signed, sent, unix_now())
     }
 
     fn send_to(

@@ -7,7 +7,7 @@
 mod common;
 
 use base64::{engine::general_purpose::STANDARD as BASE64, Engine as _};
-use common::{at, verify};
+use common::{at, verify, SG_KEY, SG_PAYLOAD, SG_SIG, SG_TS};
 use tower_idempotency_webhooks::{linear, sendgrid, standard, VerifyError};
 
 const NOW: u64 = 1_700_000_000;
@@ -96,13 +96,6 @@ fn linear_timestamp_written_as_a_float_of_whole_milliseconds() {
         Err(VerifyError::TimestampOutsideTolerance { .. })
     ));
 }
-
-// The official SDKs' vector (see vectors.rs).
-const SG_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA==";
-const SG_SIG: &str = "MEUCIQCtIHJeH93Y+qpYeWrySphQgpNGNr/U+UyUlBkU6n7RAwIgJTz2C+8a8xonZGi6BpSzoQsbVRamr2nlxFDWYNH2j/0=";
-const SG_PAYLOAD: &[u8] =
-    br#"{"category":"example_payload","event":"test_event","message_id":"message_id"}"#;
-const SG_TS: u64 = 1_588_788_367;
 
 #[test]
 fn sendgrid_verification_key_as_pem() {

@@ -451,40 +451,22 @@ fn empty_and_short_secrets_are_refused_at_construction() {
     use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
     type Build = fn(&str);
     type TryBuild = fn(&str) -> Result<(), ConfigError>;
-    let infallible: &[(&str, Build)] = &[
-        ("stripe", |s| {
-            drop(IdempotencyLayer::stripe([s], MemoryStore::new()))
-        }),
-        ("github", |s| {
-            drop(IdempotencyLayer::github([s], MemoryStore::new()))
-        }),
-        ("slack", |s| {
-            drop(IdempotencyLayer::slack([s], MemoryStore::new()))
-        }),
-        ("shopify", |s| {
-            drop(IdempotencyLayer::shopify([s], MemoryStore::new()))
-        }),
-        ("paddle", |s| {
-            drop(IdempotencyLayer::paddle([s], MemoryStore::new()))
-        }),
-        ("linear", |s| {
-            drop(IdempotencyLayer::linear([s], MemoryStore::new()))
-        }),
-        ("gitlab", |s| {
-            drop(IdempotencyLayer::gitlab([s], MemoryStore::new()))
-        }),
-        ("zoom", |s| {
-            drop(IdempotencyLayer::zoom([s], MemoryStore::new()))
-        }),
-        ("mailgun", |s| {
-            drop(IdempotencyLayer::mailgun([s], MemoryStore::new()))
-        }),
-        // The verifiers themselves, for `WebhookKeys::new(..)` users; a good secret next to
-        // a bad one does not hide it.
-        ("stripe", |s| {
-            drop(stripe::StripeVerifier::new(["whsec_long_enough", s]))
-        }),
-    ];
+    // Each provider's one-secret layer constructor, named by the provider.
+    macro_rules! layers {
+        ($($provider:ident),*) => {
+            [$((
+                stringify!($provider),
+                (|s| drop(IdempotencyLayer::$provider([s], MemoryStore::new()))) as Build,
+            )),*]
+        };
+    }
+    let layers = layers!(stripe, github, slack, shopify, paddle, linear, gitlab, zoom, mailgun);
+    // The verifiers themselves, for `WebhookKeys::new(..)` users; a good secret next to a bad
+    // one does not hide it.
+    let verifier: (&str, Build) = ("stripe", |s| {
+        drop(stripe::StripeVerifier::new(["whsec_long_enough", s]))
+    });
+    let infallible: Vec<(&str, Build)> = layers.into_iter().chain([verifier]).collect();
     let fallible: &[(&str, TryBuild)] = &[
         ("twilio", |s| {
             IdempotencyLayer::twilio("https://example.com", [s], MemoryStore::new()).map(drop)
@@ -506,7 +488,7 @@ fn empty_and_short_secrets_are_refused_at_construction() {
         min_len: MIN_SECRET_LEN,
     };
     for secret in ["", "3by"] {
-        for (provider, build) in infallible {
+        for (provider, build) in &infallible {
             let message = panic_message(|| build(secret))
                 .unwrap_or_else(|| panic!("{provider} accepted {secret:?}"));
             assert!(message.contains(provider), "{message}");
@@ -520,7 +502,7 @@ fn empty_and_short_secrets_are_refused_at_construction() {
     // The shortest accepted secret is accepted by every one of them.
     let shortest = "hush";
     assert_eq!(shortest.len(), MIN_SECRET_LEN);
-    for (provider, build) in infallible {
+    for (provider, build) in &infallible {
         assert_eq!(panic_message(|| build(shortest)), None, "{provider}");
     }
     for (provider, build) in fallible {

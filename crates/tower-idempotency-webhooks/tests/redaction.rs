@@ -34,6 +34,11 @@ fn parts(path: &str, headers: &[(&str, String)]) -> Parts {
     builder.body(()).unwrap().into_parts().0
 }
 
+/// A delivery of [`BODY`] to `/` with `headers`.
+fn signed(headers: &[(&str, String)]) -> (Parts, Vec<u8>) {
+    (parts("/", headers), BODY.to_vec())
+}
+
 /// Builds a delivery signed with the given secret: its parts and body.
 type Sign = dyn Fn(&str) -> (Parts, Vec<u8>);
 
@@ -53,7 +58,6 @@ fn b64(bytes: &[u8]) -> String {
 fn cases() -> Vec<Case> {
     let ts = TS.to_string();
     let t = move || ts.clone();
-    let body = || BODY.to_vec();
     let plain = |s: &str| vec![s.to_owned()];
     let generic = || {
         HmacVerifier::builder("acme")
@@ -72,7 +76,7 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(stripe::StripeVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = stripe::sign(s, TS, BODY);
-                (parts("/", &[("stripe-signature", h)]), body())
+                signed(&[("stripe-signature", h)])
             }),
             secret_forms: plain(OURS),
         },
@@ -81,16 +85,10 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(github::GitHubVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = github::sign(s, BODY);
-                (
-                    parts(
-                        "/",
-                        &[
-                            ("x-hub-signature-256", h),
-                            ("x-github-delivery", "d".into()),
-                        ],
-                    ),
-                    body(),
-                )
+                signed(&[
+                    ("x-hub-signature-256", h),
+                    ("x-github-delivery", "d".into()),
+                ])
             }),
             secret_forms: plain(OURS),
         },
@@ -99,16 +97,10 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(slack::SlackVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = slack::sign(s, TS, BODY);
-                (
-                    parts(
-                        "/",
-                        &[
-                            ("x-slack-signature", h),
-                            ("x-slack-request-timestamp", t1()),
-                        ],
-                    ),
-                    body(),
-                )
+                signed(&[
+                    ("x-slack-signature", h),
+                    ("x-slack-request-timestamp", t1()),
+                ])
             }),
             secret_forms: plain(OURS),
         },
@@ -123,17 +115,11 @@ fn cases() -> Vec<Case> {
             ),
             signed: Box::new(move |s| {
                 let h = standard::sign(s.as_bytes(), "msg_1", TS, BODY);
-                (
-                    parts(
-                        "/",
-                        &[
-                            ("webhook-signature", h),
-                            ("webhook-id", "msg_1".into()),
-                            ("webhook-timestamp", t2()),
-                        ],
-                    ),
-                    body(),
-                )
+                signed(&[
+                    ("webhook-signature", h),
+                    ("webhook-id", "msg_1".into()),
+                    ("webhook-timestamp", t2()),
+                ])
             }),
             secret_forms: vec![OURS.to_owned(), b64(OURS.as_bytes())],
         },
@@ -142,16 +128,10 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(shopify::ShopifyVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = shopify::sign(s, BODY);
-                (
-                    parts(
-                        "/",
-                        &[
-                            ("x-shopify-hmac-sha256", h),
-                            ("x-shopify-event-id", "e".into()),
-                        ],
-                    ),
-                    body(),
-                )
+                signed(&[
+                    ("x-shopify-hmac-sha256", h),
+                    ("x-shopify-event-id", "e".into()),
+                ])
             }),
             secret_forms: plain(OURS),
         },
@@ -160,7 +140,7 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(paddle::PaddleVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = paddle::sign(s, TS, BODY);
-                (parts("/", &[("paddle-signature", h)]), body())
+                signed(&[("paddle-signature", h)])
             }),
             secret_forms: plain(OURS),
         },
@@ -169,13 +149,7 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(linear::LinearVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = linear::sign(s, BODY);
-                (
-                    parts(
-                        "/",
-                        &[("linear-signature", h), ("linear-delivery", "d".into())],
-                    ),
-                    body(),
-                )
+                signed(&[("linear-signature", h), ("linear-delivery", "d".into())])
             }),
             secret_forms: plain(OURS),
         },
@@ -183,16 +157,10 @@ fn cases() -> Vec<Case> {
             name: "gitlab",
             verifier: Arc::new(gitlab::GitLabVerifier::new([OURS])),
             signed: Box::new(move |s| {
-                (
-                    parts(
-                        "/",
-                        &[
-                            ("x-gitlab-token", s.to_owned()),
-                            ("idempotency-key", "k".into()),
-                        ],
-                    ),
-                    body(),
-                )
+                signed(&[
+                    ("x-gitlab-token", s.to_owned()),
+                    ("idempotency-key", "k".into()),
+                ])
             }),
             secret_forms: plain(OURS),
         },
@@ -201,13 +169,7 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(zoom::ZoomVerifier::new([OURS])),
             signed: Box::new(move |s| {
                 let h = zoom::sign(s, TS, BODY);
-                (
-                    parts(
-                        "/",
-                        &[("x-zm-signature", h), ("x-zm-request-timestamp", t3())],
-                    ),
-                    body(),
-                )
+                signed(&[("x-zm-signature", h), ("x-zm-request-timestamp", t3())])
             }),
             secret_forms: plain(OURS),
         },
@@ -231,7 +193,7 @@ fn cases() -> Vec<Case> {
                 let h = square::sign(s, "https://example.com/sq", BODY);
                 (
                     parts("/sq", &[("x-square-hmacsha256-signature", h)]),
-                    body(),
+                    BODY.to_vec(),
                 )
             }),
             secret_forms: plain(OURS),
@@ -259,7 +221,7 @@ fn cases() -> Vec<Case> {
             verifier: Arc::new(generic()),
             signed: Box::new(move |s| {
                 let h = generic().sign(s, None, None, BODY);
-                (parts("/", &[("x-acme-signature", h)]), body())
+                signed(&[("x-acme-signature", h)])
             }),
             secret_forms: plain(OURS),
         },

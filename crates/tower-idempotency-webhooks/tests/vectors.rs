@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{at, parts, verify};
+use common::{at, parts, verify, SG_KEY, SG_PAYLOAD, SG_SIG, SG_TS};
 use tower_idempotency_webhooks::{VerifyError, *};
 
 const NOW: u64 = 1_700_000_000;
@@ -824,15 +824,8 @@ fn problems_have_distinct_slugs_and_no_secrets() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SendGrid: the vector of the official SDKs' tests, e.g. sendgrid/sendgrid-java
-// src/test/java/com/sendgrid/helpers/eventwebhook/EventWebhookTest.java (the same key, payload,
-// signature and timestamp appear in sendgrid-nodejs, -python, -ruby, -php and -go).
+// SendGrid: the vector of the official SDKs' tests (`common::SG_*`).
 // ---------------------------------------------------------------------------------------------
-const SG_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEEDr2LjtURuePQzplybdC+u4CwrqDqBaWjcMMsTbhdbcwHBcepxo7yAQGhHPTnlvFYPAZFceEu/1FwCM/QmGUhA==";
-const SG_SIG: &str = "MEUCIQCtIHJeH93Y+qpYeWrySphQgpNGNr/U+UyUlBkU6n7RAwIgJTz2C+8a8xonZGi6BpSzoQsbVRamr2nlxFDWYNH2j/0=";
-const SG_PAYLOAD: &[u8] =
-    br#"{"category":"example_payload","event":"test_event","message_id":"message_id"}"#;
-const SG_TS: u64 = 1_588_788_367;
 
 #[test]
 fn sendgrid_published_vector_and_negatives() {

@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use drive::{drive, suffix, Run};
+use drive::{drive, postgres_pool, seconds_arg, serve, suffix, Run};
 
 use axum::{
     extract::State,
@@ -95,15 +95,6 @@ macro_rules! handlers {
 
 handlers!(sync_sqlite, inbox_sqlite, Sqlite);
 handlers!(sync_pg, inbox_pg, Postgres);
-
-async fn serve(router: Router) -> Result<String, BoxError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    Ok(base)
-}
 
 /// A new signed event per request.
 fn signed_event(
@@ -186,10 +177,7 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let seconds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let seconds = seconds_arg();
     println!(
         "| database | route | senders | answers/s | p50 ms | p99 ms | max ms | processed/s | errors |"
     );
@@ -237,12 +225,7 @@ async fn sqlite(seconds: u64) -> Result<(), BoxError> {
 
 /// Both routes on Postgres tables of their own, dropped at the end.
 async fn postgres(seconds: u64) -> Result<(), BoxError> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(40)
-        .connect(&url)
-        .await?;
+    let pool = postgres_pool().await?;
     let (records, inbox_table, effects_table) = (
         format!("bench_records_{}", suffix()),
         format!("bench_inbox_{}", suffix()),

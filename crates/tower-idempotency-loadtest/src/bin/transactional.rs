@@ -16,7 +16,7 @@ mod drive;
 
 use std::sync::Arc;
 
-use drive::{drive, suffix};
+use drive::{drive, postgres_pool, seconds_arg, serve, suffix};
 
 use axum::{extract::State, http::StatusCode, routing::post, Router};
 use tower_idempotency_core::{IdempotencyLayer, Store};
@@ -31,60 +31,38 @@ struct Sql {
     insert: String,
 }
 
-async fn bare_pg(State((pool, sql)): State<(Pool<Postgres>, Arc<Sql>)>) -> StatusCode {
-    let mut tx = pool.begin().await.expect("begin");
-    sqlx::query(&sql.insert)
-        .bind(1_i64)
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    tx.commit().await.expect("commit");
-    StatusCode::CREATED
+/// The row every handler writes, and the two handlers (`bare` begins its own transaction,
+/// `tx` writes in the layer's), on each database.
+macro_rules! handlers {
+    ($bare:ident, $tx:ident, $db:ty, $begin:literal) => {
+        async fn $bare(State((pool, sql)): State<(Pool<$db>, Arc<Sql>)>) -> StatusCode {
+            let mut tx = pool.begin_with($begin).await.expect("begin");
+            sqlx::query(&sql.insert)
+                .bind(1_i64)
+                .execute(&mut *tx)
+                .await
+                .expect("insert");
+            tx.commit().await.expect("commit");
+            StatusCode::CREATED
+        }
+
+        async fn $tx(
+            State((_, sql)): State<(Pool<$db>, Arc<Sql>)>,
+            mut tx: IdempotentTx<$db>,
+        ) -> StatusCode {
+            sqlx::query(&sql.insert)
+                .bind(1_i64)
+                .execute(&mut *tx)
+                .await
+                .expect("insert");
+            StatusCode::CREATED
+        }
+    };
 }
 
-async fn tx_pg(
-    State((_, sql)): State<(Pool<Postgres>, Arc<Sql>)>,
-    mut tx: IdempotentTx<Postgres>,
-) -> StatusCode {
-    sqlx::query(&sql.insert)
-        .bind(1_i64)
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    StatusCode::CREATED
-}
-
-async fn bare_sqlite(State((pool, sql)): State<(Pool<Sqlite>, Arc<Sql>)>) -> StatusCode {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.expect("begin");
-    sqlx::query(&sql.insert)
-        .bind(1_i64)
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    tx.commit().await.expect("commit");
-    StatusCode::CREATED
-}
-
-async fn tx_sqlite(
-    State((_, sql)): State<(Pool<Sqlite>, Arc<Sql>)>,
-    mut tx: IdempotentTx<Sqlite>,
-) -> StatusCode {
-    sqlx::query(&sql.insert)
-        .bind(1_i64)
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
-    StatusCode::CREATED
-}
-
-async fn serve(router: Router) -> Result<String, BoxError> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    Ok(base)
-}
+handlers!(bare_pg, tx_pg, Postgres, "BEGIN");
+// SQLite takes the write lock at BEGIN, as the layer's transactions do.
+handlers!(bare_sqlite, tx_sqlite, Sqlite, "BEGIN IMMEDIATE");
 
 async fn measure(label: &str, routes: [(&str, String); 3], seconds: u64) {
     for clients in [1, 16] {
@@ -141,10 +119,7 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let seconds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let seconds = seconds_arg();
     println!("| store | route | clients | requests/s | p50 ms | p99 ms | max ms | errors |");
     println!("|---|---|---|---|---|---|---|---|");
 
@@ -170,12 +145,7 @@ async fn main() -> Result<(), BoxError> {
     measure("sqlite", urls, seconds).await;
     let _ = std::fs::remove_dir_all(&dir);
 
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(40)
-        .connect(&url)
-        .await?;
+    let pool = postgres_pool().await?;
     let table = format!("bench_tx_{}", suffix());
     let effects = format!("bench_effects_{}", suffix());
     let store = Arc::new(PostgresStore::new(pool.clone(), &table)?.with_connection_lanes(16));

@@ -1,5 +1,6 @@
 //! Closed-loop senders for the side-by-side harness binaries (`transactional`, `inbox`): each
-//! sender sends its next request when the previous one answered, for a fixed time.
+//! sender sends its next request when the previous one answered, for a fixed time; and what
+//! both binaries set up the same way (the server, the run's length, the Postgres pool).
 #![allow(dead_code)] // Each binary reads a different subset of a run.
 
 use std::{
@@ -10,6 +11,8 @@ use std::{
     },
     time::{Duration, Instant, SystemTime},
 };
+
+use tower_idempotency_sqlx::sqlx;
 
 /// A name of this run, so that requests of different runs never share a key.
 pub fn suffix() -> String {
@@ -80,4 +83,32 @@ where
         answered: all.len() as u64,
         errors: errors.load(Ordering::Relaxed),
     }
+}
+
+/// Serves `router` on a free loopback port; returns its base URL.
+pub async fn serve(router: axum::Router) -> std::io::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(base)
+}
+
+/// Seconds per measurement: the first argument, 3 without one.
+pub fn seconds_arg() -> u64 {
+    std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
+/// A pool of 40 connections on `DATABASE_URL` (default the local test database).
+pub async fn postgres_pool() -> Result<sqlx::PgPool, sqlx::Error> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(40)
+        .connect(&url)
+        .await
 }
