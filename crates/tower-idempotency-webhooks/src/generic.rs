@@ -323,28 +323,22 @@ impl HmacVerifier {
     }
 }
 
-impl Verifier for HmacVerifier {
-    fn provider(&self) -> &'static str {
-        self.provider
-    }
+/// The timestamp header of a delivery: its label, its raw value (signed as is) and the Unix
+/// seconds it names.
+struct SignedAt<'a> {
+    header: &'static str,
+    text: &'a str,
+    seconds: u64,
+}
 
-    fn default_ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
-    fn verify(
+impl HmacVerifier {
+    /// The signatures in the header `value`, bounded in number before any is decoded.
+    fn signatures<'a>(
         &self,
-        parts: &Parts,
-        body: &Bytes,
-        now: SystemTime,
-    ) -> Result<VerifiedWebhook, VerifyError> {
-        let value = headers::required(&parts.headers, &self.header)?;
-        let name = (&self.header).label();
-        let mut signatures: SmallVec<[&str; 2]> = SmallVec::new();
+        value: &'a str,
+        name: &'static str,
+    ) -> Result<SmallVec<[&'a str; 2]>, VerifyError> {
+        let mut signatures = SmallVec::new();
         // Members are separated by commas and/or ASCII whitespace. Splitting on `,` first (a
         // memchr search) and then on whitespace (byte tests) gives the same members as one
         // `char` predicate, which would decode each character of the signatures
@@ -370,50 +364,96 @@ impl Verifier for HmacVerifier {
         if signatures.is_empty() {
             return Err(VerifyError::UnsupportedVersion { name });
         }
-        let timestamp = match &self.timestamp_header {
-            Some(header) => {
-                let text = headers::required(&parts.headers, header)?;
-                let name = header.label();
-                Some((name, text, timestamp::parse_unix(name, text)?))
-            }
-            None => None,
+        Ok(signatures)
+    }
+
+    /// The delivery's timestamp, when this verifier reads one.
+    fn signed_timestamp<'a>(&self, parts: &'a Parts) -> Result<Option<SignedAt<'a>>, VerifyError> {
+        let Some(header) = &self.timestamp_header else {
+            return Ok(None);
         };
+        let text = headers::required(&parts.headers, header)?;
+        let header = header.label();
+        let seconds = timestamp::parse_unix(header, text)?;
+        Ok(Some(SignedAt {
+            header,
+            text,
+            seconds,
+        }))
+    }
+
+    /// The event id, and the body's document when reading the id built it.
+    fn event_id(
+        &self,
+        body: &[u8],
+        header_id: Option<String>,
+    ) -> Result<(String, Option<serde_json::Value>), VerifyError> {
+        match (&self.event_id, header_id) {
+            (_, Some(id)) => Ok((id, None)),
+            // Most pointers name object keys: scan for the one field instead of building the
+            // document, which costs several HMACs (bench `verify`, `generic_json_pointer`);
+            // `json()` then builds it only if asked.
+            (EventId::JsonPointer(pointer), None) if json::scannable_pointer(pointer) => {
+                let [value] = json::fields(body, [*pointer])?;
+                Ok((event_id::scalar_id(value, pointer)?, None))
+            }
+            (EventId::JsonPointer(pointer), None) => {
+                let value = json::parse(body)?;
+                let id = event_id::json_id(&value, pointer)?;
+                Ok((id, Some(value)))
+            }
+            _ => Ok((event_id::body_digest_id(body), None)),
+        }
+    }
+}
+
+impl Verifier for HmacVerifier {
+    fn provider(&self) -> &'static str {
+        self.provider
+    }
+
+    fn default_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn replay_window(&self) -> Option<Duration> {
+        self.tolerance
+    }
+
+    fn verify(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        now: SystemTime,
+    ) -> Result<VerifiedWebhook, VerifyError> {
+        let value = headers::required(&parts.headers, &self.header)?;
+        let name = (&self.header).label();
+        let signatures = self.signatures(value, name)?;
+        let timestamp = self.signed_timestamp(parts)?;
         let header_id = match &self.id_header {
             Some(header) => Some(event_id::header_id(&parts.headers, header)?),
             None => None,
         };
         let candidates = signature::decode_all(name, &signatures, self.encoding)?;
         let index = {
-            let chunks = self.signed_chunks(timestamp.map(|t| t.1), header_id.as_deref(), body);
+            let text = timestamp.as_ref().map(|t| t.text);
+            let chunks = self.signed_chunks(text, header_id.as_deref(), body);
             signature::match_hmac(self.algorithm, &self.secrets, &chunks, &candidates)?
         };
-        if let Some((header, _, signed)) = timestamp {
-            timestamp::check_window(header, signed, now, self.tolerance)?;
+        if let Some(SignedAt {
+            header, seconds, ..
+        }) = timestamp
+        {
+            timestamp::check_window(header, seconds, now, self.tolerance)?;
         }
-        let mut json = None;
-        let id = match (&self.event_id, header_id) {
-            (_, Some(id)) => id,
-            // Most pointers name object keys: scan for the one field instead of building the
-            // document (at 1 KiB, ~10x the HMAC), which `json()` then builds only if asked.
-            (EventId::JsonPointer(pointer), None) if json::scannable_pointer(pointer) => {
-                let [value] = json::fields(body, [*pointer])?;
-                event_id::scalar_id(value, pointer)?
-            }
-            (EventId::JsonPointer(pointer), None) => {
-                let value = json::parse(body)?;
-                let id = event_id::json_id(&value, pointer)?;
-                json = Some(value);
-                id
-            }
-            _ => event_id::body_digest_id(body),
-        };
+        let (id, json) = self.event_id(body, header_id)?;
         let mut webhook =
             VerifiedWebhook::new(self.provider, id, body.clone()).with_secret_index(index);
         // `build` refuses a header id the signed parts leave out, so both are signed.
         let signed = [&self.timestamp_header, &self.id_header];
         webhook = webhook.with_signed_headers(signed.into_iter().flatten().map(|h| h.label()));
-        if let Some((_, _, signed)) = timestamp {
-            webhook = webhook.with_signed_at(signed);
+        if let Some(SignedAt { seconds, .. }) = timestamp {
+            webhook = webhook.with_signed_at(seconds);
         }
         if let Some(json) = json {
             webhook = webhook.with_json(json);

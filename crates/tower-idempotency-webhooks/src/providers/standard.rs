@@ -181,6 +181,153 @@ fn family(headers: &HeaderMap) -> Result<(&'static Family, &str), VerifyError> {
     })
 }
 
+/// The signatures of a `webhook-signature` value, by version.
+struct Members<'a> {
+    /// `v1` (HMAC-SHA256) signatures.
+    symmetric: SmallVec<[&'a str; 2]>,
+    /// `v1a` (Ed25519) signatures.
+    asymmetric: SmallVec<[&'a str; 2]>,
+}
+
+impl<'a> Members<'a> {
+    /// Splits `value` into its members, bounding their number before anything is decoded.
+    fn parse(value: &'a str, name: &'static str) -> Result<Self, VerifyError> {
+        let mut members = Self {
+            symmetric: SmallVec::new(),
+            asymmetric: SmallVec::new(),
+        };
+        let mut versioned = false;
+        for (count, member) in value.split_ascii_whitespace().enumerate() {
+            if count == MAX_SIGNATURES {
+                return Err(VerifyError::MalformedHeader {
+                    name,
+                    reason: "too many signatures",
+                });
+            }
+            // As the official libraries do: a member without `version,` is skipped, and parts
+            // after the signature (`v1,<sig>,extra`) are ignored.
+            let mut fields = member.split(',');
+            let (Some(version), Some(signature)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            versioned = true;
+            match version {
+                "v1" => members.symmetric.push(signature),
+                "v1a" => members.asymmetric.push(signature),
+                _ => {}
+            }
+        }
+        if !versioned {
+            return Err(VerifyError::MalformedHeader {
+                name,
+                reason: "signature without `version,` prefix",
+            });
+        }
+        if members.asymmetric.len() > MAX_ASYMMETRIC_SIGNATURES {
+            return Err(VerifyError::MalformedHeader {
+                name,
+                reason: "too many v1a signatures",
+            });
+        }
+        Ok(members)
+    }
+
+    /// Drops the signatures `verifier` has no secret or key for.
+    fn usable_by(mut self, verifier: &StandardWebhooksVerifier) -> Self {
+        if verifier.secrets.is_empty() {
+            self.symmetric.clear();
+        }
+        if verifier.public_keys.is_empty() {
+            self.asymmetric.clear();
+        }
+        self
+    }
+
+    fn is_empty(&self) -> bool {
+        self.symmetric.is_empty() && self.asymmetric.is_empty()
+    }
+}
+
+/// The outcome of checking one kind of signature.
+#[derive(Default)]
+struct Match {
+    /// Whether any signature of that kind decoded.
+    decoded: bool,
+    /// The index of the secret or key that signed.
+    index: Option<usize>,
+}
+
+impl StandardWebhooksVerifier {
+    /// Checks the `v1` signatures against every secret, in constant time.
+    fn match_v1(&self, signatures: &[&str], chunks: &[&[u8]]) -> Match {
+        let candidates: signature::Candidates = signatures
+            .iter()
+            .filter_map(|s| Encoding::Base64.decode_candidate(s))
+            .collect();
+        if candidates.is_empty() {
+            return Match::default();
+        }
+        let index =
+            signature::match_hmac(HmacAlgorithm::Sha256, &self.secrets, chunks, &candidates).ok();
+        Match {
+            decoded: true,
+            index,
+        }
+    }
+
+    /// Checks the `v1a` signatures against every public key.
+    fn match_v1a(&self, signatures: &[&str], chunks: &[&[u8]]) -> Match {
+        let signatures: Vec<Signature> = signatures
+            .iter()
+            .filter_map(|s| Encoding::Base64.decode(s))
+            .filter_map(|b| Signature::from_slice(&b).ok())
+            .collect();
+        let message = chunks.concat();
+        let index = self.public_keys.iter().position(|key| {
+            signatures
+                .iter()
+                .any(|sig| key.verify_strict(&message, sig).is_ok())
+        });
+        Match {
+            decoded: !signatures.is_empty(),
+            index,
+        }
+    }
+
+    /// The index of the secret or key that signed the usable `members`: `v1` first, `v1a` only
+    /// when no `v1` signature matched. Malformed only when none of them decoded.
+    fn match_signatures(
+        &self,
+        members: &Members<'_>,
+        chunks: &[&[u8]],
+        name: &'static str,
+    ) -> Result<usize, VerifyError> {
+        let mut decoded = false;
+        if !members.symmetric.is_empty() {
+            let v1 = self.match_v1(&members.symmetric, chunks);
+            decoded |= v1.decoded;
+            if let Some(index) = v1.index {
+                return Ok(index);
+            }
+        }
+        if !members.asymmetric.is_empty() {
+            let v1a = self.match_v1a(&members.asymmetric, chunks);
+            decoded |= v1a.decoded;
+            if let Some(index) = v1a.index {
+                return Ok(index);
+            }
+        }
+        Err(if decoded {
+            VerifyError::SignatureMismatch
+        } else {
+            VerifyError::MalformedHeader {
+                name,
+                reason: "signature is not base64",
+            }
+        })
+    }
+}
+
 impl Verifier for StandardWebhooksVerifier {
     fn provider(&self) -> &'static str {
         self.provider
@@ -208,93 +355,15 @@ impl Verifier for StandardWebhooksVerifier {
         let (names, value) = family(&parts.headers)?;
         let id = headers::required(&parts.headers, &names.id)?;
         let timestamp = headers::required(&parts.headers, &names.timestamp)?;
-        let (mut symmetric, mut asymmetric): (SmallVec<[&str; 2]>, SmallVec<[&str; 2]>) =
-            (SmallVec::new(), SmallVec::new());
-        let mut versioned = false;
-        for (count, member) in value.split_ascii_whitespace().enumerate() {
-            if count == MAX_SIGNATURES {
-                return Err(VerifyError::MalformedHeader {
-                    name: names.signature.as_str(),
-                    reason: "too many signatures",
-                });
-            }
-            // As the official libraries do: a member without `version,` is skipped, and parts
-            // after the signature (`v1,<sig>,extra`) are ignored.
-            let mut fields = member.split(',');
-            let (Some(version), Some(signature)) = (fields.next(), fields.next()) else {
-                continue;
-            };
-            versioned = true;
-            match version {
-                "v1" => symmetric.push(signature),
-                "v1a" => asymmetric.push(signature),
-                _ => {}
-            }
-        }
-        if !versioned {
-            return Err(VerifyError::MalformedHeader {
-                name: names.signature.as_str(),
-                reason: "signature without `version,` prefix",
-            });
-        }
-        if asymmetric.len() > MAX_ASYMMETRIC_SIGNATURES {
-            return Err(VerifyError::MalformedHeader {
-                name: names.signature.as_str(),
-                reason: "too many v1a signatures",
-            });
-        }
-        let usable_v1 = !symmetric.is_empty() && !self.secrets.is_empty();
-        let usable_v1a = !asymmetric.is_empty() && !self.public_keys.is_empty();
-        if !usable_v1 && !usable_v1a {
-            return Err(VerifyError::UnsupportedVersion {
-                name: names.signature.as_str(),
-            });
+        let name = names.signature.as_str();
+        let members = Members::parse(value, name)?.usable_by(self);
+        if members.is_empty() {
+            return Err(VerifyError::UnsupportedVersion { name });
         }
         let signed = timestamp::parse_unix(names.timestamp.as_str(), timestamp)?;
         let id = event_id::check_id(id.to_owned(), names.id.as_str())?;
         let chunks: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
-        let mut malformed = true;
-        let mut matched = None;
-        if usable_v1 {
-            let candidates: signature::Candidates = symmetric
-                .iter()
-                .filter_map(|s| Encoding::Base64.decode_candidate(s))
-                .collect();
-            malformed &= candidates.is_empty();
-            if !candidates.is_empty() {
-                matched = signature::match_hmac(
-                    HmacAlgorithm::Sha256,
-                    &self.secrets,
-                    &chunks,
-                    &candidates,
-                )
-                .ok();
-            }
-        }
-        if matched.is_none() && usable_v1a {
-            let signatures: Vec<Signature> = asymmetric
-                .iter()
-                .filter_map(|s| Encoding::Base64.decode(s))
-                .filter_map(|b| Signature::from_slice(&b).ok())
-                .collect();
-            malformed &= signatures.is_empty();
-            let message = chunks.concat();
-            matched = self.public_keys.iter().position(|key| {
-                signatures
-                    .iter()
-                    .any(|sig| key.verify_strict(&message, sig).is_ok())
-            });
-        }
-        let Some(index) = matched else {
-            return Err(if malformed {
-                VerifyError::MalformedHeader {
-                    name: names.signature.as_str(),
-                    reason: "signature is not base64",
-                }
-            } else {
-                VerifyError::SignatureMismatch
-            });
-        };
+        let index = self.match_signatures(&members, &chunks, name)?;
         timestamp::check_window(names.timestamp.as_str(), signed, now, self.tolerance)?;
         Ok(VerifiedWebhook::new(self.provider, id, body.clone())
             .with_signed_at(signed)

@@ -152,6 +152,74 @@ enum Signed<'a> {
     BodyHash(Vec<u8>),
 }
 
+impl<'a> Signed<'a> {
+    /// What the signature covers after the URL, refusing bodies no Twilio webhook sends.
+    fn classify(parts: &'a Parts, body: &'a [u8]) -> Result<Self, VerifyError> {
+        let query = parts.uri.query().unwrap_or_default();
+        if let Some(hash) = query_param(query, BODY_SHA256_PARAM) {
+            // A malformed hash cannot match the body; the signature check decides first.
+            return Ok(Self::BodyHash(
+                hex::decode(hash.as_bytes()).unwrap_or_default(),
+            ));
+        }
+        if parts.method == http::Method::GET {
+            if !body.is_empty() {
+                return Err(VerifyError::MalformedBody {
+                    reason: "a GET webhook has no body",
+                });
+            }
+            return Ok(Self::Nothing);
+        }
+        if is_form(parts) {
+            // Counted before anything is decoded: the separators bound the parameters.
+            if body.iter().filter(|&&b| b == b'&').count() >= MAX_FORM_PARAMS {
+                return Err(VerifyError::MalformedBody {
+                    reason: "more form parameters than a Twilio webhook has",
+                });
+            }
+            return Ok(Self::Form(sorted_params(body)));
+        }
+        if body.is_empty() {
+            return Ok(Self::Nothing);
+        }
+        Err(VerifyError::MalformedBody {
+            reason: "neither form-encoded nor covered by a bodySHA256 query parameter",
+        })
+    }
+}
+
+impl TwilioVerifier {
+    /// The index of the token that signed `chunks`, whose first chunk (the origin) this sets.
+    /// The port-less form is what Twilio usually signs: it is tried first, and the
+    /// explicit-port form only when it fails. Which form matched is not secret.
+    fn match_origins<'a>(
+        &'a self,
+        chunks: &mut [&'a [u8]],
+        candidates: &signature::Candidates,
+    ) -> Result<usize, VerifyError> {
+        let mut matched = Err(VerifyError::SignatureMismatch);
+        for origin in [&self.origin, &self.origin_with_port] {
+            chunks[0] = origin.as_bytes();
+            matched = signature::match_hmac(HmacAlgorithm::Sha1, &self.secrets, chunks, candidates);
+            if matched.is_ok() {
+                break;
+            }
+        }
+        matched
+    }
+
+    /// The key: the signed string in its port-less form (`rest` being what follows the
+    /// origin), whichever form matched.
+    fn key(&self, rest: &[&[u8]]) -> String {
+        let mut signed_string = Sha256::new();
+        signed_string.update(self.origin.as_bytes());
+        for chunk in rest {
+            signed_string.update(chunk);
+        }
+        format!("sha256:{}", hex::encode(signed_string.finalize()))
+    }
+}
+
 fn is_form(parts: &Parts) -> bool {
     parts
         .headers
@@ -206,35 +274,8 @@ impl Verifier for TwilioVerifier {
         }
         let value = headers::required(&parts.headers, SIGNATURE_HEADER)?;
         let candidates = signature::decode_all(SIGNATURE_HEADER, &[value], Encoding::Base64)?;
+        let signed = Signed::classify(parts, body)?;
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let query = parts.uri.query().unwrap_or_default();
-
-        let signed = if let Some(hash) = query_param(query, BODY_SHA256_PARAM) {
-            // A malformed hash cannot match the body; the signature check below decides first.
-            Signed::BodyHash(hex::decode(hash.as_bytes()).unwrap_or_default())
-        } else if parts.method == http::Method::GET {
-            if !body.is_empty() {
-                return Err(VerifyError::MalformedBody {
-                    reason: "a GET webhook has no body",
-                });
-            }
-            Signed::Nothing
-        } else if is_form(parts) {
-            // Counted before anything is decoded: the separators bound the parameters.
-            if body.iter().filter(|&&b| b == b'&').count() >= MAX_FORM_PARAMS {
-                return Err(VerifyError::MalformedBody {
-                    reason: "more form parameters than a Twilio webhook has",
-                });
-            }
-            Signed::Form(sorted_params(body))
-        } else if body.is_empty() {
-            Signed::Nothing
-        } else {
-            return Err(VerifyError::MalformedBody {
-                reason: "neither form-encoded nor covered by a bodySHA256 query parameter",
-            });
-        };
-
         let mut chunks: Vec<&[u8]> = vec![b"", self.prefix.as_bytes(), path_and_query.as_bytes()];
         if let Signed::Form(params) = &signed {
             chunks.reserve(params.len() * 2);
@@ -243,32 +284,14 @@ impl Verifier for TwilioVerifier {
                 chunks.push(value.as_bytes());
             }
         }
-        // The port-less form is what Twilio usually signs: try it first, and the explicit-port
-        // form only when it fails. Which form matched is not secret.
-        let mut matched = Err(VerifyError::SignatureMismatch);
-        for origin in [&self.origin, &self.origin_with_port] {
-            chunks[0] = origin.as_bytes();
-            matched =
-                signature::match_hmac(HmacAlgorithm::Sha1, &self.secrets, &chunks, &candidates);
-            if matched.is_ok() {
-                break;
-            }
-        }
-        let index = matched?;
-
+        let index = self.match_origins(&mut chunks, &candidates)?;
         if let Signed::BodyHash(expected) = &signed {
             let actual = Sha256::digest(body);
             if !bool::from(actual.as_slice().ct_eq(expected.as_slice())) {
                 return Err(VerifyError::SignatureMismatch);
             }
         }
-        // The key: the signed string in its port-less form, whichever form matched.
-        let mut signed_string = Sha256::new();
-        signed_string.update(self.origin.as_bytes());
-        for chunk in &chunks[1..] {
-            signed_string.update(chunk);
-        }
-        let id = format!("sha256:{}", hex::encode(signed_string.finalize()));
+        let id = self.key(&chunks[1..]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
 }
