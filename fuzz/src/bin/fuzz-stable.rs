@@ -99,53 +99,79 @@ fn input(rng: &mut ChaCha8Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
     }
 }
 
-fn main() {
-    let mut seconds = 10u64;
-    let mut iterations = None;
-    let mut seed = std::env::var("SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok());
-    let mut only = Vec::new();
+/// What the command line asks for.
+struct Options {
+    seconds: u64,
+    iterations: Option<u64>,
+    seed: Option<u64>,
+    /// The targets to run; all when empty.
+    only: Vec<String>,
+}
+
+/// Parses the command line; `None` when it asked for `--write-corpus` or `--list`, which are
+/// done by then.
+fn options() -> Option<Options> {
+    let mut options = Options {
+        seconds: 10,
+        iterations: None,
+        seed: std::env::var("SEED")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok()),
+        only: Vec::new(),
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seconds" => {
-                seconds = args
+                options.seconds = args
                     .next()
                     .and_then(|s| s.parse().ok())
                     .expect("--seconds N")
             }
-            "--seed" => seed = Some(args.next().and_then(|s| s.parse().ok()).expect("--seed S")),
+            "--seed" => {
+                options.seed = Some(args.next().and_then(|s| s.parse().ok()).expect("--seed S"))
+            }
             "--iterations" => {
-                iterations = Some(
+                options.iterations = Some(
                     args.next()
                         .and_then(|s| s.parse::<u64>().ok())
                         .expect("--iterations N"),
                 )
             }
             "--write-corpus" => {
-                // Seed inputs for libFuzzer: fuzz/corpus/<target>/seed-<n>.
-                for (name, _, seeds) in TARGETS {
-                    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                        .join("corpus")
-                        .join(name);
-                    std::fs::create_dir_all(&dir).expect("create corpus dir");
-                    for (i, seed) in seeds().iter().enumerate() {
-                        std::fs::write(dir.join(format!("seed-{i}")), seed).expect("write seed");
-                    }
-                }
-                return;
+                write_corpus();
+                return None;
             }
             "--list" => {
                 for (name, _, _) in TARGETS {
                     println!("{name}");
                 }
-                return;
+                return None;
             }
-            name => only.push(name.to_owned()),
+            name => options.only.push(name.to_owned()),
         }
     }
-    let seed = seed.unwrap_or_else(|| {
+    Some(options)
+}
+
+/// Seed inputs for libFuzzer: fuzz/corpus/<target>/seed-<n>.
+fn write_corpus() {
+    for (name, _, seeds) in TARGETS {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("corpus")
+            .join(name);
+        std::fs::create_dir_all(&dir).expect("create corpus dir");
+        for (i, seed) in seeds().iter().enumerate() {
+            std::fs::write(dir.join(format!("seed-{i}")), seed).expect("write seed");
+        }
+    }
+}
+
+fn main() {
+    let Some(options) = options() else {
+        return;
+    };
+    let seed = options.seed.unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
@@ -157,48 +183,91 @@ fn main() {
         eprintln!("{info}");
         let _ = &default_hook;
     }));
-    let mut failed = false;
     for (index, (name, target, seeds)) in TARGETS.iter().enumerate() {
-        if !only.is_empty() && !only.iter().any(|o| o == name) {
+        if !options.only.is_empty() && !options.only.iter().any(|o| o == name) {
             continue;
         }
-        let mut rng =
+        let rng =
             ChaCha8Rng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let corpus = seeds();
-        let deadline = Instant::now() + Duration::from_secs(seconds);
-        let mut runs = 0u64;
-        let mut bytes_total = 0u64;
+        let run = Run {
+            name,
+            seed,
+            rng,
+            corpus: seeds(),
+            runs: 0,
+            bytes_total: 0,
+        };
+        if !run.until(&options, *target) {
+            std::process::exit(1);
+        }
+    }
+}
+
+/// One target's run: its generator, its seed inputs and what it has done so far.
+struct Run<'a> {
+    name: &'a str,
+    seed: u64,
+    rng: ChaCha8Rng,
+    corpus: Vec<Vec<u8>>,
+    runs: u64,
+    bytes_total: u64,
+}
+
+impl Run<'_> {
+    /// Runs `target` for the options' time or iterations, or until it fails, then prints the
+    /// run's line; whether it passed.
+    fn until(mut self, options: &Options, target: fn(&[u8])) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(options.seconds);
+        let mut passed = true;
         loop {
-            if let Some(limit) = iterations {
-                if runs >= limit {
+            if let Some(limit) = options.iterations {
+                if self.runs >= limit {
                     break;
                 }
-            } else if runs.is_multiple_of(64) && Instant::now() >= deadline {
+            } else if self.runs.is_multiple_of(64) && Instant::now() >= deadline {
                 break;
             }
-            // Seeds first, unmutated, so the deep paths are known to be reached.
-            let data = match corpus.get(runs as usize) {
-                Some(seed_input) => seed_input.clone(),
-                None => input(&mut rng, &corpus),
-            };
-            bytes_total += data.len() as u64;
-            runs += 1;
+            let data = self.next_input();
             if panic::catch_unwind(AssertUnwindSafe(|| target(&data))).is_err() {
-                let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("artifacts")
-                    .join(name);
-                let _ = std::fs::create_dir_all(&dir);
-                let path = dir.join(format!("crash-{seed}-{runs}"));
-                let _ = std::fs::write(&path, &data);
-                eprintln!(
-                    "fuzz-stable: {name} FAILED on run {runs}; input saved to {} (hex {})",
-                    path.display(),
-                    hex(&data)
-                );
-                failed = true;
+                self.save_crash(&data);
+                passed = false;
                 break;
             }
         }
+        self.report(passed);
+        passed
+    }
+
+    /// The seeds first, unmutated, so the deep paths are known to be reached; then generated
+    /// inputs.
+    fn next_input(&mut self) -> Vec<u8> {
+        let data = match self.corpus.get(self.runs as usize) {
+            Some(seed_input) => seed_input.clone(),
+            None => input(&mut self.rng, &self.corpus),
+        };
+        self.bytes_total += data.len() as u64;
+        self.runs += 1;
+        data
+    }
+
+    /// Writes the failing input to fuzz/artifacts/<target>/ and prints its hex.
+    fn save_crash(&self, data: &[u8]) {
+        let (name, seed, runs) = (self.name, self.seed, self.runs);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("artifacts")
+            .join(name);
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(format!("crash-{seed}-{runs}"));
+        let _ = std::fs::write(&path, data);
+        eprintln!(
+            "fuzz-stable: {name} FAILED on run {runs}; input saved to {} (hex {})",
+            path.display(),
+            hex(data)
+        );
+    }
+
+    /// The run's line: runs, bytes and how deep the outcomes went.
+    fn report(&self, passed: bool) {
         let [accepted, refused, success, replayed, problems] = stats::take();
         let detail = if success + problems > 0 {
             format!("answers: {success} 2xx ({replayed} replayed), {problems} problems")
@@ -208,16 +277,11 @@ fn main() {
             String::new()
         };
         println!(
-            "fuzz-stable: {name:<20} {runs:>9} runs, {:>6} KiB, ok={} {detail}",
-            bytes_total / 1024,
-            !failed
+            "fuzz-stable: {:<20} {:>9} runs, {:>6} KiB, ok={passed} {detail}",
+            self.name,
+            self.runs,
+            self.bytes_total / 1024,
         );
-        if failed {
-            break;
-        }
-    }
-    if failed {
-        std::process::exit(1);
     }
 }
 
