@@ -1,0 +1,181 @@
+//! The cases: each starts its own [`EffectsServer`] and checks the rows it leaves.
+
+use axum::http::StatusCode;
+use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+
+use super::{fresh_key, layer, problem_type, server::send, EffectsDb, EffectsServer, Fixture};
+
+/// Over real HTTP: 10 rounds of 25 concurrent identical requests (one key per round) leave
+/// exactly one row per key in the handler's table and one handler execution per round; every
+/// answer is `201` or `409`, and a later request replays the row's own `amount`.
+pub async fn concurrent_rounds_write_one_row_per_key<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/effects", server.base);
+    for round in 0..10 {
+        let key = fresh_key(&format!("round{round}"));
+        let before = server.executions();
+        let requests = (0..25).map(|_| {
+            let (client, url, key) = (client.clone(), url.clone(), key.clone());
+            tokio::spawn(async move { send(&client, &url, &key, "ok").await })
+        });
+        let mut firsts = Vec::new();
+        for answer in futures_util::future::join_all(requests).await {
+            let (status, replayed, body) = answer.expect("task");
+            match status {
+                StatusCode::CREATED if !replayed => firsts.push(body),
+                StatusCode::CREATED | StatusCode::CONFLICT => {}
+                other => panic!("unexpected {other}: {body}"),
+            }
+        }
+        assert!(firsts.len() <= 1, "two first answers: {firsts:?}");
+        assert_eq!(server.executions() - before, 1, "one execution per round");
+        assert_eq!(server.rows(&key).await, 1, "one row per key");
+        let (status, replayed, body) = send(&client, &url, &key, "ok").await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, true));
+        let amount = before + 1;
+        assert_eq!(body, format!("{{\"amount\":{amount}}}"));
+        if let Some(first) = firsts.first() {
+            assert_eq!(&body, first);
+        }
+    }
+    server.finish().await;
+}
+
+/// A handler that wrote and then answers `400` (released by the default policy), panics, or whose
+/// inner service fails leaves no row, and its key is released: a retry runs the handler and
+/// writes exactly one row.
+pub async fn released_answers_write_nothing<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let cases = [
+        ("/effects", "reject", StatusCode::BAD_REQUEST),
+        ("/effects", "panic", StatusCode::INTERNAL_SERVER_ERROR),
+        ("/effects-error", "ok", StatusCode::BAD_GATEWAY),
+    ];
+    for (path, mode, expected) in cases {
+        let key = fresh_key(mode);
+        let before = server.executions();
+        let (status, _, body) = server.post(path, &key, mode).await;
+        assert_eq!(status, expected, "{path} {mode}: {body}");
+        if path == "/effects" {
+            assert_eq!(server.executions() - before, 1, "{mode}: the handler ran");
+        }
+        assert_eq!(server.rows(&key).await, 0, "{path} {mode}: nothing written");
+        let (status, replayed, _) = server.post("/effects", &key, "ok").await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::CREATED, false),
+            "{mode}: the key was released, a retry runs"
+        );
+        assert_eq!(server.rows(&key).await, 1, "{mode}: the retry wrote once");
+    }
+    server.finish().await;
+}
+
+/// `CacheDirective::Complete` on a `402` commits the handler's writes with the completion; the
+/// `402` is replayed and nothing is written again.
+pub async fn directive_commits_a_non_2xx<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("decline");
+    let (status, replayed, first) = server.post("/effects", &key, "decline").await;
+    assert_eq!((status, replayed), (StatusCode::PAYMENT_REQUIRED, false));
+    assert_eq!(server.rows(&key).await, 1);
+    let (status, replayed, again) = server.post("/effects", &key, "decline").await;
+    assert_eq!((status, replayed), (StatusCode::PAYMENT_REQUIRED, true));
+    assert_eq!(again, first);
+    assert_eq!(server.rows(&key).await, 1);
+    assert_eq!(server.executions(), 1);
+    server.finish().await;
+}
+
+/// A `COMMIT` that fails (a deferred foreign key) is answered `503 commit-failed`, writes
+/// nothing, and releases the key: a retry runs and writes once.
+pub async fn failed_commit_writes_nothing<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("orphan");
+    let (status, _, body) = server.post("/effects", &key, "orphan").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        problem_type(&body),
+        "urn:tower-idempotency:problem:commit-failed"
+    );
+    assert_eq!(server.rows(&key).await, 0);
+    let (status, replayed, _) = server.post("/effects", &key, "ok").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(server.rows(&key).await, 1);
+    server.finish().await;
+}
+
+/// A handler taking [`IdempotentTx`](crate::IdempotentTx) behind a layer that is not transactional is answered with a
+/// `500 transaction-unavailable` problem naming the misconfiguration, before it writes; and
+/// `try_transactional` refuses a store without transactions.
+pub async fn misconfiguration_is_refused<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("misconfigured");
+    let (status, _, body) = server.post("/misconfigured", &key, "ok").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(
+        problem_type(&body),
+        "urn:tower-idempotency:problem:transaction-unavailable"
+    );
+    assert!(body.contains(".transactional()"), "{body}");
+    assert_eq!(server.executions(), 0, "the handler never ran");
+    assert_eq!(server.rows(&key).await, 0);
+    assert!(IdempotencyLayer::client_keys(MemoryStore::new())
+        .try_transactional()
+        .is_err());
+    server.finish().await;
+}
+
+/// A duplicate that arrives while the first request's transaction is open waits for no lock
+/// on its claim, and after the commit is answered with the replay; one row in all.
+/// (Postgres-like stores only: on SQLite a claim waits for the open transaction's write lock.)
+pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("hold");
+    let first = {
+        let (url, key) = (format!("{}/effects", server.base), key.clone());
+        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await })
+    };
+    server.entered().await;
+    let (status, _, body) = server.post("/effects", &key, "hold").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    server.open_gate();
+    let (status, replayed, body) = first.await.expect("task");
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");
+    let (status, replayed, again) = server.post("/effects", &key, "hold").await;
+    assert_eq!((status, replayed, again), (StatusCode::CREATED, true, body));
+    assert_eq!(server.rows(&key).await, 1);
+    server.finish().await;
+}
+
+/// A caller that disconnects while its handler holds the transaction does not cancel it: the
+/// handler finishes on a task of its own and commits once; the retry replays its result.
+pub async fn caller_disconnect_still_commits_once<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("disconnect");
+    let caller = {
+        let (url, key) = (format!("{}/effects", server.base), key.clone());
+        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await })
+    };
+    server.entered().await;
+    caller.abort();
+    assert!(caller.await.is_err(), "the caller went away");
+    server.open_gate();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, replayed, _) = loop {
+        let answer = server.post("/effects", &key, "ok").await;
+        if answer.0 != StatusCode::CONFLICT {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the detached handler never committed"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(server.rows(&key).await, 1);
+    assert_eq!(server.executions(), 1);
+    server.finish().await;
+}

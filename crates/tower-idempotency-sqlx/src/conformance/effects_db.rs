@@ -1,0 +1,152 @@
+//! The effects table's SQL on each database.
+
+use sqlx::{Database, Pool};
+
+use crate::backend::BoxFuture;
+
+/// The SQL the suite runs for one database: the effects table's DDL, its insert and its count.
+/// Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`].
+pub trait EffectsDb: Database {
+    /// Creates `table` (`idempotency_key`, `amount`, and a nullable `parent` with a deferred
+    /// foreign key to `{table}_parents`, which lets a case make `COMMIT` fail).
+    fn create<'a>(pool: &'a Pool<Self>, table: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// Drops `table` and `{table}_parents`.
+    fn drop_table<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// Inserts one row on the handler's connection.
+    fn insert<'a>(
+        conn: &'a mut Self::Connection,
+        table: &'a str,
+        key: &'a str,
+        amount: i64,
+        parent: Option<i64>,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    /// The rows of `table` for `key`.
+    fn count<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
+}
+
+/// The effects table's SQL in one database's dialect.
+struct Dialect {
+    /// The integer column type.
+    int: &'static str,
+    /// The text column type.
+    text: &'static str,
+    /// The first three bind parameters.
+    params: [&'static str; 3],
+    /// Whether one `DROP TABLE` may name both tables.
+    drops_several: bool,
+}
+
+impl Dialect {
+    fn create(&self, table: &str) -> String {
+        let Self { int, text, .. } = self;
+        format!(
+            r#"CREATE TABLE "{table}_parents" (id {int} PRIMARY KEY);
+CREATE TABLE "{table}" (idempotency_key {text} NOT NULL, amount {int} NOT NULL,
+    parent {int} REFERENCES "{table}_parents" (id) DEFERRABLE INITIALLY DEFERRED);"#
+        )
+    }
+
+    fn drop_table(&self, table: &str) -> String {
+        if self.drops_several {
+            format!(r#"DROP TABLE IF EXISTS "{table}", "{table}_parents""#)
+        } else {
+            format!(r#"DROP TABLE IF EXISTS "{table}"; DROP TABLE IF EXISTS "{table}_parents";"#)
+        }
+    }
+
+    fn insert(&self, table: &str) -> String {
+        let [key, amount, parent] = self.params;
+        format!(
+            r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES ({key}, {amount}, {parent})"#
+        )
+    }
+
+    fn count(&self, table: &str) -> String {
+        let key = self.params[0];
+        format!(r#"SELECT count(*) FROM "{table}" WHERE idempotency_key = {key}"#)
+    }
+}
+
+/// The typed calls, the same for each database; the SQL comes from its [`Dialect`].
+macro_rules! effects_db {
+    ($db:ty, $feature:literal, $dialect:ident) => {
+        #[cfg(feature = $feature)]
+        impl EffectsDb for $db {
+            fn create<'a>(
+                pool: &'a Pool<Self>,
+                table: &'a str,
+            ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    let sql = $dialect.create(table);
+                    sqlx::raw_sql(&sql).execute(pool).await.map(drop)
+                })
+            }
+
+            fn drop_table<'a>(
+                pool: &'a Pool<Self>,
+                table: &'a str,
+            ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    let sql = $dialect.drop_table(table);
+                    sqlx::raw_sql(&sql).execute(pool).await.map(drop)
+                })
+            }
+
+            fn insert<'a>(
+                conn: &'a mut Self::Connection,
+                table: &'a str,
+                key: &'a str,
+                amount: i64,
+                parent: Option<i64>,
+            ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+                Box::pin(async move {
+                    let sql = $dialect.insert(table);
+                    sqlx::query(&sql)
+                        .bind(key)
+                        .bind(amount)
+                        .bind(parent)
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            }
+
+            fn count<'a>(
+                pool: &'a Pool<Self>,
+                table: &'a str,
+                key: &'a str,
+            ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+                Box::pin(async move {
+                    let sql = $dialect.count(table);
+                    sqlx::query_scalar(&sql).bind(key).fetch_one(pool).await
+                })
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+const POSTGRES: Dialect = Dialect {
+    int: "bigint",
+    text: "text",
+    params: ["$1", "$2", "$3"],
+    drops_several: true,
+};
+
+#[cfg(feature = "sqlite")]
+const SQLITE: Dialect = Dialect {
+    int: "INTEGER",
+    text: "TEXT",
+    params: ["?1", "?2", "?3"],
+    drops_several: false,
+};
+
+effects_db!(sqlx::Postgres, "postgres", POSTGRES);
+effects_db!(sqlx::Sqlite, "sqlite", SQLITE);
