@@ -113,6 +113,34 @@ enum Kind {
     ReusedKey,
 }
 
+/// One worker's loop: its own generator, and the shared tally.
+struct Worker {
+    id: u64,
+    client: reqwest::Client,
+    base: String,
+    secret: String,
+    tally: Arc<Mutex<Tally>>,
+    phase: Phase,
+    rng: Rng,
+    /// Requests this worker has begun, for its keys' names.
+    n: u64,
+}
+
+/// A request to send, the `<route>:<key>` it executes (none for bad input) and the statuses
+/// that may answer it.
+struct Planned {
+    request: reqwest::RequestBuilder,
+    valid_key: Option<String>,
+    expect: &'static [u16],
+}
+
+/// Keeps the first 20 surprises: enough to diagnose, bounded in memory.
+fn note(t: &mut Tally, unexpected: impl FnOnce() -> String) {
+    if t.unexpected.len() < 20 {
+        t.unexpected.push(unexpected());
+    }
+}
+
 async fn worker(
     id: u64,
     client: reqwest::Client,
@@ -124,46 +152,75 @@ async fn worker(
 ) {
     let flat = phase == Phase::Flat;
     let seed = (id + 1 + if flat { WORKERS as u64 } else { 0 }).wrapping_mul(0x2545_f491_4f6c_dd1d);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed);
-    let mut n = 0u64;
+    let mut worker = Worker {
+        id,
+        client,
+        base,
+        secret,
+        tally,
+        phase,
+        rng: Rng(0x9e37_79b9_7f4a_7c15 ^ seed),
+        n: 0,
+    };
     while Instant::now() < deadline {
-        {
-            let mut t = tally.lock().unwrap();
-            if t.requests >= MAX_REQUESTS {
-                return;
-            }
-            t.requests += 1;
-            if flat {
-                t.flat_requests += 1;
-            }
+        if !worker.count_request() {
+            return;
         }
-        n += 1;
-        if !flat && rng.below(100) < 5 {
-            // Three identical requests with a new key at once: one runs, the others wait or replay.
-            let key = format!("soak-burst-{id}-{n}");
-            let send = || {
-                client
-                    .post(format!("{base}/orders"))
-                    .header("idempotency-key", &key)
-                    .body(format!("{{\"sku\":\"{key}\"}}"))
-                    .send()
-            };
-            let answers = futures_util::future::join_all([send(), send(), send()]).await;
-            let mut t = tally.lock().unwrap();
-            t.requests += 2;
-            for answer in answers {
-                let status = answer.map(|r| r.status().as_u16()).unwrap_or(0);
-                *t.by_status.entry(status).or_default() += 1;
-                if ![201, 409].contains(&status) && t.unexpected.len() < 20 {
-                    t.unexpected.push(format!("burst status {status}"));
-                }
-                if status == 201 && t.accepted.insert(format!("orders:{key}")) {
-                    t.orders.push(key.clone());
-                }
-            }
+        worker.n += 1;
+        if !flat && worker.rng.below(100) < 5 {
+            worker.burst().await;
             continue;
         }
-        let kind = match (phase, rng.below(100)) {
+        let kind = worker.kind();
+        let Some(planned) = worker.plan(kind) else {
+            continue;
+        };
+        if let Some((status, replayed)) = worker.send(planned.request).await {
+            worker.record(planned.valid_key, planned.expect, status, replayed);
+        }
+    }
+}
+
+impl Worker {
+    fn flat(&self) -> bool {
+        self.phase == Phase::Flat
+    }
+
+    /// Counts the request about to begin; `false` once `MAX_REQUESTS` are reached.
+    fn count_request(&self) -> bool {
+        let mut t = self.tally.lock().unwrap();
+        if t.requests >= MAX_REQUESTS {
+            return false;
+        }
+        t.requests += 1;
+        if self.flat() {
+            t.flat_requests += 1;
+        }
+        true
+    }
+
+    /// Three identical requests with a new key at once: one runs, the others wait or replay.
+    async fn burst(&self) {
+        let key = format!("soak-burst-{}-{}", self.id, self.n);
+        let send = || self.order(&key, format!("{{\"sku\":\"{key}\"}}")).send();
+        let answers = futures_util::future::join_all([send(), send(), send()]).await;
+        let mut t = self.tally.lock().unwrap();
+        t.requests += 2;
+        for answer in answers {
+            let status = answer.map(|r| r.status().as_u16()).unwrap_or(0);
+            *t.by_status.entry(status).or_default() += 1;
+            if ![201, 409].contains(&status) {
+                note(&mut t, || format!("burst status {status}"));
+            }
+            if status == 201 && t.accepted.insert(format!("orders:{key}")) {
+                t.orders.push(key.clone());
+            }
+        }
+    }
+
+    /// The traffic mix of the phase.
+    fn kind(&mut self) -> Kind {
+        match (self.phase, self.rng.below(100)) {
             (Phase::Mixed, 0..=29) => Kind::NewOrder,
             (Phase::Mixed, 30..=54) => Kind::DuplicateOrder,
             (Phase::Mixed, 55..=64) => Kind::NewEvent,
@@ -177,82 +234,93 @@ async fn worker(
             (Phase::Flat, 75..=82) => Kind::MissingKey,
             (Phase::Flat, 83..=90) => Kind::InvalidKey,
             _ => Kind::ReusedKey,
+        }
+    }
+
+    /// A key answered before, from the orders' or the events' pool.
+    fn pick(&mut self, events: bool) -> Option<String> {
+        let t = self.tally.lock().unwrap();
+        let list = if events { &t.events } else { &t.orders };
+        (!list.is_empty()).then(|| list[self.rng.below(list.len() as u64) as usize].clone())
+    }
+
+    /// `POST /orders` with `key` and `body`.
+    fn order(&self, key: &str, body: String) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}/orders", self.base))
+            .header("idempotency-key", key)
+            .body(body)
+    }
+
+    /// A Stripe delivery of `body` signed with `secret`.
+    fn event(&self, secret: &str, body: String) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}/webhooks/stripe", self.base))
+            .header("stripe-signature", stripe_signature(secret, &body))
+            .body(body)
+    }
+
+    /// The request of `kind`; `None` when it needs an answered key and there is none yet (in
+    /// the flat phase, a new key is never sent).
+    fn plan(&mut self, kind: Kind) -> Option<Planned> {
+        let (flat, id, n) = (self.flat(), self.id, self.n);
+        let planned = |request, valid_key, expect| Planned {
+            request,
+            valid_key,
+            expect,
         };
-        let pick = |list: &Vec<String>, rng: &mut Rng| {
-            (!list.is_empty()).then(|| list[rng.below(list.len() as u64) as usize].clone())
-        };
-        let (request, valid_key, expect): (reqwest::RequestBuilder, Option<String>, &[u16]) =
-            match kind {
-                Kind::NewOrder | Kind::DuplicateOrder => {
-                    let existing = match kind {
-                        Kind::DuplicateOrder => pick(&tally.lock().unwrap().orders, &mut rng),
-                        _ => None,
-                    };
-                    // New keys join the duplicate pool only once answered, so that a "reused"
-                    // request never races ahead of its key's first request.
-                    if flat && existing.is_none() {
-                        continue;
-                    }
-                    let key = existing.unwrap_or_else(|| format!("soak-{id}-{n}"));
-                    let request = client
-                        .post(format!("{base}/orders"))
-                        .header("idempotency-key", &key)
-                        .body(format!("{{\"sku\":\"{key}\"}}"));
-                    let expect: &[u16] = if flat { &[201] } else { &[201, 409] };
-                    (request, Some(format!("orders:{key}")), expect)
+        Some(match kind {
+            Kind::NewOrder | Kind::DuplicateOrder => {
+                // New keys join the duplicate pool only once answered, so that a "reused"
+                // request never races ahead of its key's first request.
+                let existing = match kind {
+                    Kind::DuplicateOrder => self.pick(false),
+                    _ => None,
+                };
+                if flat && existing.is_none() {
+                    return None;
                 }
-                Kind::NewEvent | Kind::DuplicateEvent => {
-                    let existing = match kind {
-                        Kind::DuplicateEvent => pick(&tally.lock().unwrap().events, &mut rng),
-                        _ => None,
-                    };
-                    if flat && existing.is_none() {
-                        continue;
-                    }
-                    let event = existing.unwrap_or_else(|| format!("evt_soak_{id}_{n}"));
-                    let body = format!(r#"{{"id":"{event}","object":"event","type":"soak"}}"#);
-                    let request = client
-                        .post(format!("{base}/webhooks/stripe"))
-                        .header("stripe-signature", stripe_signature(&secret, &body))
-                        .body(body);
-                    let expect: &[u16] = if flat { &[200] } else { &[200, 409] };
-                    (request, Some(format!("stripe:{event}")), expect)
+                let key = existing.unwrap_or_else(|| format!("soak-{id}-{n}"));
+                let request = self.order(&key, format!("{{\"sku\":\"{key}\"}}"));
+                let expect: &[u16] = if flat { &[201] } else { &[201, 409] };
+                planned(request, Some(format!("orders:{key}")), expect)
+            }
+            Kind::NewEvent | Kind::DuplicateEvent => {
+                let existing = match kind {
+                    Kind::DuplicateEvent => self.pick(true),
+                    _ => None,
+                };
+                if flat && existing.is_none() {
+                    return None;
                 }
-                Kind::ForgedEvent => {
-                    let body = format!(r#"{{"id":"evt_forged_{id}_{n}","type":"soak"}}"#);
-                    let request = client
-                        .post(format!("{base}/webhooks/stripe"))
-                        .header("stripe-signature", stripe_signature("whsec_wrong", &body))
-                        .body(body);
-                    (request, None, &[401])
-                }
-                Kind::MissingKey => (
-                    client.post(format!("{base}/orders")).body("{}"),
-                    None,
-                    &[400],
-                ),
-                Kind::InvalidKey => (
-                    client
-                        .post(format!("{base}/orders"))
-                        .header("idempotency-key", "has a space")
-                        .body("{}"),
-                    None,
-                    &[400],
-                ),
-                Kind::ReusedKey => match pick(&tally.lock().unwrap().orders, &mut rng) {
-                    // Same key, another body: 422 once completed, 409/422 while running.
-                    Some(key) => (
-                        client
-                            .post(format!("{base}/orders"))
-                            .header("idempotency-key", key)
-                            .body("{\"sku\":\"something else\"}"),
-                        None,
-                        if flat { &[422] } else { &[422, 409] },
-                    ),
-                    None => continue,
-                },
-            };
-        let (status, replayed) = match request.send().await {
+                let event = existing.unwrap_or_else(|| format!("evt_soak_{id}_{n}"));
+                let body = format!(r#"{{"id":"{event}","object":"event","type":"soak"}}"#);
+                let request = self.event(&self.secret, body);
+                let expect: &[u16] = if flat { &[200] } else { &[200, 409] };
+                planned(request, Some(format!("stripe:{event}")), expect)
+            }
+            Kind::ForgedEvent => {
+                let body = format!(r#"{{"id":"evt_forged_{id}_{n}","type":"soak"}}"#);
+                planned(self.event("whsec_wrong", body), None, &[401])
+            }
+            Kind::MissingKey => {
+                let request = self.client.post(format!("{}/orders", self.base));
+                planned(request.body("{}"), None, &[400])
+            }
+            Kind::InvalidKey => planned(self.order("has a space", "{}".into()), None, &[400]),
+            // Same key, another body: 422 once completed, 409/422 while running.
+            Kind::ReusedKey => {
+                let key = self.pick(false)?;
+                let request = self.order(&key, "{\"sku\":\"something else\"}".into());
+                planned(request, None, if flat { &[422] } else { &[422, 409] })
+            }
+        })
+    }
+
+    /// Sends the request: its status and whether it was a replay; `None` (noted) on a transport
+    /// error.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Option<(u16, bool)> {
+        match request.send().await {
             Ok(response) => {
                 let status = response.status().as_u16();
                 let replayed = response
@@ -260,32 +328,37 @@ async fn worker(
                     .get("idempotent-replayed")
                     .is_some_and(|v| v == "true");
                 let _ = response.bytes().await;
-                (status, replayed)
+                Some((status, replayed))
             }
             Err(error) => {
-                let mut t = tally.lock().unwrap();
-                if t.unexpected.len() < 20 {
-                    t.unexpected.push(format!("transport error: {error}"));
-                }
-                continue;
+                note(&mut self.tally.lock().unwrap(), || {
+                    format!("transport error: {error}")
+                });
+                None
             }
-        };
-        let mut t = tally.lock().unwrap();
+        }
+    }
+
+    /// Tallies the answer; an answered valid key joins the duplicate pools.
+    fn record(&self, valid_key: Option<String>, expect: &[u16], status: u16, replayed: bool) {
+        let flat = self.flat();
+        let mut t = self.tally.lock().unwrap();
         let by_status = if flat {
             &mut t.flat_by_status
         } else {
             &mut t.by_status
         };
         *by_status.entry(status).or_default() += 1;
-        if !expect.contains(&status) && t.unexpected.len() < 20 {
-            t.unexpected.push(format!("status {status}"));
+        if !expect.contains(&status) {
+            note(&mut t, || format!("status {status}"));
         }
         if flat && valid_key.is_some() {
             if replayed {
                 t.flat_replays += 1;
-            } else if t.unexpected.len() < 20 {
-                t.unexpected
-                    .push(format!("flat phase: status {status} without replay"));
+            } else {
+                note(&mut t, || {
+                    format!("flat phase: status {status} without replay")
+                });
             }
         }
         if let (Some(key), true) = (valid_key, (200..300).contains(&status)) {
@@ -367,36 +440,7 @@ async fn run(
     println!("phase mixed");
     run_phase(Phase::Mixed, seconds, &client, &base, &secret, &tally).await?;
     let after_mixed = effects(&client, &base).await?;
-
-    let (mut summary, mut ok) = {
-        let t = tally.lock().unwrap();
-        let executions: u64 = after_mixed.values().sum();
-        let twice = after_mixed.values().filter(|&&n| n > 1).count();
-        let unknown = after_mixed
-            .keys()
-            .filter(|k| !t.accepted.contains(*k))
-            .count();
-        let server_errors = server_errors(&t.by_status);
-        let summary = format!(
-            "requests={} unique_valid_keys={} executions={} keys_run_twice={} \
-             unexpected_effects={} 5xx={} unexpected_answers={} statuses={:?}",
-            t.requests,
-            t.accepted.len(),
-            executions,
-            twice,
-            unknown,
-            server_errors,
-            t.unexpected.len(),
-            sorted(&t.by_status)
-        );
-        let ok = executions == t.accepted.len() as u64
-            && twice == 0
-            && unknown == 0
-            && server_errors == 0
-            && t.unexpected.is_empty();
-        (summary, ok)
-    };
-
+    let (mut summary, mut ok) = check_mixed(&tally.lock().unwrap(), &after_mixed);
     if flat_seconds > 0 {
         {
             let t = tally.lock().unwrap();
@@ -408,22 +452,12 @@ async fn run(
         run_phase(Phase::Flat, flat_seconds, &client, &base, &secret, &tally).await?;
         println!("phase done");
         let after_flat = effects(&client, &base).await?;
-        let t = tally.lock().unwrap();
-        let added = after_flat.values().sum::<u64>() - after_mixed.values().sum::<u64>();
-        let changed = after_flat != after_mixed;
-        let server_errors = server_errors(&t.flat_by_status);
-        summary = format!(
-            "{summary} | flat: requests={} replays={} executions_added={added} \
-             effects_changed={changed} 5xx={server_errors} statuses={:?}",
-            t.flat_requests,
-            t.flat_replays,
-            sorted(&t.flat_by_status)
-        );
-        ok &= !changed && server_errors == 0 && t.unexpected.is_empty();
+        let (flat_summary, flat_ok) = check_flat(&tally.lock().unwrap(), &after_mixed, &after_flat);
+        summary = format!("{summary} | {flat_summary}");
+        ok &= flat_ok;
     } else {
         println!("phase done");
     }
-
     let t = tally.lock().unwrap();
     if ok {
         Ok(summary)
@@ -433,6 +467,59 @@ async fn run(
             t.unexpected.first()
         ))
     }
+}
+
+/// The mixed phase's summary, and whether every answered valid key ran exactly once with no
+/// `5xx` and nothing unexpected.
+fn check_mixed(t: &Tally, after_mixed: &HashMap<String, u64>) -> (String, bool) {
+    let executions: u64 = after_mixed.values().sum();
+    let twice = after_mixed.values().filter(|&&n| n > 1).count();
+    let unknown = after_mixed
+        .keys()
+        .filter(|k| !t.accepted.contains(*k))
+        .count();
+    let server_errors = server_errors(&t.by_status);
+    let summary = format!(
+        "requests={} unique_valid_keys={} executions={} keys_run_twice={} \
+         unexpected_effects={} 5xx={} unexpected_answers={} statuses={:?}",
+        t.requests,
+        t.accepted.len(),
+        executions,
+        twice,
+        unknown,
+        server_errors,
+        t.unexpected.len(),
+        sorted(&t.by_status)
+    );
+    let ok = executions == t.accepted.len() as u64
+        && twice == 0
+        && unknown == 0
+        && server_errors == 0
+        && t.unexpected.is_empty();
+    (summary, ok)
+}
+
+/// The flat phase's summary, and whether it executed nothing, with no `5xx` and nothing
+/// unexpected.
+fn check_flat(
+    t: &Tally,
+    after_mixed: &HashMap<String, u64>,
+    after_flat: &HashMap<String, u64>,
+) -> (String, bool) {
+    let added = after_flat.values().sum::<u64>() - after_mixed.values().sum::<u64>();
+    let changed = after_flat != after_mixed;
+    let server_errors = server_errors(&t.flat_by_status);
+    let summary = format!(
+        "flat: requests={} replays={} executions_added={added} \
+         effects_changed={changed} 5xx={server_errors} statuses={:?}",
+        t.flat_requests,
+        t.flat_replays,
+        sorted(&t.flat_by_status)
+    );
+    (
+        summary,
+        !changed && server_errors == 0 && t.unexpected.is_empty(),
+    )
 }
 
 #[tokio::main]
