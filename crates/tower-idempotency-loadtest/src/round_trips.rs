@@ -76,81 +76,128 @@ pub(crate) fn count(
         Some(p) => format!("redis://{}", p.addr),
         None => b.redis_url.clone(),
     };
-    let counter = || match (&proxy, &counted) {
-        (Some(p), _) => p.counted(),
-        (None, t) => t.statements().unwrap_or(0),
+    let counting = Counting {
+        rts,
+        b,
+        target,
+        counted,
+        proxy,
+        unit,
+        redis_url,
+        requests: if args.quick { 200 } else { 2000 },
     };
-    let requests = if args.quick { 200 } else { 2000 };
     let mut rows = Vec::new();
     for workload in Workload::ALL {
-        let server = launch(rts, b, &counted, &redis_url)?;
-        let run = format!("{}-rt-{}-{}", b.run, target.name(), workload.name());
+        let row = counting.pass(workload)?;
+        print_row(&row, target.name());
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// What one target's counting passes share.
+struct Counting<'a> {
+    rts: &'a Runtimes,
+    b: &'a Backends,
+    target: &'a Target,
+    /// The store under count (connected through the proxy where there is one).
+    counted: Target,
+    proxy: Option<Proxy>,
+    unit: &'static str,
+    redis_url: String,
+    requests: u64,
+}
+
+impl Counting<'_> {
+    /// Round trips so far: the proxy's count, or the store's statements.
+    fn counter(&self) -> u64 {
+        match &self.proxy {
+            Some(p) => p.counted(),
+            None => self.counted.statements().unwrap_or(0),
+        }
+    }
+
+    /// One workload's pass on a server of its own: warmed up, then counted.
+    fn pass(&self, workload: Workload) -> Result<RoundTrips> {
+        let server = launch(self.rts, self.b, &self.counted, &self.redis_url)?;
+        let run = format!(
+            "{}-rt-{}-{}",
+            self.b.run,
+            self.target.name(),
+            workload.name()
+        );
         let keys = match workload {
             Workload::New => Keys::Unique,
             Workload::Replay => Keys::Cycle(REPLAY_KEYS),
             Workload::Hot => Keys::Hot,
         };
-        let plan = |stop| Plan {
+        let plan = |run: String, stop| Plan {
             targets: vec![server.addr()],
-            run: run.clone(),
+            run,
             keys,
             body: body(1024),
             concurrency: 16,
             stop,
         };
-        if workload == Workload::Replay {
-            rts.client.block_on(drive(plan(Stop::Count(REPLAY_KEYS))))?;
+        let warm = if workload == Workload::Replay {
+            plan(run.clone(), Stop::Count(REPLAY_KEYS))
         } else {
             // Outside the count: the store's first statements on each connection (taking it
             // from the pool, preparing each statement once), on keys of their own.
-            let warm = Plan {
-                run: format!("{run}-warm"),
-                ..plan(Stop::Count(64))
-            };
-            rts.client.block_on(drive(warm))?;
-        }
-        let stats = |url: &str| rts.server.block_on(command_stats(url));
-        let redis_before = match &proxy {
-            Some(_) if unit == "commands" => Some(stats(&b.redis_url)?),
+            plan(format!("{run}-warm"), Stop::Count(64))
+        };
+        self.rts.client.block_on(drive(warm))?;
+        self.counted_pass(workload, plan(run, Stop::Count(self.requests)))
+    }
+
+    /// Drives `plan` between two readings of the counter (and, on Redis, of the server's
+    /// command statistics).
+    fn counted_pass(&self, workload: Workload, plan: Plan) -> Result<RoundTrips> {
+        let stats = |url: &str| self.rts.server.block_on(command_stats(url));
+        let redis_before = match &self.proxy {
+            Some(_) if self.unit == "commands" => Some(stats(&self.b.redis_url)?),
             _ => None,
         };
-        let before = counter();
-        let result = rts.client.block_on(drive(plan(Stop::Count(requests))))?;
-        let trips = counter() - before;
+        let before = self.counter();
+        let result = self.rts.client.block_on(drive(plan))?;
+        let trips = self.counter() - before;
         let redis_server = match redis_before {
             Some(before) => Some(server_cost(
                 &before,
-                &stats(&b.redis_url)?,
+                &stats(&self.b.redis_url)?,
                 result.total_requests,
             )),
             None => None,
         };
-        let row = RoundTrips {
-            store: target.name().into(),
+        Ok(RoundTrips {
+            store: self.target.name().into(),
             workload,
             concurrency: 16,
             requests: result.total_requests,
-            unit: unit.into(),
+            unit: self.unit.into(),
             round_trips: trips,
             per_request: trips as f64 / result.total_requests.max(1) as f64,
             executed: result.executed,
             replayed: result.replayed,
             conflicts: result.conflicts,
             redis_server,
-        };
-        eprintln!(
-            "  {:>8} {:>6} {:.2} {unit}/request{}",
-            target.name(),
-            workload.name(),
-            row.per_request,
-            row.redis_server.as_ref().map_or(String::new(), |c| format!(
-                "; server {:.1} us/request ({})",
-                c.usec_per_request, c.calls
-            ))
-        );
-        rows.push(row);
+        })
     }
-    Ok(rows)
+}
+
+/// The pass's line on stderr.
+fn print_row(row: &RoundTrips, target: &str) {
+    eprintln!(
+        "  {:>8} {:>6} {:.2} {}/request{}",
+        target,
+        row.workload.name(),
+        row.per_request,
+        row.unit,
+        row.redis_server.as_ref().map_or(String::new(), |c| format!(
+            "; server {:.1} us/request ({})",
+            c.usec_per_request, c.calls
+        ))
+    );
 }
 
 /// The store to count, its counting proxy (none for SQLite) and the unit counted; `None` for a
