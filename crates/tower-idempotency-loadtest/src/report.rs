@@ -143,14 +143,34 @@ fn throughput_table(md: &mut String, results: &Results) {
     }
 }
 
+/// Appends `head` (a heading and a table's header rows) and a row per item; nothing at all
+/// when there are no items.
+pub(crate) fn table<T>(
+    md: &mut String,
+    head: &str,
+    items: impl IntoIterator<Item = T>,
+    row: impl Fn(T) -> String,
+) {
+    let mut items = items.into_iter().peekable();
+    if items.peek().is_none() {
+        return;
+    }
+    md.push_str(head);
+    for item in items {
+        md.push_str(&row(item));
+        md.push('\n');
+    }
+}
+
 /// Store round trips per request.
 fn round_trips_table(md: &mut String, results: &Results) {
-    if !results.round_trips.is_empty() {
-        md.push_str("\n#### Store round trips per request (1 KiB, 16 workers)\n\n");
-        md.push_str("| store | workload | requests | counted | per request | handler ran / replayed / 409 | Redis server µs / request | Redis commands / request |\n|---|---|---:|---|---:|---|---:|---|\n");
-        for r in &results.round_trips {
-            let _ = writeln!(
-                md,
+    table(
+        md,
+        "\n#### Store round trips per request (1 KiB, 16 workers)\n\n\
+         | store | workload | requests | counted | per request | handler ran / replayed / 409 | Redis server µs / request | Redis commands / request |\n|---|---|---:|---|---:|---|---:|---|\n",
+        &results.round_trips,
+        |r| {
+            format!(
                 "| {} | {} | {} | {} | {:.3} | {} / {} / {} | {} | {} |",
                 r.store,
                 r.workload.name(),
@@ -164,9 +184,9 @@ fn round_trips_table(md: &mut String, results: &Results) {
                     .as_ref()
                     .map_or("-".into(), |c| format!("{:.1}", c.usec_per_request)),
                 r.redis_server.as_ref().map_or("-", |c| c.calls.as_str()),
-            );
-        }
-    }
+            )
+        },
+    );
 }
 
 /// Each raw floor against the replay p99 of its store, with and without the local cache.
@@ -211,12 +231,13 @@ fn floors_table(md: &mut String, results: &Results) {
 
 /// The multi-instance runs.
 fn scaling_table(md: &mut String, results: &Results) {
-    if !results.scaling.is_empty() {
-        md.push_str("\n#### Several receiver instances sharing one backend (1 KiB)\n\n");
-        md.push_str("| store | instances | workload | conc. | req/s | p50 µs | p99 µs | handler runs | keys run twice |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
-        for s in &results.scaling {
-            let _ = writeln!(
-                md,
+    table(
+        md,
+        "\n#### Several receiver instances sharing one backend (1 KiB)\n\n\
+         | store | instances | workload | conc. | req/s | p50 µs | p99 µs | handler runs | keys run twice |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
+        &results.scaling,
+        |s| {
+            format!(
                 "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
                 s.store,
                 s.instances,
@@ -227,21 +248,22 @@ fn scaling_table(md: &mut String, results: &Results) {
                 s.result.p99_us,
                 s.handler_runs,
                 s.keys_run_twice
-            );
-        }
-    }
+            )
+        },
+    );
 }
 
 /// Peak RSS, memory per in-flight request and allocations per request.
 fn memory_tables(md: &mut String, results: &Results) {
-    let rss: Vec<_> = results.memory.iter().filter(|m| m.kind == "rss").collect();
-    if !rss.is_empty() {
-        md.push_str("\n#### Peak RSS, new-key workload (16 workers, fixed request count; every response stays cached)\n\n");
-        md.push_str("| target | body | requests | RSS before KiB | peak RSS (VmHWM) KiB | (peak − before) / request | live heap growth / request |\n|---|---|---:|---:|---:|---:|---:|\n");
-        for m in rss {
+    let of_kind = |kind: &'static str| results.memory.iter().filter(move |m| m.kind == kind);
+    table(
+        md,
+        "\n#### Peak RSS, new-key workload (16 workers, fixed request count; every response stays cached)\n\n\
+         | target | body | requests | RSS before KiB | peak RSS (VmHWM) KiB | (peak − before) / request | live heap growth / request |\n|---|---|---:|---:|---:|---:|---:|\n",
+        of_kind("rss"),
+        |m| {
             let n = m.requests.max(1) as f64;
-            let _ = writeln!(
-                md,
+            format!(
                 "| {} | {} | {} | {} | {} | {:.0} B | {:.0} B |",
                 m.target,
                 kib(m.body_bytes),
@@ -250,43 +272,33 @@ fn memory_tables(md: &mut String, results: &Results) {
                 m.hwm_kib,
                 (m.hwm_kib as f64 - m.rss_before_kib as f64) * 1024.0 / n,
                 (m.live_after - m.live_before) as f64 / n
-            );
-        }
-    }
-    let in_flight: Vec<_> = results
-        .memory
-        .iter()
-        .filter(|m| m.kind == "inflight")
-        .collect();
-    if !in_flight.is_empty() {
-        md.push_str("\n#### Memory per in-flight request (requests parked in the handler, 1 KiB; client and server in one process)\n\n");
-        md.push_str("| target | in flight | RSS growth / request (client + server) | live heap growth / request (client + server) | server live heap / request |\n|---|---:|---:|---:|---:|\n");
-        for m in in_flight {
+            )
+        },
+    );
+    table(
+        md,
+        "\n#### Memory per in-flight request (requests parked in the handler, 1 KiB; client and server in one process)\n\n\
+         | target | in flight | RSS growth / request (client + server) | live heap growth / request (client + server) | server live heap / request |\n|---|---:|---:|---:|---:|\n",
+        of_kind("inflight"),
+        |m| {
             let n = m.requests.max(1) as f64;
-            let _ = writeln!(
-                md,
+            format!(
                 "| {} | {} | {:.0} B | {:.0} B | {:.0} B |",
                 m.target,
                 m.requests,
                 (m.rss_after_kib as f64 - m.rss_before_kib as f64) * 1024.0 / n,
                 (m.live_after - m.live_before) as f64 / n,
                 (m.server_live_after - m.server_live_before) as f64 / n
-            );
-        }
-    }
-    let allocs: Vec<_> = results
-        .memory
-        .iter()
-        .filter(|m| m.kind == "alloc")
-        .collect();
-    if !allocs.is_empty() {
-        md.push_str("\n#### Bytes allocated on the server thread per request (memory store, one request at a time)\n\n");
-        md.push_str(
-            "| workload | body | bytes / request | allocations / request |\n|---|---|---:|---:|\n",
-        );
-        for m in allocs {
-            let _ = writeln!(
-                md,
+            )
+        },
+    );
+    table(
+        md,
+        "\n#### Bytes allocated on the server thread per request (memory store, one request at a time)\n\n\
+         | workload | body | bytes / request | allocations / request |\n|---|---|---:|---:|\n",
+        of_kind("alloc"),
+        |m| {
+            format!(
                 "| {} | {} | {:.0} | {:.1} |",
                 if m.target == "bare" {
                     "bare handler"
@@ -296,9 +308,9 @@ fn memory_tables(md: &mut String, results: &Results) {
                 kib(m.body_bytes),
                 m.server_bytes_per_request.unwrap_or(0.0),
                 m.server_allocs_per_request.unwrap_or(0.0)
-            );
-        }
-    }
+            )
+        },
+    );
 }
 
 /// Bar colours, one per concurrency level.

@@ -161,21 +161,24 @@ pub(crate) fn sustained_table(md: &mut String, results: &Results) {
     if results.sustained.is_empty() {
         return;
     }
-    md.push_str("#### Fresh keys for a long window, default capacity (1 KiB)\n\n");
-    md.push_str("| target | c | window ms | requests | req/s | p99 µs | refused (503) |\n|---|---:|---:|---:|---:|---:|---:|\n");
-    for s in &results.sustained {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {} |",
-            s.target,
-            s.concurrency,
-            s.duration_ms,
-            s.total_requests,
-            s.result.rps,
-            s.result.p99_us,
-            s.refused
-        );
-    }
+    crate::report::table(
+        md,
+        "#### Fresh keys for a long window, default capacity (1 KiB)\n\n\
+         | target | c | window ms | requests | req/s | p99 µs | refused (503) |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        &results.sustained,
+        |s| {
+            format!(
+                "| {} | {} | {} | {} | {:.0} | {:.0} | {} |",
+                s.target,
+                s.concurrency,
+                s.duration_ms,
+                s.total_requests,
+                s.result.rps,
+                s.result.p99_us,
+                s.refused
+            )
+        },
+    );
     md.push('\n');
 }
 
