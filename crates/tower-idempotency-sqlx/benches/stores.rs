@@ -22,6 +22,8 @@ use std::{
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, StatusCode};
+use sqlx::Pool;
+use tokio::runtime::Runtime;
 use tower_idempotency_core::{CachedResponse, ClaimOutcome, Fingerprint, Store};
 use tower_idempotency_sqlx::{PostgresStore, SqliteStore};
 
@@ -50,23 +52,7 @@ fn cached() -> CachedResponse {
 }
 
 async fn claim_complete(store: &dyn Store, response: &CachedResponse) {
-    let key = fresh_key();
-    let ClaimOutcome::Claimed { token } = store
-        .claim(
-            &key,
-            &Fingerprint([1; 32]),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            LEASE,
-        )
-        .await
-        .expect("claim")
-    else {
-        panic!("fresh key not claimed")
-    };
-    store
-        .complete(&key, token, response, TTL)
-        .await
-        .expect("complete");
+    completed_key(store, response).await;
 }
 
 async fn completed_key(store: &dyn Store, response: &CachedResponse) -> String {
@@ -103,48 +89,52 @@ async fn replay(store: &dyn Store, key: &str) {
     assert!(matches!(outcome, ClaimOutcome::Completed { .. }));
 }
 
-fn sqlite(c: &mut Criterion) {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let path = std::env::temp_dir().join(format!(
-        "tower-idem-bench-{:016x}.db",
-        RandomState::new().hash_one(0)
-    ));
-    let url = format!("sqlite://{}", path.display());
-    let (store, floor_table) = rt.block_on(async {
-        let store = SqliteStore::connect_with_table(&url, "idem")
-            .await
-            .expect("open");
-        store.migrate().await.expect("migrate");
-        sqlx::raw_sql("CREATE TABLE floor (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
-            .execute(store.pool())
-            .await
-            .expect("floor table");
-        (store, "floor")
-    });
+/// The floor's statements on one database: an insert of a key and a blob, and a select of the
+/// blob by key.
+struct FloorSql {
+    insert: String,
+    select: String,
+}
+
+/// The group `name`: the store's work on `store`, and its floors on one connection of `pool`,
+/// taken once and held.
+fn group<DB>(
+    c: &mut Criterion,
+    name: &str,
+    rt: &Runtime,
+    store: &dyn Store,
+    pool: &Pool<DB>,
+    floor: &FloorSql,
+) where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> Vec<u8>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    (Vec<u8>,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
     let response = cached();
     let blob = vec![b'x'; BODY + 64];
-    let replay_key = rt.block_on(completed_key(&store, &response));
+    let replay_key = rt.block_on(completed_key(store, &response));
     let select_key = fresh_key();
     rt.block_on(
-        sqlx::query(&format!("INSERT INTO {floor_table} VALUES (?1, ?2)"))
+        sqlx::query(&floor.insert)
             .bind(&select_key)
             .bind(&blob)
-            .execute(store.pool()),
+            .execute(pool),
     )
     .expect("seed");
+    let floor_connection =
+        tokio::sync::Mutex::new(rt.block_on(pool.acquire()).expect("floor connection"));
 
-    let floor_connection = tokio::sync::Mutex::new(
-        rt.block_on(store.pool().acquire())
-            .expect("floor connection"),
-    );
-
-    let mut group = c.benchmark_group("sqlite");
+    let mut group = c.benchmark_group(name);
     group.bench_function("claim_complete", |b| {
-        b.to_async(&rt).iter(|| claim_complete(&store, &response))
+        b.to_async(rt).iter(|| claim_complete(store, &response))
     });
     group.bench_function("raw_insert", |b| {
-        b.to_async(&rt).iter(|| async {
-            sqlx::query("INSERT INTO floor VALUES (?1, ?2)")
+        b.to_async(rt).iter(|| async {
+            sqlx::query(&floor.insert)
                 .bind(fresh_key())
                 .bind(&blob)
                 .execute(&mut **floor_connection.lock().await)
@@ -153,11 +143,11 @@ fn sqlite(c: &mut Criterion) {
         })
     });
     group.bench_function("replay", |b| {
-        b.to_async(&rt).iter(|| replay(&store, &replay_key))
+        b.to_async(rt).iter(|| replay(store, &replay_key))
     });
     group.bench_function("raw_select", |b| {
-        b.to_async(&rt).iter(|| async {
-            let value: Vec<u8> = sqlx::query_scalar("SELECT value FROM floor WHERE key = ?1")
+        b.to_async(rt).iter(|| async {
+            let value: Vec<u8> = sqlx::query_scalar(&floor.select)
                 .bind(&select_key)
                 .fetch_one(&mut **floor_connection.lock().await)
                 .await
@@ -168,6 +158,31 @@ fn sqlite(c: &mut Criterion) {
     group.finish();
     // Handing a connection back to sqlx's pool needs the runtime.
     rt.block_on(async move { drop(floor_connection) });
+}
+
+fn sqlite(c: &mut Criterion) {
+    let rt = Runtime::new().expect("runtime");
+    let path = std::env::temp_dir().join(format!(
+        "tower-idem-bench-{:016x}.db",
+        RandomState::new().hash_one(0)
+    ));
+    let url = format!("sqlite://{}", path.display());
+    let store = rt.block_on(async {
+        let store = SqliteStore::connect_with_table(&url, "idem")
+            .await
+            .expect("open");
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql("CREATE TABLE floor (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+            .execute(store.pool())
+            .await
+            .expect("floor table");
+        store
+    });
+    let floor = FloorSql {
+        insert: "INSERT INTO floor VALUES (?1, ?2)".into(),
+        select: "SELECT value FROM floor WHERE key = ?1".into(),
+    };
+    group(c, "sqlite", &rt, &store, store.pool(), &floor);
     rt.block_on(store.pool().close());
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.clone().into_os_string();
@@ -177,88 +192,45 @@ fn sqlite(c: &mut Criterion) {
 }
 
 fn postgres(c: &mut Criterion) {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let rt = Runtime::new().expect("runtime");
     let suffix = format!("{:016x}", RandomState::new().hash_one(1));
     let (table, floor) = (format!("idem_bench_{suffix}"), format!("floor_{suffix}"));
-    let connected = rt.block_on(async {
-        let pool = tokio::time::timeout(Duration::from_secs(5), sqlx::PgPool::connect(&url))
-            .await
-            .map_err(|_| "connecting timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        let store = PostgresStore::new(pool, &table).expect("table name");
-        store.migrate().await.map_err(|e| e.to_string())?;
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE {floor} (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"
-        ))
-        .execute(store.pool())
-        .await
-        .map_err(|e| e.to_string())?;
-        Ok::<_, String>(store)
-    });
-    let store = match connected {
+    let store = match rt.block_on(postgres_store(&table, &floor)) {
         Ok(store) => store,
         Err(why) => {
             eprintln!("SKIPPED postgres benchmarks: {why}");
             return;
         }
     };
-    let response = cached();
-    let blob = vec![b'x'; BODY + 64];
-    let replay_key = rt.block_on(completed_key(&store, &response));
-    let select_key = fresh_key();
-    let (insert_sql, select_sql) = (
-        format!("INSERT INTO {floor} VALUES ($1, $2)"),
-        format!("SELECT value FROM {floor} WHERE key = $1"),
-    );
-    rt.block_on(
-        sqlx::query(&insert_sql)
-            .bind(&select_key)
-            .bind(&blob)
-            .execute(store.pool()),
-    )
-    .expect("seed");
-
-    let floor_connection = tokio::sync::Mutex::new(
-        rt.block_on(store.pool().acquire())
-            .expect("floor connection"),
-    );
-
-    let mut group = c.benchmark_group("postgres");
-    group.bench_function("claim_complete", |b| {
-        b.to_async(&rt).iter(|| claim_complete(&store, &response))
-    });
-    group.bench_function("raw_insert", |b| {
-        b.to_async(&rt).iter(|| async {
-            sqlx::query(&insert_sql)
-                .bind(fresh_key())
-                .bind(&blob)
-                .execute(&mut **floor_connection.lock().await)
-                .await
-                .expect("insert");
-        })
-    });
-    group.bench_function("replay", |b| {
-        b.to_async(&rt).iter(|| replay(&store, &replay_key))
-    });
-    group.bench_function("raw_select", |b| {
-        b.to_async(&rt).iter(|| async {
-            let value: Vec<u8> = sqlx::query_scalar(&select_sql)
-                .bind(&select_key)
-                .fetch_one(&mut **floor_connection.lock().await)
-                .await
-                .expect("select");
-            assert_eq!(value.len(), blob.len());
-        })
-    });
-    group.finish();
-    // Handing a connection back to sqlx's pool needs the runtime.
-    rt.block_on(async move { drop(floor_connection) });
+    let floor_sql = FloorSql {
+        insert: format!("INSERT INTO {floor} VALUES ($1, $2)"),
+        select: format!("SELECT value FROM {floor} WHERE key = $1"),
+    };
+    group(c, "postgres", &rt, &store, store.pool(), &floor_sql);
     rt.block_on(async {
         let drop = format!("DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {floor}");
         let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
     });
+}
+
+/// The store on `table` and the floor's table `floor`, on `DATABASE_URL`; why not, when the
+/// database is unreachable.
+async fn postgres_store(table: &str, floor: &str) -> Result<PostgresStore, String> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let pool = tokio::time::timeout(Duration::from_secs(5), sqlx::PgPool::connect(&url))
+        .await
+        .map_err(|_| "connecting timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let store = PostgresStore::new(pool, table).expect("table name");
+    store.migrate().await.map_err(|e| e.to_string())?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {floor} (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(store)
 }
 
 fn config() -> Criterion {
