@@ -38,16 +38,34 @@ fn parts(uri: &str, headers: &[(&str, String)]) -> Parts {
 type Case = (&'static str, Box<dyn Verifier>, Parts, Bytes);
 
 fn cases() -> Vec<Case> {
-    let b64 = base64::engine::general_purpose::STANDARD;
     let json = Bytes::from(format!(
         r#"{{"id":"evt_1","pad":"{}"}}"#,
         "x".repeat(SIZE - 30)
     ));
+    let mut cases = vec![stripe_case(json.clone())];
+    cases.extend(standard_cases(json));
+    cases.extend(twilio_cases());
+    cases
+}
+
+/// `MAX_SIGNATURES` forged `v1` candidates.
+fn stripe_case(json: Bytes) -> Case {
     let forged_hex = "0".repeat(64);
     let stripe_header = std::iter::once(format!("t={TS}"))
         .chain((0..MAX_SIGNATURES).map(|_| format!("v1={forged_hex}")))
         .collect::<Vec<_>>()
         .join(",");
+    (
+        "stripe_max_signatures",
+        Box::new(stripe::StripeVerifier::new([SECRET])),
+        parts("/", &[("stripe-signature", stripe_header)]),
+        json,
+    )
+}
+
+/// Forged Ed25519 `v1a` candidates against two public keys: as many as allowed, and one more.
+fn standard_cases(json: Bytes) -> [Case; 2] {
+    let b64 = base64::engine::general_purpose::STANDARD;
     let keys: Vec<String> = [[7u8; 32], [8u8; 32]]
         .iter()
         .map(|seed| {
@@ -73,27 +91,8 @@ fn cases() -> Vec<Case> {
             ],
         )
     };
-    let form = |params: usize| {
-        let pair_len = (SIZE / params).max(4);
-        let value = "a".repeat(pair_len - 3);
-        Bytes::from(vec![format!("p={value}"); params].join("&"))
-    };
-    let twilio_parts = parts(
-        "/twilio",
-        &[
-            ("x-twilio-signature", b64.encode([0u8; 20])),
-            ("content-type", "application/x-www-form-urlencoded".into()),
-        ],
-    );
     let standard = || standard::StandardWebhooksVerifier::from_public_keys(&keys).unwrap();
-    let twilio = || twilio::TwilioVerifier::new("https://example.com", [SECRET]).unwrap();
-    vec![
-        (
-            "stripe_max_signatures",
-            Box::new(stripe::StripeVerifier::new([SECRET])),
-            parts("/", &[("stripe-signature", stripe_header)]),
-            json.clone(),
-        ),
+    [
         (
             "standard_v1a_max_signatures",
             Box::new(standard()),
@@ -106,6 +105,26 @@ fn cases() -> Vec<Case> {
             standard_parts(MAX_ASYMMETRIC_SIGNATURES + 1),
             json,
         ),
+    ]
+}
+
+/// Forged forms: as many parameters as allowed, and a 1 MiB form of far more.
+fn twilio_cases() -> [Case; 2] {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let form = |params: usize| {
+        let pair_len = (SIZE / params).max(4);
+        let value = "a".repeat(pair_len - 3);
+        Bytes::from(vec![format!("p={value}"); params].join("&"))
+    };
+    let twilio_parts = parts(
+        "/twilio",
+        &[
+            ("x-twilio-signature", b64.encode([0u8; 20])),
+            ("content-type", "application/x-www-form-urlencoded".into()),
+        ],
+    );
+    let twilio = || twilio::TwilioVerifier::new("https://example.com", [SECRET]).unwrap();
+    [
         (
             "twilio_max_params",
             Box::new(twilio()),

@@ -6,7 +6,7 @@
 
 use std::{
     sync::Arc,
-    time::{Duration, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use bytes::Bytes;
@@ -161,58 +161,63 @@ pub struct Case {
 pub fn cases(size: usize) -> (Vec<Case>, Vec<(&'static str, Run)>) {
     let now = UNIX_EPOCH + Duration::from_secs(TS);
     let (list, body) = verifier_cases(size);
+    let mut cases: Vec<Case> = list
+        .into_iter()
+        .map(|case| verifier_case(case, now))
+        .collect();
+    cases.extend(stripe_cases(&body, now));
     let form = Bytes::from(padded(
         &testing::fixture("twilio").event("evt_1", TS).body,
         size,
     ));
-    let mut cases = Vec::new();
-    for (name, verifier, parts, body) in list {
-        verifier
-            .verify(&parts, &body, now)
-            .unwrap_or_else(|e| panic!("{name} bench setup: {e}"));
-        let floor = match name.as_str() {
-            "twilio_form" => "floor_hmac_sha1_form",
-            "twilio_json" => "floor_sha256_plus_hmac_sha1",
-            "discord" => "floor_ed25519",
-            "sendgrid" => "floor_ecdsa_p256",
-            _ => "floor_hmac_sha256",
-        };
-        cases.push(Case {
-            name,
-            floor,
-            run: Box::new(move || verifier.verify(&parts, &body, now).is_ok()),
-        });
-    }
+    (cases, floors(body, form))
+}
 
+/// A verifier's case, checked once, with the floor of its primitive.
+fn verifier_case((name, verifier, parts, body): VerifierCase, now: SystemTime) -> Case {
+    verifier
+        .verify(&parts, &body, now)
+        .unwrap_or_else(|e| panic!("{name} bench setup: {e}"));
+    let floor = match name.as_str() {
+        "twilio_form" => "floor_hmac_sha1_form",
+        "twilio_json" => "floor_sha256_plus_hmac_sha1",
+        "discord" => "floor_ed25519",
+        "sendgrid" => "floor_ecdsa_p256",
+        _ => "floor_hmac_sha256",
+    };
+    Case {
+        name,
+        floor,
+        run: Box::new(move || verifier.verify(&parts, &body, now).is_ok()),
+    }
+}
+
+/// A Stripe verifier of `secret`, and the headers of `body` signed with [`SECRET`].
+fn stripe_delivery(secret: &str, body: &Bytes) -> (stripe::StripeVerifier, Parts) {
+    let verifier = stripe::StripeVerifier::new([secret]);
+    let parts = parts("/", &[("stripe-signature", stripe::sign(SECRET, TS, body))]);
+    (verifier, parts)
+}
+
+/// Stripe where the event id's place in the body matters, a wrong secret, and what building a
+/// `serde_json::Value` would add.
+fn stripe_cases(body: &Bytes, now: SystemTime) -> Vec<Case> {
     // Worst case for the field scan: the id after all the filler, so the whole body is parsed
     // (skipped, not built).
     let id_last = {
-        let text = std::str::from_utf8(&body).unwrap().trim_end();
+        let text = std::str::from_utf8(body).unwrap().trim_end();
         let text = text[..text.len() - 1].replacen(r#""id":"evt_1""#, r#""xd":"evt_1""#, 1);
         Bytes::from(format!(r#"{text},"id":"evt_1"}}"#))
     };
-    let stripe_last = stripe::StripeVerifier::new([SECRET]);
-    let last_parts = parts(
-        "/",
-        &[("stripe-signature", stripe::sign(SECRET, TS, &id_last))],
-    );
+    let (stripe_last, last_parts) = stripe_delivery(SECRET, &id_last);
     stripe_last.verify(&last_parts, &id_last, now).unwrap();
-    cases.push(Case {
-        name: "stripe_id_last".to_owned(),
-        floor: "floor_hmac_sha256",
-        run: Box::new(move || stripe_last.verify(&last_parts, &id_last, now).is_ok()),
-    });
     // Best case, and how Stripe sends events: `id` is the first member, so the scan stops there.
     let id_first = {
-        let text = std::str::from_utf8(&body).unwrap();
+        let text = std::str::from_utf8(body).unwrap();
         let rest = text.replacen(r#""id":"evt_1","#, "", 1);
         Bytes::from(format!(r#"{{"id":"evt_1",{}"#, &rest[1..]))
     };
-    let stripe_first = stripe::StripeVerifier::new([SECRET]);
-    let first_parts = parts(
-        "/",
-        &[("stripe-signature", stripe::sign(SECRET, TS, &id_first))],
-    );
+    let (stripe_first, first_parts) = stripe_delivery(SECRET, &id_first);
     assert_eq!(
         stripe_first
             .verify(&first_parts, &id_first, now)
@@ -220,31 +225,38 @@ pub fn cases(size: usize) -> (Vec<Case>, Vec<(&'static str, Run)>) {
             .event_id(),
         "evt_1"
     );
-    cases.push(Case {
-        name: "stripe_id_first".to_owned(),
-        floor: "floor_hmac_sha256",
-        run: Box::new(move || stripe_first.verify(&first_parts, &id_first, now).is_ok()),
-    });
     // The verify-only cost: a wrong secret fails right after the MAC.
-    let wrong = stripe::StripeVerifier::new(["whsec_other"]);
-    let wrong_parts = parts(
-        "/",
-        &[("stripe-signature", stripe::sign(SECRET, TS, &body))],
-    );
-    let wrong_body = body.clone();
-    cases.push(Case {
-        name: "stripe_wrong_secret".to_owned(),
+    let (wrong, wrong_parts) = stripe_delivery("whsec_other", body);
+    let (wrong_body, value_body) = (body.clone(), body.clone());
+    let case = |name: &str, run: Run| Case {
+        name: name.to_owned(),
         floor: "floor_hmac_sha256",
-        run: Box::new(move || wrong.verify(&wrong_parts, &wrong_body, now).is_err()),
-    });
-    // What the JSON-keyed verifiers used to add: building a `Value` of the whole body.
-    let value_body = body.clone();
-    cases.push(Case {
-        name: "ref_serde_json_value".to_owned(),
-        floor: "floor_hmac_sha256",
-        run: Box::new(move || serde_json::from_slice::<serde_json::Value>(&value_body).is_ok()),
-    });
+        run,
+    };
+    vec![
+        case(
+            "stripe_id_last",
+            Box::new(move || stripe_last.verify(&last_parts, &id_last, now).is_ok()),
+        ),
+        case(
+            "stripe_id_first",
+            Box::new(move || stripe_first.verify(&first_parts, &id_first, now).is_ok()),
+        ),
+        case(
+            "stripe_wrong_secret",
+            Box::new(move || wrong.verify(&wrong_parts, &wrong_body, now).is_err()),
+        ),
+        // What the JSON-keyed verifiers used to add: building a `Value` of the whole body.
+        case(
+            "ref_serde_json_value",
+            Box::new(move || serde_json::from_slice::<serde_json::Value>(&value_body).is_ok()),
+        ),
+    ]
+}
 
+/// The raw primitives over the same bytes: HMACs, Twilio JSON's hash plus MAC, Ed25519 and
+/// ECDSA P-256 over `timestamp || body`.
+fn floors(body: Bytes, form: Bytes) -> Vec<(&'static str, Run)> {
     let ts = TS.to_string();
     let signed = [ts.as_bytes(), &body].concat();
     let discord_key = SigningKey::from_bytes(&[7; 32]);
@@ -255,7 +267,7 @@ pub fn cases(size: usize) -> (Vec<Case>, Vec<(&'static str, Run)>) {
     let p256_public = *p256_key.verifying_key();
     let signed_p256 = signed.clone();
     let (b1, b2) = (body.clone(), body);
-    let floors: Vec<(&'static str, Run)> = vec![
+    vec![
         (
             "floor_hmac_sha256",
             Box::new(move || hmac_floor::<Hmac<sha2::Sha256>>(&b1)() > 0),
@@ -281,6 +293,5 @@ pub fn cases(size: usize) -> (Vec<Case>, Vec<(&'static str, Run)>) {
             "floor_ecdsa_p256",
             Box::new(move || p256_public.verify(&signed_p256, &p256_sig).is_ok()),
         ),
-    ];
-    (cases, floors)
+    ]
 }
