@@ -305,224 +305,217 @@ where
 macro_rules! backend {
     ($db:ty, $feature:literal, $statements:path) => {
         #[cfg(feature = $feature)]
-        impl sealed::Sealed for $db {}
+        const _: () = {
+            type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
 
-        #[cfg(feature = $feature)]
-        impl InboxDatabase for $db {
-            fn statements(table: &str) -> Sql {
-                $statements(table)
+            /// `statement`, counted, with the event's key bound as `$1` and `$2`.
+            fn keyed<'q>(sql: &Sql, statement: &'q str, key: &'q EventKey) -> Query<'q> {
+                sql.sent();
+                sqlx::query(statement)
+                    .bind(&key.provider)
+                    .bind(&key.event_id)
             }
 
-            fn migrate<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-            ) -> BoxFuture<'a, sqlx::Result<()>> {
-                Box::pin(async move {
-                    sqlx::raw_sql(&sql.schema).execute(pool).await?;
-                    Ok(())
-                })
+            /// Runs `query`: whether it changed exactly one row (`false`: a duplicate, or a claim
+            /// that is no longer the holder's).
+            async fn one_row<'e, E>(query: Query<'e>, executor: E) -> sqlx::Result<bool>
+            where
+                E: sqlx::Executor<'e, Database = $db> + 'e,
+            {
+                Ok(query.execute(executor).await?.rows_affected() == 1)
             }
 
-            fn insert<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                event: &'a NewEvent,
-            ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let done = sqlx::query(&sql.insert)
-                        .bind(&event.key.provider)
-                        .bind(&event.key.event_id)
-                        .bind(&event.headers)
-                        .bind(&event.body)
-                        .bind(&event.authenticator)
-                        .bind(event.received_at)
-                        .execute(pool)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            }
+            impl sealed::Sealed for $db {}
 
-            fn claim<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                key: &'a EventKey,
-                now: i64,
-                token: i64,
-                lease_until: i64,
-            ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
-                Box::pin(async move {
-                    sql.sent();
-                    use sqlx::Row;
-                    let row = sqlx::query(&sql.claim)
-                        .bind(now)
-                        .bind(&key.provider)
-                        .bind(&key.event_id)
-                        .bind(token)
-                        .bind(lease_until)
-                        .fetch_optional(pool)
-                        .await?;
-                    row.map(|row| {
-                        Ok(ClaimedRow {
-                            headers: row.try_get(0)?,
-                            body: row.try_get(1)?,
-                            received_at: row.try_get(2)?,
-                            attempts: row.try_get(3)?,
-                        })
+            impl InboxDatabase for $db {
+                fn statements(table: &str) -> Sql {
+                    $statements(table)
+                }
+
+                fn migrate<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                ) -> BoxFuture<'a, sqlx::Result<()>> {
+                    Box::pin(async move {
+                        sqlx::raw_sql(&sql.schema).execute(pool).await?;
+                        Ok(())
                     })
-                    .transpose()
-                })
-            }
+                }
 
-            fn complete<'a>(
-                conn: &'a mut Self::Connection,
-                sql: &'a Sql,
-                key: &'a EventKey,
-                now: i64,
-                token: i64,
-            ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let done = sqlx::query(&sql.complete)
-                        .bind(&key.provider)
-                        .bind(&key.event_id)
-                        .bind(now)
-                        .bind(token)
-                        .execute(conn)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            }
+                fn insert<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    event: &'a NewEvent,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.insert, &event.key)
+                            .bind(&event.headers)
+                            .bind(&event.body)
+                            .bind(&event.authenticator)
+                            .bind(event.received_at);
+                        one_row(query, pool).await
+                    })
+                }
 
-            fn fail<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                key: &'a EventKey,
-                now: i64,
-                token: i64,
-                max_attempts: i32,
-                retry_at: i64,
-                error: &'a str,
-            ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let done = sqlx::query(&sql.fail)
-                        .bind(&key.provider)
-                        .bind(&key.event_id)
-                        .bind(now)
-                        .bind(token)
-                        .bind(max_attempts)
-                        .bind(retry_at)
-                        .bind(error)
-                        .execute(pool)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            }
+                fn claim<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                    token: i64,
+                    lease_until: i64,
+                ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        use sqlx::Row;
+                        let row = sqlx::query(&sql.claim)
+                            .bind(now)
+                            .bind(&key.provider)
+                            .bind(&key.event_id)
+                            .bind(token)
+                            .bind(lease_until)
+                            .fetch_optional(pool)
+                            .await?;
+                        row.map(|row| {
+                            Ok(ClaimedRow {
+                                headers: row.try_get(0)?,
+                                body: row.try_get(1)?,
+                                received_at: row.try_get(2)?,
+                                attempts: row.try_get(3)?,
+                            })
+                        })
+                        .transpose()
+                    })
+                }
 
-            fn due<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                now: i64,
-                limit: i64,
-            ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
-                        .bind(now)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await?;
-                    Ok(rows
-                        .into_iter()
-                        .map(|(provider, event_id)| EventKey { provider, event_id })
-                        .collect())
-                })
-            }
+                fn complete<'a>(
+                    conn: &'a mut Self::Connection,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                    token: i64,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.complete, key).bind(now).bind(token);
+                        one_row(query, conn).await
+                    })
+                }
 
-            fn list<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                state: i16,
-                limit: i64,
-            ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let rows = sqlx::query(&sql.list)
-                        .bind(state)
-                        .bind(limit)
-                        .fetch_all(pool)
-                        .await?;
-                    rows.iter().map(summary).collect()
-                })
-            }
+                fn fail<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                    token: i64,
+                    max_attempts: i32,
+                    retry_at: i64,
+                    error: &'a str,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.fail, key)
+                            .bind(now)
+                            .bind(token)
+                            .bind(max_attempts)
+                            .bind(retry_at)
+                            .bind(error);
+                        one_row(query, pool).await
+                    })
+                }
 
-            fn get<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                key: &'a EventKey,
-            ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let row = sqlx::query(&sql.get)
-                        .bind(&key.provider)
-                        .bind(&key.event_id)
-                        .fetch_optional(pool)
-                        .await?;
-                    row.as_ref().map(summary).transpose()
-                })
-            }
+                fn due<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    now: i64,
+                    limit: i64,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
+                            .bind(now)
+                            .bind(limit)
+                            .fetch_all(pool)
+                            .await?;
+                        Ok(rows
+                            .into_iter()
+                            .map(|(provider, event_id)| EventKey { provider, event_id })
+                            .collect())
+                    })
+                }
 
-            fn retry<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                key: &'a EventKey,
-                now: i64,
-            ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let done = sqlx::query(&sql.retry)
-                        .bind(&key.provider)
-                        .bind(&key.event_id)
-                        .bind(now)
-                        .execute(pool)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                })
-            }
+                fn list<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    state: i16,
+                    limit: i64,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows = sqlx::query(&sql.list)
+                            .bind(state)
+                            .bind(limit)
+                            .fetch_all(pool)
+                            .await?;
+                        rows.iter().map(summary).collect()
+                    })
+                }
 
-            fn purge<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-                before: i64,
-            ) -> BoxFuture<'a, sqlx::Result<u64>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
-                    Ok(done.rows_affected())
-                })
-            }
+                fn get<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>> {
+                    Box::pin(async move {
+                        let row = keyed(sql, &sql.get, key).fetch_optional(pool).await?;
+                        row.as_ref().map(summary).transpose()
+                    })
+                }
 
-            fn counts<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-            ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let rows: Vec<(i16, i64)> = sqlx::query_as(&sql.counts).fetch_all(pool).await?;
-                    let mut counts = StateCounts::default();
-                    for (state, count) in rows {
-                        let count = u64::try_from(count).unwrap_or(0);
-                        match crate::EventState::from_code(state) {
-                            crate::EventState::Pending => counts.pending = count,
-                            crate::EventState::Processed => counts.processed = count,
-                            crate::EventState::Failed => counts.failed = count,
+                fn retry<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.retry, key).bind(now);
+                        one_row(query, pool).await
+                    })
+                }
+
+                fn purge<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    before: i64,
+                ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
+                        Ok(done.rows_affected())
+                    })
+                }
+
+                fn counts<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows: Vec<(i16, i64)> =
+                            sqlx::query_as(&sql.counts).fetch_all(pool).await?;
+                        let mut counts = StateCounts::default();
+                        for (state, count) in rows {
+                            let count = u64::try_from(count).unwrap_or(0);
+                            match crate::EventState::from_code(state) {
+                                crate::EventState::Pending => counts.pending = count,
+                                crate::EventState::Processed => counts.processed = count,
+                                crate::EventState::Failed => counts.failed = count,
+                            }
                         }
-                    }
-                    Ok(counts)
-                })
+                        Ok(counts)
+                    })
+                }
             }
-        }
+        };
     };
 }
 
