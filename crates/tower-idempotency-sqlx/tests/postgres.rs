@@ -98,18 +98,7 @@ async fn unreachable_database_is_unavailable() {
         .connect_lazy("postgres://postgres@127.0.0.1:1/test")
         .expect("url");
     let store = PostgresStore::new(pool, "idem").expect("name");
-    let result = store
-        .claim(
-            &random_key("down"),
-            &fingerprint(1),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(1),
-        )
-        .await;
-    assert!(
-        matches!(result, Err(StoreError::Unavailable(_))),
-        "{result:?}"
-    );
+    assert_claim_unavailable(&store, "down").await;
 }
 
 /// A claim inside an open transaction holds the row: a concurrent duplicate waits for the
@@ -385,19 +374,7 @@ async fn blocked_claim(
         .expect("claim in the blocking transaction");
     assert!(matches!(held, ClaimOutcome::Claimed { .. }), "{held:?}");
     let table = store.table().to_owned();
-    let blocked = tokio::spawn({
-        let key = key.to_owned();
-        async move {
-            store
-                .claim(
-                    &key,
-                    &fingerprint(2),
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    Duration::from_secs(60),
-                )
-                .await
-        }
-    });
+    let blocked = spawn_claim(store, key, Duration::from_secs(60));
     until_one_waits_on_a_lock(owner, &table).await;
     (blocker, blocked)
 }

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tower_idempotency_core::{ClaimOutcome, Ownership, Store, StoreError};
+use tower_idempotency_core::{ClaimOutcome, Ownership, Store};
 use tower_idempotency_sqlx::{sqlite_schema_sql, ConfigError, ConnectError, SqliteStore};
 
 mod suite {
@@ -47,19 +47,7 @@ async fn invalid_table_names_are_rejected() {
 async fn closed_pool_is_unavailable() {
     let guarded = sqlite_store().await;
     guarded.store.pool().close().await;
-    let result = guarded
-        .store
-        .claim(
-            &random_key("closed"),
-            &fingerprint(1),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(1),
-        )
-        .await;
-    assert!(
-        matches!(result, Err(StoreError::Unavailable(_))),
-        "{result:?}"
-    );
+    assert_claim_unavailable(&*guarded.store, "closed").await;
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 use common::*;
 use http::StatusCode;
 use tower_idempotency_core::{ClaimOutcome, IdempotencyLayer, Store, StoreError};
-use tower_idempotency_sqlx::conformance::{self, EffectsServer, Fixture};
+use tower_idempotency_sqlx::conformance::{self, EffectsDb, EffectsServer, Fixture};
 
 async fn pg_fixture() -> Option<(
     Fixture<sqlx::Postgres>,
@@ -88,6 +88,25 @@ fn short_lease(store: Arc<dyn Store>, renew: bool) -> IdempotencyLayer {
     }
 }
 
+/// A `hold` request for `key` on a task of its own: its status and body, once the gate opens.
+fn spawn_hold<DB: EffectsDb>(
+    server: &EffectsServer<DB>,
+    key: &str,
+) -> tokio::task::JoinHandle<(reqwest::StatusCode, String)> {
+    let (url, key) = (format!("{}/effects", server.base), key.to_owned());
+    tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .header("idempotency-key", &key)
+            .header(conformance::EFFECT_HEADER, "hold")
+            .body("{}")
+            .send()
+            .await
+            .expect("request");
+        (response.status(), response.text().await.expect("body"))
+    })
+}
+
 fn problem_type(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body).expect("problem json")["type"]
         .as_str()
@@ -105,21 +124,7 @@ async fn postgres_stale_holder_writes_are_rolled_back() {
     };
     let server = EffectsServer::start(&fixture, short_lease(fixture.store.clone(), false)).await;
     let key = conformance::fresh_key("stale");
-    let stale = {
-        let server_base = server.base.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            let response = reqwest::Client::new()
-                .post(format!("{server_base}/effects"))
-                .header("idempotency-key", &key)
-                .header(conformance::EFFECT_HEADER, "hold")
-                .body("{}")
-                .send()
-                .await
-                .expect("request");
-            (response.status(), response.text().await.expect("body"))
-        })
-    };
+    let stale = spawn_hold(&server, &key);
     server.entered().await;
     // Let the first holder's lease expire (renewal is off).
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -154,21 +159,7 @@ async fn sqlite_an_open_transaction_keeps_an_expired_key() {
     let (fixture, store) = sqlite_fixture().await;
     let server = EffectsServer::start(&fixture, short_lease(fixture.store.clone(), false)).await;
     let key = conformance::fresh_key("sqlite-stale");
-    let first = {
-        let server_base = server.base.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            let response = reqwest::Client::new()
-                .post(format!("{server_base}/effects"))
-                .header("idempotency-key", &key)
-                .header(conformance::EFFECT_HEADER, "hold")
-                .body("{}")
-                .send()
-                .await
-                .expect("request");
-            (response.status(), response.text().await.expect("body"))
-        })
-    };
+    let first = spawn_hold(&server, &key);
     server.entered().await;
     // Let the holder's lease expire (renewal is off).
     tokio::time::sleep(Duration::from_millis(450)).await;
@@ -206,28 +197,14 @@ async fn postgres_lease_is_renewed_while_the_transaction_is_open() {
     };
     let server = EffectsServer::start(&fixture, short_lease(fixture.store.clone(), true)).await;
     let key = conformance::fresh_key("renewed");
-    let first = {
-        let server_base = server.base.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{server_base}/effects"))
-                .header("idempotency-key", &key)
-                .header(conformance::EFFECT_HEADER, "hold")
-                .body("{}")
-                .send()
-                .await
-                .expect("request")
-                .status()
-        })
-    };
+    let first = spawn_hold(&server, &key);
     server.entered().await;
     // Two whole leases: without renewal the key would be claimable now.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let (status, _, body) = server.post("/effects", &key, "ok").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     server.open_gate();
-    assert_eq!(first.await.expect("task").as_u16(), 201);
+    assert_eq!(first.await.expect("task").0.as_u16(), 201);
     assert_eq!(server.rows(&key).await, 1);
     assert_eq!(server.executions(), 1);
     server.finish().await;

@@ -372,19 +372,7 @@ pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
     F: std::future::Future<Output = ()>,
 {
     let lease = Duration::from_millis(1000);
-    let waiting = tokio::spawn({
-        let (store, key) = (store.clone(), key.to_owned());
-        async move {
-            store
-                .claim(
-                    &key,
-                    &fingerprint(2),
-                    tower_idempotency_core::FencingToken::random().unwrap(),
-                    lease,
-                )
-                .await
-        }
-    });
+    let waiting = spawn_claim(store.clone(), key, lease);
     // Time passing is the point: hold the lock for longer than the waiting claim's lease.
     tokio::time::sleep(lease * 3 / 2).await;
     release_lock.await;
@@ -414,6 +402,44 @@ pub async fn claim(store: &dyn Store, key: &str, fp: u8, lease: Duration) -> Cla
 
 pub fn fingerprint(byte: u8) -> Fingerprint {
     Fingerprint([byte; 32])
+}
+
+/// A claim of `key` (fingerprint 2) on a task of its own, for a lease of `lease`.
+pub fn spawn_claim<S: Store + 'static>(
+    store: Arc<S>,
+    key: &str,
+    lease: Duration,
+) -> tokio::task::JoinHandle<Result<ClaimOutcome, tower_idempotency_core::StoreError>> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        store
+            .claim(
+                &key,
+                &fingerprint(2),
+                FencingToken::random().unwrap(),
+                lease,
+            )
+            .await
+    })
+}
+
+/// A claim on `store` fails as `StoreError::Unavailable` (its database is down or closed).
+pub async fn assert_claim_unavailable(store: &impl Store, case: &str) {
+    let result = store
+        .claim(
+            &random_key(case),
+            &fingerprint(1),
+            FencingToken::random().unwrap(),
+            Duration::from_secs(1),
+        )
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(tower_idempotency_core::StoreError::Unavailable(_))
+        ),
+        "{result:?}"
+    );
 }
 
 pub fn response(body: &'static str) -> CachedResponse {
