@@ -197,25 +197,41 @@ async fn abandoned_claim_is_released(store: impl Store, proxy: &Proxy, label: &s
     assert_eq!(executions.of(&key), 1, "{label}: ran once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_abandoned_claim_is_released() {
-    let Some((store, proxy, _table)) =
-        proxied_postgres("postgres abandoned claim", "tidem_abandoned").await
-    else {
-        return;
+/// A test per backend that runs `$case(store, &proxy, label)` on a store reached through a fault
+/// proxy, on a table or key prefix of its own; skipped when the backend is not reachable.
+macro_rules! proxied_tests {
+    (
+        $case:ident,
+        $what:literal,
+        postgres: $postgres:ident($table:literal),
+        redis: $redis:ident($prefix:literal) $(,)?
+    ) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            let test = concat!("postgres ", $what);
+            let Some((store, proxy, _table)) = proxied_postgres(test, $table).await else {
+                return;
+            };
+            $case(store, &proxy, "pg").await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            let test = concat!("redis ", $what);
+            let Some((store, proxy, _keys)) = proxied_redis(test, $prefix).await else {
+                return;
+            };
+            $case(store, &proxy, "redis").await;
+        }
     };
-    abandoned_claim_is_released(store, &proxy, "pg").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_abandoned_claim_is_released() {
-    let Some((store, proxy, _keys)) =
-        proxied_redis("redis abandoned claim", "tidem-abandoned").await
-    else {
-        return;
-    };
-    abandoned_claim_is_released(store, &proxy, "redis").await;
-}
+proxied_tests!(
+    abandoned_claim_is_released,
+    "abandoned claim",
+    postgres: postgres_abandoned_claim_is_released("tidem_abandoned"),
+    redis: redis_abandoned_claim_is_released("tidem-abandoned"),
+);
 
 async fn postgres_reachable(test: &str) -> bool {
     let ok = reachable(&host_port(&database_url()));
@@ -296,24 +312,12 @@ async fn proxied_redis(test: &str, prefix: &str) -> Option<(RedisStore, Proxy, R
     Some((store, proxy, keys))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_unreachable_or_slow_fails_closed_then_recovers() {
-    let Some((store, proxy, _table)) =
-        proxied_postgres("postgres fault injection", "tidem_faults").await
-    else {
-        return;
-    };
-    unreachable_and_slow_store(store, &proxy, "pg").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_unreachable_or_slow_fails_closed_then_recovers() {
-    let Some((store, proxy, _keys)) = proxied_redis("redis fault injection", "tidem-faults").await
-    else {
-        return;
-    };
-    unreachable_and_slow_store(store, &proxy, "redis").await;
-}
+proxied_tests!(
+    unreachable_and_slow_store,
+    "fault injection",
+    postgres: postgres_unreachable_or_slow_fails_closed_then_recovers("tidem_faults"),
+    redis: redis_unreachable_or_slow_fails_closed_then_recovers("tidem-faults"),
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_load_then_restarted_runs_each_key_once() {
