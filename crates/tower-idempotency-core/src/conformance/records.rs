@@ -10,7 +10,9 @@ use super::{
     claim_token, complete_as, fingerprint, fresh_key, fresh_token, replayed, response, token, LONG,
     SHORT_LEASE,
 };
-use crate::store::{ClaimOutcome, CompletedRecord, FencingToken, Ownership, RecordState, Store};
+use crate::store::{
+    ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership, RecordState, Store,
+};
 
 /// Claim, complete, then a second claim replays the response with its headers (repeated ones
 /// too), and `get` reads the same record.
@@ -102,13 +104,16 @@ pub async fn remaining_ttl_is_reported_and_decreases(store: Arc<dyn Store>) {
     );
 }
 
-/// 100 concurrent claimers of one key: exactly one wins, every other one sees it in flight with
-/// the winner's fingerprint.
-pub async fn concurrent_claimers_have_one_winner(store: Arc<dyn Store>) {
-    let key = Arc::new(fresh_key("race"));
-    let fp = fingerprint(2);
-    let barrier = Arc::new(tokio::sync::Barrier::new(100));
-    let tasks: Vec<_> = (0..100)
+/// `n` claims of `key` on tasks of their own, released together by a barrier: their outcomes.
+async fn concurrent_claims(
+    store: &Arc<dyn Store>,
+    key: &str,
+    fp: Fingerprint,
+    n: usize,
+) -> Vec<ClaimOutcome> {
+    let key = Arc::new(key.to_owned());
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (store, key, barrier) = (store.clone(), key.clone(), barrier.clone());
             tokio::spawn(async move {
@@ -120,9 +125,21 @@ pub async fn concurrent_claimers_have_one_winner(store: Arc<dyn Store>) {
             })
         })
         .collect();
-    let mut winners = 0;
+    let mut outcomes = Vec::with_capacity(n);
     for task in tasks {
-        match task.await.expect("task") {
+        outcomes.push(task.await.expect("task"));
+    }
+    outcomes
+}
+
+/// 100 concurrent claimers of one key: exactly one wins, every other one sees it in flight with
+/// the winner's fingerprint.
+pub async fn concurrent_claimers_have_one_winner(store: Arc<dyn Store>) {
+    let key = fresh_key("race");
+    let fp = fingerprint(2);
+    let mut winners = 0;
+    for outcome in concurrent_claims(&store, &key, fp, 100).await {
+        match outcome {
             ClaimOutcome::Claimed { .. } => winners += 1,
             ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, fp),
             other => panic!("unexpected outcome {other:?}"),
@@ -176,7 +193,7 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
 
 /// A live lease blocks other claimers; once it expires the key is claimable exactly once.
 pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
-    let key = Arc::new(fresh_key("lease"));
+    let key = fresh_key("lease");
     let fp = fingerprint(4);
     claim_token(&*store, &key, &fp, SHORT_LEASE).await;
     match store
@@ -191,23 +208,11 @@ pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
     }
     tokio::time::sleep(SHORT_LEASE * 2).await;
     assert_eq!(store.get(&key).await.expect("get"), None, "expired lease");
-    let claims: Vec<_> = (0..20)
-        .map(|_| {
-            let (store, key) = (store.clone(), key.clone());
-            tokio::spawn(async move {
-                store
-                    .claim(&key, &fp, fresh_token(), LONG)
-                    .await
-                    .expect("claim")
-            })
-        })
-        .collect();
-    let mut winners = 0;
-    for claim in claims {
-        if matches!(claim.await.expect("task"), ClaimOutcome::Claimed { .. }) {
-            winners += 1;
-        }
-    }
+    let winners = concurrent_claims(&store, &key, fp, 20)
+        .await
+        .into_iter()
+        .filter(|outcome| matches!(outcome, ClaimOutcome::Claimed { .. }))
+        .count();
     assert_eq!(winners, 1, "an expired key is reclaimed exactly once");
 }
 

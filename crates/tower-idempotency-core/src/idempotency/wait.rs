@@ -282,6 +282,20 @@ mod tests {
     use crate::MemoryStore;
 
     /// The mark of a first claim made with `notices` up and no local signal sent yet.
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// Waiters that wait up to a minute, at most `bound` of them at once.
+    fn waiters(bound: usize) -> Arc<Waiters> {
+        Arc::new(Waiters::new(MINUTE, bound))
+    }
+
+    /// Store notices that are up.
+    fn connected() -> Settlements {
+        let notices = Settlements::new();
+        notices.connected(true);
+        notices
+    }
+
     fn mark_with(notices: &Settlements) -> Mark {
         Mark {
             local: 0,
@@ -291,12 +305,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_waiter_leaves_no_channel_behind() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 2));
+        let waiters = waiters(2);
         let mut one = Waiting::new(&waiters, waiters.mark(&MemoryStore::new()));
         let mut two = Waiting::new(&waiters, waiters.mark(&MemoryStore::new()));
         {
-            let first = one.wait("k", Duration::from_secs(60));
-            let second = two.wait("k", Duration::from_secs(60));
+            let first = one.wait("k", MINUTE);
+            let second = two.wait("k", MINUTE);
             let mut both = Box::pin(async { tokio::join!(first, second) });
             assert!(futures_util::poll!(&mut both).is_pending());
             assert_eq!(waiters.waiting(), 2);
@@ -315,23 +329,22 @@ mod tests {
 
     #[tokio::test]
     async fn the_bound_on_waiters_ends_the_wait() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 1));
+        let waiters = waiters(1);
         let mut one = Waiting::new(&waiters, waiters.mark(&MemoryStore::new()));
-        let mut first = Box::pin(one.wait("a", Duration::from_secs(60)));
+        let mut first = Box::pin(one.wait("a", MINUTE));
         assert!(futures_util::poll!(&mut first).is_pending());
         let mut two = Waiting::new(&waiters, waiters.mark(&MemoryStore::new()));
-        assert!(!two.wait("b", Duration::from_secs(60)).await);
+        assert!(!two.wait("b", MINUTE).await);
         assert_eq!(waiters.keys_len(), 1);
     }
 
     #[tokio::test]
     async fn a_store_notice_wakes_its_waiters_and_leaves_no_subscription_behind() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
-        let notices = Settlements::new();
-        notices.connected(true);
+        let waiters = waiters(4);
+        let notices = connected();
         let mark = || mark_with(&notices);
         let mut one = Waiting::new(&waiters, mark());
-        let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
+        let mut first = Box::pin(one.wait("k", MINUTE));
         assert!(
             futures_util::poll!(&mut first).is_pending(),
             "with notices up, the 50 ms poll is not armed: nothing ends this wait but a signal"
@@ -349,13 +362,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_notice_before_the_registration_means_claim_again_at_once() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
-        let notices = Settlements::new();
-        notices.connected(true);
+        let waiters = waiters(4);
+        let notices = connected();
         let mut one = Waiting::new(&waiters, mark_with(&notices));
         // Sent after the claim's mark, before the waiter subscribed: nobody heard it.
         notices.settled("k");
-        let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
+        let mut first = Box::pin(one.wait("k", MINUTE));
         assert!(matches!(
             futures_util::poll!(&mut first),
             std::task::Poll::Ready(true)
@@ -364,7 +376,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_marks_its_key_and_claims_again_when_it_is_no_longer_in_flight() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
+        let waiters = waiters(4);
         let in_flight = Arc::new(std::sync::Mutex::new(vec![("k", true), ("gone", false)]));
         let marked = Arc::new(std::sync::Mutex::new(Vec::new()));
         let base = Settlements::new();
@@ -383,7 +395,7 @@ mod tests {
         notices.connected(true);
         let mark = || mark_with(&notices);
         let mut one = Waiting::new(&waiters, mark());
-        let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
+        let mut first = Box::pin(one.wait("k", MINUTE));
         assert!(
             futures_util::poll!(&mut first).is_pending(),
             "marked while in flight: it waits for the notice"
@@ -395,7 +407,7 @@ mod tests {
         );
         let mut two = Waiting::new(&waiters, mark());
         assert!(
-            two.wait("gone", Duration::from_secs(60)).await,
+            two.wait("gone", MINUTE).await,
             "settled before the mark: claim again at once"
         );
         assert_eq!(*marked.lock().unwrap(), ["k", "gone"]);
@@ -407,10 +419,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_settled_key_wakes_its_waiters() {
-        let waiters = Arc::new(Waiters::new(Duration::from_secs(60), 4));
+        let waiters = waiters(4);
         let mut one = Waiting::new(&waiters, waiters.mark(&MemoryStore::new()));
-        one.next_poll = Duration::from_secs(60);
-        let mut first = Box::pin(one.wait("k", Duration::from_secs(60)));
+        one.next_poll = MINUTE;
+        let mut first = Box::pin(one.wait("k", MINUTE));
         assert!(futures_util::poll!(&mut first).is_pending());
         drop(SettledSignal::new(Some(&waiters), "k"));
         assert!(
