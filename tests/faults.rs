@@ -101,13 +101,20 @@ async fn retry_until_served(client: &reqwest::Client, base: &str, key: &str) -> 
     }
 }
 
-/// Drives one store behind a proxy through drop, cut and stall faults.
-async fn unreachable_and_slow_store(store: impl Store, proxy: &Proxy, label: &str) {
+/// `store` behind the fault tests' layer (its own namespace, the short store timeout) in front
+/// of a counting handler, served on loopback: the handler's executions and the base URL.
+async fn serve_counted(store: impl Store) -> (Executions, String) {
     let executions = Executions::new();
     let layer = IdempotencyLayer::client_keys(store)
         .namespace("faults")
         .store_timeout(STORE_TIMEOUT);
     let base = serve(counted_app(layer, executions.clone())).await;
+    (executions, base)
+}
+
+/// Drives one store behind a proxy through drop, cut and stall faults.
+async fn unreachable_and_slow_store(store: impl Store, proxy: &Proxy, label: &str) {
+    let (executions, base) = serve_counted(store).await;
     let client = client();
     let key = |n: usize| format!("{label}-{n}");
 
@@ -206,22 +213,18 @@ macro_rules! proxied_tests {
         postgres: $postgres:ident($table:literal),
         redis: $redis:ident($prefix:literal) $(,)?
     ) => {
+        proxied_tests!(@one $postgres, proxied_postgres, concat!("postgres ", $what), $table,
+            $case, "pg");
+        proxied_tests!(@one $redis, proxied_redis, concat!("redis ", $what), $prefix,
+            $case, "redis");
+    };
+    (@one $test:ident, $proxied:ident, $what:expr, $place:literal, $case:ident, $label:literal) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $postgres() {
-            let test = concat!("postgres ", $what);
-            let Some((store, proxy, _table)) = proxied_postgres(test, $table).await else {
+        async fn $test() {
+            let Some((store, proxy, _guard)) = $proxied($what, $place).await else {
                 return;
             };
-            $case(store, &proxy, "pg").await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $redis() {
-            let test = concat!("redis ", $what);
-            let Some((store, proxy, _keys)) = proxied_redis(test, $prefix).await else {
-                return;
-            };
-            $case(store, &proxy, "redis").await;
+            $case(store, &proxy, $label).await;
         }
     };
 }
@@ -328,11 +331,7 @@ async fn redis_killed_mid_load_then_restarted_runs_each_key_once() {
         .await
         .expect("connect")
         .with_timeout(STORE_TIMEOUT);
-    let executions = Executions::new();
-    let layer = IdempotencyLayer::client_keys(store)
-        .namespace("faults")
-        .store_timeout(STORE_TIMEOUT);
-    let base = serve(counted_app(layer, executions.clone())).await;
+    let (executions, base) = serve_counted(store).await;
     let client = client();
 
     // Ten handlers claimed and running when the server dies.
