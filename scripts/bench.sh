@@ -5,7 +5,9 @@
 #   - the load harness (crates/tower-idempotency-loadtest), which also redraws
 #     docs/benchmarks/throughput.svg: every store beside the bare handler, its SQL floors and the
 #     peer (`idempotent` 2.0, served by crates/tower-idempotency-loadtest/peer, built here with
-#     --ignore-rust-version: it declares Rust 1.98 and compiles on the project's 1.95).
+#     --ignore-rust-version: it declares Rust 1.98 and compiles on the project's 1.95);
+#   - the transactional mode and the inbox beside their floors (--bin transactional, --bin inbox),
+#     MODE_SECONDS (default 3) per cell.
 #
 # Usage: scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
 #   e.g. scripts/bench.sh -- --duration-ms 3000
@@ -14,18 +16,20 @@
 #              REDIS_URL (default redis://127.0.0.1:6379). Benchmarks that need an unreachable
 #              service print a SKIPPED line and the rest still run.
 # Outputs: target/bench-results/<UTC timestamp>/ (criterion-*.txt, loadtest-latest.{json,csv,md},
-#          machine.txt); criterion's own HTML reports stay under target/criterion/.
+#          transactional.md, inbox.md, machine.txt); criterion's own HTML reports stay under
+#          target/criterion/.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 criterion=1
 load=1
+mode_seconds=${MODE_SECONDS:-3}
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --skip-criterion) criterion=0 ;;
         --skip-load) load=0 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown flag $1 (loadtest flags go after --)" >&2; exit 2 ;;
     esac
     shift
@@ -65,6 +69,12 @@ if [[ $load == 1 ]]; then
     echo "== load harness (-> $out/loadtest-latest.*, docs/benchmarks/throughput.svg)"
     cargo run --release -p tower-idempotency-loadtest --bin tower-idempotency-loadtest -- \
         --out "$out" --chart docs/benchmarks/throughput.svg "$@" 2> >(tee "$out/loadtest-progress.txt" >&2)
+    # The transactional mode and the inbox against their own floors (a bare handler writing the
+    # same row, and the synchronous webhook layer), in the same run.
+    for bin in transactional inbox; do
+        echo "== $bin (-> $out/$bin.md)"
+        cargo run --release -p tower-idempotency-loadtest --bin "$bin" -- "$mode_seconds" | tee "$out/$bin.md"
+    done
 fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
 echo "results in $out"

@@ -16,8 +16,8 @@ USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
   --concurrency LIST   comma-separated worker counts (default 32)
   --bodies LIST        request body sizes in bytes (default 1024,65536; above 1 KiB only the
                        memory stores and the bare handlers run)
-  --stores LIST        memory,memory-constfp,sqlite,postgres,redis,postgres+cache,redis+cache,
-                       idempotent-memory,idempotent-valkey,peer-bare,sqlite-floor-write,
+  --stores LIST        memory,memory-constfp,sqlite,sqlite+cache,postgres,redis,postgres+cache,
+                       redis+cache,idempotent-memory,idempotent-valkey,peer-bare,sqlite-floor-write,
                        postgres-floor-write,postgres-floor-read (default all);
                        +cache wraps the store in a LocalReplayCache (local replays);
                        memory-constfp is an experiment: the memory store with a constant

@@ -221,7 +221,7 @@ fn counted_target(
                 .block_on(Proxy::counting(upstream.to_string(), Protocol::Resp))?;
             (target.clone(), Some(proxy), "commands")
         }
-        Target::Sqlite(_) => (target.clone(), None, "statements"),
+        Target::Sqlite(_) | Target::SqliteCached(_) => (target.clone(), None, "statements"),
         Target::Postgres(_) | Target::PostgresCached(_) => {
             let (store, proxy) = postgres_through_proxy(rts, b)?;
             let counted = match target {

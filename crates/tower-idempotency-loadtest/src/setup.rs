@@ -73,6 +73,8 @@ pub(crate) enum Target {
     Sqlite(Arc<SqliteStore>),
     Postgres(Arc<PostgresStore>),
     Redis(RedisStore),
+    /// The SQLite store behind a `LocalReplayCache`.
+    SqliteCached(Arc<SqliteStore>),
     /// The Postgres store behind a `LocalReplayCache`.
     PostgresCached(Arc<PostgresStore>),
     /// The Redis store behind a `LocalReplayCache`.
@@ -93,6 +95,7 @@ impl Target {
             Target::Sqlite(_) => "sqlite",
             Target::Postgres(_) => "postgres",
             Target::Redis(_) => "redis",
+            Target::SqliteCached(_) => "sqlite+cache",
             Target::PostgresCached(_) => "postgres+cache",
             Target::RedisCached(_) => "redis+cache",
             Target::Peer(peer) => peer.name(),
@@ -114,6 +117,9 @@ impl Target {
             Target::Sqlite(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Postgres(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Redis(s) => IdempotencyLayer::client_keys(s.clone()),
+            Target::SqliteCached(s) => {
+                IdempotencyLayer::client_keys(LocalReplayCache::new(s.clone()))
+            }
             Target::PostgresCached(s) => {
                 IdempotencyLayer::client_keys(LocalReplayCache::new(s.clone()))
             }
@@ -146,7 +152,7 @@ impl Target {
     /// SQL statements executed so far, for the stores that count them.
     pub(crate) fn statements(&self) -> Option<u64> {
         match self {
-            Target::Sqlite(s) => Some(s.statements_executed()),
+            Target::Sqlite(s) | Target::SqliteCached(s) => Some(s.statements_executed()),
             Target::Postgres(s) | Target::PostgresCached(s) => Some(s.statements_executed()),
             _ => None,
         }
@@ -155,13 +161,14 @@ impl Target {
 
 /// Every target, in table order (each store beside its peer and its floors); all but `bare`
 /// are what `--stores` runs by default.
-pub(crate) const TARGETS: [&str; 14] = [
+pub(crate) const TARGETS: [&str; 15] = [
     "bare",
     "peer-bare",
     "memory",
     "memory-constfp",
     "idempotent-memory",
     "sqlite",
+    "sqlite+cache",
     "sqlite-floor-write",
     "postgres",
     "postgres+cache",
@@ -254,7 +261,7 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
     match name {
         "memory" => Ok(Target::Memory),
         "memory-constfp" => Ok(Target::MemoryConstantFingerprint),
-        "sqlite" => {
+        "sqlite" | "sqlite+cache" => {
             let url = format!("sqlite://{}", b.sqlite_path.display());
             let store = SqliteStore::connect(&url).await.map_err(|e| describe(&e))?;
             let store = match b.store_lanes {
@@ -262,7 +269,12 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
                 None => store,
             };
             store.migrate().await.map_err(|e| describe(&e))?;
-            Ok(Target::Sqlite(Arc::new(store)))
+            let store = Arc::new(store);
+            Ok(if name == "sqlite" {
+                Target::Sqlite(store)
+            } else {
+                Target::SqliteCached(store)
+            })
         }
         // Both Postgres targets share the table (each cell uses keys of its own run); the
         // migration is idempotent, and needed by whichever of them runs first.

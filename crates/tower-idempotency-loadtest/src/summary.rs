@@ -11,7 +11,7 @@ pub(crate) fn reference(target: &str, workload: Workload) -> Option<(&'static st
     match (target, workload) {
         ("memory" | "memory-constfp", w) => Some(("idempotent-memory", w)),
         ("redis" | "redis+cache", w) => Some(("idempotent-valkey", w)),
-        ("sqlite", Workload::New) => Some(("sqlite-floor-write", Workload::New)),
+        ("sqlite" | "sqlite+cache", Workload::New) => Some(("sqlite-floor-write", Workload::New)),
         ("postgres" | "postgres+cache", Workload::New) => {
             Some(("postgres-floor-write", Workload::New))
         }

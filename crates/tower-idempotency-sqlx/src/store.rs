@@ -21,6 +21,7 @@ use crate::{
     error, lanes,
     lanes::{Lanes, StoreLanes},
     lease,
+    recent::RecentKeys,
     record::{millis, ownership, token_param, Completion, RawRecord, TokenOutOfRange},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
@@ -36,8 +37,8 @@ use crate::{
 /// (`statement_timestamp()`), so application hosts need no synchronised clocks.
 ///
 /// **SQLite**: durable across restarts, shared by every process on the host that opens the same
-/// file. A claim reads the key first, so replays and in-flight duplicates are reads that run
-/// in parallel; the writes of one process run one at a time on a writer lane (across
+/// file. A claim of a key the process has seen lately reads it first, so replays and in-flight
+/// duplicates are reads that run in parallel (a new key goes straight to the write); the writes of one process run one at a time on a writer lane (across
 /// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
 /// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
 /// step of the system clock while the store runs does not expire live leases (or extend them).
@@ -65,6 +66,7 @@ pub struct SqlStore<DB: Backend> {
     statements: AtomicU64,
     pub(crate) clock: StoreClock,
     notices: Option<DB::Notices>,
+    recent: RecentKeys,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -88,6 +90,7 @@ impl<DB: Backend> SqlStore<DB> {
             statements: AtomicU64::new(0),
             clock: StoreClock::system(),
             notices: DB::notices(&pool, table),
+            recent: RecentKeys::default(),
         })
     }
 
@@ -436,7 +439,10 @@ impl<DB: Backend> Store for SqlStore<DB> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let claim_once = || async {
-            if DB::ONE_WRITER {
+            // A key this process has seen is read first, so its replays never wait for the
+            // writer; a key it has not seen goes straight to the claim statement, which
+            // handles a row written by another process just as well.
+            if DB::ONE_WRITER && self.recent.seen(key) {
                 if let Some(live) = self.read_live(key, token).await? {
                     return Ok(live);
                 }

@@ -98,7 +98,6 @@ mod sqlite_helpers {
     impl shared::Place for SqliteFile {
         type DB = sqlx::Sqlite;
         const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
-        const FIRST_REQUEST_STATEMENTS: u64 = 3;
         const MISSING_TABLE: &'static str = "no such table";
 
         async fn create() -> Option<Self> {
@@ -251,7 +250,6 @@ mod pg_helpers {
     impl shared::Place for PgTable {
         type DB = sqlx::Postgres;
         const BEGIN_WRITE: &'static str = "BEGIN";
-        const FIRST_REQUEST_STATEMENTS: u64 = 2;
         const MISSING_TABLE: &'static str = "42P01";
 
         async fn create() -> Option<Self> {
