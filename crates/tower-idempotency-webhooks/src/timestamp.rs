@@ -102,11 +102,12 @@ impl fmt::Debug for ReplayWindow {
 
 /// Writes a verifier's (or builder's) `tolerance` and `disable_replay_window` methods over its
 /// [`ReplayWindow`] at `self.<field>`. The doc comments given document `tolerance`, which is
-/// where a provider says its default and what the window is around.
+/// where a provider says its default and what the window is around. `Duration` is the caller's,
+/// as in [`verifier_settings!`](crate::verifier::verifier_settings).
 macro_rules! replay_window_methods {
     ($(#[$doc:meta])* self.$($field:ident).+) => {
         $(#[$doc])*
-        pub fn tolerance(mut self, tolerance: ::std::time::Duration) -> Self {
+        pub fn tolerance(mut self, tolerance: Duration) -> Self {
             self.$($field).+.set(tolerance);
             self
         }
