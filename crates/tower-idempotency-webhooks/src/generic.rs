@@ -38,7 +38,7 @@ use crate::{
     json,
     secret::Secret,
     signature::{self, Encoding, HmacAlgorithm, MAX_SIGNATURES},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::{self, replay_window_methods, ReplayWindow},
     verified::VerifiedWebhook,
     verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
 };
@@ -90,7 +90,7 @@ pub struct HmacVerifier {
     event_id: EventId,
     /// The header of [`EventId::Header`].
     id_header: Option<ParsedName>,
-    tolerance: Option<Duration>,
+    tolerance: ReplayWindow,
     ttl: Duration,
 }
 
@@ -106,7 +106,7 @@ pub struct HmacVerifierBuilder {
     parts: Vec<Part>,
     timestamp_header: Option<&'static str>,
     event_id: Option<EventId>,
-    tolerance: Option<Duration>,
+    tolerance: ReplayWindow,
     ttl: Duration,
 }
 
@@ -126,7 +126,7 @@ impl HmacVerifier {
             parts: vec![Part::Body],
             timestamp_header: None,
             event_id: None,
-            tolerance: Some(DEFAULT_TOLERANCE),
+            tolerance: ReplayWindow::default(),
             ttl: DEFAULT_WEBHOOK_TTL,
         }
     }
@@ -185,17 +185,9 @@ impl HmacVerifierBuilder {
         self
     }
 
-    /// The replay window; zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window; zero panics (see `disable_replay_window`).
+        self.tolerance
     }
 
     /// How long completed deliveries are remembered: set it longer than the sender retries.
@@ -417,7 +409,7 @@ impl Verifier for HmacVerifier {
     }
 
     fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
+        self.tolerance.get()
     }
 
     fn verify(
@@ -444,7 +436,7 @@ impl Verifier for HmacVerifier {
             header, seconds, ..
         }) = timestamp
         {
-            timestamp::check_window(header, seconds, now, self.tolerance)?;
+            self.tolerance.check(header, seconds, now)?;
         }
         let (id, json) = self.event_id(body, header_id)?;
         let mut webhook =

@@ -1,6 +1,9 @@
 //! Signed timestamps: strict unix seconds and the replay window around the clock.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    fmt,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use crate::error::VerifyError;
 
@@ -43,19 +46,81 @@ pub(crate) fn check_window(
     Ok(())
 }
 
-/// `Some(d)`.
-///
-/// # Panics
-/// On zero, which reads as "no tolerance" but would disable the check: the verifiers'
-/// `disable_replay_window` says that.
-pub(crate) fn tolerance(duration: Duration) -> Option<Duration> {
-    assert!(
-        !duration.is_zero(),
-        "a zero replay window would disable the timestamp check; call disable_replay_window() \
-         to turn it off"
-    );
-    Some(duration)
+/// A verifier's replay window: [`DEFAULT_TOLERANCE`] until its `tolerance` sets another, none
+/// once its `disable_replay_window` turns the check off.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplayWindow(Option<Duration>);
+
+impl ReplayWindow {
+    /// Checks timestamps within `tolerance` of the clock.
+    ///
+    /// # Panics
+    /// On zero, which reads as "no tolerance" but would disable the check: the verifiers'
+    /// `disable_replay_window` says that.
+    pub(crate) fn set(&mut self, tolerance: Duration) {
+        assert!(
+            !tolerance.is_zero(),
+            "a zero replay window would disable the timestamp check; call disable_replay_window() \
+             to turn it off"
+        );
+        self.0 = Some(tolerance);
+    }
+
+    /// Checks no timestamp against the clock.
+    pub(crate) fn disable(&mut self) {
+        self.0 = None;
+    }
+
+    /// The window, `None` when the check is off.
+    pub(crate) fn get(self) -> Option<Duration> {
+        self.0
+    }
+
+    /// [`check_window`] against this window.
+    pub(crate) fn check(
+        self,
+        name: &'static str,
+        signed: u64,
+        now: SystemTime,
+    ) -> Result<(), VerifyError> {
+        check_window(name, signed, now, self.0)
+    }
 }
+
+impl Default for ReplayWindow {
+    fn default() -> Self {
+        Self(Some(DEFAULT_TOLERANCE))
+    }
+}
+
+// A verifier's `Debug` shows the window as the `Option` it is: `Some(300s)` or `None`.
+impl fmt::Debug for ReplayWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Writes a verifier's (or builder's) `tolerance` and `disable_replay_window` methods over its
+/// [`ReplayWindow`] at `self.<field>`. The doc comments given document `tolerance`, which is
+/// where a provider says its default and what the window is around. `Duration` is the caller's,
+/// as in [`verifier_settings!`](crate::verifier::verifier_settings).
+macro_rules! replay_window_methods {
+    ($(#[$doc:meta])* self.$($field:ident).+) => {
+        $(#[$doc])*
+        pub fn tolerance(mut self, tolerance: Duration) -> Self {
+            self.$($field).+.set(tolerance);
+            self
+        }
+
+        /// Turns the replay window off: a captured delivery then verifies at any time, and only
+        /// the idempotency record (for its TTL) keeps it from running twice.
+        pub fn disable_replay_window(mut self) -> Self {
+            self.$($field).+.disable();
+            self
+        }
+    };
+}
+pub(crate) use replay_window_methods;
 
 #[cfg(test)]
 mod tests {

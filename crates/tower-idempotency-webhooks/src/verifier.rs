@@ -24,6 +24,29 @@ use crate::{
 /// TTL used by verifiers that do not set their own: one day.
 pub const DEFAULT_WEBHOOK_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Writes the `Verifier` methods that only report a provider's settings: its name, its default
+/// TTL and, for a provider that signs a timestamp, the replay window at `self.<field>`. The
+/// signatures name `Duration` as the caller has it in scope, so the API reads as hand-written.
+macro_rules! verifier_settings {
+    ($provider:expr, $ttl:expr) => {
+        fn provider(&self) -> &'static str {
+            $provider
+        }
+
+        fn default_ttl(&self) -> Duration {
+            $ttl
+        }
+    };
+    ($provider:expr, $ttl:expr, replay_window: self.$($field:ident).+) => {
+        $crate::verifier::verifier_settings!($provider, $ttl);
+
+        fn replay_window(&self) -> Option<Duration> {
+            self.$($field).+.get()
+        }
+    };
+}
+pub(crate) use verifier_settings;
+
 /// Checks one provider's signature over the exact raw body and names the delivery.
 ///
 /// Verification is synchronous because the core's [`KeySource::derive`] is: it is pure CPU

@@ -25,7 +25,7 @@ use crate::{
     secret::{self, Secret},
     signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -62,14 +62,6 @@ impl GitHubVerifier {
 }
 
 impl Verifier for GitHubVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
     fn verify(
         &self,
         parts: &Parts,
@@ -96,6 +88,8 @@ impl Verifier for GitHubVerifier {
             .with_authenticator(authenticator)
             .with_unsigned_event_id())
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL);
 }
 
 /// The `X-Hub-Signature-256` value GitHub would send for `body`.

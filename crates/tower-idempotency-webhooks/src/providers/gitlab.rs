@@ -20,7 +20,7 @@ use crate::{
     secret::{self, Secret},
     signature,
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -53,14 +53,6 @@ impl GitLabVerifier {
 }
 
 impl Verifier for GitLabVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
     fn verify(
         &self,
         parts: &Parts,
@@ -91,6 +83,8 @@ impl Verifier for GitLabVerifier {
             .with_secret_index(index)
             .with_unsigned_event_id())
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL);
 }
 
 /// The fixture the tests and benches sign GitLab deliveries with.

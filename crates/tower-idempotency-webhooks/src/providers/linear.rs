@@ -8,23 +8,21 @@
 //! Linear retries a failed delivery three times: after 1 minute, 1 hour and 6 hours; the
 //! one-day [`DEFAULT_TTL`] covers it.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
 use tower_idempotency_core::Authenticator;
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, headers, json,
-    secret::{self, Secret},
+    secret::Secret,
     signature::{self, Encoding, HmacAlgorithm},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::replay_window_methods,
     verified::VerifiedWebhook,
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -44,8 +42,7 @@ const TIMESTAMP_FIELD: &str = "webhookTimestamp";
 /// Verifies Linear deliveries.
 #[derive(Clone, Debug)]
 pub struct LinearVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
 }
 
 impl LinearVerifier {
@@ -55,39 +52,18 @@ impl LinearVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, secrets),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, secrets),
         }
     }
 
-    /// The replay window around `webhookTimestamp` (default 300 s; Linear suggests one
-    /// minute); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window around `webhookTimestamp` (default 300 s; Linear suggests one
+        /// minute); zero panics (see `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
 impl Verifier for LinearVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
@@ -96,8 +72,7 @@ impl Verifier for LinearVerifier {
     ) -> Result<VerifiedWebhook, VerifyError> {
         let value = headers::required(&parts.headers, &SIGNATURE)?;
         let candidates = signature::decode_all(SIGNATURE_HEADER, &[value], Encoding::Hex)?;
-        let index =
-            signature::match_hmac(HmacAlgorithm::Sha256, &self.secrets, &[body], &candidates)?;
+        let index = self.keys.matching(&[body], &candidates)?;
         let [millis] = json::fields(body, ["/webhookTimestamp"])?;
         // `@linear/sdk` compares it as a JavaScript number: `1700000000000.0` is the same.
         let millis = millis.as_ref().and_then(json::Scalar::as_whole).ok_or(
@@ -106,7 +81,7 @@ impl Verifier for LinearVerifier {
             },
         )?;
         let signed = millis / 1000;
-        timestamp::check_window(TIMESTAMP_FIELD, signed, now, self.tolerance)?;
+        self.keys.tolerance.check(TIMESTAMP_FIELD, signed, now)?;
         let id = event_id::header_id(&parts.headers, &DELIVERY)?;
         // The delivery id is not signed: remember the verified MAC.
         let authenticator = Authenticator::digest(PROVIDER, &[candidates[0].as_bytes()]);
@@ -116,20 +91,21 @@ impl Verifier for LinearVerifier {
             .with_authenticator(authenticator)
             .with_unsigned_event_id())
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `Linear-Signature` value for `body`.
 pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
-    hex::encode(signature::hmac(
-        HmacAlgorithm::Sha256,
-        secret.as_ref(),
-        &[body],
-    ))
+    let mac = signature::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]);
+    hex::encode(mac)
 }
 
 /// The fixture the tests and benches sign Linear deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use std::sync::Arc;
+
     use crate::testing::{Delivery, HmacFixture, Outcome, Recapture};
 
     HmacFixture::new(

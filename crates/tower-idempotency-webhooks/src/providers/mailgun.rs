@@ -10,23 +10,21 @@
 //! for 8 hours (10 min, 10 min, 15 min, 30 min, 1 h, 2 h, 4 h), so the one-day [`DEFAULT_TTL`]
 //! covers it.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
 use tower_idempotency_core::Authenticator;
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, json,
-    secret::{self, Secret},
+    secret::Secret,
     signature::{self, Encoding, HmacAlgorithm},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::{self, replay_window_methods},
     verified::VerifiedWebhook,
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -37,8 +35,7 @@ pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 /// Verifies Mailgun webhooks.
 #[derive(Clone, Debug)]
 pub struct MailgunVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
 }
 
 impl MailgunVerifier {
@@ -48,40 +45,19 @@ impl MailgunVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(keys: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, keys),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, keys),
         }
     }
 
-    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
 const FIELD: &str = "signature.timestamp";
 
 impl Verifier for MailgunVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         _parts: &Parts,
@@ -115,13 +91,10 @@ impl Verifier for MailgunVerifier {
                 .ok_or(VerifyError::MalformedBody {
                     reason: "signature.signature is not hexadecimal",
                 })?;
-        let index = signature::match_hmac(
-            HmacAlgorithm::Sha256,
-            &self.secrets,
-            &[timestamp.as_bytes(), token.as_bytes()],
-            &[candidate],
-        )?;
-        timestamp::check_window(FIELD, signed, now, self.tolerance)?;
+        let index = self
+            .keys
+            .matching(&[timestamp.as_bytes(), token.as_bytes()], &[candidate])?;
+        self.keys.tolerance.check(FIELD, signed, now)?;
         let id = event_id::scalar_id(id, "/event-data/id")?;
         // The event data is not signed; Mailgun's advice is to refuse a token seen before.
         let authenticator = Authenticator::digest(PROVIDER, &[token.as_bytes()]);
@@ -130,6 +103,8 @@ impl Verifier for MailgunVerifier {
             .with_secret_index(index)
             .with_authenticator(authenticator))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `signature` object Mailgun would send for `timestamp` and `token`.
@@ -146,6 +121,8 @@ pub fn sign(key: impl AsRef<[u8]>, timestamp: u64, token: &str) -> serde_json::V
 /// The fixture the tests and benches sign Mailgun deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
+    use std::sync::Arc;
+
     use crate::testing::{Delivery, Event, HmacFixture, Outcome, Recapture};
 
     use sha2::{Digest as _, Sha256};

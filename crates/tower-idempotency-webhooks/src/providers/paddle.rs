@@ -6,22 +6,20 @@
 //! so [`DEFAULT_TTL`] is four days. Paddle's SDKs use a 5 s window; this verifier defaults to the
 //! crate-wide 300 s: tighten it with [`PaddleVerifier::tolerance`].
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, json,
     schemes::TimestampedScheme,
-    secret::{self, Secret},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    secret::Secret,
+    timestamp::replay_window_methods,
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -42,8 +40,7 @@ static SCHEME: TimestampedScheme = TimestampedScheme {
 /// Verifies Paddle Billing deliveries.
 #[derive(Clone, Debug)]
 pub struct PaddleVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
 }
 
 impl PaddleVerifier {
@@ -53,52 +50,32 @@ impl PaddleVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, secrets),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, secrets),
         }
     }
 
-    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
 impl Verifier for PaddleVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) =
-            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(&parts.headers, body, &self.keys, now)?;
         let [id] = json::fields(body, ["/event_id"])?;
         let id = event_id::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `Paddle-Signature` value for `body` at `timestamp`.
@@ -109,7 +86,9 @@ pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
 /// The fixture the tests and benches sign Paddle deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
-    use crate::testing::{Delivery, HmacFixture};
+    use std::sync::Arc;
+
+    use crate::testing::HmacFixture;
 
     HmacFixture::new(
         PROVIDER,
@@ -121,9 +100,6 @@ pub(crate) fn fixture() -> crate::testing::HmacFixture {
                 r#"{{"event_id":"{id}","event_type":"transaction.completed","data":{{"id":"txn_1"}}}}"#
             )
         },
-        |secret, signed, sent, now| {
-            let signature = sign(secret, now, signed.body.as_bytes());
-            Delivery::new(vec![(SIGNATURE_HEADER, signature)], sent.body.clone())
-        },
+        |secret, signed, sent, now| SCHEME.delivery(secret, signed, sent, now),
     )
 }

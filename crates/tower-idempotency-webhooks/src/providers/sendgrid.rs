@@ -8,10 +8,7 @@
 //! the per-event ids for deduplication inside the handler. SendGrid retries failed batches for
 //! up to 24 hours, so [`DEFAULT_TTL`] is two days.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -21,13 +18,14 @@ use p256::{
 };
 use sha2::{Digest as _, Sha256};
 
+use super::public_keys::PublicKeys;
 use crate::{
     error::{ConfigError, VerifyError},
     event_id, headers,
     signature::Encoding,
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::{self, replay_window_methods},
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -42,8 +40,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(2 * 24 * 60 * 60);
 /// Verifies SendGrid Event Webhook batches.
 #[derive(Clone, Debug)]
 pub struct SendGridVerifier {
-    keys: Arc<[VerifyingKey]>,
-    tolerance: Option<Duration>,
+    keys: PublicKeys<VerifyingKey>,
 }
 
 impl SendGridVerifier {
@@ -51,36 +48,23 @@ impl SendGridVerifier {
     /// SendGrid console, or the same key as a PEM `PUBLIC KEY` block (as
     /// `@sendgrid/eventwebhook` accepts it).
     pub fn new<S: AsRef<str>>(keys: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
-        let keys = keys
-            .into_iter()
-            .map(|key| {
-                let der = Encoding::Base64
-                    .decode(&pem_body(key.as_ref().trim())?)
+        let keys = PublicKeys::parse(keys, |key| {
+            let der =
+                Encoding::Base64
+                    .decode(&pem_body(key)?)
                     .ok_or(ConfigError::InvalidPublicKey {
                         reason: "not base64",
                     })?;
-                VerifyingKey::from_public_key_der(&der).map_err(|_| ConfigError::InvalidPublicKey {
-                    reason: "not a P-256 SubjectPublicKeyInfo",
-                })
+            VerifyingKey::from_public_key_der(&der).map_err(|_| ConfigError::InvalidPublicKey {
+                reason: "not a P-256 SubjectPublicKeyInfo",
             })
-            .collect::<Result<Arc<[_]>, _>>()?;
-        Ok(Self {
-            keys,
-            tolerance: Some(DEFAULT_TOLERANCE),
-        })
+        })?;
+        Ok(Self { keys })
     }
 
-    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
@@ -102,29 +86,13 @@ fn pem_body(key: &str) -> Result<std::borrow::Cow<'_, str>, ConfigError> {
 }
 
 impl Verifier for SendGridVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        if self.keys.is_empty() {
-            return Err(VerifyError::MissingConfiguration {
-                what: "verification key",
-            });
-        }
+        self.keys.require("verification key")?;
         let value = headers::required(&parts.headers, SIGNATURE_HEADER)?;
         let timestamp = headers::required(&parts.headers, TIMESTAMP_HEADER)?;
         let signature = Encoding::Base64
@@ -143,10 +111,8 @@ impl Verifier for SendGridVerifier {
             .finalize();
         let index = self
             .keys
-            .iter()
-            .position(|key| key.verify_prehash(&digest, &signature).is_ok())
-            .ok_or(VerifyError::SignatureMismatch)?;
-        timestamp::check_window(TIMESTAMP_HEADER, signed, now, self.tolerance)?;
+            .matching(|key| key.verify_prehash(&digest, &signature).is_ok())?;
+        self.keys.tolerance.check(TIMESTAMP_HEADER, signed, now)?;
         Ok(
             VerifiedWebhook::new(PROVIDER, event_id::body_digest_id(body), body.clone())
                 .with_signed_at(signed)
@@ -154,6 +120,8 @@ impl Verifier for SendGridVerifier {
                 .with_signed_headers([TIMESTAMP_HEADER]),
         )
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `sg_event_id` of every event in a verified batch, in order.
@@ -173,7 +141,7 @@ pub fn event_ids(webhook: &VerifiedWebhook) -> Result<Vec<String>, VerifyError> 
 
 /// The fixture the tests and benches sign SendGrid event batches with.
 #[cfg(feature = "test-support")]
-pub(crate) mod fixture {
+pub(crate) fn fixture() -> super::public_keys::KeyPairFixture {
     use std::sync::Arc;
 
     use base64::{engine::general_purpose::STANDARD, Engine as _};
@@ -182,60 +150,33 @@ pub(crate) mod fixture {
         pkcs8::EncodePublicKey as _,
     };
 
-    use crate::{
-        testing::{key_seed, Delivery, Event, Fixture, Signer},
-        Verifier,
-    };
+    use super::public_keys::KeyPairFixture;
+    use crate::testing::{key_seed, Signer};
 
     fn key(signer: Signer) -> SigningKey {
         SigningKey::from_slice(&key_seed(signer)).expect("a valid scalar")
     }
 
-    pub(crate) struct SendGridFixture;
-
-    impl Fixture for SendGridFixture {
-        fn provider(&self) -> &'static str {
-            super::PROVIDER
-        }
-
-        fn verifier(&self) -> Arc<dyn Verifier> {
+    KeyPairFixture::new(
+        PROVIDER,
+        [SIGNATURE_HEADER, TIMESTAMP_HEADER],
+        || {
             let der = key(Signer::Genuine)
                 .verifying_key()
                 .to_public_key_der()
                 .expect("an encodable key");
             let public = STANDARD.encode(der.as_bytes());
-            Arc::new(super::SendGridVerifier::new([public]).expect("a valid key"))
-        }
-
-        fn event(&self, id: &str, _now: u64) -> Event {
-            Event {
-                id: id.to_owned(),
-                body: format!(
-                    r#"[{{"email":"a@example.com","event":"delivered","sg_event_id":"{id}","timestamp":1700000000}}]"#
-                ),
-            }
-        }
-
-        fn deliver(&self, signer: Signer, signed: &Event, sent: &Event, now: u64) -> Delivery {
-            let signature: Signature = key(signer).sign(format!("{now}{}", signed.body).as_bytes());
-            let headers = vec![
-                (super::SIGNATURE_HEADER, STANDARD.encode(signature.to_der())),
-                (super::TIMESTAMP_HEADER, now.to_string()),
-            ];
-            Delivery::new(headers, sent.body.clone())
-        }
-
-        fn signature_header(&self) -> Option<&'static str> {
-            Some(super::SIGNATURE_HEADER)
-        }
-
-        // The verifier holds a public key only.
-        fn secret_forms(&self) -> Vec<String> {
-            Vec::new()
-        }
-
-        fn key(&self, _event: &Event, delivery: &Delivery) -> String {
-            crate::event_id::body_digest_id(delivery.body.as_bytes())
-        }
-    }
+            Arc::new(SendGridVerifier::new([public]).expect("a valid key"))
+        },
+        |id, _| {
+            format!(
+                r#"[{{"email":"a@example.com","event":"delivered","sg_event_id":"{id}","timestamp":1700000000}}]"#
+            )
+        },
+        |signer, message| {
+            let signature: Signature = key(signer).sign(message);
+            STANDARD.encode(signature.to_der())
+        },
+    )
+    .key(|_, delivery| event_id::body_digest_id(delivery.body.as_bytes()))
 }

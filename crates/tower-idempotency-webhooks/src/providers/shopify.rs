@@ -23,7 +23,7 @@ use crate::{
     secret::{self, Secret},
     signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -80,14 +80,6 @@ fn either<'a>(
 }
 
 impl Verifier for ShopifyVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
     fn verify(
         &self,
         parts: &Parts,
@@ -115,15 +107,14 @@ impl Verifier for ShopifyVerifier {
             .with_authenticator(authenticator)
             .with_unsigned_event_id())
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL);
 }
 
 /// The `X-Shopify-Hmac-Sha256` value for `body`.
 pub fn sign(secret: impl AsRef<[u8]>, body: &[u8]) -> String {
-    Encoding::Base64.encode(&signature::hmac(
-        HmacAlgorithm::Sha256,
-        secret.as_ref(),
-        &[body],
-    ))
+    let mac = signature::hmac(HmacAlgorithm::Sha256, secret.as_ref(), &[body]);
+    Encoding::Base64.encode(&mac)
 }
 
 /// The fixture the tests and benches sign Shopify deliveries with.

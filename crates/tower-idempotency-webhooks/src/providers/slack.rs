@@ -10,23 +10,21 @@
 //! The `url_verification` handshake is authenticated like any delivery and keyed by its
 //! challenge; answer it with [`url_verification_response`].
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use axum_core::response::Response;
 use bytes::Bytes;
-use http::{request::Parts, HeaderName};
+use http::request::Parts;
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, json,
     schemes::V0Scheme,
-    secret::{self, Secret},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    secret::Secret,
+    timestamp::replay_window_methods,
     verified::{ChallengeResponse, VerifiedWebhook},
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -38,16 +36,12 @@ pub const TIMESTAMP_HEADER: &str = "x-slack-request-timestamp";
 /// One day: Slack's retries end within ten minutes.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 
-static SCHEME: V0Scheme = V0Scheme {
-    signature_header: HeaderName::from_static(SIGNATURE_HEADER),
-    timestamp_header: HeaderName::from_static(TIMESTAMP_HEADER),
-};
+static SCHEME: V0Scheme = V0Scheme::new(SIGNATURE_HEADER, TIMESTAMP_HEADER);
 
 /// Verifies Slack Events API deliveries.
 #[derive(Clone, Debug)]
 pub struct SlackVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
 }
 
 impl SlackVerifier {
@@ -57,46 +51,25 @@ impl SlackVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, secrets),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, secrets),
         }
     }
 
-    /// The replay window (default 300 s, Slack's recommendation); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s, Slack's recommendation); zero panics (see
+        /// `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
 impl Verifier for SlackVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) =
-            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(&parts.headers, body, &self.keys, now)?;
         let [kind, challenge, event_id] =
             json::fields_until(body, ["/type", "/challenge", "/event_id"], |f| {
                 match f[0].as_ref().and_then(json::Scalar::as_str) {
@@ -129,6 +102,8 @@ impl Verifier for SlackVerifier {
             .with_secret_index(index)
             .with_signed_headers([TIMESTAMP_HEADER]))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `X-Slack-Signature` value (`v0=<hex>`) Slack would send for `body` at `timestamp`.
@@ -153,16 +128,15 @@ pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
 /// # let _ = events;
 /// ```
 pub fn url_verification_response(webhook: &VerifiedWebhook) -> Option<Response> {
-    (webhook.provider() == PROVIDER)
-        .then(|| webhook.challenge())
-        .flatten()
-        .map(ChallengeResponse::to_response)
+    super::challenge_response(webhook, PROVIDER)
 }
 
 /// The fixture the tests and benches sign Slack deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
-    use crate::testing::{Delivery, HmacFixture};
+    use std::sync::Arc;
+
+    use crate::testing::HmacFixture;
 
     HmacFixture::new(
         PROVIDER,
@@ -172,12 +146,6 @@ pub(crate) fn fixture() -> crate::testing::HmacFixture {
         |id, _| {
             format!(r#"{{"type":"event_callback","event_id":"{id}","event":{{"type":"message"}}}}"#)
         },
-        |secret, signed, sent, now| {
-            let headers = vec![
-                (SIGNATURE_HEADER, sign(secret, now, signed.body.as_bytes())),
-                (TIMESTAMP_HEADER, now.to_string()),
-            ];
-            Delivery::new(headers, sent.body.clone())
-        },
+        |secret, signed, sent, now| SCHEME.delivery(secret, signed, sent, now),
     )
 }

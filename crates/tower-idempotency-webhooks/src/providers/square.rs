@@ -26,7 +26,7 @@ use crate::{
     secret::{self, Secret},
     signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -90,14 +90,6 @@ impl SquareVerifier {
 }
 
 impl Verifier for SquareVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
     fn verify(
         &self,
         parts: &Parts,
@@ -133,6 +125,8 @@ impl Verifier for SquareVerifier {
         let id = event_id::scalar_id(id, "/event_id")?;
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL);
 }
 
 /// The `x-square-hmacsha256-signature` value for `body` sent to `notification_url`.

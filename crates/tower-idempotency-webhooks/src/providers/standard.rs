@@ -23,7 +23,7 @@ use crate::{
     event_id, headers,
     secret::Secret,
     signature::{self, Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::{self, replay_window_methods, ReplayWindow},
     verified::VerifiedWebhook,
     verifier::Verifier,
 };
@@ -62,7 +62,7 @@ pub struct StandardWebhooksVerifier {
     provider: &'static str,
     secrets: Arc<[Secret]>,
     public_keys: Arc<[VerifyingKey]>,
-    tolerance: Option<Duration>,
+    tolerance: ReplayWindow,
     ttl: Duration,
 }
 
@@ -93,7 +93,7 @@ impl StandardWebhooksVerifier {
             provider: PROVIDER,
             secrets,
             public_keys: Arc::from([]),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            tolerance: ReplayWindow::default(),
             ttl: DEFAULT_TTL,
         })
     }
@@ -153,17 +153,10 @@ impl StandardWebhooksVerifier {
         self
     }
 
-    /// The replay window (default 300 s, the specification's); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s, the specification's); zero panics (see
+        /// `disable_replay_window`).
+        self.tolerance
     }
 }
 
@@ -338,7 +331,7 @@ impl Verifier for StandardWebhooksVerifier {
     }
 
     fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
+        self.tolerance.get()
     }
 
     fn verify(
@@ -364,7 +357,8 @@ impl Verifier for StandardWebhooksVerifier {
         let id = event_id::check_id(id.to_owned(), names.id.as_str())?;
         let chunks: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
         let index = self.match_signatures(&members, &chunks, name)?;
-        timestamp::check_window(names.timestamp.as_str(), signed, now, self.tolerance)?;
+        self.tolerance
+            .check(names.timestamp.as_str(), signed, now)?;
         Ok(VerifiedWebhook::new(self.provider, id, body.clone())
             .with_signed_at(signed)
             .with_secret_index(index))

@@ -7,22 +7,20 @@
 //! any match is accepted. `v0` (test-mode legacy) and unknown schemes are ignored; a header with
 //! only those is [`VerifyError::UnsupportedVersion`].
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName};
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, json,
     schemes::TimestampedScheme,
-    secret::{self, Secret},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    secret::Secret,
+    timestamp::replay_window_methods,
     verified::VerifiedWebhook,
-    verifier::Verifier,
+    verifier::{verifier_settings, Verifier},
 };
 
 /// The provider name and store namespace.
@@ -43,8 +41,7 @@ static SCHEME: TimestampedScheme = TimestampedScheme {
 /// Verifies Stripe deliveries.
 #[derive(Clone, Debug)]
 pub struct StripeVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
     api_version: Option<String>,
 }
 
@@ -55,24 +52,15 @@ impl StripeVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, secrets),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, secrets),
             api_version: None,
         }
     }
 
-    /// The replay window around the signed `t` (default 300 s, Stripe's own); zero panics (see
-    /// `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window around the signed `t` (default 300 s, Stripe's own); zero panics (see
+        /// `disable_replay_window`).
+        self.keys.tolerance
     }
 
     /// Rejects correctly signed events rendered for another API version (the body's
@@ -85,26 +73,13 @@ impl StripeVerifier {
 }
 
 impl Verifier for StripeVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) =
-            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(&parts.headers, body, &self.keys, now)?;
         let pinned = self.api_version.is_some();
         let [id, api_version] = json::fields_until(body, ["/id", "/api_version"], |f| {
             f[0].is_some() && (!pinned || f[1].is_some())
@@ -126,6 +101,8 @@ impl Verifier for StripeVerifier {
             .with_signed_at(signed)
             .with_secret_index(index))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `Stripe-Signature` value Stripe would send for `body` at `timestamp` (unix seconds).
@@ -141,7 +118,9 @@ pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
 /// The fixture the tests and benches sign Stripe deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
-    use crate::testing::{Delivery, HmacFixture};
+    use std::sync::Arc;
+
+    use crate::testing::HmacFixture;
 
     HmacFixture::new(
         PROVIDER,
@@ -149,9 +128,6 @@ pub(crate) fn fixture() -> crate::testing::HmacFixture {
         Some(SIGNATURE_HEADER),
         |secret| Arc::new(StripeVerifier::new([secret])),
         |id, _| format!(r#"{{"id":"{id}","type":"invoice.paid","data":{{"amount":4200}}}}"#),
-        |secret, signed, sent, now| {
-            let signature = sign(secret, now, signed.body.as_bytes());
-            Delivery::new(vec![(SIGNATURE_HEADER, signature)], sent.body.clone())
-        },
+        |secret, signed, sent, now| SCHEME.delivery(secret, signed, sent, now),
     )
 }

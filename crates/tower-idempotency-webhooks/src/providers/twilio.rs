@@ -57,7 +57,7 @@ use crate::{
     secret::{self, Secret},
     signature::{self, Encoding, HmacAlgorithm},
     verified::VerifiedWebhook,
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -245,14 +245,6 @@ pub(crate) fn sorted_params(body: &[u8]) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
 }
 
 impl Verifier for TwilioVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
     /// `GET` and `POST`: a Twilio webhook is configured with either.
     fn accepts_method(&self, method: &http::Method) -> bool {
         method == http::Method::POST || method == http::Method::GET
@@ -294,6 +286,8 @@ impl Verifier for TwilioVerifier {
         let id = self.key(&chunks[1..]);
         Ok(VerifiedWebhook::new(PROVIDER, id, body.clone()).with_secret_index(index))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL);
 }
 
 /// The `X-Twilio-Signature` value for a request to `url` (the full URL, as Twilio requests it)

@@ -10,24 +10,22 @@
 //! The `endpoint.url_validation` challenge is authenticated like any event; answer it with
 //! [`url_validation_response`].
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
 use axum_core::response::Response;
 use bytes::Bytes;
-use http::{request::Parts, HeaderName};
+use http::request::Parts;
 
+use super::timed_secrets::TimedSecrets;
 use crate::{
     error::VerifyError,
     event_id, json,
     schemes::V0Scheme,
-    secret::{self, Secret},
+    secret::Secret,
     signature::{self, HmacAlgorithm},
-    timestamp::{self, DEFAULT_TOLERANCE},
+    timestamp::replay_window_methods,
     verified::{ChallengeResponse, VerifiedWebhook},
-    verifier::{Verifier, DEFAULT_WEBHOOK_TTL},
+    verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
 };
 
 /// The provider name and store namespace.
@@ -39,16 +37,12 @@ pub const TIMESTAMP_HEADER: &str = "x-zm-request-timestamp";
 /// One day: longer than Zoom's ~2 hours of retries.
 pub const DEFAULT_TTL: Duration = DEFAULT_WEBHOOK_TTL;
 
-static SCHEME: V0Scheme = V0Scheme {
-    signature_header: HeaderName::from_static(SIGNATURE_HEADER),
-    timestamp_header: HeaderName::from_static(TIMESTAMP_HEADER),
-};
+static SCHEME: V0Scheme = V0Scheme::new(SIGNATURE_HEADER, TIMESTAMP_HEADER);
 
 /// Verifies Zoom deliveries.
 #[derive(Clone, Debug)]
 pub struct ZoomVerifier {
-    secrets: Arc<[Secret]>,
-    tolerance: Option<Duration>,
+    keys: TimedSecrets,
 }
 
 impl ZoomVerifier {
@@ -58,46 +52,24 @@ impl ZoomVerifier {
     /// If a secret is empty or shorter than [`MIN_SECRET_LEN`](crate::MIN_SECRET_LEN) bytes.
     pub fn new<S: Into<Secret>>(secrets: impl IntoIterator<Item = S>) -> Self {
         Self {
-            secrets: secret::collect(PROVIDER, secrets),
-            tolerance: Some(DEFAULT_TOLERANCE),
+            keys: TimedSecrets::new(PROVIDER, secrets),
         }
     }
 
-    /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
-    pub fn tolerance(mut self, tolerance: Duration) -> Self {
-        self.tolerance = timestamp::tolerance(tolerance);
-        self
-    }
-
-    /// Turns the replay window off: a captured delivery then verifies at any time, and only
-    /// the idempotency record (for its TTL) keeps it from running twice.
-    pub fn disable_replay_window(mut self) -> Self {
-        self.tolerance = None;
-        self
+    replay_window_methods! {
+        /// The replay window (default 300 s); zero panics (see `disable_replay_window`).
+        self.keys.tolerance
     }
 }
 
 impl Verifier for ZoomVerifier {
-    fn provider(&self) -> &'static str {
-        PROVIDER
-    }
-
-    fn default_ttl(&self) -> Duration {
-        DEFAULT_TTL
-    }
-
-    fn replay_window(&self) -> Option<Duration> {
-        self.tolerance
-    }
-
     fn verify(
         &self,
         parts: &Parts,
         body: &Bytes,
         now: SystemTime,
     ) -> Result<VerifiedWebhook, VerifyError> {
-        let (signed, index) =
-            SCHEME.verify(&parts.headers, body, &self.secrets, now, self.tolerance)?;
+        let (signed, index) = SCHEME.verify(&parts.headers, body, &self.keys, now)?;
         let [event, plain] =
             json::fields_until(body, ["/event", "/payload/plainToken"], |f| {
                 match f[0].as_ref().and_then(json::Scalar::as_str) {
@@ -118,7 +90,7 @@ impl Verifier for ZoomVerifier {
             // Zoom expects the token signed with the secret it signed the request with.
             let encrypted = hex::encode(signature::hmac(
                 HmacAlgorithm::Sha256,
-                self.secrets[index].expose(),
+                self.keys.secrets[index].expose(),
                 &[plain.as_bytes()],
             ));
             webhook = webhook.with_challenge(ChallengeResponse::json(&serde_json::json!({
@@ -128,6 +100,8 @@ impl Verifier for ZoomVerifier {
         }
         Ok(webhook.with_signed_at(signed).with_secret_index(index))
     }
+
+    verifier_settings!(PROVIDER, DEFAULT_TTL, replay_window: self.keys.tolerance);
 }
 
 /// The `x-zm-signature` value (`v0=<hex>`) Zoom would send for `body` at `timestamp`.
@@ -138,16 +112,15 @@ pub fn sign(secret: impl AsRef<[u8]>, timestamp: u64, body: &[u8]) -> String {
 /// The answer to Zoom's `endpoint.url_validation` (`200 {"plainToken", "encryptedToken"}`), or
 /// `None` when `webhook` is an ordinary event.
 pub fn url_validation_response(webhook: &VerifiedWebhook) -> Option<Response> {
-    (webhook.provider() == PROVIDER)
-        .then(|| webhook.challenge())
-        .flatten()
-        .map(ChallengeResponse::to_response)
+    super::challenge_response(webhook, PROVIDER)
 }
 
 /// The fixture the tests and benches sign Zoom deliveries with.
 #[cfg(feature = "test-support")]
 pub(crate) fn fixture() -> crate::testing::HmacFixture {
-    use crate::testing::{Delivery, HmacFixture};
+    use std::sync::Arc;
+
+    use crate::testing::HmacFixture;
 
     HmacFixture::new(
         PROVIDER,
@@ -157,13 +130,7 @@ pub(crate) fn fixture() -> crate::testing::HmacFixture {
         |id, _| {
             format!(r#"{{"event":"meeting.started","event_ts":1700000000000,"payload":{{"object":{{"uuid":"{id}"}}}}}}"#)
         },
-        |secret, signed, sent, now| {
-            let headers = vec![
-                (SIGNATURE_HEADER, sign(secret, now, signed.body.as_bytes())),
-                (TIMESTAMP_HEADER, now.to_string()),
-            ];
-            Delivery::new(headers, sent.body.clone())
-        },
+        |secret, signed, sent, now| SCHEME.delivery(secret, signed, sent, now),
     )
     .key(|_, delivery| event_id::body_digest_id(delivery.body.as_bytes()))
 }

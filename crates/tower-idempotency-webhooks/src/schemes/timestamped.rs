@@ -2,7 +2,7 @@
 //! `Paddle-Signature: ts=<unix>;h1=<hex>`: HMAC-SHA256 over `{timestamp}{joiner}{body}`, any of
 //! several signatures may match (one per active secret during a roll).
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use crate::{
     error::VerifyError,
     headers,
-    secret::Secret,
+    providers::timed_secrets::TimedSecrets,
     signature::{self, Encoding, HmacAlgorithm, MAX_SIGNATURES},
     timestamp,
 };
@@ -34,14 +34,14 @@ pub(crate) struct TimestampedScheme {
 }
 
 impl TimestampedScheme {
-    /// Verifies the header against `body`: returns the signed time and the matching secret.
+    /// Verifies the header against `body` with `keys`, replay window included: returns the
+    /// signed time and the matching secret.
     pub(crate) fn verify(
         &'static self,
         headers: &HeaderMap,
         body: &[u8],
-        secrets: &[Secret],
+        keys: &TimedSecrets,
         now: SystemTime,
-        tolerance: Option<Duration>,
     ) -> Result<(u64, usize), VerifyError> {
         let value = headers::required(headers, &self.header)?;
         let name = self.header.as_str();
@@ -54,13 +54,8 @@ impl TimestampedScheme {
         )?;
         let signed = timestamp::parse_unix(name, timestamp)?;
         let candidates = signature::decode_all(name, &signatures, Encoding::Hex)?;
-        let index = signature::match_hmac(
-            HmacAlgorithm::Sha256,
-            secrets,
-            &[timestamp.as_bytes(), self.joiner, body],
-            &candidates,
-        )?;
-        timestamp::check_window(name, signed, now, tolerance)?;
+        let index = keys.matching(&[timestamp.as_bytes(), self.joiner, body], &candidates)?;
+        keys.tolerance.check(name, signed, now)?;
         Ok((signed, index))
     }
 
@@ -79,6 +74,20 @@ impl TimestampedScheme {
             self.signature_key,
             hex::encode(mac)
         )
+    }
+
+    /// A fixture's delivery of `sent` carrying the signature over `signed` made with `secret` at
+    /// `now` (see [`crate::testing::MakeDelivery`]).
+    #[cfg(feature = "test-support")]
+    pub(crate) fn delivery(
+        &'static self,
+        secret: &str,
+        signed: &crate::testing::Event,
+        sent: &crate::testing::Event,
+        now: u64,
+    ) -> crate::testing::Delivery {
+        let signature = self.sign(secret.as_bytes(), now, signed.body.as_bytes());
+        crate::testing::Delivery::new(vec![(self.header.as_str(), signature)], sent.body.clone())
     }
 }
 
