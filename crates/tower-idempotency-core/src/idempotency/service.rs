@@ -267,8 +267,18 @@ async fn claim_key<B>(
         }
     };
     Ok(match (&config.wait, mark) {
-        (Some(waiters), Some(mark)) => {
-            wait::settle(config, waiters, mark, store_key, fingerprint, claim).await
+        // Only a key in flight is waited on; boxed, so that the wait's state does not set the
+        // size of every request's.
+        (Some(waiters), Some(mark)) if matches!(claim, Ok(ClaimOutcome::InFlight { .. })) => {
+            Box::pin(wait::settle(
+                config,
+                waiters,
+                mark,
+                store_key,
+                fingerprint,
+                claim,
+            ))
+            .await
         }
         _ => claim,
     })
