@@ -56,7 +56,7 @@ $$;
     )
 }
 
-/// Columns every statement that reads a row returns, in [`Backend::decode`]'s order.
+/// Columns every statement that reads a row returns first, in [`Backend::decode`]'s order.
 const RETURNED: &str = "token, fingerprint, state, \
      GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000))::bigint \
      AS remaining_ms, status, headers, body, body_omitted";
@@ -131,7 +131,7 @@ WHERE key = $1 AND expires_at > statement_timestamp()"#
         // Deletes one record whatever its state, and returns it.
         forget: format!(
             r#"WITH done AS (
-DELETE FROM "{table}" WHERE key = $1 RETURNING key, watched, {RETURNED}
+DELETE FROM "{table}" WHERE key = $1 RETURNING {RETURNED}, key, watched
 )
 SELECT done.*, {notify}"#
         ),
@@ -206,16 +206,18 @@ impl Backend for Postgres {
         }
     }
 
+    /// By position ([`RETURNED`] leads every row that is decoded): a column found by name is a
+    /// hash lookup per column per row.
     fn decode(row: &sqlx::postgres::PgRow, _now: i64) -> Result<RawRecord, sqlx::Error> {
         Ok(RawRecord {
-            token: row.try_get("token")?,
-            fingerprint: row.try_get("fingerprint")?,
-            state: row.try_get("state")?,
-            remaining_ms: row.try_get("remaining_ms")?,
-            status: row.try_get("status")?,
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
-            body_omitted: row.try_get("body_omitted")?,
+            token: row.try_get(0)?,
+            fingerprint: row.try_get(1)?,
+            state: row.try_get(2)?,
+            remaining_ms: row.try_get(3)?,
+            status: row.try_get(4)?,
+            headers: row.try_get(5)?,
+            body: row.try_get(6)?,
+            body_omitted: row.try_get(7)?,
         })
     }
 
