@@ -61,7 +61,35 @@ const RETURNED: &str = "token, fingerprint, state, \
      GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000))::bigint \
      AS remaining_ms, status, headers, body, body_omitted";
 
+/// `sql` with each run of whitespace as one space. sqlx finds a prepared statement by hashing
+/// and comparing its text on every call, so the layout kept above for reading would cost on
+/// every statement; none of the statements holds a string literal or comment that this changes.
+fn compact(sql: String) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn statements(table: &str) -> Statements {
+    let Statements {
+        claim,
+        complete,
+        renew,
+        release,
+        get,
+        forget,
+        purge,
+    } = readable_statements(table);
+    Statements {
+        claim: compact(claim),
+        complete: compact(complete),
+        renew: compact(renew),
+        release: compact(release),
+        get: compact(get),
+        forget: compact(forget),
+        purge: compact(purge),
+    }
+}
+
+fn readable_statements(table: &str) -> Statements {
     let expired = "cur.expires_at <= statement_timestamp()";
     let notify = notify_each(table, "done");
     Statements {
