@@ -56,12 +56,40 @@ $$;
     )
 }
 
-/// Columns every statement that reads a row returns, in [`Backend::decode`]'s order.
+/// Columns every statement that reads a row returns first, in [`Backend::decode`]'s order.
 const RETURNED: &str = "token, fingerprint, state, \
      GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000))::bigint \
      AS remaining_ms, status, headers, body, body_omitted";
 
+/// `sql` with each run of whitespace as one space. sqlx finds a prepared statement by hashing
+/// and comparing its text on every call, so the layout kept above for reading would cost on
+/// every statement; none of the statements holds a string literal or comment that this changes.
+fn compact(sql: String) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn statements(table: &str) -> Statements {
+    let Statements {
+        claim,
+        complete,
+        renew,
+        release,
+        get,
+        forget,
+        purge,
+    } = readable_statements(table);
+    Statements {
+        claim: compact(claim),
+        complete: compact(complete),
+        renew: compact(renew),
+        release: compact(release),
+        get: compact(get),
+        forget: compact(forget),
+        purge: compact(purge),
+    }
+}
+
+fn readable_statements(table: &str) -> Statements {
     let expired = "cur.expires_at <= statement_timestamp()";
     let notify = notify_each(table, "done");
     Statements {
@@ -131,7 +159,7 @@ WHERE key = $1 AND expires_at > statement_timestamp()"#
         // Deletes one record whatever its state, and returns it.
         forget: format!(
             r#"WITH done AS (
-DELETE FROM "{table}" WHERE key = $1 RETURNING key, watched, {RETURNED}
+DELETE FROM "{table}" WHERE key = $1 RETURNING {RETURNED}, key, watched
 )
 SELECT done.*, {notify}"#
         ),
@@ -206,16 +234,18 @@ impl Backend for Postgres {
         }
     }
 
+    /// By position ([`RETURNED`] leads every row that is decoded): a column found by name is a
+    /// hash lookup per column per row.
     fn decode(row: &sqlx::postgres::PgRow, _now: i64) -> Result<RawRecord, sqlx::Error> {
         Ok(RawRecord {
-            token: row.try_get("token")?,
-            fingerprint: row.try_get("fingerprint")?,
-            state: row.try_get("state")?,
-            remaining_ms: row.try_get("remaining_ms")?,
-            status: row.try_get("status")?,
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
-            body_omitted: row.try_get("body_omitted")?,
+            token: row.try_get(0)?,
+            fingerprint: row.try_get(1)?,
+            state: row.try_get(2)?,
+            remaining_ms: row.try_get(3)?,
+            status: row.try_get(4)?,
+            headers: row.try_get(5)?,
+            body: row.try_get(6)?,
+            body_omitted: row.try_get(7)?,
         })
     }
 

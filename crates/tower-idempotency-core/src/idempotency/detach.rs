@@ -8,10 +8,12 @@ use std::{
 };
 
 use tokio::runtime::Handle;
+use tracing::{Instrument, Span};
 
 /// A future polled in place while its caller waits for it; dropped unfinished (the client
-/// disconnected, a timeout layer gave up), it is spawned on the runtime it started on, so a
-/// claimed handler is never cancelled halfway and its result is still recorded.
+/// disconnected, a timeout layer gave up), it is spawned on the runtime it started on, inside
+/// `span` (which its caller polled it in), so a claimed handler is never cancelled halfway and
+/// its result is still recorded.
 ///
 /// Spawning every handler up front gives the same guarantee, but costs a task allocation, a
 /// scheduler round and a cross-task wake-up on every request; measured by the load harness, that
@@ -23,6 +25,7 @@ where
 {
     future: Option<F>,
     runtime: Option<Handle>,
+    span: Span,
 }
 
 impl<F> DetachOnDrop<F>
@@ -31,11 +34,13 @@ where
     F::Output: Send + 'static,
 {
     /// `future` is `Unpin` (boxed by the caller where needed) so that it can be moved into a
-    /// task of its own after it has been polled.
-    pub(crate) fn new(future: F) -> Self {
+    /// task of its own after it has been polled. `span` is the span it is polled in, for the
+    /// task's polls.
+    pub(crate) fn new(future: F, span: Span) -> Self {
         Self {
             future: Some(future),
             runtime: Handle::try_current().ok(),
+            span,
         }
     }
 }
@@ -69,7 +74,7 @@ where
         };
         match &self.runtime {
             Some(runtime) => {
-                runtime.spawn(future);
+                runtime.spawn(future.instrument(self.span.clone()));
             }
             // Not reachable through the layer (it is always polled inside a runtime); the lease
             // frees the key if it ever happens.

@@ -1,6 +1,6 @@
 //! Keeping a claim's lease while its handler runs.
 
-use std::{future::Future, pin::pin, task::Poll};
+use std::{future::Future, pin::Pin, task::Poll};
 
 use tokio::time::Instant;
 
@@ -12,25 +12,25 @@ use crate::store::{FencingToken, Ownership};
 /// returned, plus the lease, or the last successful renewal's start plus the lease).
 ///
 /// The renewals run beside `work` in the same task: `work` is polled while a renewal waits on
-/// the store.
+/// the store. `work` is pinned by the caller, in its own state: taken by value, it would be
+/// stored twice in this future (as the argument and pinned), and moved into it on every request.
 pub(super) async fn renewing_lease<F: Future>(
     config: &Config,
     key: &str,
     token: FencingToken,
     started: Instant,
-    work: F,
+    mut work: Pin<&mut F>,
 ) -> (F::Output, Instant) {
-    let mut work = pin!(work);
     // A handler that finishes on its first poll never needs a renewal; the renewals (a timer
     // registration) are set up only for one that waits on something.
-    if let Poll::Ready(output) = futures_util::poll!(&mut work) {
+    if let Poll::Ready(output) = futures_util::poll!(work.as_mut()) {
         return (output, started + config.lease);
     }
     let held_until = std::sync::Mutex::new(started + config.lease);
     let renewals = keep_renewing(config, key, token, &held_until);
     let output = tokio::select! {
         biased;
-        output = &mut work => output,
+        output = work.as_mut() => output,
         never = renewals => match never {},
     };
     let lease_ends = *held_until.lock().unwrap_or_else(|p| p.into_inner());

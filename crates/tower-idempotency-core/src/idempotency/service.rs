@@ -9,7 +9,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::{future::Either, FutureExt};
+use futures_util::FutureExt;
 use http::{request::Parts, Request, Response};
 use http_body::Body;
 use tokio::sync::OwnedSemaphorePermit;
@@ -267,8 +267,18 @@ async fn claim_key<B>(
         }
     };
     Ok(match (&config.wait, mark) {
-        (Some(waiters), Some(mark)) => {
-            wait::settle(config, waiters, mark, store_key, fingerprint, claim).await
+        // Only a key in flight is waited on; boxed, so that the wait's state does not set the
+        // size of every request's.
+        (Some(waiters), Some(mark)) if matches!(claim, Ok(ClaimOutcome::InFlight { .. })) => {
+            Box::pin(wait::settle(
+                config,
+                waiters,
+                mark,
+                store_key,
+                fingerprint,
+                claim,
+            ))
+            .await
         }
         _ => claim,
     })
@@ -328,41 +338,32 @@ where
     } = claimed;
     // Wakes this key's waiters once the key is completed or released.
     let settled = wait::SettledSignal::new(config.wait.as_ref(), &key);
+    let tasks = config.tasks.clone();
     // Runs here on the caller's task; if the caller goes away first, the rest is spawned
     // (see `DetachOnDrop`) so the result is recorded either way. Tracked so that a drain
-    // waits for it in both cases; instrumented so the span follows a detached handler.
-    // Boxed first, so the wrappers around it move a pointer, not the whole future.
-    let execute = if config.transactional {
-        // The handler's writes commit with the completion: see `transactional.rs`.
-        Either::Left(transactional::execute(
-            config.clone(),
-            inner,
-            request,
-            key,
-            token,
-            permit,
-        ))
-    } else {
-        Either::Right(settle::execute(
-            config.clone(),
-            inner,
-            request,
-            key,
-            token,
-            permit,
-        ))
-    };
+    // waits for it in both cases. Polled here, it runs inside this request's span already;
+    // `DetachOnDrop` instruments it with the span when it spawns it.
+    // Boxed first, so the wrappers around it move a pointer, not the whole future. One async
+    // block that calls the run, not a run built outside it and awaited inside: a future moved
+    // into a block is stored twice in its state (captured, and awaited), and moved twice.
     let execute = Box::pin(async move {
-        let answer = execute.await;
+        let answer = if config.transactional {
+            // The handler's writes commit with the completion: see `transactional.rs`. Boxed,
+            // as the rarer and larger run, so that it does not set the size of the plain one.
+            Box::pin(transactional::execute(
+                config, inner, request, key, token, permit,
+            ))
+            .await
+        } else {
+            settle::execute(config, inner, request, key, token, permit).await
+        };
         drop(settled);
         answer
     });
-    let run = config
-        .tasks
-        .track_future(AssertUnwindSafe(execute).catch_unwind().instrument(span));
+    let run = tasks.track_future(AssertUnwindSafe(execute).catch_unwind());
     // The tracked handler now stands for this request (it outlives a caller who leaves).
     drop(tracked);
-    match DetachOnDrop::new(run).await {
+    match DetachOnDrop::new(run, span).await {
         Ok(answer) => answer,
         // A panic outside the handler itself (the handler's own is caught in `execute`):
         // the lease frees the key.

@@ -1,7 +1,7 @@
 //! Running a claimed request's handler and settling its key: completed with the response, or
 //! released.
 
-use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{panic::AssertUnwindSafe, pin::pin, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -55,16 +55,13 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let work = produce(&config, inner, request);
     let started = Instant::now();
-    let (produced, lease_ends) = renewing_lease(
-        &config,
-        &key,
-        token,
-        started,
-        AssertUnwindSafe(work).catch_unwind(),
-    )
-    .await;
+    // In a block of its own, so the handler's state and the completion's share their place in
+    // this future's.
+    let (produced, lease_ends) = {
+        let work = pin!(AssertUnwindSafe(produce(&config, inner, request)).catch_unwind());
+        renewing_lease(&config, &key, token, started, work).await
+    };
 
     match produced {
         Ok(Produced::Complete(response, cached)) => {

@@ -15,7 +15,7 @@
 //! | fails, panics, or its body fails | rolled back | released |
 //! | never finishes (crash, dropped task) | rolled back by the database | claimable after the lease |
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{panic::AssertUnwindSafe, pin::pin, sync::Arc};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -84,7 +84,7 @@ where
         // the transaction's own lock.
         work.await
     } else {
-        renewing_lease(&config, &key, token, Instant::now(), work)
+        renewing_lease(&config, &key, token, Instant::now(), pin!(work))
             .await
             .0
     };
