@@ -4,7 +4,9 @@
 //! - The environment: where the shared Postgres and Redis are, and the rule that a missing
 //!   service skips a test outside CI and fails it under `CI=true` ([`skip`]).
 //! - Logs: what `tracing` wrote on the test's thread ([`CapturedLogs`]).
-//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]).
+//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]), and
+//!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
+//!   [`order_request`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
 //! - Throw-away `redis-server` processes and a 3-master [`Cluster`].
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
@@ -23,7 +25,7 @@ pub use env::{
     database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
     unix_now, which,
 };
-pub use http::{free_port, serve, Server};
+pub use http::{echo_created, free_port, order_request, serve, Server};
 pub use logs::CapturedLogs;
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
