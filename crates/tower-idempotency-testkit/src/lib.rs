@@ -4,6 +4,8 @@
 //! - The environment: where the shared Postgres and Redis are, and the rule that a missing
 //!   service skips a test outside CI and fails it under `CI=true` ([`skip`]).
 //! - Logs: what `tracing` wrote on the test's thread ([`CapturedLogs`]).
+//! - Metrics: a recording recorder's snapshot by metric name and sorted labels ([`snapshot`],
+//!   [`metric_id`]).
 //! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]), and
 //!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
 //!   [`order_request`]).
@@ -17,6 +19,7 @@
 mod env;
 mod http;
 mod logs;
+mod metrics;
 mod proxy;
 mod redis_server;
 mod stores;
@@ -27,6 +30,7 @@ pub use env::{
 };
 pub use http::{echo_created, free_port, order_request, serve, Server};
 pub use logs::CapturedLogs;
+pub use metrics::{metric_id, snapshot, MetricId};
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
 pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};
