@@ -121,3 +121,28 @@ pub fn order_request(key: &str, body: &Bytes) -> Request<Body> {
         .body(Body::from(body.clone()))
         .expect("valid request")
 }
+
+/// Sends `POST url` with the body `{}` under idempotency key `key`: the response, and whether the
+/// layer answered it as a replay (`Idempotent-Replayed: true`).
+///
+/// # Panics
+///
+/// When the request cannot be sent.
+pub async fn post_order(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+) -> (reqwest::Response, bool) {
+    let response = client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .expect("request");
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    (response, replayed)
+}

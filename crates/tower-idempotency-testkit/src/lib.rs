@@ -8,7 +8,7 @@
 //!   [`metric_id`]).
 //! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]), and
 //!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
-//!   [`order_request`]).
+//!   [`order_request`]), and an order posted over HTTP ([`post_order`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
 //! - Throw-away `redis-server` processes and a 3-master [`Cluster`].
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
@@ -28,7 +28,7 @@ pub use env::{
     database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
     unix_now, which,
 };
-pub use http::{echo_created, free_port, order_request, serve, Server};
+pub use http::{echo_created, free_port, order_request, post_order, serve, Server};
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
 pub use proxy::{Mode, Protocol, Proxy};
