@@ -9,7 +9,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use axum::{body::Body, routing::post, Router};
+use axum::{routing::post, Router};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::Request;
@@ -17,18 +17,7 @@ use tower::ServiceExt;
 use tower_idempotency_core::{
     FingerprintMode, IdempotencyLayer, MemoryStore, PrincipalSource, Scope,
 };
-
-async fn handler(body: Bytes) -> (http::StatusCode, Bytes) {
-    (http::StatusCode::CREATED, body)
-}
-
-fn request(key: &str, body: &Bytes) -> Request<Body> {
-    Request::post("/orders")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(Body::from(body.clone()))
-        .unwrap()
-}
+use tower_idempotency_testkit::{echo_created, order_request};
 
 fn layer_vs_bare(c: &mut Criterion) {
     // Current-thread: criterion drives each iteration with `block_on` from outside the runtime,
@@ -37,13 +26,12 @@ fn layer_vs_bare(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let bare = Router::new().route("/orders", post(handler));
-    let guarded =
-        Router::new()
-            .route("/orders", post(handler))
-            .route_layer(IdempotencyLayer::client_keys(
-                MemoryStore::new().with_max_entries(10_000_000),
-            ));
+    let bare = Router::new().route("/orders", post(echo_created));
+    let guarded = Router::new()
+        .route("/orders", post(echo_created))
+        .route_layer(IdempotencyLayer::client_keys(
+            MemoryStore::new().with_max_entries(10_000_000),
+        ));
     let counter = AtomicU64::new(0);
 
     for size in [1024usize, 64 * 1024] {
@@ -52,14 +40,22 @@ fn layer_vs_bare(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(size as u64));
         group.bench_function("bare_handler", |b| {
             b.to_async(&runtime).iter(|| async {
-                let response = bare.clone().oneshot(request("k", &body)).await.unwrap();
+                let response = bare
+                    .clone()
+                    .oneshot(order_request("k", &body))
+                    .await
+                    .unwrap();
                 black_box(response);
             })
         });
         group.bench_function("layer_first_request", |b| {
             b.to_async(&runtime).iter(|| async {
                 let key = format!("new-{}", counter.fetch_add(1, Ordering::Relaxed));
-                let response = guarded.clone().oneshot(request(&key, &body)).await.unwrap();
+                let response = guarded
+                    .clone()
+                    .oneshot(order_request(&key, &body))
+                    .await
+                    .unwrap();
                 assert_eq!(response.status(), 201);
                 black_box(response);
             })
@@ -69,7 +65,7 @@ fn layer_vs_bare(c: &mut Criterion) {
         runtime.block_on(async {
             let response = guarded
                 .clone()
-                .oneshot(request(&replay_key, &body))
+                .oneshot(order_request(&replay_key, &body))
                 .await
                 .unwrap();
             assert_eq!(response.status(), 201);
@@ -78,7 +74,7 @@ fn layer_vs_bare(c: &mut Criterion) {
             b.to_async(&runtime).iter(|| async {
                 let response = guarded
                     .clone()
-                    .oneshot(request(&replay_key, &body))
+                    .oneshot(order_request(&replay_key, &body))
                     .await
                     .unwrap();
                 assert!(response.headers().contains_key("idempotent-replayed"));

@@ -22,29 +22,20 @@ use tower_idempotency_core::{
     LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
     STORE_CALL_DURATION_SECONDS,
 };
-
-/// A metric's name and its labels, sorted.
-type Id = (String, Vec<(String, String)>);
+use tower_idempotency_testkit::{metric_id, snapshot, MetricId};
 
 /// Reads the recorded metrics. Every snapshot of the `DebuggingRecorder` drains it (counters
 /// and gauges are swapped to zero, histograms cleared), so the values are summed here: a gauge
 /// only moves by increments and decrements, whose sum is its value.
 struct Recorded {
     snapshotter: Snapshotter,
-    seen: RefCell<HashMap<Id, DebugValue>>,
+    seen: RefCell<HashMap<MetricId, DebugValue>>,
 }
 
 impl Recorded {
     fn find(&self, name: &str, labels: &[(&str, &str)]) -> Option<DebugValue> {
         let mut seen = self.seen.borrow_mut();
-        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            let mut labels: Vec<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort_unstable();
-            let id = (key.name().to_owned(), labels);
+        for (id, value) in snapshot(&self.snapshotter) {
             let merged = match (seen.remove(&id), value) {
                 (None, value) => value,
                 (Some(DebugValue::Counter(a)), DebugValue::Counter(b)) => {
@@ -59,17 +50,11 @@ impl Recorded {
             };
             seen.insert(id, merged);
         }
-        let mut wanted: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        wanted.sort_unstable();
-        seen.get(&(name.to_owned(), wanted))
-            .map(|value| match value {
-                DebugValue::Counter(n) => DebugValue::Counter(*n),
-                DebugValue::Gauge(n) => DebugValue::Gauge(*n),
-                DebugValue::Histogram(samples) => DebugValue::Histogram(samples.clone()),
-            })
+        seen.get(&metric_id(name, labels)).map(|value| match value {
+            DebugValue::Counter(n) => DebugValue::Counter(*n),
+            DebugValue::Gauge(n) => DebugValue::Gauge(*n),
+            DebugValue::Histogram(samples) => DebugValue::Histogram(samples.clone()),
+        })
     }
 
     fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {

@@ -13,21 +13,15 @@ use common::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tower_idempotency_inbox::{Backoff, EventState, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, EVENTS};
 use tower_idempotency_sqlx::sqlx;
+use tower_idempotency_testkit::{metric_id, snapshot, MetricId};
 
 /// Counters summed over snapshots (each snapshot drains them); gauges as last set.
 #[derive(Default)]
-struct Seen(HashMap<(String, Vec<(String, String)>), f64>);
+struct Seen(HashMap<MetricId, f64>);
 
 impl Seen {
     fn take(&mut self, snapshotter: &Snapshotter) {
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-            let key = key.key();
-            let mut labels: Vec<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort_unstable();
-            let id = (key.name().to_owned(), labels);
+        for (id, value) in snapshot(snapshotter) {
             match value {
                 DebugValue::Counter(n) => *self.0.entry(id).or_default() += n as f64,
                 DebugValue::Gauge(n) => {
@@ -39,15 +33,7 @@ impl Seen {
     }
 
     fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut labels: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        labels.sort_unstable();
-        self.0
-            .get(&(name.to_owned(), labels))
-            .copied()
-            .unwrap_or(0.0)
+        self.0.get(&metric_id(name, labels)).copied().unwrap_or(0.0)
     }
 }
 

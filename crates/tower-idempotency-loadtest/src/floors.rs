@@ -97,8 +97,20 @@ pub(crate) fn measure(
     }
 }
 
-/// A [`Floor`] row from a [`floor_run`], printed as it is made.
-fn row(store: &str, operation: &str, concurrency: usize, (ops, h): (f64, Histogram<u64>)) -> Floor {
+/// The [`Floor`] row of `operation` on `store`: a [`floor_run`] of `op`, printed as it is made.
+fn row<F, Fut>(
+    args: &Args,
+    rts: &Runtimes,
+    store: &str,
+    operation: &str,
+    concurrency: usize,
+    op: F,
+) -> Floor
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let (ops, h) = floor_run(args, rts, concurrency, op);
     let row = Floor {
         store: store.into(),
         operation: operation.into(),
@@ -159,12 +171,8 @@ fn postgres(
                     .is_ok()
             }
         };
-        rows.push(row(
-            "postgres",
-            "SELECT * WHERE key = $1 (1 KiB row, own connection)",
-            c,
-            floor_run(args, rts, c, op),
-        ));
+        let operation = "SELECT * WHERE key = $1 (1 KiB row, own connection)";
+        rows.push(row(args, rts, "postgres", operation, c, op));
     }
     Ok(rows)
 }
@@ -206,12 +214,7 @@ fn redis_get(args: &Args, rts: &Runtimes, b: &Backends, store: &RedisStore) -> R
                     .is_ok()
             }
         };
-        rows.push(row(
-            "redis",
-            "GET (1.1 KiB value)",
-            c,
-            floor_run(args, rts, c, op),
-        ));
+        rows.push(row(args, rts, "redis", "GET (1.1 KiB value)", c, op));
     }
     Ok(rows)
 }

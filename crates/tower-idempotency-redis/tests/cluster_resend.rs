@@ -344,17 +344,7 @@ async fn counting_orders(store: RedisStore) -> (Server, Arc<AtomicUsize>) {
 
 /// Posts an order with idempotency key `key`: the status, and whether it was a replay.
 async fn post_order(client: reqwest::Client, url: String, key: &str) -> (StatusCode, bool) {
-    let response = client
-        .post(url)
-        .header("idempotency-key", key)
-        .body("{}")
-        .send()
-        .await
-        .expect("request");
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
+    let (response, replayed) = tower_idempotency_testkit::post_order(&client, &url, key).await;
     (response.status(), replayed)
 }
 

@@ -13,21 +13,21 @@ use tower_idempotency_core::{
 };
 use tower_idempotency_sqlx::PostgresStore;
 
-/// Two stores on one fresh table, with separate pools.
-async fn two_stores(table: &PgTable) -> Option<(Arc<PostgresStore>, Arc<PostgresStore>)> {
+/// Two stores on one fresh table, with separate pools, and the table (dropped with it).
+async fn two_stores() -> Option<(PgTable, Arc<PostgresStore>, Arc<PostgresStore>)> {
+    let table = PgTable::new();
     let (Some(a), Some(b)) = (table.store().await, table.store().await) else {
         return None;
     };
     a.migrate().await.expect("migrate");
-    Some((Arc::new(a), Arc::new(b)))
+    Some((table, Arc::new(a), Arc::new(b)))
 }
 
 /// Runs a core check of two instances on two stores over one fresh table.
 async fn across_two_stores<F: std::future::Future<Output = ()>>(
     check: impl FnOnce(Arc<dyn Store>, Arc<dyn Store>) -> F,
 ) {
-    let table = PgTable::new();
-    if let Some((a, b)) = two_stores(&table).await {
+    if let Some((_table, a, b)) = two_stores().await {
         check(a, b).await;
     }
 }
@@ -45,6 +45,15 @@ async fn waiters_on_another_instance_are_woken_by_notify() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notified_waiter_that_disconnects_leaves_nothing_behind() {
     across_two_stores(conformance::notified_waiter_leaves_nothing_behind_over_http).await;
+}
+
+/// `store`'s notices, once their `LISTEN` connection is up.
+async fn listening(store: &PostgresStore) -> Settlements {
+    let notices = store.settlements().expect("postgres has notices");
+    tokio::time::timeout(Duration::from_secs(10), notices.ready())
+        .await
+        .expect("LISTEN connection up");
+    notices
 }
 
 /// The backend pids of the connections listening on `table`'s channel.
@@ -74,14 +83,10 @@ async fn claimed(store: &PostgresStore, key: &str) -> FencingToken {
 /// Dropping the store closes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listen_connection_is_shared_and_reopened_after_a_failure() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
+    let Some((table, a, b)) = two_stores().await else {
         return;
     };
-    let notices = b.settlements().expect("postgres has notices");
-    tokio::time::timeout(Duration::from_secs(10), notices.ready())
-        .await
-        .expect("LISTEN connection up");
+    let notices = listening(&b).await;
     let keys: Vec<_> = (0..20).map(|_| random_key("listen")).collect();
     let mut waiting: Vec<_> = keys.iter().map(|k| notices.subscribe(k)).collect();
     let before = listeners(&a, &table.name).await;
@@ -170,8 +175,7 @@ async fn listen(store: &PostgresStore, table: &str) -> sqlx::postgres::PgListene
 /// the channel being a later, watched key's proves none came before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_nobody_waits_on_are_settled_without_notify() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
+    let Some((table, a, b)) = two_stores().await else {
         return;
     };
     let mut listener = listen(&a, &table.name).await;
@@ -249,8 +253,7 @@ async fn keys_nobody_waits_on_are_settled_without_notify() {
 /// keeps its rows; a key on it can then be watched and its settlement is notified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_adds_the_watched_column_to_an_older_table() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
+    let Some((table, a, b)) = two_stores().await else {
         return;
     };
     let kept = random_key("kept");
@@ -265,10 +268,7 @@ async fn migrate_adds_the_watched_column_to_an_older_table() {
     a.migrate().await.expect("migrate the older table");
     a.migrate().await.expect("migrate again");
     assert!(watch(&b, &kept).await, "the row survived, in flight");
-    let notices = b.settlements().expect("postgres has notices");
-    tokio::time::timeout(Duration::from_secs(10), notices.ready())
-        .await
-        .expect("LISTEN connection up");
+    let notices = listening(&b).await;
     let mut waiter = notices.subscribe(&kept);
     assert_eq!(
         a.complete(&kept, kept_token, &done(), TTL).await.unwrap(),
@@ -286,14 +286,10 @@ async fn migrate_adds_the_watched_column_to_an_older_table() {
 /// result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_and_a_completion_race_in_either_order_and_the_waiter_finishes() {
-    let table = PgTable::new();
-    let Some((a, b)) = two_stores(&table).await else {
+    let Some((table, a, b)) = two_stores().await else {
         return;
     };
-    let notices = b.settlements().expect("postgres has notices");
-    tokio::time::timeout(Duration::from_secs(10), notices.ready())
-        .await
-        .expect("LISTEN connection up");
+    let notices = listening(&b).await;
 
     // The mark first: another waiter's mark, its transaction still open.
     let key = random_key("mark-first");

@@ -2,7 +2,11 @@
 
 use std::net::SocketAddr;
 
-use axum::Router;
+use axum::{
+    body::{Body, Bytes},
+    http::{Request, StatusCode},
+    Router,
+};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
 /// Picks a loopback port that is free right now (another process may take it before it is used).
@@ -96,4 +100,49 @@ async fn bind() -> TcpListener {
     TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback")
+}
+
+/// The handler the layer's bench and profile loop measure around: `201 Created` with the request's
+/// body, so that a replay's cost grows with the body as a real one's does.
+pub async fn echo_created(body: Bytes) -> (StatusCode, Bytes) {
+    (StatusCode::CREATED, body)
+}
+
+/// A JSON `POST /orders` of `body` under idempotency key `key`, for [`echo_created`] behind the
+/// layer.
+///
+/// # Panics
+///
+/// When `key` is not a valid header value.
+pub fn order_request(key: &str, body: &Bytes) -> Request<Body> {
+    Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.clone()))
+        .expect("valid request")
+}
+
+/// Sends `POST url` with the body `{}` under idempotency key `key`: the response, and whether the
+/// layer answered it as a replay (`Idempotent-Replayed: true`).
+///
+/// # Panics
+///
+/// When the request cannot be sent.
+pub async fn post_order(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+) -> (reqwest::Response, bool) {
+    let response = client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .expect("request");
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    (response, replayed)
 }

@@ -4,7 +4,11 @@
 //! - The environment: where the shared Postgres and Redis are, and the rule that a missing
 //!   service skips a test outside CI and fails it under `CI=true` ([`skip`]).
 //! - Logs: what `tracing` wrote on the test's thread ([`CapturedLogs`]).
-//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]).
+//! - Metrics: a recording recorder's snapshot by metric name and sorted labels ([`snapshot`],
+//!   [`metric_id`]).
+//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]), and
+//!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
+//!   [`order_request`]), and an order posted over HTTP ([`post_order`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
 //! - Throw-away `redis-server` processes and a 3-master [`Cluster`].
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
@@ -15,6 +19,7 @@
 mod env;
 mod http;
 mod logs;
+mod metrics;
 mod proxy;
 mod redis_server;
 mod stores;
@@ -23,8 +28,9 @@ pub use env::{
     database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
     unix_now, which,
 };
-pub use http::{free_port, serve, Server};
+pub use http::{echo_created, free_port, order_request, post_order, serve, Server};
 pub use logs::CapturedLogs;
+pub use metrics::{metric_id, snapshot, MetricId};
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
 pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};

@@ -11,7 +11,7 @@ use std::{
     pin::Pin,
     str::FromStr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use axum::{routing::post_service, Router};
@@ -344,10 +344,7 @@ pub fn event_body(id: &str, kind: &str) -> String {
 
 /// Posts a Stripe delivery signed with `secret`; answers the status.
 pub async fn deliver(client: &reqwest::Client, url: &str, secret: &str, body: &str) -> u16 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = tower_idempotency_testkit::unix_now();
     client
         .post(url)
         .header(

@@ -22,7 +22,7 @@ mod drive;
 use std::{
     str::FromStr,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use drive::{drive, postgres_pool, seconds_arg, serve, suffix, Run};
@@ -105,10 +105,7 @@ fn signed_event(
     n: u64,
 ) -> reqwest::RequestBuilder {
     let body = format!(r#"{{"id":"evt_{run}_{worker}_{n}","type":"bench"}}"#);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = tower_idempotency_testkit::unix_now();
     client
         .post(url)
         .header(

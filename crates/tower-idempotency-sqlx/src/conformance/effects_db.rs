@@ -74,6 +74,14 @@ CREATE TABLE "{table}" (idempotency_key {text} NOT NULL, amount {int} NOT NULL,
     }
 }
 
+/// Runs `script`, one or more statements without parameters, on `pool`.
+async fn run_script<DB: Database>(pool: &Pool<DB>, script: String) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    sqlx::raw_sql(&script).execute(pool).await.map(drop)
+}
+
 /// The typed calls, the same for each database; the SQL comes from its [`Dialect`].
 macro_rules! effects_db {
     ($db:ty, $feature:literal, $dialect:ident) => {
@@ -83,20 +91,14 @@ macro_rules! effects_db {
                 pool: &'a Pool<Self>,
                 table: &'a str,
             ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-                Box::pin(async move {
-                    let sql = $dialect.create(table);
-                    sqlx::raw_sql(&sql).execute(pool).await.map(drop)
-                })
+                Box::pin(run_script(pool, $dialect.create(table)))
             }
 
             fn drop_table<'a>(
                 pool: &'a Pool<Self>,
                 table: &'a str,
             ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-                Box::pin(async move {
-                    let sql = $dialect.drop_table(table);
-                    sqlx::raw_sql(&sql).execute(pool).await.map(drop)
-                })
+                Box::pin(run_script(pool, $dialect.drop_table(table)))
             }
 
             fn insert<'a>(

@@ -346,15 +346,8 @@ pub async fn closing_the_pool_does_not_wait_for_the_store<F>(
 
 /// Sends `POST /orders` with `key`; returns status, whether it was a replay, and the body.
 pub async fn post_order(client: &reqwest::Client, url: &str, key: &str) -> (u16, bool, String) {
-    let response = client
-        .post(url)
-        .header("idempotency-key", key)
-        .body("{}")
-        .send()
-        .await
-        .expect("request");
+    let (response, replayed) = tower_idempotency_testkit::post_order(client, url, key).await;
     let status = response.status().as_u16();
-    let replayed = response.headers().contains_key("idempotent-replayed");
     (status, replayed, response.text().await.expect("body"))
 }
 

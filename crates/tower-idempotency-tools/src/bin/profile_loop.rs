@@ -10,23 +10,11 @@
 //!
 //! Arguments: `bare|new|replay`, the body size in bytes, the number of requests.
 
-use axum::{body::Body, routing::post, Router};
+use axum::{routing::post, Router};
 use bytes::Bytes;
-use http::Request;
 use tower::ServiceExt;
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
-
-async fn handler(body: Bytes) -> (http::StatusCode, Bytes) {
-    (http::StatusCode::CREATED, body)
-}
-
-fn request(key: &str, body: &Bytes) -> Request<Body> {
-    Request::post("/orders")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(Body::from(body.clone()))
-        .expect("valid request")
-}
+use tower_idempotency_testkit::{echo_created, order_request};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,27 +31,34 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let bare = Router::new().route("/orders", post(handler));
-    let guarded =
-        Router::new()
-            .route("/orders", post(handler))
-            .route_layer(IdempotencyLayer::client_keys(
-                MemoryStore::new().with_max_entries(100_000_000),
-            ));
+    let bare = Router::new().route("/orders", post(echo_created));
+    let guarded = Router::new()
+        .route("/orders", post(echo_created))
+        .route_layer(IdempotencyLayer::client_keys(
+            MemoryStore::new().with_max_entries(100_000_000),
+        ));
     let body = Bytes::from(vec![b'x'; size]);
     runtime.block_on(async {
-        let first = guarded.clone().oneshot(request("replayed", &body)).await;
+        let first = guarded
+            .clone()
+            .oneshot(order_request("replayed", &body))
+            .await;
         assert_eq!(first.expect("infallible").status(), 201);
         for i in 0..requests {
             let response = match mode.as_str() {
-                "bare" => bare.clone().oneshot(request("k", &body)).await,
+                "bare" => bare.clone().oneshot(order_request("k", &body)).await,
                 "new" => {
                     guarded
                         .clone()
-                        .oneshot(request(&format!("new-{i}"), &body))
+                        .oneshot(order_request(&format!("new-{i}"), &body))
                         .await
                 }
-                "replay" => guarded.clone().oneshot(request("replayed", &body)).await,
+                "replay" => {
+                    guarded
+                        .clone()
+                        .oneshot(order_request("replayed", &body))
+                        .await
+                }
                 _ => {
                     eprintln!("{usage}");
                     std::process::exit(2);
