@@ -82,6 +82,21 @@ pub struct Statements {
     pub(crate) purge: String,
 }
 
+impl Statements {
+    /// Every statement's text passed through `f`.
+    pub(crate) fn map(self, f: impl Fn(String) -> String) -> Self {
+        Self {
+            claim: f(self.claim),
+            complete: f(self.complete),
+            renew: f(self.renew),
+            release: f(self.release),
+            get: f(self.get),
+            forget: f(self.forget),
+            purge: f(self.purge),
+        }
+    }
+}
+
 /// The parameters of one statement, which a backend binds in the order its SQL text expects.
 /// Durations are milliseconds; `now_ms` is the store's clock, for backends that date rows
 /// themselves (SQLite) rather than with the database's clock (Postgres).
@@ -143,8 +158,8 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     const EXCLUSIVE: bool;
     /// Whether the database takes one writer at a time (SQLite). The store then runs writes on
     /// one lane and reads on the others, and a claim of a key the process has seen first reads
-    /// it on a reader lane, so a replay or an in-flight duplicate never takes the write lock. Otherwise the claim
-    /// statement reads before it writes by itself.
+    /// it on a reader lane, so a replay or an in-flight duplicate never takes the write lock.
+    /// Otherwise the claim statement reads before it writes by itself.
     #[doc(hidden)]
     const ONE_WRITER: bool;
 

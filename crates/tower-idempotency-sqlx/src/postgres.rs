@@ -69,24 +69,7 @@ fn compact(sql: String) -> String {
 }
 
 fn statements(table: &str) -> Statements {
-    let Statements {
-        claim,
-        complete,
-        renew,
-        release,
-        get,
-        forget,
-        purge,
-    } = readable_statements(table);
-    Statements {
-        claim: compact(claim),
-        complete: compact(complete),
-        renew: compact(renew),
-        release: compact(release),
-        get: compact(get),
-        forget: compact(forget),
-        purge: compact(purge),
-    }
+    readable_statements(table).map(compact)
 }
 
 fn readable_statements(table: &str) -> Statements {

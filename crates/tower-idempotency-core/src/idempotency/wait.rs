@@ -281,7 +281,6 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
 
-    /// The mark of a first claim made with `notices` up and no local signal sent yet.
     const MINUTE: Duration = Duration::from_secs(60);
 
     /// Waiters that wait up to a minute, at most `bound` of them at once.
@@ -296,6 +295,7 @@ mod tests {
         notices
     }
 
+    /// The mark of a first claim made with `notices` up and no local signal sent yet.
     fn mark_with(notices: &Settlements) -> Mark {
         Mark {
             local: 0,
