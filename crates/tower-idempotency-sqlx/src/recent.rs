@@ -1,10 +1,11 @@
-//! Which keys this process has claimed lately: on SQLite it decides a claim's first statement.
+//! Which keys this process has claimed lately: it decides a claim's first statement.
 //!
 //! A claim of a key this process has seen is probably a replay or an in-flight duplicate, which
-//! a read on a reader connection answers without the writer. A claim of a key it has not seen is
+//! a plain primary-key read answers: on SQLite on a reader connection, without the writer; on
+//! Postgres without the claim statement's upsert plan. A claim of a key it has not seen is
 //! probably new, and a read first would only add a statement before the write that must follow.
-//! Either guess is only a choice of order: the claim statement on the writer handles every state
-//! of the row, so a wrong guess costs one statement, never a wrong answer.
+//! Either guess is only a choice of order: the claim statement handles every state of the row,
+//! so a wrong guess costs one statement, never a wrong answer.
 
 use std::{
     collections::{hash_map::RandomState, HashSet},

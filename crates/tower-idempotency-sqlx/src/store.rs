@@ -439,10 +439,10 @@ impl<DB: Backend> Store for SqlStore<DB> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let claim_once = || async {
-            // A key this process has seen is read first, so its replays never wait for the
-            // writer; a key it has not seen goes straight to the claim statement, which
-            // handles a row written by another process just as well.
-            if DB::ONE_WRITER && self.recent.seen(key) {
+            // A key this process has seen is read first (see `recent.rs`): its replays are a
+            // plain read, beside the writer on SQLite. A key it has not seen goes straight to
+            // the claim statement, which handles a row written by another process just as well.
+            if self.recent.seen(key) {
                 if let Some(live) = self.read_live(key, token).await? {
                     return Ok(live);
                 }

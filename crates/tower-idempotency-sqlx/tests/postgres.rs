@@ -591,3 +591,55 @@ async fn migrate_creates_the_index_beside_its_own_table() {
     expected.sort();
     assert_eq!(outcome.expect("migrate and look"), expected);
 }
+
+/// A store reads a key first only once it has seen the key: a new key is the claim and the
+/// completion; a key another store object completed is replayed by the claim statement; from
+/// then on its replays are a plain read. The read needs no write lock: with the table locked in
+/// `SHARE` mode (which blocks the claim statement's upsert), the next replay is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_reads_first_only_the_keys_it_has_seen() {
+    let table = PgTable::new();
+    let (Some(first), Some(other)) = (table.store().await, table.store().await) else {
+        return;
+    };
+    first.migrate().await.expect("migrate");
+    let (first, other) = (Arc::new(first), Arc::new(other));
+    let first_server = serve(IdempotencyLayer::client_keys(first.clone())).await;
+    let other_server = serve(IdempotencyLayer::client_keys(other.clone())).await;
+    let client = reqwest::Client::new();
+    let key = random_suffix();
+
+    let before = first.statements_executed();
+    let (status, replayed, body) = post_order(&client, &first_server.url, &key).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(first.statements_executed() - before, 2, "claim + complete");
+
+    let before = other.statements_executed();
+    let (status, replayed, again) = post_order(&client, &other_server.url, &key).await;
+    assert_eq!(
+        (status, replayed, again.as_str()),
+        (201, true, body.as_str())
+    );
+    assert_eq!(other.statements_executed() - before, 1, "the claim replays");
+
+    let mut lock = other.pool().begin().await.expect("begin");
+    let share = format!(r#"LOCK TABLE "{}" IN SHARE MODE"#, other.table());
+    sqlx::query(&share).execute(&mut *lock).await.expect("lock");
+    let replay = post_order(&client, &other_server.url, &key);
+    let (status, replayed, again) = tokio::time::timeout(Duration::from_secs(5), replay)
+        .await
+        .expect("a replay of a seen key must not wait for the table lock");
+    assert_eq!(
+        (status, replayed, again.as_str()),
+        (201, true, body.as_str())
+    );
+    lock.rollback().await.expect("rollback");
+
+    let executions = first_server
+        .executions
+        .load(std::sync::atomic::Ordering::SeqCst)
+        + other_server
+            .executions
+            .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(executions, 1);
+}
