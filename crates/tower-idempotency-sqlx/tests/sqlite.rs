@@ -157,64 +157,6 @@ async fn replays_run_beside_a_held_write_lock() {
     );
 }
 
-/// A store reads a key first only once it has seen the key: a new key is two statements on the
-/// writer (the claim, the completion). A key another process completed is still replayed, by the
-/// claim statement on the writer (one statement), and from then on it is read on a reader lane:
-/// with the write lock held by another connection, the next replay is answered at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_reads_first_only_the_keys_it_has_seen() {
-    let file = SqliteFile::new();
-    let writer = std::sync::Arc::new(file.store("idem").await);
-    writer.migrate().await.expect("migrate");
-    let other = std::sync::Arc::new(file.store("idem").await);
-    let (first_server, other_server) = (
-        serve(tower_idempotency_core::IdempotencyLayer::client_keys(
-            writer.clone(),
-        ))
-        .await,
-        serve(tower_idempotency_core::IdempotencyLayer::client_keys(
-            other.clone(),
-        ))
-        .await,
-    );
-    let client = reqwest::Client::new();
-    let key = random_suffix();
-
-    let before = writer.statements_executed();
-    let (status, replayed, first) = post_order(&client, &first_server.url, &key).await;
-    assert_eq!((status, replayed), (201, false));
-    assert_eq!(writer.statements_executed() - before, 2, "claim + complete");
-
-    let before = other.statements_executed();
-    let (status, replayed, again) = post_order(&client, &other_server.url, &key).await;
-    assert_eq!(
-        (status, replayed, again.as_str()),
-        (201, true, first.as_str())
-    );
-    assert_eq!(other.statements_executed() - before, 1, "the claim replays");
-
-    let lock = other
-        .pool()
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("begin");
-    let (status, replayed, again) = post_order(&client, &other_server.url, &key).await;
-    assert_eq!(
-        (status, replayed, again.as_str()),
-        (201, true, first.as_str())
-    );
-    lock.rollback().await.expect("rollback");
-    assert_eq!(
-        first_server
-            .executions
-            .load(std::sync::atomic::Ordering::SeqCst)
-            + other_server
-                .executions
-                .load(std::sync::atomic::Ordering::SeqCst),
-        1
-    );
-}
-
 /// Writes are serialised in the process on one writer lane, never by SQLite's busy handler:
 /// on a pool whose busy timeout is zero (a write that meets another fails at once with
 /// `SQLITE_BUSY`, answered `503`), 64 first requests over HTTP, 32 at a time, all run once,

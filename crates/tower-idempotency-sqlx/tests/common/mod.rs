@@ -111,6 +111,8 @@ mod sqlite_helpers {
         async fn count_rows(store: &SqliteStore) -> i64 {
             count_rows(store).await
         }
+
+        async fn block_writes(_tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>, _table: &str) {}
     }
 
     /// A migrated SQLite store in a fresh file.
@@ -263,6 +265,11 @@ mod pg_helpers {
 
         async fn count_rows(store: &PostgresStore) -> i64 {
             count_rows(store).await
+        }
+
+        async fn block_writes(tx: &mut sqlx::Transaction<'static, sqlx::Postgres>, table: &str) {
+            let lock = format!(r#"LOCK TABLE "{table}" IN SHARE MODE"#);
+            sqlx::query(&lock).execute(&mut **tx).await.expect("lock");
         }
     }
 

@@ -25,6 +25,12 @@ pub trait Place: Sized + Send + Sync + 'static {
     fn open(&self) -> impl Future<Output = SqlStore<Self::DB>> + Send;
     /// The rows in the store's table, counted by the database.
     fn count_rows(store: &SqlStore<Self::DB>) -> impl Future<Output = i64> + Send;
+    /// Makes `tx`, begun with [`Place::BEGIN_WRITE`], block every other write to `table` until
+    /// it ends (on SQLite beginning it already does).
+    fn block_writes(
+        tx: &mut sqlx::Transaction<'static, Self::DB>,
+        table: &str,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// A migrated store in a fresh place, which it owns; `None` when the database is unreachable.
@@ -47,7 +53,7 @@ macro_rules! sql_store_tests {
             two_instances_share_one_table,
             two_instances_wait_for_one_result,
             restart_keeps_completed,
-            a_first_request_takes_its_statements_and_a_replay_one,
+            a_store_reads_first_only_the_keys_it_has_seen,
             crashed_holder_blocks_until_its_lease_expires,
             oversize_record_is_rejected_and_the_key_can_be_released,
             transaction_hooks_commit_and_roll_back_with_the_caller,
@@ -101,29 +107,59 @@ pub async fn restart_keeps_completed<P: Place>() {
     conformance::restart_keeps_completed(Arc::new(before), Arc::new(after)).await;
 }
 
-pub async fn a_first_request_takes_its_statements_and_a_replay_one<P: Place>() {
-    let Some(guarded) = migrated::<P>().await else {
+/// A store reads a key first only once it has seen the key: a new key is two statements (the
+/// claim, the completion); a key another store object completed is replayed by the claim
+/// statement (one statement); from then on its replays are a plain read, which needs no write:
+/// while another transaction blocks every write to the table, the next replay is answered.
+pub async fn a_store_reads_first_only_the_keys_it_has_seen<P: Place>() {
+    let Some(place) = P::create().await else {
         return;
     };
-    let store = guarded.store.clone();
-    let server = serve(IdempotencyLayer::client_keys(store.clone())).await;
+    let first = Arc::new(place.open().await);
+    first.migrate().await.expect("migrate");
+    let other = Arc::new(place.open().await);
+    let first_server = serve(IdempotencyLayer::client_keys(first.clone())).await;
+    let other_server = serve(IdempotencyLayer::client_keys(other.clone())).await;
     let client = reqwest::Client::new();
     let key = random_suffix();
 
-    let before = store.statements_executed();
-    let (status, replayed, first) = post_order(&client, &server.url, &key).await;
+    let before = first.statements_executed();
+    let (status, replayed, body) = post_order(&client, &first_server.url, &key).await;
     assert_eq!((status, replayed), (201, false));
-    assert_eq!(store.statements_executed() - before, 2, "claim + complete");
+    assert_eq!(first.statements_executed() - before, 2, "claim + complete");
 
-    let before = store.statements_executed();
-    let (status, replayed, again) = post_order(&client, &server.url, &key).await;
-    assert_eq!((status, replayed), (201, true));
-    assert_eq!(again, first);
-    assert_eq!(store.statements_executed() - before, 1, "one claim replays");
+    let before = other.statements_executed();
+    let (status, replayed, again) = post_order(&client, &other_server.url, &key).await;
     assert_eq!(
-        server.executions.load(std::sync::atomic::Ordering::SeqCst),
-        1
+        (status, replayed, again.as_str()),
+        (201, true, body.as_str())
     );
+    assert_eq!(other.statements_executed() - before, 1, "the claim replays");
+
+    let mut lock = other
+        .pool()
+        .begin_with(P::BEGIN_WRITE)
+        .await
+        .expect("begin");
+    P::block_writes(&mut lock, other.table()).await;
+    let before = other.statements_executed();
+    let replay = post_order(&client, &other_server.url, &key);
+    let (status, replayed, again) = tokio::time::timeout(Duration::from_secs(5), replay)
+        .await
+        .expect("a replay of a seen key must not wait for the write lock");
+    assert_eq!(
+        (status, replayed, again.as_str()),
+        (201, true, body.as_str())
+    );
+    assert_eq!(other.statements_executed() - before, 1, "the read replays");
+    lock.rollback().await.expect("rollback");
+    let executions = first_server
+        .executions
+        .load(std::sync::atomic::Ordering::SeqCst)
+        + other_server
+            .executions
+            .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(executions, 1);
 }
 
 pub async fn crashed_holder_blocks_until_its_lease_expires<P: Place>() {
