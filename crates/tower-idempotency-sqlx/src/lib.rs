@@ -29,7 +29,7 @@
 //! | request | Postgres | SQLite |
 //! |---|---|---|
 //! | first request (claim, then complete or release) | 2 | 2 |
-//! | duplicate while in flight, or replay of a completed key | 1 | 1 (a read, once the process has seen the key) |
+//! | duplicate while in flight, or replay of a completed key | 1 (a read, once the process has seen the key) | 1 (likewise) |
 //!
 //! The claim is **one** statement whose core is `INSERT .. ON CONFLICT (key) DO UPDATE ..
 //! RETURNING` on the primary key, the only arbiter of who holds a key. Its update always fires:
@@ -38,12 +38,13 @@
 //! the existing row has expired, the same update installs the new claim. On Postgres the
 //! statement first reads the key in its snapshot (a CTE) and, when it finds a live row, returns
 //! it without writing anything, so replays are read-only; the upsert only runs when the snapshot
-//! has no live row. SQLite takes one writer at a time, so for a key the process has claimed lately
-//! the SQLite store reads the key first, on a connection of its own, and runs the upsert only
-//! when it found no live row: a replay or an in-flight duplicate is a read, which in WAL mode
-//! runs beside the writer and never waits for the write lock. A key the process has not seen
-//! (a new key, or one written by another process or before a restart) goes straight to the
-//! upsert, which answers a live row just as well, so a new key costs no extra read. Its writes run on one writer connection behind an async lock, so
+//! has no live row. For a key the process has claimed lately, both stores read the key first
+//! with a plain primary-key `SELECT` and run the claim statement only when it found no live row:
+//! a replay or an in-flight duplicate is a read (on SQLite on a connection of its own, which in
+//! WAL mode runs beside the writer and never waits for the write lock). A key the process has
+//! not seen (a new key, or one written by another process or before a restart) goes straight
+//! to the upsert, which answers a live row just as well, so a new key costs no extra read.
+//! SQLite's writes run on one writer connection behind an async lock, so
 //! requests of one process queue in order instead of in SQLite's busy handler (which sleeps
 //! and retries). Each store counts the statements it executes
 //! ([`SqlStore::statements_executed`]); the test
