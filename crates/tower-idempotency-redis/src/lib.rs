@@ -78,12 +78,13 @@
 //! subscription per shard. The price: each publish crosses the cluster bus to every node.
 //!
 //! # Fencing tokens
-//! A token is 64 bits from the operating system's CSPRNG, drawn by the client. A counter would
+//! A token is 63 random bits ([`FencingToken::random`](tower_idempotency_core::FencingToken::random)),
+//! drawn by the client. A counter would
 //! need a key that outlives every record of its key (or one global key, which a cluster cannot
 //! update in the same script as a record in another slot). A random token goes wrong only if a
-//! stale holder, still running after its key was reclaimed, happens to hold the same 64 bits as
-//! the new holder: a chance of 2⁻⁶⁴ per reclaim and stale holder, below 10⁻¹⁰ even after a
-//! billion reclaims. Tokens are compared byte-wise inside the scripts, never as Lua numbers
+//! stale holder, still running after its key was reclaimed, happens to hold the same 63 bits as
+//! the new holder: a chance of 2⁻⁶³ per reclaim and stale holder, about 10⁻¹⁰ after a billion
+//! reclaims. Tokens are compared byte-wise inside the scripts, never as Lua numbers
 //! (doubles).
 //!
 //! # Limits and errors

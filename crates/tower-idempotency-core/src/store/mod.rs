@@ -219,9 +219,9 @@ pub enum StoreError {
 ///   trip. The store never compares fingerprints itself: it reports the existing record's
 ///   fingerprint and the layer decides.
 /// - **Fencing tokens** are chosen by the caller of `claim`, one per claim: the layer draws 63
-///   random bits from the operating system ([`FencingToken::random`]), so tokens stay unique
-///   without any counter surviving in the store, and a caller that gave up on a claim still
-///   knows the token to release it with. A store persists the token as it is (every value of
+///   random bits from a CSPRNG seeded by the operating system ([`FencingToken::random`]), so
+///   tokens stay unique without any counter surviving in the store, and a caller that gave up
+///   on a claim still knows the token to release it with. A store persists the token as it is (every value of
 ///   `FencingToken::random` fits a non-negative SQL `bigint`). `complete`, `renew` and `release`
 ///   succeed only when the record's current token equals the caller's; otherwise they change
 ///   nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key nobody
