@@ -157,8 +157,9 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     #[doc(hidden)]
     const EXCLUSIVE: bool;
     /// Whether the database takes one writer at a time (SQLite). The store then runs writes on
-    /// one lane and reads on the others, and a claim of a key the process has seen first reads
-    /// it on a reader lane, so a replay or an in-flight duplicate never takes the write lock.
+    /// one lane and reads on the others (or inline, see `sqlite_reads.rs`), and a claim of a key
+    /// the process has seen first reads it, so a replay or an in-flight duplicate never takes
+    /// the write lock.
     /// Otherwise the claim statement reads before it writes by itself.
     #[doc(hidden)]
     const ONE_WRITER: bool;

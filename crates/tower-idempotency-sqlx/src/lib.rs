@@ -40,8 +40,12 @@
 //! it without writing anything, so replays are read-only; the upsert only runs when the snapshot
 //! has no live row. For a key the process has claimed lately, both stores read the key first
 //! with a plain primary-key `SELECT` and run the claim statement only when it found no live row:
-//! a replay or an in-flight duplicate is a read (on SQLite on a connection of its own, which in
-//! WAL mode runs beside the writer and never waits for the write lock). A key the process has
+//! a replay or an in-flight duplicate is a read. On SQLite that read runs beside the writer and
+//! never waits for the write lock (WAL mode), on the calling task itself, through connections
+//! the store opens for it with rusqlite: sqlx runs each SQLite statement on its connection's
+//! own thread, and the trip there and back costs more than a primary-key read. A read that
+//! cannot run there at once (no free connection, a body over 64 KiB, an in-memory database, any
+//! error) runs on a reader lane instead. A key the process has
 //! not seen (a new key, or one written by another process or before a restart) goes straight
 //! to the upsert, which answers a live row just as well, so a new key costs no extra read.
 //! SQLite's writes run on one writer connection behind an async lock, so
@@ -110,7 +114,8 @@
 // `sqlite` and `postgres` implementing it); `lanes` keeps connections checked out so that a
 // statement is one round trip; `record` decodes rows and checks completions; `lease` holds the
 // rules for claims that waited; `error` maps database errors; `clock` is SQLite's time;
-// `settlements` is Postgres's notices of settled keys for waiters in other instances.
+// `settlements` is Postgres's notices of settled keys for waiters in other instances;
+// `sqlite_reads` runs SQLite's one-row reads on the calling task.
 mod backend;
 mod clock;
 mod error;
@@ -124,6 +129,8 @@ mod record;
 mod settlements;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod sqlite_reads;
 mod store;
 pub mod transactional;
 

@@ -181,7 +181,7 @@ impl Backend for Sqlite {
     }
 
     /// None: SQLite has no notices, and its waiters are on one host, where the bounded poll
-    /// of a re-claim is a read on a reader lane.
+    /// of a re-claim is a read beside the writer.
     type Notices = std::convert::Infallible;
 
     fn notices(_: &SqlitePool, _: &str) -> Option<Self::Notices> {

@@ -15,6 +15,8 @@ use tower_idempotency_core::{
     Store, StoreError,
 };
 
+#[cfg(feature = "sqlite")]
+use crate::sqlite_reads::{Inline, InlineReads};
 use crate::{
     backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
     clock::StoreClock,
@@ -67,6 +69,9 @@ pub struct SqlStore<DB: Backend> {
     pub(crate) clock: StoreClock,
     notices: Option<DB::Notices>,
     recent: RecentKeys,
+    /// SQLite on a file: reads of one row run on the calling task (see `sqlite_reads.rs`).
+    #[cfg(feature = "sqlite")]
+    inline: Option<InlineReads>,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -91,6 +96,8 @@ impl<DB: Backend> SqlStore<DB> {
             clock: StoreClock::system(),
             notices: DB::notices(&pool, table),
             recent: RecentKeys::default(),
+            #[cfg(feature = "sqlite")]
+            inline: inline_reads(&pool, table),
         })
     }
 
@@ -395,14 +402,33 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        match self.read_record(key).await? {
+            Some(record) => record.into_claim_outcome(token).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The key's live row: read inline where the store can (SQLite on a file, see
+    /// `sqlite_reads.rs`), otherwise on a reader lane.
+    async fn read_record(&self, key: &str) -> Result<Option<RawRecord>, StoreError> {
+        #[cfg(feature = "sqlite")]
+        if let Some(inline) = &self.inline {
+            // A closed pool answers nothing, through either path.
+            if !self.pool().is_closed() {
+                if let Inline::Read(record) = inline.get(key, self.clock.now_ms()) {
+                    self.count();
+                    return Ok(record);
+                }
+            }
+        }
         let get = Params::Get { key };
-        let Some((row, now)) = self
+        match self
             .fetch_on(self.lanes.reads(), &self.sql.get, get)
             .await?
-        else {
-            return Ok(None);
-        };
-        self.decode(&row, now)?.into_claim_outcome(token).map(Some)
+        {
+            Some((row, now)) => self.decode(&row, now).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Runs a statement that returns at most one row, on one of `lanes`.
@@ -422,6 +448,14 @@ impl<DB: Backend> SqlStore<DB> {
         })
         .await
     }
+}
+
+/// Inline reads when `pool` is an SQLite pool on a file. A downcast rather than a [`Backend`]
+/// item, so the sealed public trait does not grow an item for one backend's optimisation.
+#[cfg(feature = "sqlite")]
+fn inline_reads<DB: Backend>(pool: &Pool<DB>, table: &str) -> Option<InlineReads> {
+    let pool = (pool as &dyn std::any::Any).downcast_ref::<sqlx::SqlitePool>()?;
+    InlineReads::for_pool(pool, table)
 }
 
 #[async_trait::async_trait]
@@ -486,13 +520,9 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        let get = Params::Get { key };
-        match self
-            .fetch_on(self.lanes.reads(), &self.sql.get, get)
-            .await?
-        {
+        match self.read_record(key).await? {
+            Some(record) => record.into_state().map(Some),
             None => Ok(None),
-            Some((row, now)) => self.decode(&row, now)?.into_state().map(Some),
         }
     }
 

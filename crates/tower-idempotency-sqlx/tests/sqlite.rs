@@ -43,11 +43,109 @@ async fn invalid_table_names_are_rejected() {
     ));
 }
 
+/// A closed pool answers nothing: not a new key, and not a replay of a key the store has seen
+/// (which it would otherwise read inline, on a connection of its own).
 #[tokio::test]
 async fn closed_pool_is_unavailable() {
     let guarded = sqlite_store().await;
-    guarded.store.pool().close().await;
-    assert_claim_unavailable(&*guarded.store, "closed").await;
+    let store = &guarded.store;
+    let seen = random_key("seen");
+    let token = token_of(claim(&**store, &seen, 1, Duration::from_secs(30)).await);
+    let done = store
+        .complete(&seen, token, &response("done"), Duration::from_secs(60))
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    let replay = claim(&**store, &seen, 1, Duration::from_secs(1)).await;
+    assert!(
+        matches!(replay, ClaimOutcome::Completed { .. }),
+        "{replay:?}"
+    );
+    store.pool().close().await;
+    assert_claim_unavailable(&**store, "closed").await;
+    let replay = store
+        .claim(
+            &seen,
+            &fingerprint(1),
+            tower_idempotency_core::FencingToken::random().unwrap(),
+            Duration::from_secs(1),
+        )
+        .await;
+    assert!(
+        matches!(
+            replay,
+            Err(tower_idempotency_core::StoreError::Unavailable(_))
+        ),
+        "{replay:?}"
+    );
+}
+
+/// A replay of a key the store has seen is read on the calling task, not on a lane: with the
+/// store's one lane taken by a claim that waits for another connection's write lock, the replay
+/// is answered, in one statement, while that claim still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
+    let file = SqliteFile::new();
+    let store = std::sync::Arc::new(file.store("idem").await.with_connection_lanes(1));
+    store.migrate().await.expect("migrate");
+    let key = random_key("inline");
+    let lease = Duration::from_secs(30);
+    let token = token_of(claim(&*store, &key, 1, lease).await);
+    let done = store
+        .complete(&key, token, &response("done"), Duration::from_secs(60))
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+
+    let other_writer = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    let before = store.statements_executed();
+    let behind = spawn_claim(store.clone(), &random_key("behind"), lease);
+    // The claim counts its statement once it holds the lane, just before running it.
+    while store.statements_executed() == before {
+        tokio::task::yield_now().await;
+    }
+    let counted = store.statements_executed();
+    let replay = claim(&*store, &key, 1, lease).await;
+    let statements = store.statements_executed() - counted;
+    assert!(
+        !behind.is_finished(),
+        "the replay waited for the lane until the claim behind the lock gave up"
+    );
+    match replay {
+        ClaimOutcome::Completed { record, .. } => assert_eq!(&record.response.body[..], b"done"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(statements, 1);
+    other_writer.rollback().await.expect("rollback");
+    let claimed = behind.await.expect("task").expect("claim");
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed { .. }),
+        "{claimed:?}"
+    );
+}
+
+/// A record whose body is too large to read on the calling task is read on a reader lane, whole.
+#[tokio::test]
+async fn a_large_replay_is_read_whole() {
+    let guarded = sqlite_store().await;
+    let store = &guarded.store;
+    let key = random_key("large");
+    let body: bytes::Bytes = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
+    let mut large = response("");
+    large.body = body.clone();
+    let token = token_of(claim(&**store, &key, 1, Duration::from_secs(30)).await);
+    let done = store
+        .complete(&key, token, &large, Duration::from_secs(60))
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+    for _ in 0..2 {
+        match claim(&**store, &key, 1, Duration::from_secs(30)).await {
+            ClaimOutcome::Completed { record, .. } => assert!(record.response.body == body),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
