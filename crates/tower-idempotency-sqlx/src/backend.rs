@@ -73,6 +73,9 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 /// The SQL text of a store's statements, made once per store for its table.
 #[derive(Debug)]
 pub struct Statements {
+    /// A claim of a key with no row: inserts it, or changes nothing when the key has a row.
+    /// Bound like [`Params::Claim`].
+    pub(crate) insert: String,
     pub(crate) claim: String,
     pub(crate) complete: String,
     pub(crate) renew: String,
@@ -86,6 +89,7 @@ impl Statements {
     /// Every statement's text passed through `f`.
     pub(crate) fn map(self, f: impl Fn(String) -> String) -> Self {
         Self {
+            insert: f(self.insert),
             claim: f(self.claim),
             complete: f(self.complete),
             renew: f(self.renew),
@@ -102,7 +106,7 @@ impl Statements {
 /// themselves (SQLite) rather than with the database's clock (Postgres).
 #[derive(Debug)]
 pub enum Params<'q> {
-    /// [`Statements::claim`].
+    /// [`Statements::claim`] and [`Statements::insert`].
     Claim {
         key: &'q str,
         fingerprint: &'q [u8],

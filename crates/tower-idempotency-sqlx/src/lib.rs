@@ -30,6 +30,7 @@
 //! |---|---|---|
 //! | first request (claim, then complete or release) | 2 | 2 |
 //! | duplicate while in flight, or replay of a completed key | 1 (a read, once the process has seen the key) | 1 (likewise) |
+//! | the same, for a key the process has not seen (another instance or process wrote it, or it was written before a restart) | 2 (the insert that finds the row, then the claim statement) | 2 (likewise) |
 //!
 //! The claim is **one** statement whose core is `INSERT .. ON CONFLICT (key) DO UPDATE ..
 //! RETURNING` on the primary key, the only arbiter of who holds a key. Its update always fires:
@@ -46,8 +47,10 @@
 //! own thread, and the trip there and back costs more than a primary-key read. A read that
 //! cannot run there at once (no free connection, a body over 64 KiB, an in-memory database, any
 //! error) runs on a reader lane instead. A key the process has
-//! not seen (a new key, or one written by another process or before a restart) goes straight
-//! to the upsert, which answers a live row just as well, so a new key costs no extra read.
+//! not seen is most likely new: a plain `INSERT .. ON CONFLICT (key) DO NOTHING` claims it, which
+//! costs the database less than the claim statement's upsert (its `RETURNING`, and on Postgres
+//! its snapshot read and CTEs; the load harness's `postgres` new keys show it). Only when the key
+//! has a row (written by another process, or before a restart) does the claim statement run.
 //! SQLite's writes run on one writer connection behind an async lock, so
 //! requests of one process queue in order instead of in SQLite's busy handler (which sleeps
 //! and retries). Each store counts the statements it executes

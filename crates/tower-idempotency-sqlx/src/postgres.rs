@@ -76,6 +76,11 @@ fn readable_statements(table: &str) -> Statements {
     let expired = "cur.expires_at <= statement_timestamp()";
     let notify = notify_each(table, "done");
     Statements {
+        insert: format!(
+            r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
+VALUES ($1, $2, $4, 0, statement_timestamp() + $3::bigint * interval '1 millisecond')
+ON CONFLICT (key) DO NOTHING"#
+        ),
         // One statement, one round trip, in every case.
         //
         // `live`: a live row in the statement's snapshot is reported as it is, read-only, so

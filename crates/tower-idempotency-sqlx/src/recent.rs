@@ -3,9 +3,10 @@
 //! A claim of a key this process has seen is probably a replay or an in-flight duplicate, which
 //! a plain primary-key read answers: on SQLite on a reader connection, without the writer; on
 //! Postgres without the claim statement's upsert plan. A claim of a key it has not seen is
-//! probably new, and a read first would only add a statement before the write that must follow.
-//! Either guess is only a choice of order: the claim statement handles every state of the row,
-//! so a wrong guess costs one statement, never a wrong answer.
+//! probably new, which a plain `INSERT .. ON CONFLICT DO NOTHING` claims, the cheapest write
+//! there is. Either guess is only a choice of order: the claim statement, which runs whenever the
+//! guess was wrong, handles every state of the row, so a wrong guess costs one statement, never
+//! a wrong answer.
 
 use std::{
     collections::{hash_map::RandomState, HashSet},

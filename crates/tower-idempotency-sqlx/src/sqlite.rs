@@ -46,6 +46,10 @@ fn statements(table: &str) -> Statements {
     // ?1 key, ?2 fingerprint, ?3 new token, ?4 now (unix ms), ?5 lease end (unix ms).
     let expired = "expires_at <= ?4";
     Statements {
+        insert: format!(
+            r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
+VALUES (?1, ?2, ?3, 0, ?5) ON CONFLICT (key) DO NOTHING"#
+        ),
         // One statement, like the Postgres claim: the update always fires so RETURNING
         // reports the existing row to a duplicate. Rewriting a live row with its own values
         // is cheap in SQLite: pages whose content is unchanged are not written.

@@ -40,7 +40,7 @@ use crate::{
 ///
 /// **SQLite**: durable across restarts, shared by every process on the host that opens the same
 /// file. A claim of a key the process has seen lately reads it first, so replays and in-flight
-/// duplicates are reads that run in parallel (a new key goes straight to the write); the writes of one process run one at a time on a writer lane (across
+/// duplicates are reads that run in parallel (a new key goes straight to a plain insert); the writes of one process run one at a time on a writer lane (across
 /// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
 /// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
 /// step of the system clock while the store runs does not expire live leases (or extend them).
@@ -394,6 +394,32 @@ impl<DB: Backend> SqlStore<DB> {
         purge(&mut conn).await
     }
 
+    /// A claim of a key that has no row, by inserting it; `None`: the key has a row (live or
+    /// not), which only the claim statement may judge.
+    async fn insert_new(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let insert = Params::Claim {
+            key,
+            fingerprint: &fingerprint.as_bytes()[..],
+            token,
+            lease_ms: millis(lease),
+        };
+        let inserted = self
+            .on_lane(async |conn| self.fenced(conn, &self.sql.insert, insert, None).await)
+            .await?;
+        Ok(
+            (inserted == Ownership::Current).then_some(ClaimOutcome::Claimed {
+                token: FencingToken(token as u64),
+            }),
+        )
+    }
+
     /// The key's live record read on a reader lane, as a claim reports it: a replay or an
     /// in-flight duplicate is answered without a write. `None`: no live record, claim it.
     async fn read_live(
@@ -474,12 +500,15 @@ impl<DB: Backend> Store for SqlStore<DB> {
     ) -> Result<ClaimOutcome, StoreError> {
         let claim_once = || async {
             // A key this process has seen is read first (see `recent.rs`): its replays are a
-            // plain read, beside the writer on SQLite. A key it has not seen goes straight to
-            // the claim statement, which handles a row written by another process just as well.
+            // plain read, beside the writer on SQLite. A key it has not seen is most likely new:
+            // a plain insert claims it, the cheapest write there is; only if the key has a row
+            // (another process's, or one from before a restart) does the claim statement run.
             if self.recent.seen(key) {
                 if let Some(live) = self.read_live(key, token).await? {
                     return Ok(live);
                 }
+            } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
+                return Ok(claimed);
             }
             self.on_lane(async |conn| self.claim_in(conn, key, fingerprint, token, lease).await)
                 .await
