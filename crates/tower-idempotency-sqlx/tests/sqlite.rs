@@ -62,21 +62,7 @@ async fn closed_pool_is_unavailable() {
     );
     store.pool().close().await;
     assert_claim_unavailable(&**store, "closed").await;
-    let replay = store
-        .claim(
-            &seen,
-            &fingerprint(1),
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(1),
-        )
-        .await;
-    assert!(
-        matches!(
-            replay,
-            Err(tower_idempotency_core::StoreError::Unavailable(_))
-        ),
-        "{replay:?}"
-    );
+    assert_key_unavailable(&**store, &seen).await;
 }
 
 /// A replay of a key the store has seen is read on the calling task, not on a lane: with the

@@ -423,9 +423,14 @@ pub fn spawn_claim<S: Store + 'static>(
 
 /// A claim on `store` fails as `StoreError::Unavailable` (its database is down or closed).
 pub async fn assert_claim_unavailable(store: &impl Store, case: &str) {
+    assert_key_unavailable(store, &random_key(case)).await;
+}
+
+/// A claim of `key` on `store` fails as `StoreError::Unavailable`.
+pub async fn assert_key_unavailable(store: &impl Store, key: &str) {
     let result = store
         .claim(
-            &random_key(case),
+            key,
             &fingerprint(1),
             FencingToken::random().unwrap(),
             Duration::from_secs(1),
