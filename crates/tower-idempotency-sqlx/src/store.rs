@@ -420,8 +420,8 @@ impl<DB: Backend> SqlStore<DB> {
         )
     }
 
-    /// The key's live record read on a reader lane, as a claim reports it: a replay or an
-    /// in-flight duplicate is answered without a write. `None`: no live record, claim it.
+    /// The key's live record, as a claim reports it: a replay or an in-flight duplicate is
+    /// answered without a write. `None`: no live record, claim it.
     async fn read_live(
         &self,
         key: &str,
