@@ -105,6 +105,12 @@ pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
     i64::try_from(token.0).ok()
 }
 
+/// A claim's token as stored, or [`TokenOutOfRange`]: a claim cannot be made with a token no row
+/// could hold.
+pub(crate) fn claim_token(token: FencingToken) -> Result<i64, StoreError> {
+    token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))
+}
+
 /// A claim's token does not fit the `bigint` column (above `i64::MAX`; `FencingToken::random`
 /// never draws one).
 #[derive(Debug, thiserror::Error)]

@@ -86,6 +86,12 @@ WHERE key = ?1 AND token = ?2 AND state = 0"#
     }
 }
 
+/// A small integer column (`state`, `status`), which SQLite stores as `i64`, as a
+/// [`RawRecord`] holds it: out-of-range values become -1, which decoding reports as corrupt.
+pub(crate) fn narrow(value: i64) -> i16 {
+    i16::try_from(value).unwrap_or(-1)
+}
+
 impl Backend for Sqlite {
     const STORE_NAME: &'static str = "sqlite";
     // The write lock from the start: a deferred transaction that read first could not
@@ -150,15 +156,13 @@ impl Backend for Sqlite {
 
     fn decode(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx::Error> {
         let expires_at: i64 = row.try_get("expires_at")?;
-        let state: i64 = row.try_get("state")?;
         let status: Option<i64> = row.try_get("status")?;
         Ok(RawRecord {
             token: row.try_get("token")?,
             fingerprint: row.try_get("fingerprint")?,
-            // Out-of-range values become -1, which decoding reports as corrupt.
-            state: i16::try_from(state).unwrap_or(-1),
+            state: narrow(row.try_get("state")?),
             remaining_ms: expires_at.saturating_sub(now),
-            status: status.map(|s| i16::try_from(s).unwrap_or(-1)),
+            status: status.map(narrow),
             headers: row.try_get("headers")?,
             body: row.try_get("body")?,
             body_omitted: row.try_get("body_omitted")?,

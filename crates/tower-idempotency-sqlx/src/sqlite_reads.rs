@@ -28,11 +28,11 @@ use std::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sqlx::{ConnectOptions, SqlitePool};
 
-use crate::record::RawRecord;
+use crate::{record::RawRecord, sqlite::narrow};
 
 /// The largest body an inline read returns; a larger record is read on a reader lane, so that
 /// copying it does not hold the calling thread.
-pub(crate) const INLINE_BODY_LIMIT: i64 = 64 * 1024;
+const INLINE_BODY_LIMIT: i64 = 64 * 1024;
 
 /// Connections kept for inline reads. A read never waits for one, so more than the threads
 /// that run requests at once only costs memory (each has its own page cache).
@@ -118,8 +118,7 @@ FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#
             }
             let conn = slot.as_ref().expect("opened above");
             return match self.read(conn, key, now_ms) {
-                Ok(Some(read)) => Inline::Read(read),
-                Ok(None) => Inline::Elsewhere,
+                Ok(inline) => inline,
                 Err(error) => {
                     // A connection that failed is reopened on its next use.
                     tracing::debug!(%error, "inline SQLite read failed; reading on a lane");
@@ -145,39 +144,28 @@ FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#
         Ok(mode.eq_ignore_ascii_case("wal").then_some(conn))
     }
 
-    /// `Ok(None)`: the record's body is over [`INLINE_BODY_LIMIT`].
-    fn read(
-        &self,
-        conn: &Connection,
-        key: &str,
-        now_ms: i64,
-    ) -> rusqlite::Result<Option<Option<RawRecord>>> {
+    /// [`Inline::Elsewhere`] when the record's body is over [`INLINE_BODY_LIMIT`].
+    fn read(&self, conn: &Connection, key: &str, now_ms: i64) -> rusqlite::Result<Inline> {
         let mut statement = conn.prepare_cached(&self.sql)?;
-        let row = statement
+        let found = statement
             .query_row((key, now_ms), |row| {
                 if row.get::<_, Option<bool>>(8)?.unwrap_or(false) {
-                    return Ok(None);
+                    return Ok(Inline::Elsewhere);
                 }
                 let expires_at: i64 = row.get(3)?;
-                let state: i64 = row.get(2)?;
                 let status: Option<i64> = row.get(4)?;
-                Ok(Some(RawRecord {
+                Ok(Inline::Read(Some(RawRecord {
                     token: row.get(0)?,
                     fingerprint: row.get(1)?,
-                    // Out-of-range values become -1, which decoding reports as corrupt.
-                    state: i16::try_from(state).unwrap_or(-1),
+                    state: narrow(row.get(2)?),
                     remaining_ms: expires_at.saturating_sub(now_ms),
-                    status: status.map(|s| i16::try_from(s).unwrap_or(-1)),
+                    status: status.map(narrow),
                     headers: row.get(5)?,
                     body: row.get(6)?,
                     body_omitted: row.get(7)?,
-                }))
+                })))
             })
             .optional()?;
-        Ok(match row {
-            None => Some(None),
-            Some(None) => None,
-            Some(Some(record)) => Some(Some(record)),
-        })
+        Ok(found.unwrap_or(Inline::Read(None)))
     }
 }

@@ -24,7 +24,7 @@ use crate::{
     lanes::{Lanes, StoreLanes},
     lease,
     recent::RecentKeys,
-    record::{millis, ownership, token_param, Completion, RawRecord, TokenOutOfRange},
+    record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
@@ -225,14 +225,9 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let token = claim_token(token)?;
         let now = self.clock.now_ms();
-        let claim = Params::Claim {
-            key,
-            fingerprint: &fingerprint.as_bytes()[..],
-            token,
-            lease_ms: millis(lease),
-        };
+        let claim = claim_params(key, fingerprint, token, lease);
         self.count();
         let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
             .await
@@ -403,13 +398,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
-        let insert = Params::Claim {
-            key,
-            fingerprint: &fingerprint.as_bytes()[..],
-            token,
-            lease_ms: millis(lease),
-        };
+        let token = claim_token(token)?;
+        let insert = claim_params(key, fingerprint, token, lease);
         let inserted = self
             .on_lane(async |conn| self.fenced(conn, &self.sql.insert, insert, None).await)
             .await?;
@@ -427,7 +417,7 @@ impl<DB: Backend> SqlStore<DB> {
         key: &str,
         token: FencingToken,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let token = token_param(token).ok_or(StoreError::Backend(Box::new(TokenOutOfRange)))?;
+        let token = claim_token(token)?;
         match self.read_record(key).await? {
             Some(record) => record.into_claim_outcome(token).map(Some),
             None => Ok(None),
@@ -473,6 +463,21 @@ impl<DB: Backend> SqlStore<DB> {
             Ok(row.map(|row| (row, now)))
         })
         .await
+    }
+}
+
+/// The parameters of the claim statement and of the plain insert.
+fn claim_params<'q>(
+    key: &'q str,
+    fingerprint: &'q Fingerprint,
+    token: i64,
+    lease: Duration,
+) -> Params<'q> {
+    Params::Claim {
+        key,
+        fingerprint: &fingerprint.as_bytes()[..],
+        token,
+        lease_ms: millis(lease),
     }
 }
 
