@@ -50,11 +50,7 @@ async fn closed_pool_is_unavailable() {
     let guarded = sqlite_store().await;
     let store = &guarded.store;
     let seen = random_key("seen");
-    let token = token_of(claim(&**store, &seen, 1, Duration::from_secs(30)).await);
-    let done = store
-        .complete(&seen, token, &response("done"), Duration::from_secs(60))
-        .await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
+    completed(&**store, &seen, &response("done")).await;
     let replay = claim(&**store, &seen, 1, Duration::from_secs(1)).await;
     assert!(
         matches!(replay, ClaimOutcome::Completed { .. }),
@@ -75,11 +71,7 @@ async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
     store.migrate().await.expect("migrate");
     let key = random_key("inline");
     let lease = Duration::from_secs(30);
-    let token = token_of(claim(&*store, &key, 1, lease).await);
-    let done = store
-        .complete(&key, token, &response("done"), Duration::from_secs(60))
-        .await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
+    completed(&*store, &key, &response("done")).await;
 
     let other_writer = store
         .pool()
@@ -121,11 +113,7 @@ async fn a_large_replay_is_read_whole() {
     let body: bytes::Bytes = (0..200 * 1024).map(|i| (i % 251) as u8).collect();
     let mut large = response("");
     large.body = body.clone();
-    let token = token_of(claim(&**store, &key, 1, Duration::from_secs(30)).await);
-    let done = store
-        .complete(&key, token, &large, Duration::from_secs(60))
-        .await;
-    assert_eq!(done.expect("complete"), Ownership::Current);
+    completed(&**store, &key, &large).await;
     for _ in 0..2 {
         match claim(&**store, &key, 1, Duration::from_secs(30)).await {
             ClaimOutcome::Completed { record, .. } => assert!(record.response.body == body),

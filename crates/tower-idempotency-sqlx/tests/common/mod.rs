@@ -445,6 +445,15 @@ pub async fn assert_key_unavailable(store: &impl Store, key: &str) {
     );
 }
 
+/// Claims `key` (fingerprint 1) and completes it with `response` for a minute, as its holder.
+pub async fn completed(store: &dyn Store, key: &str, response: &CachedResponse) {
+    let token = token_of(claim(store, key, 1, Duration::from_secs(30)).await);
+    let done = store
+        .complete(key, token, response, Duration::from_secs(60))
+        .await;
+    assert_eq!(done.expect("complete"), Ownership::Current);
+}
+
 pub fn response(body: &'static str) -> CachedResponse {
     let mut headers = http::HeaderMap::new();
     headers.insert("content-type", http::HeaderValue::from_static("text/plain"));
