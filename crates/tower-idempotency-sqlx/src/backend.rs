@@ -85,8 +85,12 @@ pub struct Statements {
     pub(crate) purge: String,
 }
 
+/// Which of a store's [`Statements`] a call runs.
+pub(crate) type Pick = fn(&Statements) -> &String;
+
 impl Statements {
     /// Every statement's text passed through `f`.
+    #[cfg(feature = "postgres")]
     pub(crate) fn map(self, f: impl Fn(String) -> String) -> Self {
         Self {
             insert: f(self.insert),
@@ -161,7 +165,7 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     #[doc(hidden)]
     const EXCLUSIVE: bool;
     /// Whether the database takes one writer at a time (SQLite). The store then runs writes on
-    /// one lane and reads on the others (or inline, see `sqlite_reads.rs`), and a claim of a key
+    /// its writer thread (see `sqlite_writer.rs`) or one lane, and reads on the others (or inline, see `sqlite_reads.rs`), and a claim of a key
     /// the process has seen first reads it, so a replay or an in-flight duplicate never takes
     /// the write lock.
     /// Otherwise the claim statement reads before it writes by itself.

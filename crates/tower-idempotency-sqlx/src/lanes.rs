@@ -48,7 +48,8 @@ fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
 }
 
 /// A store's lanes. For a database that takes one writer at a time (SQLite), writes run on a
-/// lane of their own and reads on the others: the writer lane serialises writes in the process
+/// lane of their own (where the store has no writer thread, see `sqlite_writer.rs`) and reads
+/// on the others: the writer lane serialises writes in the process
 /// (a writer waits on an async lock, not in SQLite's busy handler, which sleeps and retries),
 /// and reads, which in WAL mode never wait for the writer, run in parallel beside it. For
 /// other databases every statement takes any lane.

@@ -51,16 +51,20 @@
 //! costs the database less than the claim statement's upsert (its `RETURNING`, and on Postgres
 //! its snapshot read and CTEs; the load harness's `postgres` new keys show it). Only when the key
 //! has a row (written by another process, or before a restart) does the claim statement run.
-//! SQLite's writes run on one writer connection behind an async lock, so
-//! requests of one process queue in order instead of in SQLite's busy handler (which sleeps
-//! and retries). Each store counts the statements it executes
+//! SQLite's writes run on one connection on a thread of the store's own (through rusqlite
+//! too), so requests of one process queue in order instead of in SQLite's busy handler (which
+//! sleeps and retries), and the writes that queued up while it was busy run in one transaction
+//! (group commit): one lock cycle and one WAL commit for all of them, each caller answered
+//! after the commit. A pool that is not on a plain read-write file writes on a writer lane
+//! instead. Each store counts the statements it executes
 //! ([`SqlStore::statements_executed`]); the test
 //! suite asserts the counts above over real HTTP, and for Postgres also on the wire (a proxy
 //! that counts the protocol's round trips).
 //!
 //! A statement is one round trip because each store keeps a few of its pool's connections
 //! checked out ("lanes", half the pool by default; `with_connection_lanes` changes it; on
-//! SQLite one of them is the writer, the others read). Through
+//! SQLite one of them is the writer lane, used where the store has no writer thread, and the
+//! others read). Through
 //! the pool itself, sqlx 0.8 pings a connection when it hands it out and again when it takes it
 //! back, which makes every statement three round trips (the load harness's `--store-lanes 0`
 //! measures that path against the lanes).
@@ -118,7 +122,8 @@
 // statement is one round trip; `record` decodes rows and checks completions; `lease` holds the
 // rules for claims that waited; `error` maps database errors; `clock` is SQLite's time;
 // `settlements` is Postgres's notices of settled keys for waiters in other instances;
-// `sqlite_reads` runs SQLite's one-row reads on the calling task.
+// `sqlite_reads` runs SQLite's one-row reads on the calling task; `sqlite_writer` runs SQLite's
+// writes on a thread of their own, several to a transaction.
 mod backend;
 mod clock;
 mod error;
@@ -134,6 +139,8 @@ mod settlements;
 mod sqlite;
 #[cfg(feature = "sqlite")]
 mod sqlite_reads;
+#[cfg(feature = "sqlite")]
+mod sqlite_writer;
 mod store;
 pub mod transactional;
 

@@ -1,6 +1,6 @@
 //! SQLite's SQL for [`SqliteStore`](crate::SqliteStore).
 
-use std::{str::FromStr, time::Duration};
+use std::{borrow::Cow, str::FromStr, time::Duration};
 
 use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
@@ -42,7 +42,7 @@ CREATE INDEX IF NOT EXISTS "{table}_expires_at_idx" ON "{table}" (expires_at);
 
 const RETURNED: &str = "token, fingerprint, state, expires_at, status, headers, body, body_omitted";
 
-fn statements(table: &str) -> Statements {
+pub(crate) fn statements(table: &str) -> Statements {
     // ?1 key, ?2 fingerprint, ?3 new token, ?4 now (unix ms), ?5 lease end (unix ms).
     let expired = "expires_at <= ?4";
     Statements {
@@ -92,6 +92,102 @@ pub(crate) fn narrow(value: i64) -> i16 {
     i16::try_from(value).unwrap_or(-1)
 }
 
+/// A statement parameter as SQLite takes it, for either driver that runs the store's statements:
+/// sqlx (the lanes, callers' transactions) and rusqlite (the writer thread).
+#[derive(Debug)]
+pub(crate) enum Value<'q> {
+    Int(i64),
+    Text(Cow<'q, str>),
+    Blob(Cow<'q, [u8]>),
+}
+
+impl Value<'_> {
+    /// The value with its text or bytes copied, to outlive the parameters it came from.
+    pub(crate) fn into_owned(self) -> Value<'static> {
+        match self {
+            Value::Int(value) => Value::Int(value),
+            Value::Text(value) => Value::Text(Cow::Owned(value.into_owned())),
+            Value::Blob(value) => Value::Blob(Cow::Owned(value.into_owned())),
+        }
+    }
+}
+
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(match self {
+            Value::Int(value) => ToSqlOutput::from(*value),
+            Value::Text(value) => ToSqlOutput::Borrowed(ValueRef::Text(value.as_bytes())),
+            Value::Blob(value) => ToSqlOutput::Borrowed(ValueRef::Blob(value)),
+        })
+    }
+}
+
+/// `params` in the order the statement numbers them (`?1`, `?2`, ..). Rows are dated by the
+/// store's clock, `now` (unix ms): `expires_at` is an absolute time.
+pub(crate) fn values<'q>(now: i64, params: Params<'q>) -> Vec<Value<'q>> {
+    let text = |value: &'q str| Value::Text(Cow::Borrowed(value));
+    let blob = |value: &'q [u8]| Value::Blob(Cow::Borrowed(value));
+    let until = |ms: i64| Value::Int(now.saturating_add(ms));
+    match params {
+        Params::Claim {
+            key,
+            fingerprint,
+            token,
+            lease_ms,
+        } => vec![
+            text(key),
+            blob(fingerprint),
+            Value::Int(token),
+            Value::Int(now),
+            until(lease_ms),
+        ],
+        Params::Complete {
+            key,
+            token,
+            status,
+            headers,
+            body,
+            body_omitted,
+            ttl_ms,
+        } => vec![
+            text(key),
+            Value::Int(token),
+            Value::Int(i64::from(status)),
+            Value::Blob(Cow::Owned(headers)),
+            blob(body),
+            Value::Int(i64::from(body_omitted)),
+            until(ttl_ms),
+        ],
+        Params::Renew {
+            key,
+            token,
+            lease_ms,
+        } => vec![text(key), Value::Int(token), until(lease_ms)],
+        Params::Release { key, token } => vec![text(key), Value::Int(token)],
+        Params::Get { key } => vec![text(key), Value::Int(now)],
+        Params::Forget { key } => vec![text(key)],
+        Params::Purge => vec![Value::Int(now)],
+    }
+}
+
+/// A row of the [`RETURNED`] columns, in their order, as rusqlite reads it (the writer's claim
+/// and forget, the inline reads); `now` is the time the statement was bound with.
+pub(crate) fn decode_rusqlite(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<RawRecord> {
+    let expires_at: i64 = row.get(3)?;
+    let status: Option<i64> = row.get(4)?;
+    Ok(RawRecord {
+        token: row.get(0)?,
+        fingerprint: row.get(1)?,
+        state: narrow(row.get(2)?),
+        remaining_ms: expires_at.saturating_sub(now),
+        status: status.map(narrow),
+        headers: row.get(5)?,
+        body: row.get(6)?,
+        body_omitted: row.get(7)?,
+    })
+}
+
 impl Backend for Sqlite {
     const STORE_NAME: &'static str = "sqlite";
     // The write lock from the start: a deferred transaction that read first could not
@@ -109,49 +205,14 @@ impl Backend for Sqlite {
     }
 
     fn bind<'q>(sql: &'q str, now: i64, params: Params<'q>) -> Statement<'q, Self> {
-        // Rows are dated by the store's clock: `expires_at` is an absolute unix-ms time.
-        let query = sqlx::query(sql);
-        match params {
-            Params::Claim {
-                key,
-                fingerprint,
-                token,
-                lease_ms,
-            } => query
-                .bind(key)
-                .bind(fingerprint)
-                .bind(token)
-                .bind(now)
-                .bind(now.saturating_add(lease_ms)),
-            Params::Complete {
-                key,
-                token,
-                status,
-                headers,
-                body,
-                body_omitted,
-                ttl_ms,
-            } => query
-                .bind(key)
-                .bind(token)
-                .bind(i64::from(status))
-                .bind(headers)
-                .bind(body)
-                .bind(body_omitted)
-                .bind(now.saturating_add(ttl_ms)),
-            Params::Renew {
-                key,
-                token,
-                lease_ms,
-            } => query
-                .bind(key)
-                .bind(token)
-                .bind(now.saturating_add(lease_ms)),
-            Params::Release { key, token } => query.bind(key).bind(token),
-            Params::Get { key } => query.bind(key).bind(now),
-            Params::Forget { key } => query.bind(key),
-            Params::Purge => query.bind(now),
-        }
+        values(now, params)
+            .into_iter()
+            .fold(sqlx::query(sql), |query, value| match value {
+                Value::Int(value) => query.bind(value),
+                Value::Text(value) => query.bind(value),
+                Value::Blob(Cow::Borrowed(value)) => query.bind(value),
+                Value::Blob(Cow::Owned(value)) => query.bind(value),
+            })
     }
 
     fn decode(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx::Error> {

@@ -28,7 +28,7 @@ use std::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sqlx::{ConnectOptions, SqlitePool};
 
-use crate::{record::RawRecord, sqlite::narrow};
+use crate::{record::RawRecord, sqlite::decode_rusqlite};
 
 /// The largest body an inline read returns; a larger record is read on a reader lane, so that
 /// copying it does not hold the calling thread.
@@ -152,18 +152,7 @@ FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#
                 if row.get::<_, Option<bool>>(8)?.unwrap_or(false) {
                     return Ok(Inline::Elsewhere);
                 }
-                let expires_at: i64 = row.get(3)?;
-                let status: Option<i64> = row.get(4)?;
-                Ok(Inline::Read(Some(RawRecord {
-                    token: row.get(0)?,
-                    fingerprint: row.get(1)?,
-                    state: narrow(row.get(2)?),
-                    remaining_ms: expires_at.saturating_sub(now_ms),
-                    status: status.map(narrow),
-                    headers: row.get(5)?,
-                    body: row.get(6)?,
-                    body_omitted: row.get(7)?,
-                })))
+                Ok(Inline::Read(Some(decode_rusqlite(row, now_ms)?)))
             })
             .optional()?;
         Ok(found.unwrap_or(Inline::Read(None)))

@@ -15,10 +15,8 @@ use tower_idempotency_core::{
     Store, StoreError,
 };
 
-#[cfg(feature = "sqlite")]
-use crate::sqlite_reads::{Inline, InlineReads};
 use crate::{
-    backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
+    backend::{Backend, Params, Pick, Statement, Statements, PURGE_BATCH},
     clock::StoreClock,
     error, lanes,
     lanes::{Lanes, StoreLanes},
@@ -26,6 +24,11 @@ use crate::{
     recent::RecentKeys,
     record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
+};
+#[cfg(feature = "sqlite")]
+use crate::{
+    sqlite_reads::{Inline, InlineReads},
+    sqlite_writer::SqliteWriter,
 };
 
 /// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
@@ -40,7 +43,9 @@ use crate::{
 ///
 /// **SQLite**: durable across restarts, shared by every process on the host that opens the same
 /// file. A claim of a key the process has seen lately reads it first, so replays and in-flight
-/// duplicates are reads that run in parallel (a new key goes straight to a plain insert); the writes of one process run one at a time on a writer lane (across
+/// duplicates are reads that run in parallel (a new key goes straight to a plain insert); the
+/// writes of one process run one at a time on the store's writer thread, several to a
+/// transaction when they queue up (across
 /// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
 /// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
 /// step of the system clock while the store runs does not expire live leases (or extend them).
@@ -72,6 +77,9 @@ pub struct SqlStore<DB: Backend> {
     /// SQLite on a file: reads of one row run on the calling task (see `sqlite_reads.rs`).
     #[cfg(feature = "sqlite")]
     inline: Option<InlineReads>,
+    /// SQLite on a file: writes run on a thread of their own (see `sqlite_writer.rs`).
+    #[cfg(feature = "sqlite")]
+    writer: Option<SqliteWriter>,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -97,7 +105,9 @@ impl<DB: Backend> SqlStore<DB> {
             notices: DB::notices(&pool, table),
             recent: RecentKeys::default(),
             #[cfg(feature = "sqlite")]
-            inline: inline_reads(&pool, table),
+            inline: sqlite_pool(&pool).and_then(|pool| InlineReads::for_pool(pool, table)),
+            #[cfg(feature = "sqlite")]
+            writer: sqlite_pool(&pool).and_then(|pool| SqliteWriter::for_pool(pool, table)),
         })
     }
 
@@ -135,7 +145,8 @@ impl<DB: Backend> SqlStore<DB> {
     /// bounded by the pool's `acquire_timeout`, as a pool acquire is.
     ///
     /// On SQLite, with two lanes or more, one lane is the writer (every statement that may write
-    /// runs on it, one at a time) and the others run reads; with one lane, reads share it.
+    /// runs on it, one at a time, where the store has no writer thread: a pool that is not on a
+    /// plain read-write file) and the others run reads; with one lane, reads share it.
     ///
     /// Why: sqlx's pool pings a connection when it hands it out and again when it takes it back
     /// (for SQLite, a message to the connection's worker thread and back), so a store call
@@ -332,17 +343,67 @@ impl<DB: Backend> SqlStore<DB> {
         completion: Completion<'_>,
     ) -> Result<Ownership, StoreError> {
         let size = completion.size;
-        let params = Params::Complete {
-            key,
-            token: completion.token,
-            status: completion.response.status.as_u16(),
-            headers: completion.headers,
-            body: &completion.response.body[..],
-            body_omitted: completion.response.body_omitted,
-            ttl_ms: completion.ttl_ms,
-        };
+        let params = completion.params(key);
         self.fenced(conn, &self.sql.complete, params, Some(size))
             .await
+    }
+
+    /// Runs a write that returns no rows, `pick`ed from the store's statements: how many rows it
+    /// changed. On SQLite's writer thread where the store has one, otherwise on a write lane.
+    async fn write(
+        &self,
+        pick: Pick,
+        params: Params<'_>,
+        size: Option<usize>,
+    ) -> Result<u64, StoreError> {
+        #[cfg(feature = "sqlite")]
+        if let Some(writer) = &self.writer {
+            self.count_open()?;
+            let now = self.clock.now_ms();
+            let limit = self.max_record_bytes;
+            return writer.execute(pick, now, params, size, limit).await;
+        }
+        self.on_lane(async |conn| {
+            self.count();
+            let done = DB::execute(conn, self.bind(pick(&self.sql), params))
+                .await
+                .map_err(|e| self.map_error(e, size))?;
+            Ok(DB::rows_affected(&done))
+        })
+        .await
+    }
+
+    /// Runs a write with a `RETURNING` clause (the claim statement, `forget`), like
+    /// [`write`](Self::write): the row it returned.
+    async fn write_returning(
+        &self,
+        pick: Pick,
+        params: Params<'_>,
+    ) -> Result<Option<RawRecord>, StoreError> {
+        #[cfg(feature = "sqlite")]
+        if let Some(writer) = &self.writer {
+            self.count_open()?;
+            let now = self.clock.now_ms();
+            return writer.fetch(pick, now, params, self.max_record_bytes).await;
+        }
+        match self
+            .fetch_on(self.lanes.writes(), pick(&self.sql), params)
+            .await?
+        {
+            Some((row, now)) => self.decode(&row, now).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Counts a statement the writer thread will run, if the pool is open: a closed pool
+    /// answers nothing, through any path.
+    #[cfg(feature = "sqlite")]
+    fn count_open(&self) -> Result<(), StoreError> {
+        if self.pool().is_closed() {
+            return Err(self.map_error(sqlx::Error::PoolClosed, None));
+        }
+        self.count();
+        Ok(())
     }
 
     /// One renewal statement.
@@ -355,38 +416,31 @@ impl<DB: Backend> SqlStore<DB> {
         let Some(token) = token_param(token) else {
             return Ok(Ownership::Stale);
         };
-        let lease_ms = millis(lease);
-        self.on_lane(async |conn| {
-            let renew = Params::Renew {
-                key,
-                token,
-                lease_ms,
-            };
-            self.fenced(conn, &self.sql.renew, renew, None).await
-        })
-        .await
+        let renew = Params::Renew {
+            key,
+            token,
+            lease_ms: millis(lease),
+        };
+        Ok(ownership(self.write(|s| &s.renew, renew, None).await?))
     }
 
-    /// One purge statement: with one writer, on the writer lane, so it waits its turn instead
+    /// One purge statement: with one writer, as every other write, so it waits its turn instead
     /// of making requests wait in SQLite's busy handler; otherwise on a connection from the
     /// pool, so a purge of a large backlog does not hold up a lane.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
-        let purge = async |conn: &mut DB::Connection| {
-            self.count();
-            let done = DB::execute(conn, self.bind(&self.sql.purge, Params::Purge))
-                .await
-                .map_err(|e| self.map_error(e, None))?;
-            Ok(DB::rows_affected(&done))
-        };
         if DB::ONE_WRITER {
-            return self.on_lane(purge).await;
+            return self.write(|s| &s.purge, Params::Purge, None).await;
         }
         let mut conn = self
             .pool()
             .acquire()
             .await
             .map_err(|e| self.map_error(e, None))?;
-        purge(&mut conn).await
+        self.count();
+        let done = DB::execute(&mut conn, self.bind(&self.sql.purge, Params::Purge))
+            .await
+            .map_err(|e| self.map_error(e, None))?;
+        Ok(DB::rows_affected(&done))
     }
 
     /// A claim of a key that has no row, by inserting it; `None`: the key has a row (live or
@@ -400,14 +454,29 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let token = claim_token(token)?;
         let insert = claim_params(key, fingerprint, token, lease);
-        let inserted = self
-            .on_lane(async |conn| self.fenced(conn, &self.sql.insert, insert, None).await)
-            .await?;
+        let inserted = ownership(self.write(|s| &s.insert, insert, None).await?);
         Ok(
             (inserted == Ownership::Current).then_some(ClaimOutcome::Claimed {
                 token: FencingToken(token as u64),
             }),
         )
+    }
+
+    /// The claim statement, which judges a key whatever its row: claims it, or reports the
+    /// live record.
+    async fn claim_statement(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let token = claim_token(token)?;
+        let claim = claim_params(key, fingerprint, token, lease);
+        self.write_returning(|s| &s.claim, claim)
+            .await?
+            .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?
+            .into_claim_outcome(token)
     }
 
     /// The key's live record, as a claim reports it: a replay or an in-flight duplicate is
@@ -481,12 +550,12 @@ fn claim_params<'q>(
     }
 }
 
-/// Inline reads when `pool` is an SQLite pool on a file. A downcast rather than a [`Backend`]
-/// item, so the sealed public trait does not grow an item for one backend's optimisation.
+/// `pool` when it is an SQLite pool, for the inline reads and the writer thread. A downcast
+/// rather than a [`Backend`] item, so the sealed public trait does not grow items for one
+/// backend's optimisations.
 #[cfg(feature = "sqlite")]
-fn inline_reads<DB: Backend>(pool: &Pool<DB>, table: &str) -> Option<InlineReads> {
-    let pool = (pool as &dyn std::any::Any).downcast_ref::<sqlx::SqlitePool>()?;
-    InlineReads::for_pool(pool, table)
+fn sqlite_pool<DB: Backend>(pool: &Pool<DB>) -> Option<&sqlx::SqlitePool> {
+    (pool as &dyn std::any::Any).downcast_ref::<sqlx::SqlitePool>()
 }
 
 #[async_trait::async_trait]
@@ -515,8 +584,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
                 return Ok(claimed);
             }
-            self.on_lane(async |conn| self.claim_in(conn, key, fingerprint, token, lease).await)
-                .await
+            self.claim_statement(key, fingerprint, token, lease).await
         };
         lease::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
             .await
@@ -539,18 +607,23 @@ impl<DB: Backend> Store for SqlStore<DB> {
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
         // Checked before a lane is taken: an oversized record never touches the database.
-        match Completion::prepare(token, response, ttl, self.max_record_bytes)? {
-            Some(completion) => {
-                self.on_lane(async |conn| self.complete_with(conn, key, completion).await)
-                    .await
-            }
-            None => Ok(Ownership::Stale),
-        }
+        let Some(completion) = Completion::prepare(token, response, ttl, self.max_record_bytes)?
+        else {
+            return Ok(Ownership::Stale);
+        };
+        let size = completion.size;
+        let complete = completion.params(key);
+        Ok(ownership(
+            self.write(|s| &s.complete, complete, Some(size)).await?,
+        ))
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.on_lane(async |conn| self.release_in(conn, key, token).await)
-            .await
+        let Some(token) = token_param(token) else {
+            return Ok(Ownership::Stale);
+        };
+        let release = Params::Release { key, token };
+        Ok(ownership(self.write(|s| &s.release, release, None).await?))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
@@ -562,14 +635,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn forget(&self, key: &str) -> Result<bool, StoreError> {
         let forget = Params::Forget { key };
-        match self
-            .fetch_on(self.lanes.writes(), &self.sql.forget, forget)
+        // A deleted record that had expired was absent already.
+        Ok(self
+            .write_returning(|s| &s.forget, forget)
             .await?
-        {
-            None => Ok(false),
-            // A deleted record that had expired was absent already.
-            Some((row, now)) => Ok(self.decode(&row, now)?.remaining_ms > 0),
-        }
+            .is_some_and(|record| record.remaining_ms > 0))
     }
 
     fn name(&self) -> &'static str {

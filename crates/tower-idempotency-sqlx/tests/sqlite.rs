@@ -61,8 +61,8 @@ async fn closed_pool_is_unavailable() {
     assert_key_unavailable(&**store, &seen).await;
 }
 
-/// A replay of a key the store has seen is read on the calling task, not on a lane: with the
-/// store's one lane taken by a claim that waits for another connection's write lock, the replay
+/// A replay of a key the store has seen is read on the calling task, not on a lane or the
+/// writer: with a claim on the writer waiting for another connection's write lock, the replay
 /// is answered, in one statement, while that claim still waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
@@ -80,7 +80,7 @@ async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
         .expect("begin");
     let before = store.statements_executed();
     let behind = spawn_claim(store.clone(), &random_key("behind"), lease);
-    // The claim counts its statement once it holds the lane, just before running it.
+    // The claim counts its statement just before it queues on the writer.
     while store.statements_executed() == before {
         tokio::task::yield_now().await;
     }
@@ -89,7 +89,7 @@ async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
     let statements = store.statements_executed() - counted;
     assert!(
         !behind.is_finished(),
-        "the replay waited for the lane until the claim behind the lock gave up"
+        "the replay waited until the claim behind the lock was answered"
     );
     match replay {
         ClaimOutcome::Completed { record, .. } => assert_eq!(&record.response.body[..], b"done"),
@@ -229,7 +229,7 @@ async fn replays_run_beside_a_held_write_lock() {
     );
 }
 
-/// Writes are serialised in the process on one writer lane, never by SQLite's busy handler:
+/// Writes are serialised in the process on the store's writer, never by SQLite's busy handler:
 /// on a pool whose busy timeout is zero (a write that meets another fails at once with
 /// `SQLITE_BUSY`, answered `503`), 64 first requests over HTTP, 32 at a time, all run once,
 /// and their 64 replays, all at once, are all replayed.
@@ -284,4 +284,111 @@ async fn concurrent_requests_need_no_busy_handler() {
         server.executions.load(std::sync::atomic::Ordering::SeqCst),
         64
     );
+}
+
+/// Writes that queue up while the writer waits share one transaction (group commit), and a
+/// write that fails there fails alone: with another connection holding the write lock, a first
+/// claim waits for it on the writer and six more queue behind it. Of the queued claims, those of keys
+/// of keys named `abort-*` and `rollback-*` meet a trigger that raises `ABORT` (SQLite undoes
+/// that statement) or `ROLLBACK` (SQLite undoes the whole transaction). Returns each queued
+/// key and whether it was stored, which the test checks against what its claim answered.
+async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool)> {
+    let guarded = sqlite_store().await;
+    let store = guarded.store.clone();
+    for action in ["ABORT", "ROLLBACK"] {
+        let name = action.to_lowercase();
+        sqlx::raw_sql(&format!(
+            r#"CREATE TRIGGER "{name}" BEFORE INSERT ON "{table}"
+               WHEN NEW.key LIKE '{name}-%' BEGIN SELECT RAISE({action}, 'refused'); END"#,
+            table = store.table()
+        ))
+        .execute(store.pool())
+        .await
+        .expect("trigger");
+    }
+    let lease = Duration::from_secs(30);
+    // Starts the writer, so that each claim below is queued as soon as it counts its statement.
+    claim(&*store, &random_key("first"), 1, lease).await;
+    let other_writer = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    let before = store.statements_executed();
+    let first = random_key("waiting");
+    let waiting = spawn_claim(store.clone(), &first, lease);
+    let keys: Vec<String> = ["ok", failing, "ok", "ok", failing, "ok"]
+        .iter()
+        .map(|name| format!("{name}-{}", random_suffix()))
+        .collect();
+    let queued: Vec<_> = keys
+        .iter()
+        .map(|key| spawn_claim(store.clone(), key, lease))
+        .collect();
+    // This runtime has one thread: a claim has reached the writer's queue once it counted.
+    while store.statements_executed() < before + 1 + keys.len() as u64 {
+        tokio::task::yield_now().await;
+    }
+    other_writer.rollback().await.expect("rollback");
+    // The first claim ran alone or, if the writer had not taken it before the others queued,
+    // in their transaction; the six behind it share one either way.
+    let mut outcomes = Vec::new();
+    for (key, claim) in keys.into_iter().zip(queued) {
+        let outcome = claim.await.expect("task");
+        let stored = store.get(&key).await.expect("get").is_some();
+        assert_eq!(
+            outcome.is_ok(),
+            stored,
+            "{key}: answered {outcome:?}, stored {stored}"
+        );
+        outcomes.push((key, stored));
+    }
+    let waited = waiting.await.expect("task");
+    assert_eq!(
+        waited.is_ok(),
+        store.get(&first).await.expect("get").is_some()
+    );
+    outcomes
+}
+
+#[tokio::test]
+async fn a_write_that_fails_in_a_shared_transaction_fails_alone() {
+    for (key, stored) in queued_claims_behind_the_write_lock("abort").await {
+        assert_eq!(stored, key.starts_with("ok-"), "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_rolled_back_fails_every_write_in_it() {
+    let outcomes = queued_claims_behind_the_write_lock("rollback").await;
+    assert!(
+        outcomes.iter().all(|(_, stored)| !stored),
+        "the writes shared one transaction: {outcomes:?}"
+    );
+}
+
+/// A claim whose caller gave up while it waited for the writer is not written.
+#[tokio::test]
+async fn a_write_whose_caller_gave_up_is_skipped() {
+    let guarded = sqlite_store().await;
+    let store = guarded.store.clone();
+    let lease = Duration::from_secs(30);
+    claim(&*store, &random_key("first"), 1, lease).await;
+    let other_writer = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    let before = store.statements_executed();
+    let waiting = spawn_claim(store.clone(), &random_key("waiting"), lease);
+    let abandoned = random_key("abandoned");
+    let gave_up = spawn_claim(store.clone(), &abandoned, lease);
+    while store.statements_executed() < before + 2 {
+        tokio::task::yield_now().await;
+    }
+    gave_up.abort();
+    assert!(gave_up.await.expect_err("aborted").is_cancelled());
+    other_writer.rollback().await.expect("rollback");
+    waiting.await.expect("task").expect("claim");
+    assert!(store.get(&abandoned).await.expect("get").is_none());
 }

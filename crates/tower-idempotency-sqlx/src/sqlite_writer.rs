@@ -1,0 +1,316 @@
+//! The SQLite store's writer: one connection, on a thread of its own, that runs every write of
+//! the store, and runs the writes that queued up while it was busy in one transaction (group
+//! commit).
+//!
+//! Why: SQLite takes one writer at a time, so a store's writes queue on one connection anyway.
+//! Through sqlx each of them is a trip to that connection's worker thread and back, and each
+//! autocommit statement is a transaction of its own (a lock cycle and a WAL commit). This thread
+//! takes every write that waits when it is free, runs them between `BEGIN IMMEDIATE` and
+//! `COMMIT` (a write that waits alone runs as an autocommit), and answers each caller after the
+//! commit, so a caller hears of its write only once it is as durable as the pool's
+//! `synchronous` setting makes an autocommit. `scripts/statement-ceilings.py sqlite` shows what
+//! several writes per transaction save in SQLite itself; the load harness's `sqlite` new keys
+//! against `sqlite-floor-write` show it over HTTP (docs/benchmarks.md).
+//!
+//! Failures stay each caller's own: a statement that fails fails its caller, and SQLite undoes
+//! that statement alone, so the transaction goes on with the others. Where SQLite rolled the
+//! whole transaction back (a full disk, an I/O error), or `COMMIT` failed, none of the batch's
+//! writes happened, and every caller of the batch gets the error. A caller that gave up (its
+//! future dropped) before its write ran is skipped. The connection copies the pool's busy
+//! timeout and `synchronous` setting; it is opened on the first write and closed when the
+//! store is dropped. Only a pool on a plain read-write file gets a writer; any other (in
+//! memory, read-only, behind a VFS) writes on the store's writer lane.
+
+use std::{
+    path::PathBuf,
+    sync::{mpsc, Mutex},
+    time::Duration,
+};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use sqlx::{ConnectOptions, SqlitePool};
+use tokio::sync::oneshot;
+use tower_idempotency_core::StoreError;
+
+use crate::{
+    backend::{Params, Pick, Statements},
+    error,
+    record::RawRecord,
+    sqlite::{self, Value},
+};
+
+/// The most writes one transaction takes: a batch holds SQLite's write lock, and other
+/// processes on the file wait for it, for as long as its statements run.
+const MOST_PER_TRANSACTION: usize = 64;
+
+/// A store's writer thread, started on its first write.
+pub(crate) struct SqliteWriter {
+    pool: SqlitePool,
+    path: PathBuf,
+    table: String,
+    /// The thread's queue; `None` until the first write, and again after the thread ended.
+    queue: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl std::fmt::Debug for SqliteWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteWriter")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a write returns.
+enum Returns {
+    /// How many rows it changed.
+    Changes,
+    /// The row its `RETURNING` clause returned.
+    Row,
+}
+
+/// What a write did.
+enum Done {
+    Changed(u64),
+    Row(Option<RawRecord>),
+}
+
+/// One caller's write, owned so that it can cross to the thread.
+struct Job {
+    pick: Pick,
+    values: Vec<Value<'static>>,
+    now_ms: i64,
+    returns: Returns,
+    /// For the error of a write that was too large: its record's size and the store's limit.
+    size: Option<usize>,
+    limit: usize,
+    reply: oneshot::Sender<Result<Done, StoreError>>,
+}
+
+impl SqliteWriter {
+    /// A writer for `table` in the file `pool` opens, or `None` where the pool's database is not
+    /// a plain file opened for writing. Starts nothing yet.
+    pub(crate) fn for_pool(pool: &SqlitePool, table: &str) -> Option<Self> {
+        let options = pool.connect_options();
+        let url = options.to_url_lossy();
+        let writable_file = url.query_pairs().all(|(name, value)| match &*name {
+            "mode" => value == "rw" || value == "rwc",
+            "vfs" | "immutable" => false,
+            _ => true,
+        });
+        writable_file.then(|| Self {
+            pool: pool.clone(),
+            path: options.get_filename().to_path_buf(),
+            table: table.to_owned(),
+            queue: Mutex::new(None),
+        })
+    }
+
+    /// Runs a statement that returns no rows: how many rows it changed.
+    pub(crate) async fn execute(
+        &self,
+        pick: Pick,
+        now_ms: i64,
+        params: Params<'_>,
+        size: Option<usize>,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let job = |reply| Job::new(pick, now_ms, params, Returns::Changes, size, limit, reply);
+        match self.run(job).await? {
+            Done::Changed(rows) => Ok(rows),
+            Done::Row(_) => unreachable!("a write without RETURNING reports changes"),
+        }
+    }
+
+    /// Runs a statement with a `RETURNING` clause: the row it returned, decoded as of `now_ms`.
+    pub(crate) async fn fetch(
+        &self,
+        pick: Pick,
+        now_ms: i64,
+        params: Params<'_>,
+        limit: usize,
+    ) -> Result<Option<RawRecord>, StoreError> {
+        let job = |reply| Job::new(pick, now_ms, params, Returns::Row, None, limit, reply);
+        match self.run(job).await? {
+            Done::Row(row) => Ok(row),
+            Done::Changed(_) => unreachable!("a write with RETURNING reports its row"),
+        }
+    }
+
+    async fn run(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<Done, StoreError>>) -> Job,
+    ) -> Result<Done, StoreError> {
+        let queue = self.queue().await?;
+        let (reply, answer) = oneshot::channel();
+        if let Err(mpsc::SendError(_)) = queue.send(job(reply)) {
+            // The thread has ended; the next write starts another.
+            *self.lock() = None;
+            return Err(unavailable(sqlx::Error::WorkerCrashed));
+        }
+        answer
+            .await
+            .map_err(|_| unavailable(sqlx::Error::WorkerCrashed))?
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<mpsc::Sender<Job>>> {
+        // The slot holds a sender or nothing, valid at every step, so a poisoned lock is usable.
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The thread's queue, starting the thread if none runs.
+    async fn queue(&self) -> Result<mpsc::Sender<Job>, StoreError> {
+        if let Some(queue) = self.lock().as_ref() {
+            return Ok(queue.clone());
+        }
+        let connection = self.open().await?;
+        let statements = sqlite::statements(&self.table);
+        let (queue, jobs) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("tower-idempotency-sqlite-writer".into())
+            .spawn(move || serve(&connection, &statements, &jobs))
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        // Two first writes may both start a thread: the one stored first serves, and the other
+        // ends as its queue is dropped here.
+        Ok(self.lock().get_or_insert(queue).clone())
+    }
+
+    /// The writer's connection, with the pool's busy timeout and `synchronous` setting, which
+    /// are per connection (the journal mode is the file's).
+    async fn open(&self) -> Result<Connection, StoreError> {
+        let (synchronous, busy_timeout_ms) = {
+            let mut pooled = self.pool.acquire().await.map_err(unavailable)?;
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut *pooled)
+                .await
+                .map_err(unavailable)?;
+            let busy_timeout_ms: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                .fetch_one(&mut *pooled)
+                .await
+                .map_err(unavailable)?;
+            (synchronous, busy_timeout_ms)
+        };
+        let open = || -> rusqlite::Result<Connection> {
+            // Not SQLITE_OPEN_CREATE: the pool has created the file.
+            let connection = Connection::open_with_flags(
+                &self.path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            connection.busy_timeout(Duration::from_millis(busy_timeout_ms.max(0) as u64))?;
+            connection.pragma_update(None, "synchronous", synchronous)?;
+            Ok(connection)
+        };
+        open().map_err(|e| error::map_rusqlite(&e, None, 0))
+    }
+}
+
+fn unavailable(error: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(Box::new(error))
+}
+
+impl Job {
+    fn new(
+        pick: Pick,
+        now_ms: i64,
+        params: Params<'_>,
+        returns: Returns,
+        size: Option<usize>,
+        limit: usize,
+        reply: oneshot::Sender<Result<Done, StoreError>>,
+    ) -> Self {
+        Self {
+            pick,
+            values: sqlite::values(now_ms, params)
+                .into_iter()
+                .map(Value::into_owned)
+                .collect(),
+            now_ms,
+            returns,
+            size,
+            limit,
+            reply,
+        }
+    }
+
+    fn run(&self, connection: &Connection, statements: &Statements) -> rusqlite::Result<Done> {
+        if self.reply.is_closed() {
+            // The caller gave up: nobody reads this answer, and the write is not made.
+            return Ok(Done::Changed(0));
+        }
+        let mut statement = connection.prepare_cached((self.pick)(statements))?;
+        let values = rusqlite::params_from_iter(&self.values);
+        match self.returns {
+            Returns::Changes => statement
+                .execute(values)
+                .map(|rows| Done::Changed(rows as u64)),
+            Returns::Row => statement
+                .query_row(values, |row| sqlite::decode_rusqlite(row, self.now_ms))
+                .optional()
+                .map(Done::Row),
+        }
+    }
+
+    fn error(&self, error: &rusqlite::Error) -> StoreError {
+        error::map_rusqlite(error, self.size, self.limit)
+    }
+}
+
+/// The thread: takes the writes that wait, runs them, answers them, until the store is dropped
+/// (its queue closes) or the connection is left inside a transaction it could not end.
+fn serve(connection: &Connection, statements: &Statements, jobs: &mpsc::Receiver<Job>) {
+    let mut batch = Vec::with_capacity(MOST_PER_TRANSACTION);
+    while let Ok(first) = jobs.recv() {
+        batch.push(first);
+        while batch.len() < MOST_PER_TRANSACTION {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let results = run_batch(connection, statements, &batch);
+        for (job, result) in batch.drain(..).zip(results) {
+            let _ = job.reply.send(result);
+        }
+        if !connection.is_autocommit() {
+            tracing::warn!("the SQLite writer could not end a transaction; reopening it");
+            return;
+        }
+    }
+}
+
+/// Runs `batch`: alone as an autocommit, or together in one transaction.
+fn run_batch(
+    connection: &Connection,
+    statements: &Statements,
+    batch: &[Job],
+) -> Vec<Result<Done, StoreError>> {
+    if let [job] = batch {
+        return vec![job.run(connection, statements).map_err(|e| job.error(&e))];
+    }
+    let fail_all =
+        |error: &rusqlite::Error| batch.iter().map(|job| Err(job.error(error))).collect();
+    if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
+        return fail_all(&error);
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    for job in batch {
+        let result = job.run(connection, statements);
+        if let Err(error) = &result {
+            if connection.is_autocommit() {
+                // SQLite rolled the transaction back: the batch's earlier writes are gone too.
+                return fail_all(error);
+            }
+        }
+        results.push(result);
+    }
+    if let Err(error) = connection.execute_batch("COMMIT") {
+        let _ = connection.execute_batch("ROLLBACK");
+        return fail_all(&error);
+    }
+    results
+        .into_iter()
+        .zip(batch)
+        .map(|(result, job)| result.map_err(|e| job.error(&e)))
+        .collect()
+}
