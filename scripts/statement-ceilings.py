@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What the databases alone allow per new key: the SQL stores' statements against the load
-harness's floors, with no layer and no HTTP, so the database's share of a gap can be told from
-the layer's (docs/benchmarks.md, "What bounds the numbers").
+"""What the databases alone allow: the SQL stores' statements against the load harness's
+floors (a new key's two writes; on Postgres also a replay's read), with no layer and no HTTP, so
+the database's share of a gap can be told from the layer's (docs/benchmarks.md, "What bounds
+the numbers").
 
     scripts/statement-ceilings.py sqlite      # Python's sqlite3 on a scratch file: µs per pair
     scripts/statement-ceilings.py postgres    # pgbench on DATABASE_URL's database: tps
@@ -88,7 +89,13 @@ def postgres():
     ddl = (f"CREATE TABLE {store} {columns}; CREATE INDEX ON {store} (expires_at);"
            f" CREATE TABLE {noidx} {columns};"
            f" CREATE TABLE {bare} (key text COLLATE \"C\" PRIMARY KEY, state smallint NOT NULL,"
-           f" body bytea) WITH (fillfactor = 80);")
+           f" body bytea) WITH (fillfactor = 80);"
+           # Rows for the read cases: completed records with a 1 KiB body.
+           f" INSERT INTO {bare} SELECT 'r' || g, 1, repeat('x', 1024)::bytea"
+           f" FROM generate_series(1, 1000) g;"
+           f" INSERT INTO {store} (key, fingerprint, token, state, expires_at, status, headers,"
+           f" body) SELECT 'r' || g, '\\x" + "ab" * 32 + "'::bytea, 7, 1, now() + interval '1 day',"
+           f" 201, '\\x0102', repeat('x', 1024)::bytea FROM generate_series(1, 1000) g;")
     key = "'k' || :client_id || '-' || :r"
     fp = "'\\x" + "ab" * 32 + "'::bytea"
     lease = "statement_timestamp() + 30000 * interval '1 millisecond'"
@@ -121,6 +128,14 @@ def postgres():
         "store: claim statement + complete": claim + "\n" + complete(store),
         "store: plain insert + complete": insert(store) + "\n" + complete(store),
         "store, no expires_at index": insert(noidx) + "\n" + complete(noidx),
+        # A replay: the floor's primary-key read of the body, and the store's `get`.
+        "read floor (SELECT body by key)":
+            "\\set q random(1, 1000)\n"
+            f"SELECT body FROM {bare} WHERE key = 'r' || :q;",
+        "read: store's get (the record's columns)":
+            "\\set q random(1, 1000)\n"
+            f"SELECT {returned} FROM {store} WHERE key = 'r' || :q AND expires_at >"
+            " statement_timestamp();",
     }
     psql = ["psql", "-q", "-v", "ON_ERROR_STOP=1", url]
     subprocess.run(psql + ["-c", ddl], check=True)
