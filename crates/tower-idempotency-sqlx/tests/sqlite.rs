@@ -286,12 +286,72 @@ async fn concurrent_requests_need_no_busy_handler() {
     );
 }
 
+type Claimed = tokio::task::JoinHandle<Result<ClaimOutcome, tower_idempotency_core::StoreError>>;
+
+/// A store whose writer is held up: another connection holds the write lock
+/// (`BEGIN IMMEDIATE`) and a first claim, of `waiting_key`, waits for it on the writer, so every
+/// write after it queues.
+struct WriterHeldUp {
+    store: std::sync::Arc<SqliteStore>,
+    lock: sqlx::Transaction<'static, sqlx::Sqlite>,
+    waiting_key: String,
+    waiting: Claimed,
+    statements_before: u64,
+    guarded: Guarded<std::sync::Arc<SqliteStore>, SqliteFile>,
+}
+
+impl WriterHeldUp {
+    /// Holds up the writer of `guarded`'s store.
+    async fn hold(
+        guarded: Guarded<std::sync::Arc<SqliteStore>, SqliteFile>,
+        lease: Duration,
+    ) -> Self {
+        let store = guarded.store.clone();
+        // Starts the writer, so that each claim below is queued as soon as it counts its
+        // statement.
+        claim(&*store, &random_key("first"), 1, lease).await;
+        let lock = store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("begin");
+        let statements_before = store.statements_executed();
+        let waiting_key = random_key("waiting");
+        let waiting = spawn_claim(store.clone(), &waiting_key, lease);
+        Self {
+            store,
+            lock,
+            waiting_key,
+            waiting,
+            statements_before,
+            guarded,
+        }
+    }
+
+    /// Returns once `writes` more writes than the waiting claim are queued. The tests' runtime
+    /// has one thread: a claim has reached the writer's queue once it counted its statement.
+    async fn until_queued(&self, writes: usize) {
+        while self.store.statements_executed() < self.statements_before + 1 + writes as u64 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Releases the write lock and checks that the waiting claim answered as it was stored.
+    /// Returns the store's guard, which removes its file when dropped.
+    async fn release(self) -> Guarded<std::sync::Arc<SqliteStore>, SqliteFile> {
+        self.lock.rollback().await.expect("rollback");
+        let waited = self.waiting.await.expect("task");
+        let stored = self.store.get(&self.waiting_key).await.expect("get");
+        assert_eq!(waited.is_ok(), stored.is_some(), "{waited:?}");
+        self.guarded
+    }
+}
+
 /// Writes that queue up while the writer waits share one transaction (group commit), and a
-/// write that fails there fails alone: with another connection holding the write lock, a first
-/// claim waits for it on the writer and six more queue behind it. Of the queued claims, those of keys
-/// of keys named `abort-*` and `rollback-*` meet a trigger that raises `ABORT` (SQLite undoes
-/// that statement) or `ROLLBACK` (SQLite undoes the whole transaction). Returns each queued
-/// key and whether it was stored, which the test checks against what its claim answered.
+/// write that fails there fails alone: six claims queue behind the held-up writer's first. Of
+/// them, those of keys named `abort-*` and `rollback-*` meet a trigger that raises `ABORT`
+/// (SQLite undoes that statement) or `ROLLBACK` (SQLite undoes the whole transaction). Returns
+/// each queued key and whether it was stored, which it checks against what its claim answered.
 async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool)> {
     let guarded = sqlite_store().await;
     let store = guarded.store.clone();
@@ -307,16 +367,7 @@ async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool
         .expect("trigger");
     }
     let lease = Duration::from_secs(30);
-    // Starts the writer, so that each claim below is queued as soon as it counts its statement.
-    claim(&*store, &random_key("first"), 1, lease).await;
-    let other_writer = store
-        .pool()
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("begin");
-    let before = store.statements_executed();
-    let first = random_key("waiting");
-    let waiting = spawn_claim(store.clone(), &first, lease);
+    let held = WriterHeldUp::hold(guarded, lease).await;
     let keys: Vec<String> = ["ok", failing, "ok", "ok", failing, "ok"]
         .iter()
         .map(|name| format!("{name}-{}", random_suffix()))
@@ -325,13 +376,12 @@ async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool
         .iter()
         .map(|key| spawn_claim(store.clone(), key, lease))
         .collect();
-    // This runtime has one thread: a claim has reached the writer's queue once it counted.
-    while store.statements_executed() < before + 1 + keys.len() as u64 {
-        tokio::task::yield_now().await;
-    }
-    other_writer.rollback().await.expect("rollback");
-    // The first claim ran alone or, if the writer had not taken it before the others queued,
-    // in their transaction; the six behind it share one either way.
+    held.until_queued(keys.len()).await;
+    // The writer thread takes what is queued when it gets to it: the waiting claim alone, or
+    // with the first few of the six; those it took wait for the lock in one transaction, the
+    // rest are in the queue when the lock is released and share the next one. Either way an
+    // `ok-*` claim shares a transaction with a failing one.
+    let _guarded = held.release().await;
     let mut outcomes = Vec::new();
     for (key, claim) in keys.into_iter().zip(queued) {
         let outcome = claim.await.expect("task");
@@ -343,11 +393,6 @@ async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool
         );
         outcomes.push((key, stored));
     }
-    let waited = waiting.await.expect("task");
-    assert_eq!(
-        waited.is_ok(),
-        store.get(&first).await.expect("get").is_some()
-    );
     outcomes
 }
 
@@ -362,33 +407,31 @@ async fn a_write_that_fails_in_a_shared_transaction_fails_alone() {
 async fn a_transaction_rolled_back_fails_every_write_in_it() {
     let outcomes = queued_claims_behind_the_write_lock("rollback").await;
     assert!(
-        outcomes.iter().all(|(_, stored)| !stored),
-        "the writes shared one transaction: {outcomes:?}"
+        outcomes
+            .iter()
+            .all(|(key, stored)| !(key.starts_with("rollback-") && *stored)),
+        "{outcomes:?}"
+    );
+    // Written one by one, every `ok-*` claim would be stored.
+    assert!(
+        outcomes
+            .iter()
+            .any(|(key, stored)| key.starts_with("ok-") && !stored),
+        "no write shared a rolled-back transaction: {outcomes:?}"
     );
 }
 
 /// A claim whose caller gave up while it waited for the writer is not written.
 #[tokio::test]
 async fn a_write_whose_caller_gave_up_is_skipped() {
-    let guarded = sqlite_store().await;
-    let store = guarded.store.clone();
     let lease = Duration::from_secs(30);
-    claim(&*store, &random_key("first"), 1, lease).await;
-    let other_writer = store
-        .pool()
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("begin");
-    let before = store.statements_executed();
-    let waiting = spawn_claim(store.clone(), &random_key("waiting"), lease);
+    let held = WriterHeldUp::hold(sqlite_store().await, lease).await;
+    let store = held.store.clone();
     let abandoned = random_key("abandoned");
     let gave_up = spawn_claim(store.clone(), &abandoned, lease);
-    while store.statements_executed() < before + 2 {
-        tokio::task::yield_now().await;
-    }
+    held.until_queued(1).await;
     gave_up.abort();
     assert!(gave_up.await.expect_err("aborted").is_cancelled());
-    other_writer.rollback().await.expect("rollback");
-    waiting.await.expect("task").expect("claim");
+    let _guarded = held.release().await;
     assert!(store.get(&abandoned).await.expect("get").is_none());
 }
