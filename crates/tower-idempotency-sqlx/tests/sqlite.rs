@@ -67,28 +67,20 @@ async fn closed_pool_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
     let file = SqliteFile::new();
-    let store = std::sync::Arc::new(file.store("idem").await.with_connection_lanes(1));
+    let store = file.store("idem").await.with_connection_lanes(1);
     store.migrate().await.expect("migrate");
+    let guarded = Guarded::new(std::sync::Arc::new(store), file);
     let key = random_key("inline");
     let lease = Duration::from_secs(30);
-    completed(&*store, &key, &response("done")).await;
+    completed(&*guarded.store, &key, &response("done")).await;
 
-    let other_writer = store
-        .pool()
-        .begin_with("BEGIN IMMEDIATE")
-        .await
-        .expect("begin");
-    let before = store.statements_executed();
-    let behind = spawn_claim(store.clone(), &random_key("behind"), lease);
-    // The claim counts its statement just before it queues on the writer.
-    while store.statements_executed() == before {
-        tokio::task::yield_now().await;
-    }
-    let counted = store.statements_executed();
-    let replay = claim(&*store, &key, 1, lease).await;
-    let statements = store.statements_executed() - counted;
+    let held = WriterHeldUp::hold(guarded, lease).await;
+    held.until_queued(0).await;
+    let counted = held.store.statements_executed();
+    let replay = claim(&*held.store, &key, 1, lease).await;
+    let statements = held.store.statements_executed() - counted;
     assert!(
-        !behind.is_finished(),
+        !held.waiting.is_finished(),
         "the replay waited until the claim behind the lock was answered"
     );
     match replay {
@@ -96,12 +88,7 @@ async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
         other => panic!("expected a replay, got {other:?}"),
     }
     assert_eq!(statements, 1);
-    other_writer.rollback().await.expect("rollback");
-    let claimed = behind.await.expect("task").expect("claim");
-    assert!(
-        matches!(claimed, ClaimOutcome::Claimed { .. }),
-        "{claimed:?}"
-    );
+    let _guarded = held.release().await;
 }
 
 /// A record whose body is too large to read on the calling task is read on a reader lane, whole.
@@ -328,8 +315,9 @@ impl WriterHeldUp {
         }
     }
 
-    /// Returns once `writes` more writes than the waiting claim are queued. The tests' runtime
-    /// has one thread: a claim has reached the writer's queue once it counted its statement.
+    /// Returns once `writes` more writes than the waiting claim have counted their statements.
+    /// On a runtime of one thread a claim has then reached the writer's queue; on more, it
+    /// reaches it moments later.
     async fn until_queued(&self, writes: usize) {
         while self.store.statements_executed() < self.statements_before + 1 + writes as u64 {
             tokio::task::yield_now().await;
