@@ -86,6 +86,8 @@ def postgres():
                " state smallint NOT NULL, expires_at timestamptz NOT NULL, status smallint,"
                " headers bytea, body bytea, body_omitted boolean NOT NULL DEFAULT false,"
                " watched boolean NOT NULL DEFAULT false) WITH (fillfactor = 80)")
+    key = "'k' || :client_id || '-' || :r"
+    fp = "'\\x" + "ab" * 32 + "'::bytea"
     ddl = (f"CREATE TABLE {store} {columns}; CREATE INDEX ON {store} (expires_at);"
            f" CREATE TABLE {noidx} {columns};"
            f" CREATE TABLE {bare} (key text COLLATE \"C\" PRIMARY KEY, state smallint NOT NULL,"
@@ -94,10 +96,8 @@ def postgres():
            f" INSERT INTO {bare} SELECT 'r' || g, 1, repeat('x', 1024)::bytea"
            f" FROM generate_series(1, 1000) g;"
            f" INSERT INTO {store} (key, fingerprint, token, state, expires_at, status, headers,"
-           f" body) SELECT 'r' || g, '\\x" + "ab" * 32 + "'::bytea, 7, 1, now() + interval '1 day',"
+           f" body) SELECT 'r' || g, {fp}, 7, 1, now() + interval '1 day',"
            f" 201, '\\x0102', repeat('x', 1024)::bytea FROM generate_series(1, 1000) g;")
-    key = "'k' || :client_id || '-' || :r"
-    fp = "'\\x" + "ab" * 32 + "'::bytea"
     lease = "statement_timestamp() + 30000 * interval '1 millisecond'"
 
     def complete(t):

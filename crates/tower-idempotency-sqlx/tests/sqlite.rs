@@ -88,7 +88,12 @@ async fn a_replay_is_read_inline_while_the_lanes_are_busy() {
         other => panic!("expected a replay, got {other:?}"),
     }
     assert_eq!(statements, 1);
-    let _guarded = held.release().await;
+    let (claimed, _guarded) = held.release().await;
+    let claimed = claimed.expect("claim");
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed { .. }),
+        "{claimed:?}"
+    );
 }
 
 /// A record whose body is too large to read on the calling task is read on a reader lane, whole.
@@ -274,6 +279,7 @@ async fn concurrent_requests_need_no_busy_handler() {
 }
 
 type Claimed = tokio::task::JoinHandle<Result<ClaimOutcome, tower_idempotency_core::StoreError>>;
+type Guard = Guarded<std::sync::Arc<SqliteStore>, SqliteFile>;
 
 /// A store whose writer is held up: another connection holds the write lock
 /// (`BEGIN IMMEDIATE`) and a first claim, of `waiting_key`, waits for it on the writer, so every
@@ -284,15 +290,12 @@ struct WriterHeldUp {
     waiting_key: String,
     waiting: Claimed,
     statements_before: u64,
-    guarded: Guarded<std::sync::Arc<SqliteStore>, SqliteFile>,
+    guarded: Guard,
 }
 
 impl WriterHeldUp {
     /// Holds up the writer of `guarded`'s store.
-    async fn hold(
-        guarded: Guarded<std::sync::Arc<SqliteStore>, SqliteFile>,
-        lease: Duration,
-    ) -> Self {
+    async fn hold(guarded: Guard, lease: Duration) -> Self {
         let store = guarded.store.clone();
         // Starts the writer, so that each claim below is queued as soon as it counts its
         // statement.
@@ -325,13 +328,19 @@ impl WriterHeldUp {
     }
 
     /// Releases the write lock and checks that the waiting claim answered as it was stored.
-    /// Returns the store's guard, which removes its file when dropped.
-    async fn release(self) -> Guarded<std::sync::Arc<SqliteStore>, SqliteFile> {
+    /// Returns what the waiting claim answered, and the store's guard, which removes its file
+    /// when dropped.
+    async fn release(
+        self,
+    ) -> (
+        Result<ClaimOutcome, tower_idempotency_core::StoreError>,
+        Guard,
+    ) {
         self.lock.rollback().await.expect("rollback");
         let waited = self.waiting.await.expect("task");
         let stored = self.store.get(&self.waiting_key).await.expect("get");
         assert_eq!(waited.is_ok(), stored.is_some(), "{waited:?}");
-        self.guarded
+        (waited, self.guarded)
     }
 }
 
@@ -369,7 +378,7 @@ async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool
     // with the first few of the six; those it took wait for the lock in one transaction, the
     // rest are in the queue when the lock is released and share the next one. Either way an
     // `ok-*` claim shares a transaction with a failing one.
-    let _guarded = held.release().await;
+    let (_, _guarded) = held.release().await;
     let mut outcomes = Vec::new();
     for (key, claim) in keys.into_iter().zip(queued) {
         let outcome = claim.await.expect("task");
@@ -420,6 +429,7 @@ async fn a_write_whose_caller_gave_up_is_skipped() {
     held.until_queued(1).await;
     gave_up.abort();
     assert!(gave_up.await.expect_err("aborted").is_cancelled());
-    let _guarded = held.release().await;
+    let (waited, _guarded) = held.release().await;
+    waited.expect("claim");
     assert!(store.get(&abandoned).await.expect("get").is_none());
 }

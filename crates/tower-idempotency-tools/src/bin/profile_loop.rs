@@ -1,6 +1,7 @@
 //! A loop of in-process requests through the layer (memory store, or SQLite on a scratch file;
-//! current-thread runtime), for profilers: `perf record`, `perf stat`, `valgrind --tool=callgrind`. No criterion, no network,
-//! so a profile shows the layer and the handler and little else.
+//! current-thread runtime), for profilers: `perf record`, `perf stat`,
+//! `valgrind --tool=callgrind`. No criterion, no network, so a profile shows the layer and the
+//! handler and little else.
 //!
 //! ```sh
 //! cargo build --release -p tower-idempotency-tools --bin profile_loop
