@@ -16,8 +16,8 @@ use tower_idempotency::Outcome;
 
 #[allow(unused_imports)] // Each test binary uses a different subset.
 pub use tower_idempotency_testkit::{
-    database_url, free_port, host_port, random_suffix, reachable, redis_url, serve, skip, which,
-    Mode, Proxy, RedisServer, DURABLE,
+    database_url, host_port, random_suffix, reachable, redis_url, serve, skip, which, Mode, Proxy,
+    RedisServer, DURABLE,
 };
 
 /// The response header the test middleware copies the layer's [`Outcome`] into.

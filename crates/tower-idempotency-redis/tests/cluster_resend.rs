@@ -45,25 +45,29 @@ impl ProxiedCluster {
     /// Starts the proxies, then the cluster announcing their ports, and checks that
     /// `CLUSTER SLOTS` names only proxies. `None` (after saying why) without `redis-server`.
     async fn start() -> Option<Self> {
-        // Three distinct free ports for the nodes, held at once so none repeats.
-        let held: Vec<_> = (0..3)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
-            .collect();
-        let node_ports: Vec<u16> = held
-            .iter()
-            .map(|l| l.local_addr().expect("addr").port())
-            .collect();
-        drop(held);
+        // The proxies listen first, the nodes start announcing the proxies' ports, and the
+        // proxies then learn where the nodes listen: no port is picked and bound later.
         let mut proxies = Vec::new();
-        for port in &node_ports {
-            proxies.push(Proxy::start(format!("127.0.0.1:{port}")).await);
+        for _ in 0..3 {
+            proxies.push(Proxy::without_upstream().await);
         }
-        let pairs = [0, 1, 2].map(|i| (node_ports[i], proxies[i].addr.port()));
-        // Blocking (processes, sleeps): off the runtime's workers, which serve the proxies.
-        let cluster =
-            tokio::task::spawn_blocking(move || common::Cluster::start_announcing(Some(pairs)))
+        let announced = [0, 1, 2].map(|i| proxies[i].addr.port());
+        // Blocking (processes, polling): off the runtime's workers, which serve the proxies.
+        let nodes =
+            tokio::task::spawn_blocking(move || common::Cluster::nodes_announcing(Some(announced)))
                 .await
                 .expect("cluster start task");
+        let cluster = match nodes {
+            Ok(nodes) => {
+                for (proxy, node) in proxies.iter().zip(&nodes.nodes) {
+                    proxy.forward_to(format!("127.0.0.1:{}", node.port));
+                }
+                tokio::task::spawn_blocking(move || nodes.create().map(|()| nodes))
+                    .await
+                    .expect("cluster create task")
+            }
+            Err(why) => Err(why),
+        };
         let cluster = match cluster {
             Ok(cluster) => cluster,
             Err(why) => {

@@ -104,7 +104,7 @@ async fn the_subscription_is_shared_and_renewed_after_a_restart() {
     tokio::time::timeout(Duration::from_secs(10), waiting[0].settled())
         .await
         .expect("losing the subscription wakes the waiters");
-    let server = common::RedisServer::start_on(server.port, &[]).expect("restart");
+    server.restart();
     tokio::time::timeout(Duration::from_secs(30), notices.ready())
         .await
         .expect("subscribed again");

@@ -9,18 +9,6 @@ use axum::{
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
-/// Picks a loopback port that is free right now (another process may take it before it is used).
-///
-/// # Panics
-///
-/// When no loopback port can be bound.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("bind loopback")
-        .port()
-}
-
 /// Serves `app` on a free loopback port until the test's runtime ends, and answers its base URL
 /// (`http://127.0.0.1:port`, no trailing slash).
 ///

@@ -6,11 +6,13 @@
 //! - Logs: what `tracing` wrote on the test's thread ([`CapturedLogs`]).
 //! - Metrics: a recording recorder's snapshot by metric name and sorted labels ([`snapshot`],
 //!   [`metric_id`]).
-//! - HTTP: an app served on a free loopback port ([`serve`], [`Server`], [`free_port`]), and
+//! - Ports: the rule that no port is picked, let go and bound later, and the [`ReservedPort`]
+//!   of a child server that cannot bind port 0 itself.
+//! - HTTP: an app served on a loopback port it binds itself ([`serve`], [`Server`]), and
 //!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
 //!   [`order_request`]), and an order posted over HTTP ([`post_order`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
-//! - Throw-away `redis-server` processes and a 3-master [`Cluster`].
+//! - Throw-away `redis-server` processes and a 3-master [`Cluster`], on reserved ports.
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
 //!   [`CountingStore`], [`Outage`]).
 #![warn(missing_docs)]
@@ -20,6 +22,7 @@ mod env;
 mod http;
 mod logs;
 mod metrics;
+mod ports;
 mod proxy;
 mod redis_server;
 mod stores;
@@ -28,9 +31,10 @@ pub use env::{
     database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
     unix_now, which,
 };
-pub use http::{echo_created, free_port, order_request, post_order, serve, Server};
+pub use http::{echo_created, order_request, post_order, serve, Server};
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
+pub use ports::ReservedPort;
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
 pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};

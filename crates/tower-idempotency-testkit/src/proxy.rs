@@ -50,6 +50,7 @@ pub enum Protocol {
 pub struct Proxy {
     /// Where clients connect.
     pub addr: SocketAddr,
+    upstream: watch::Sender<String>,
     mode: watch::Sender<Mode>,
     cut: watch::Sender<u64>,
     lose: Arc<LoseReply>,
@@ -93,7 +94,7 @@ struct Losing<'a> {
 /// What the proxy shares with every connection it accepts.
 #[derive(Clone)]
 struct Shared {
-    upstream: String,
+    upstream: watch::Receiver<String>,
     mode: watch::Receiver<Mode>,
     cut: watch::Receiver<u64>,
     lose: Arc<LoseReply>,
@@ -113,6 +114,21 @@ impl Proxy {
             .expect("bind proxy")
     }
 
+    /// Starts a proxy whose upstream is not known yet (a server that must be told the proxy's
+    /// port before it starts): it closes every connection until [`Proxy::forward_to`].
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound.
+    pub async fn without_upstream() -> Self {
+        Self::start(String::new()).await
+    }
+
+    /// Forwards the connections accepted from now on to `upstream` (`host:port`).
+    pub fn forward_to(&self, upstream: impl Into<String>) {
+        self.upstream.send_replace(upstream.into());
+    }
+
     /// Starts a proxy to `upstream` that counts what clients send in `protocol`
     /// ([`Proxy::counted`]).
     pub async fn counting(upstream: impl Into<String>, protocol: Protocol) -> io::Result<Self> {
@@ -122,12 +138,13 @@ impl Proxy {
     async fn listen(upstream: String, protocol: Option<Protocol>) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let (upstream, _) = watch::channel(upstream);
         let (mode, _) = watch::channel(Mode::Pass);
         let (cut, _) = watch::channel(0u64);
         let lose = Arc::new(LoseReply::default());
         let count = Arc::new(AtomicU64::new(0));
         let shared = Shared {
-            upstream,
+            upstream: upstream.subscribe(),
             mode: mode.subscribe(),
             cut: cut.subscribe(),
             lose: lose.clone(),
@@ -145,6 +162,7 @@ impl Proxy {
         });
         Ok(Self {
             addr,
+            upstream,
             mode,
             cut,
             lose,
@@ -192,7 +210,8 @@ impl Drop for Proxy {
 /// Forwards one client connection until either side closes, the proxy cuts it or it loses a
 /// reply.
 async fn connection(client: TcpStream, mut shared: Shared) {
-    let Ok(server) = TcpStream::connect(&shared.upstream).await else {
+    let upstream = shared.upstream.borrow().clone();
+    let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
     // Small requests and replies must not wait for Nagle's algorithm.

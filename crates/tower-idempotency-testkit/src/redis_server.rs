@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{env::random_u64, free_port, skip, which};
+use crate::{env::random_u64, skip, which, ReservedPort};
 
 /// Extra arguments for a server that loses no acknowledged write to a SIGKILL (an append-only
 /// file, fsynced on every write), for tests that kill and restart it.
@@ -27,53 +27,40 @@ read _ || gone=1
 kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
 [ -z "$gone" ] || rm -rf "$dir""#;
 
-/// A `redis-server` process of our own on a loopback port, in a directory of its own.
+/// A `redis-server` process of our own on a [`ReservedPort`] of 127.0.0.1, in a directory of its
+/// own.
 pub struct RedisServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
-    args: Vec<String>,
+    _ports: Vec<ReservedPort>,
+    extra: Vec<String>,
     dir: PathBuf,
     running: Option<(Child, ChildStdin)>,
 }
 
-impl RedisServer {
-    /// Starts a server on a free port with `extra` arguments, or answers `None` after
-    /// [`skip`]ping when it cannot run (fails under CI).
-    pub fn start(extra: &[&str]) -> Option<Self> {
-        Self::start_on(free_port(), extra)
-    }
+/// Why a `redis-server` did not come up.
+#[derive(Debug)]
+enum StartError {
+    /// Something outside the tests holds one of its ports (`Address already in use`).
+    PortTaken,
+    /// Anything else, said.
+    Failed(String),
+}
 
-    /// Starts a server on `port` with `extra` arguments (later arguments win over the defaults:
-    /// no snapshots, no append-only file).
-    pub fn start_on(port: u16, extra: &[&str]) -> Option<Self> {
-        if !which("redis-server") {
-            skip("a throw-away redis-server", "redis-server is not installed");
-            return None;
-        }
-        let dir = std::env::temp_dir().join(format!(
-            "tidem-redis-{}-{:08x}",
-            std::process::id(),
-            random_u64() as u32
-        ));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            skip("a throw-away redis-server", &format!("no directory ({e})"));
-            return None;
-        }
-        let mut args: Vec<String> = ["--port", &port.to_string(), "--bind", "127.0.0.1"]
-            .into_iter()
-            .chain(["--save", "", "--appendonly", "no", "--logfile", "redis.log"])
-            .map(str::to_owned)
-            .collect();
-        args.extend(["--dir".to_owned(), dir.display().to_string()]);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut server = Self {
-            port,
-            args,
-            dir,
-            running: None,
-        };
-        match server.run() {
-            Ok(()) => Some(server),
+/// How many times a server is started again on other ports when something outside the tests
+/// holds one of its ports.
+const PORT_ATTEMPTS: usize = 5;
+
+/// How long a server may take to answer `PING` on a loaded machine.
+const START_WITHIN: Duration = Duration::from_secs(30);
+
+impl RedisServer {
+    /// Starts a server on a reserved port with `extra` arguments (later arguments win over the
+    /// defaults: no snapshots, no append-only file), or answers `None` after [`skip`]ping when
+    /// it cannot run (fails under CI).
+    pub fn start(extra: &[&str]) -> Option<Self> {
+        match Self::start_with(extra, None) {
+            Ok(server) => Some(server),
             Err(why) => {
                 skip("a throw-away redis-server", &why);
                 None
@@ -81,13 +68,55 @@ impl RedisServer {
         }
     }
 
+    /// Starts a server on a reserved port with `extra` arguments, plus the arguments `bus` makes
+    /// from a second reserved port of its own (a cluster node's bus port); on ports that
+    /// something outside the tests holds, it tries again on new ones.
+    fn start_with(
+        extra: &[&str],
+        bus: Option<&dyn Fn(u16) -> Vec<String>>,
+    ) -> Result<Self, String> {
+        if !which("redis-server") {
+            return Err("redis-server is not installed".to_owned());
+        }
+        for _ in 0..PORT_ATTEMPTS {
+            let dir = std::env::temp_dir().join(format!(
+                "tidem-redis-{}-{:08x}",
+                std::process::id(),
+                random_u64() as u32
+            ));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("no directory ({e})"))?;
+            let mut ports = vec![ReservedPort::new()];
+            let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            if let Some(bus) = bus {
+                let bus_port = ReservedPort::new();
+                extra.extend(bus(bus_port.port()));
+                ports.push(bus_port);
+            }
+            let mut server = Self {
+                port: ports[0].port(),
+                _ports: ports,
+                extra,
+                dir,
+                running: None,
+            };
+            match server.run() {
+                Ok(()) => return Ok(server),
+                Err(StartError::PortTaken) => continue,
+                Err(StartError::Failed(why)) => return Err(why),
+            }
+        }
+        Err(format!(
+            "every one of {PORT_ATTEMPTS} reserved ports was taken by another program"
+        ))
+    }
+
     /// `redis://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Kills the server with SIGKILL, as a crash would; its directory (and append-only file)
-    /// stays for [`RedisServer::restart`].
+    /// Kills the server with SIGKILL, as a crash would; its directory (and append-only file) and
+    /// its reserved ports stay for [`RedisServer::restart`].
     pub fn kill(&mut self) {
         if let Some((mut wrapper, mut stdin)) = self.running.take() {
             let _ = stdin.write_all(b"\n");
@@ -104,35 +133,66 @@ impl RedisServer {
     /// When it is running, or does not start.
     pub fn restart(&mut self) {
         assert!(self.running.is_none(), "already running");
-        self.run().expect("redis-server restarts");
+        if let Err(e) = self.run() {
+            panic!("redis-server restarts: {e:?}");
+        }
     }
 
-    fn run(&mut self) -> Result<(), String> {
+    /// The server's arguments: its port and the defaults, then the caller's.
+    fn args(&self) -> Vec<String> {
+        let port = self.port.to_string();
+        let dir = self.dir.display().to_string();
+        ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir]
+            .into_iter()
+            .chain(["--save", "", "--appendonly", "no", "--logfile", "redis.log"])
+            .map(str::to_owned)
+            .chain(self.extra.iter().cloned())
+            .collect()
+    }
+
+    fn run(&mut self) -> Result<(), StartError> {
+        let log = self.dir.join("redis.log");
+        // A log left by an earlier run (before a restart) would be read as this run's.
+        let _ = std::fs::remove_file(&log);
         let mut wrapper = Command::new("sh")
             .arg("-c")
             .arg(WRAPPER)
             .arg("sh")
             .arg(&self.dir)
-            .args(&self.args)
+            .args(self.args())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run sh ({e})"))?;
+            .map_err(|e| StartError::Failed(format!("cannot run sh ({e})")))?;
         let stdin = wrapper.stdin.take().expect("piped stdin");
         self.running = Some((wrapper, stdin));
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + START_WITHIN;
         while !self.answers_ping() {
-            if Instant::now() > deadline {
+            let written = std::fs::read_to_string(&log).unwrap_or_default();
+            let failed = if written.contains("Address already in use") {
+                Some(StartError::PortTaken)
+            } else if written.contains("aborting") || written.contains("FATAL") {
+                Some(StartError::Failed(format!(
+                    "redis-server exited: {}",
+                    written.lines().last().unwrap_or_default()
+                )))
+            } else if Instant::now() > deadline {
+                Some(StartError::Failed(format!(
+                    "redis-server did not answer within {START_WITHIN:?}"
+                )))
+            } else {
+                None
+            };
+            if let Some(failed) = failed {
                 self.kill();
-                return Err("redis-server did not start within 10 s".to_owned());
+                return Err(failed);
             }
-            // A process starting has no signal to await; this polls its port.
+            // A process starting has no signal to await; this polls its port and its log.
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
     }
-
     /// Whether the server answers `PING` with `PONG` (while it loads its data it answers
     /// `-LOADING`).
     fn answers_ping(&self) -> bool {
@@ -167,46 +227,52 @@ impl Cluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// Starts a cluster on free ports.
+    /// Starts a cluster on reserved ports.
     pub fn start() -> Result<Self, String> {
-        Self::start_announcing(None)
-    }
-
-    /// Starts a cluster with `(port, announced port)` per node: each node listens on `port` and
-    /// advertises `127.0.0.1` and its announced port (e.g. a proxy in front of it) in
-    /// `CLUSTER SLOTS`, so that cluster clients reach every node through those ports only.
-    pub fn start_announcing(ports: Option<[(u16, u16); 3]>) -> Result<Self, String> {
-        if !which("redis-server") || !which("redis-cli") {
-            return Err("redis-server or redis-cli not installed".to_owned());
-        }
-        let mut nodes = Vec::new();
-        for i in 0..3 {
-            let bus = free_port().to_string();
-            let mut args = vec!["--cluster-enabled", "yes"];
-            args.extend([
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus,
-            ]);
-            let announced = ports.map(|ports| ports[i].1.to_string());
-            if let Some(announced) = &announced {
-                args.extend(["--cluster-announce-ip", "127.0.0.1"]);
-                args.extend(["--cluster-announce-port", announced]);
-                args.extend(["--cluster-announce-bus-port", &bus]);
-            }
-            let port = ports.map_or_else(free_port, |ports| ports[i].0);
-            let node = RedisServer::start_on(port, &args).ok_or("a cluster node did not start")?;
-            nodes.push(node);
-        }
-        let cluster = Self { nodes };
+        let cluster = Self::nodes_announcing(None)?;
         cluster.create()?;
         Ok(cluster)
     }
 
+    /// Starts three cluster nodes, not yet one cluster ([`Cluster::create`] makes it), whose node
+    /// `i` advertises `127.0.0.1` and `announced[i]` (e.g. a proxy in front of it, listening
+    /// already) in `CLUSTER SLOTS`, so that cluster clients reach every node through those ports
+    /// only.
+    pub fn nodes_announcing(announced: Option<[u16; 3]>) -> Result<Self, String> {
+        if !which("redis-cli") {
+            return Err("redis-cli is not installed".to_owned());
+        }
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let bus_args = |bus: u16| {
+                let bus = bus.to_string();
+                let mut args = vec!["--cluster-port".to_owned(), bus.clone()];
+                if let Some(announced) = announced {
+                    args.extend(["--cluster-announce-ip".to_owned(), "127.0.0.1".to_owned()]);
+                    args.extend([
+                        "--cluster-announce-port".to_owned(),
+                        announced[i].to_string(),
+                    ]);
+                    args.extend(["--cluster-announce-bus-port".to_owned(), bus]);
+                }
+                args
+            };
+            let cluster_args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ];
+            let node = RedisServer::start_with(&cluster_args, Some(&bus_args))
+                .map_err(|why| format!("a cluster node did not start: {why}"))?;
+            nodes.push(node);
+        }
+        Ok(Self { nodes })
+    }
+
     /// Assigns the slots (`redis-cli --cluster create`) and waits until every node reports
     /// `cluster_state:ok`.
-    fn create(&self) -> Result<(), String> {
+    pub fn create(&self) -> Result<(), String> {
         let addresses = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port));
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
@@ -253,5 +319,52 @@ impl Cluster {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose port another program holds is told apart from one that did not start,
+    /// so that [`RedisServer::start`] tries again on another port.
+    #[test]
+    fn a_port_held_by_another_program_is_reported_as_taken() {
+        if !which("redis-server") {
+            skip("a throw-away redis-server", "redis-server is not installed");
+            return;
+        }
+        let reserved = ReservedPort::new();
+        let _other_program = std::net::TcpListener::bind(("127.0.0.1", reserved.port()))
+            .expect("the reserved port is free");
+        let dir = std::env::temp_dir().join(format!("tidem-redis-taken-{:08x}", random_u64()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = RedisServer {
+            port: reserved.port(),
+            _ports: vec![reserved],
+            extra: Vec::new(),
+            dir,
+            running: None,
+        };
+        let outcome = server.run();
+        assert!(matches!(outcome, Err(StartError::PortTaken)), "{outcome:?}");
+        assert!(
+            server.running.is_none(),
+            "the failed server's wrapper is gone"
+        );
+    }
+
+    #[test]
+    fn a_started_server_answers_and_restarts_on_its_port() {
+        let Some(mut server) = RedisServer::start(&[]) else {
+            return;
+        };
+        let port = server.port;
+        assert!(server.answers_ping());
+        server.kill();
+        assert!(!server.answers_ping(), "killed");
+        server.restart();
+        assert_eq!(server.port, port);
+        assert!(server.answers_ping(), "restarted");
     }
 }
