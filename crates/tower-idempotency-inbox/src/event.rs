@@ -93,6 +93,12 @@ impl InboxEvent {
     pub fn json(&self) -> Result<serde_json::Value, serde_json::Error> {
         serde_json::from_slice(&self.body)
     }
+
+    /// The body deserialized into the caller's own event type (async-stripe's `Event`, a struct
+    /// of the fields the handler reads), from the exact bytes that were verified.
+    pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
 }
 
 /// One event as operators see it: everything but the body and headers.
@@ -143,4 +149,63 @@ pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
 
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Paid {
+        id: String,
+        #[serde(rename = "type")]
+        type_: String,
+        data: Data,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Data {
+        object: Object,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Object {
+        id: String,
+        amount: i64,
+    }
+
+    fn event(body: &'static str) -> InboxEvent {
+        InboxEvent {
+            key: EventKey::new("stripe", "evt_1"),
+            headers: Vec::new(),
+            body: Bytes::from_static(body.as_bytes()),
+            received_at: SystemTime::UNIX_EPOCH,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn an_event_deserializes_into_the_callers_type() {
+        let paid = event(
+            r#"{"id":"evt_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1","amount":5}}}"#,
+        );
+        let expected = Paid {
+            id: "evt_1".to_owned(),
+            type_: "payment_intent.succeeded".to_owned(),
+            data: Data {
+                object: Object {
+                    id: "pi_1".to_owned(),
+                    amount: 5,
+                },
+            },
+        };
+        assert_eq!(paid.deserialize::<Paid>().unwrap(), expected);
+        let repeated = event(
+            r#"{"id":"evt_1","id":"evt_2","type":"t","data":{"object":{"id":"pi_1","amount":5}}}"#,
+        );
+        assert!(
+            repeated.deserialize::<Paid>().is_err(),
+            "a repeated field is refused"
+        );
+    }
 }

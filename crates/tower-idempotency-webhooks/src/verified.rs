@@ -216,6 +216,15 @@ impl VerifiedWebhook {
             .ok_or(NotJson)
     }
 
+    /// The body deserialized into the caller's own event type: async-stripe's `Event`,
+    /// octocrab's webhook payloads, or a struct of the fields the handler reads.
+    ///
+    /// It reads the exact bytes that were verified; a struct refuses an object key repeated in
+    /// the body, so a field cannot say one thing to the key reader and another to the handler.
+    pub fn deserialize<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.inner.body)
+    }
+
     /// The answer to an endpoint-validation request, if this delivery is one.
     pub fn challenge(&self) -> Option<&ChallengeResponse> {
         self.inner.challenge.as_ref()
