@@ -7,6 +7,8 @@
 //! - [`KeySource`] derives the key: [`ClientKey`] reads the `Idempotency-Key` header; webhook
 //!   providers verify a signature and return the event id.
 //! - Every refusal is an RFC 9457 [`Problem`].
+//! - [`RunOnce`] runs any async work once per key without HTTP (a queue consumer's loop), with
+//!   the layer's claim, lease, wait and TTL semantics on any store.
 //!
 //! # What the layer does with a request
 //!
@@ -49,6 +51,7 @@ mod authenticator;
 mod fingerprint;
 mod idempotency;
 mod key;
+mod once;
 mod outcome;
 mod policy;
 mod problem;
@@ -76,6 +79,8 @@ pub use idempotency::{
 };
 #[doc(inline)]
 pub use key::{parse_key, ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY, MAX_KEY_LEN};
+#[doc(inline)]
+pub use once::{OnceError, Ran, RunOnce};
 #[doc(inline)]
 pub use outcome::Outcome;
 #[doc(inline)]

@@ -25,6 +25,7 @@
 //! [`records_over_the_store_limit_complete_without_body`], which needs a store configured with a
 //! small record limit.
 
+mod once;
 mod over_http;
 mod records;
 mod server;
@@ -35,6 +36,11 @@ mod notices;
 pub use notices::{
     notified_waiter_leaves_nothing_behind_over_http, settlements_are_notified_across_instances,
     waiting_across_instances_is_notified_over_http,
+};
+pub use once::{
+    run_once_answers_duplicates_mismatches_and_failures,
+    run_once_has_one_run_under_concurrent_callers, run_once_lease_loss_lets_another_caller_run,
+    run_once_result_ends_with_its_ttl,
 };
 pub use over_http::{
     http_rounds_run_handler_once, records_over_the_store_limit_complete_without_body,
@@ -175,6 +181,10 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, waiting_duplicates_get_the_result_over_http);
         $crate::__conformance_test!($make, waiting_duplicates_run_once_after_a_release_over_http);
         $crate::__conformance_test!($make, waiting_ends_at_max_wait_or_disconnect_over_http);
+        $crate::__conformance_test!($make, run_once_has_one_run_under_concurrent_callers);
+        $crate::__conformance_test!($make, run_once_answers_duplicates_mismatches_and_failures);
+        $crate::__conformance_test!($make, run_once_lease_loss_lets_another_caller_run);
+        $crate::__conformance_test!($make, run_once_result_ends_with_its_ttl);
     };
 }
 
