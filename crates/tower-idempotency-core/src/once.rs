@@ -159,7 +159,7 @@ impl<F> Clone for Work<F> {
     }
 }
 
-impl<F, Fut, T, E> Service<Request<Full<Bytes>>> for Work<F>
+impl<F, Fut, T, E> Service<Request<axum::body::Body>> for Work<F>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, E>> + Send + 'static,
@@ -174,7 +174,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _request: Request<Full<Bytes>>) -> Self::Future {
+    fn call(&mut self, _request: Request<axum::body::Body>) -> Self::Future {
         let work = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         Box::pin(async move {
             let work = work.expect("the layer runs the work at most once per call");

@@ -59,6 +59,14 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty body, for layers that answer on their own (tower-http's `TimeoutLayer` outside this
+/// one).
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::full(Bytes::new())
+    }
+}
+
 impl<B> From<Bytes> for ResponseBody<B> {
     fn from(data: Bytes) -> Self {
         Self::full(data)

@@ -32,6 +32,11 @@ use crate::{
 };
 
 /// The [`Service`] made by [`IdempotencyLayer`](super::IdempotencyLayer).
+///
+/// It takes requests with any body of [`Bytes`] (axum's `Body`, hyper's `Incoming`, tower-http's
+/// `Limited<B>` after `RequestBodyLimitLayer`) and hands its inner service an
+/// [`axum::body::Body`]: the buffered body of a guarded request, or the untouched body of one it
+/// passes through.
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
@@ -54,10 +59,10 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<InnerBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -76,6 +81,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         if !config.methods.guards(request.method()) {
+            let request = request.map(InnerBody::new);
             let answer = pass_through(inner, request, Outcome::PassedThrough);
             return Box::pin(metrics::counted(config, answer));
         }
@@ -91,6 +97,9 @@ where
 }
 
 pub(super) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// The body the inner service receives.
+type InnerBody = axum::body::Body;
 
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
@@ -129,10 +138,10 @@ async fn guard<S, ReqBody, ResBody>(
     span: Span,
 ) -> Answer<ResBody, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<InnerBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
@@ -152,7 +161,7 @@ where
     let keyed = match identify(&config, &mut parts, &body, &span) {
         Ok(Some(keyed)) => keyed,
         Ok(None) => {
-            let request = Request::from_parts(parts, ReqBody::from(body));
+            let request = Request::from_parts(parts, InnerBody::from(body));
             return Box::pin(pass_through(inner, request, Outcome::PassedThrough)).await;
         }
         Err(refused) => return Ok(*refused),
@@ -165,14 +174,14 @@ where
     let claim = match claim_key(&config, &store_key, &fingerprint, authenticator).await {
         Ok(Ok(claim)) => claim,
         Ok(Err(error)) => {
-            let request = Request::from_parts(parts, ReqBody::from(body));
+            let request = Request::from_parts(parts, InnerBody::from(body));
             return store_failed(&config, error, inner, request).await;
         }
         Err(refused) => return Ok(*refused),
     };
     match claim {
         ClaimOutcome::Claimed { token } => {
-            let request = Request::from_parts(parts, ReqBody::from(body));
+            let request = Request::from_parts(parts, InnerBody::from(body));
             let claimed = Claimed {
                 key: store_key,
                 token,
