@@ -6,6 +6,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use axum_core::body::Body;
 use bytes::Bytes;
 use http::{request::Builder, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -43,7 +44,7 @@ thread_local! {
     static PIPELINE: RefCell<Option<Pipeline>> = const { RefCell::new(None) };
 }
 
-async fn handler(request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handler(request: Request<Body>) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
     let len = body.map(|b| b.len()).unwrap_or_default();
     Ok(Response::new(Full::new(Bytes::from(format!(
