@@ -15,10 +15,12 @@
 # the whole process would mix that in. Under valgrind, address layout, environment and argv
 # (all mode names have 11 bytes) are identical between runs, so no tolerance is needed: the
 # comparison is exact, and any extra instruction per call shows up N-fold.
-# Workload: crates/tower-idempotency-tools/src/bin/ct_probe.rs.
+# Workload: bench/tools/src/bin/ct_probe.rs.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# The bench workspace (bench/Cargo.toml) shares the product workspace's target directory.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 self_check_only=0
 case "${1:-}" in
     "") ;;
@@ -28,7 +30,7 @@ case "${1:-}" in
 esac
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 
-cargo build --release --quiet -p tower-idempotency-tools --bin ct_probe
+cargo build --release --quiet --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin ct_probe
 probe="${CARGO_TARGET_DIR:-target}/release/ct_probe"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

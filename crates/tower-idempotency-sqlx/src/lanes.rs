@@ -4,7 +4,7 @@
 //! out (`test_before_acquire`, on by default) and again, unconditionally, when it takes it back
 //! (`PoolConnection`'s return to the pool), so a one-statement store call costs three round trips
 //! on the wire, not one, and each ping costs client CPU too. The load harness compares both
-//! (`cargo run --release -p tower-idempotency-loadtest -- --store-lanes 0` runs every statement
+//! (`cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest -- --store-lanes 0` runs every statement
 //! through the pool; docs/benchmarks.md). A lane holds one connection and runs one statement at a
 //! time on it.
 //!

@@ -4,7 +4,7 @@
 //! handler and little else.
 //!
 //! ```sh
-//! cargo build --release -p tower-idempotency-tools --bin profile_loop
+//! cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin profile_loop
 //! perf stat -e task-clock target/release/profile_loop replay 1024 200000
 //! perf record -g target/release/profile_loop new 1024 200000
 //! perf stat -e task-clock target/release/profile_loop replay 1024 200000 sqlite

@@ -4,8 +4,8 @@ floors (a new key's two writes; on Postgres also a replay's read), with no layer
 the database's share of a gap can be told from the layer's (docs/benchmarks.md, "What bounds
 the numbers").
 
-    scripts/statement-ceilings.py sqlite      # Python's sqlite3 on a scratch file: µs per pair
-    scripts/statement-ceilings.py postgres    # pgbench on DATABASE_URL's database: tps
+    bench/scripts/statement-ceilings.py sqlite      # Python's sqlite3 on a scratch file: µs per pair
+    bench/scripts/statement-ceilings.py postgres    # pgbench on DATABASE_URL's database: tps
 
 The statements are copies of crates/tower-idempotency-sqlx/src/{sqlite,postgres}.rs with literal
 values; the variants (no index, partial index, several pairs per transaction) are the

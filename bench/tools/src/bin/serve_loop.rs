@@ -5,7 +5,7 @@
 //! with different counts, subtracted, give the instructions per request without the set-up:
 //!
 //! ```sh
-//! cargo build --release -p tower-idempotency-tools --bin serve_loop
+//! cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin serve_loop
 //! valgrind --tool=callgrind target/release/serve_loop postgres 1024 500
 //! valgrind --tool=callgrind target/release/serve_loop postgres 1024 1500
 //! ```

@@ -5,15 +5,17 @@
 # instructions per verification and those outside the hash compression functions (SHA-1,
 # SHA-256, SHA-512): the second is the parsing, decoding and bookkeeping that code changes move.
 #
-# Usage: scripts/verify-instructions.sh [BODY_BYTES] [CASE ...]
+# Usage: bench/scripts/verify-instructions.sh [BODY_BYTES] [CASE ...]
 #   BODY_BYTES  default 1024; CASEs default to the HMAC providers of benches/common.
 # Honours CARGO_TARGET_DIR. Counting runs under valgrind with the software SHA code (valgrind
 # does not offer the SHA extensions), so the hash share is larger than on the bare CPU; the
 # non-hash column is what compares across commits.
-# Workload: crates/tower-idempotency-tools/src/bin/verify_loop.rs.
+# Workload: bench/tools/src/bin/verify_loop.rs.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+# The bench workspace (bench/Cargo.toml) shares the product workspace's target directory.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2; }
 size="${1:-1024}"
 shift || true
@@ -23,7 +25,7 @@ if [ ${#cases[@]} -eq 0 ]; then
            slack linear zoom)
 fi
 
-cargo build --release --quiet -p tower-idempotency-tools --bin verify_loop
+cargo build --release --quiet --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin verify_loop
 bin="${CARGO_TARGET_DIR:-target}/release/verify_loop"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -1,10 +1,10 @@
-//! Traffic generator for `scripts/soak.sh`: mixed traffic against the reference receiver
+//! Traffic generator for `bench/scripts/soak.sh`: mixed traffic against the reference receiver
 //! (`examples/receiver/`) for a bounded time, then a check that every valid key ran exactly
 //! once (`GET /effects`) and that no request was answered `5xx`; then, optionally, a "flat"
 //! phase that creates no key at all, to show the receiver's memory stays flat.
 //!
 //! ```text
-//! cargo run -p tower-idempotency-tools --bin soak_client -- http://127.0.0.1:3000 60 whsec_soak [FLAT_SECONDS]
+//! cargo run --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin soak_client -- http://127.0.0.1:3000 60 whsec_soak [FLAT_SECONDS]
 //! ```
 //!
 //! Arguments: the receiver's base URL (loopback only), the duration in seconds (at most 3600)

@@ -11,7 +11,7 @@
 //! of the run until the inbox had no pending event left.
 //!
 //! ```text
-//! cargo run --release -p tower-idempotency-loadtest --bin inbox -- [SECONDS]
+//! cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin inbox -- [SECONDS]
 //! ```
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;

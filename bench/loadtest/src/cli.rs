@@ -7,7 +7,7 @@ use crate::{HarnessError, Result};
 const USAGE: &str = "\
 tower-idempotency load harness
 
-USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
+USAGE: cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest -- [FLAGS]
 
   --duration-ms N      measured window per cell (default 2000)
   --warmup-ms N        unrecorded lead-in per cell (default 500)
@@ -26,7 +26,7 @@ USAGE: cargo run --release -p tower-idempotency-loadtest -- [FLAGS]
                        peer-bare the bare handler in that child; *-floor-* run raw SQL in
                        the handler (src/sql_floors.rs)
   --peer-bin PATH      the loadtest-peer binary (default <workspace>/target/peer/release/
-                       loadtest-peer, which scripts/bench.sh builds)
+                       loadtest-peer, which bench/scripts/bench.sh builds)
   --sustained-ms N     fresh keys for N ms at the highest concurrency against the memory
                        stores with their default capacity, counting 503s (default 10000; 0 skips)
   --store-lanes N      connections the sqlx stores keep checked out (default: half the pool);

@@ -4,8 +4,8 @@
 # then a "flat" phase of SOAK_FLAT_SECONDS (default 300; 0 skips it) with only duplicates of the
 # keys already completed and bad input: no new key.
 #
-#   SOAK_SECONDS=60 SOAK_FLAT_SECONDS=60 scripts/soak.sh
-#   SOAK_STORES=redis scripts/soak.sh & SOAK_STORES=postgres scripts/soak.sh   # in parallel
+#   SOAK_SECONDS=60 SOAK_FLAT_SECONDS=60 bench/scripts/soak.sh
+#   SOAK_STORES=redis bench/scripts/soak.sh & SOAK_STORES=postgres bench/scripts/soak.sh   # in parallel
 #
 # Checks, per store: handler executions == unique valid keys (via GET /effects), no key ran
 # twice, no 5xx (none are injected here), the flat phase adds no execution and every duplicate
@@ -18,7 +18,9 @@
 # on a free loopback port. Everything started here is stopped and removed on exit.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+# The bench workspace (bench/Cargo.toml) shares the product workspace's target directory.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 SOAK_SECONDS=${SOAK_SECONDS:-600}
 SAMPLE=${SOAK_SAMPLE_SECONDS:-5}
 FLAT_SECONDS=${SOAK_FLAT_SECONDS:-300}
@@ -33,7 +35,7 @@ case "$DATABASE_URL" in
 esac
 
 cargo build --quiet --all-features --example receiver
-cargo build --quiet --all-features -p tower-idempotency-tools --bin soak_client
+cargo build --quiet --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin soak_client
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 receiver="$target_dir/debug/examples/receiver"
 client="$target_dir/debug/soak_client"

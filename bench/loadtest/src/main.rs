@@ -15,7 +15,7 @@
 //! [`scaling`], [`memory`]); [`summary`] and [`report`] write the tables; this file parses the
 //! flags, opens the targets and runs each measurement in turn.
 //!
-//! Run `cargo run --release -p tower-idempotency-loadtest -- --help` for the flags.
+//! Run `cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest -- --help` for the flags.
 #![warn(missing_docs)]
 
 mod alloc;

@@ -3,11 +3,11 @@
 as a table of provider time / floor time, from criterion's saved samples
 (the fastest sample per case, as other load on the machine only ever adds time).
 
-    scripts/bench-ratios.py [baseline]      # default: "new" (the last run)
+    bench/scripts/bench-ratios.py [baseline]      # default: "new" (the last run)
 """
 import json, os, sys
 
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "criterion")
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "criterion")
 baseline = sys.argv[1] if len(sys.argv) > 1 else "new"
 # Which floor each case is compared with.
 FLOOR = {"twilio_form": "floor_hmac_sha1_form", "twilio_json": "floor_sha256_plus_hmac_sha1",

@@ -3,14 +3,14 @@
 //! counts, subtracted, give the instructions per verification without the set-up:
 //!
 //! ```sh
-//! cargo build --release -p tower-idempotency-tools --bin verify_loop
+//! cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin verify_loop
 //! valgrind --tool=callgrind target/release/verify_loop stripe 1024 1000
 //! ```
 //!
 //! Arguments: a case name from `tower-idempotency-webhooks/benches/common` (`stripe`, `github`, ..., or a floor such as
 //! `floor_hmac_sha256`), the body size in bytes, the number of verifications.
 
-#[path = "../../../tower-idempotency-webhooks/benches/common/mod.rs"]
+#[path = "../../../../crates/tower-idempotency-webhooks/benches/common/mod.rs"]
 mod common;
 
 fn main() {

@@ -42,7 +42,7 @@ impl PeerStore {
     }
 }
 
-/// Where scripts/bench.sh builds the peer: `target/peer/release/loadtest-peer`.
+/// Where bench/scripts/bench.sh builds the peer: `target/peer/release/loadtest-peer`.
 pub(crate) fn default_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/peer/release/loadtest-peer")
 }
@@ -109,7 +109,7 @@ pub(crate) fn check_binary(binary: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{} not found (scripts/bench.sh builds it: cargo build --release --ignore-rust-version --manifest-path crates/tower-idempotency-loadtest/peer/Cargo.toml --target-dir target/peer)",
+            "{} not found (bench/scripts/bench.sh builds it: cargo build --release --ignore-rust-version --manifest-path bench/peer/Cargo.toml --target-dir target/peer)",
             binary.display()
         ))
     }

@@ -2,16 +2,16 @@
 # Runs every benchmark of the workspace and collects the outputs in one directory:
 #   - the criterion micro benchmarks (core layer, webhook verification and its paired ratios,
 #     sqlx stores, Redis store);
-#   - the load harness (crates/tower-idempotency-loadtest), which also redraws
+#   - the load harness (bench/loadtest), which also redraws
 #     docs/benchmarks/throughput.svg: every store beside the bare handler, its SQL floors and the
-#     peer (`idempotent` 2.0, served by crates/tower-idempotency-loadtest/peer, built here with
+#     peer (`idempotent` 2.0, served by bench/peer, built here with
 #     --ignore-rust-version: it declares Rust 1.98 and compiles on the project's 1.95);
 #   - the transactional mode and the inbox beside their floors (--bin transactional, --bin inbox),
 #     MODE_SECONDS (default 3) per cell.
 #
-# Usage: scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
-#   e.g. scripts/bench.sh -- --duration-ms 3000
-#        scripts/bench.sh --skip-criterion -- --quick
+# Usage: bench/scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
+#   e.g. bench/scripts/bench.sh -- --duration-ms 3000
+#        bench/scripts/bench.sh --skip-criterion -- --quick
 # Environment: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test),
 #              REDIS_URL (default redis://127.0.0.1:6379). Benchmarks that need an unreachable
 #              service print a SKIPPED line and the rest still run.
@@ -20,7 +20,9 @@
 #          target/criterion/.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+# The bench workspace (bench/Cargo.toml) shares the product workspace's target directory.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 criterion=1
 load=1
 mode_seconds=${MODE_SECONDS:-3}
@@ -65,15 +67,15 @@ fi
 if [[ $load == 1 ]]; then
     echo "== the peer's server (target/peer/release/loadtest-peer)"
     cargo build --release --ignore-rust-version --target-dir target/peer \
-        --manifest-path crates/tower-idempotency-loadtest/peer/Cargo.toml
+        --manifest-path bench/peer/Cargo.toml
     echo "== load harness (-> $out/loadtest-latest.*, docs/benchmarks/throughput.svg)"
-    cargo run --release -p tower-idempotency-loadtest --bin tower-idempotency-loadtest -- \
+    cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin tower-idempotency-loadtest -- \
         --out "$out" --chart docs/benchmarks/throughput.svg "$@" 2> >(tee "$out/loadtest-progress.txt" >&2)
     # The transactional mode and the inbox against their own floors (a bare handler writing the
     # same row, and the synchronous webhook layer), in the same run.
     for bin in transactional inbox; do
         echo "== $bin (-> $out/$bin.md)"
-        cargo run --release -p tower-idempotency-loadtest --bin "$bin" -- "$mode_seconds" | tee "$out/$bin.md"
+        cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin "$bin" -- "$mode_seconds" | tee "$out/$bin.md"
     done
 fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"

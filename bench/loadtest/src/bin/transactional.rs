@@ -6,7 +6,7 @@
 //! - `transactional`: `.transactional()`, the handler inserts through `IdempotentTx`.
 //!
 //! ```text
-//! cargo run --release -p tower-idempotency-loadtest --bin transactional -- [SECONDS]
+//! cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin transactional -- [SECONDS]
 //! ```
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
