@@ -28,9 +28,6 @@
 //! | in flight | `'I'`, fencing token (8 bytes), request fingerprint (32 bytes), lease deadline (8 bytes, Unix ms) | `PX` = the lease |
 //! | completed | `'E'`, fingerprint (32 bytes), the completing fencing token (8 bytes), expiry deadline (8 bytes, Unix ms), [`CompletedRecord::encode`](tower_idempotency_core::CompletedRecord::encode) of the response | `PX` = the TTL |
 //!
-//! Records written without the deadline (`'D'`, fingerprint, token, response) or without the
-//! token either (`'C'`, fingerprint, response) are still read; their remaining TTL costs a `PTTL`.
-//!
 //! Redis's own key expiry implements both the lease and the TTL, so no sweeper is needed and an
 //! expired record is simply absent.
 //!

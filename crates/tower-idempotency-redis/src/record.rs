@@ -1,6 +1,5 @@
 //! The record value codec and key layout: the in-flight value (`'I'`), the completed value
-//! (`'E'`, and the `'D'` and `'C'` values still read), and the Redis key of a store key. The
-//! [crate documentation](crate) has the byte layout.
+//! (`'E'`), and the Redis key of a store key. The [crate documentation](crate) has the byte layout.
 
 use std::time::Duration;
 
@@ -13,16 +12,10 @@ use tower_idempotency_core::{
 const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 const KIND_IN_FLIGHT: u8 = b'I';
-/// Completed, without the completing token (still read, no longer written).
-const KIND_COMPLETED: u8 = b'C';
-/// Completed, with the completing token (still read, no longer written).
-const KIND_COMPLETED_BY: u8 = b'D';
 /// Completed, with the completing token (so a resent completion can tell it already applied)
 /// and the expiry deadline (so a read needs no `PTTL`).
 const KIND_COMPLETED_UNTIL: u8 = b'E';
 const IN_FLIGHT_LEN: usize = 1 + 8 + 32 + 8;
-const COMPLETED_HEADER_LEN: usize = 1 + 32;
-const COMPLETED_BY_HEADER_LEN: usize = 1 + 32 + 8;
 pub(crate) const COMPLETED_UNTIL_HEADER_LEN: usize = 1 + 32 + 8 + 8;
 
 /// `<prefix>:{<store_key>}`. Redis Cluster hashes the text between the first `{` and the next
@@ -71,36 +64,18 @@ fn fingerprint_from(bytes: &[u8]) -> Result<Fingerprint, StoreError> {
     Fingerprint::from_slice(bytes).ok_or(StoreError::Corrupt(CodecError::Truncated))
 }
 
+/// The response of a completed (`'E'`) value at least [`COMPLETED_UNTIL_HEADER_LEN`] long.
 fn decode_completed(value: Vec<u8>) -> Result<CompletedRecord, StoreError> {
-    let header = match value.first() {
-        Some(&KIND_COMPLETED) => COMPLETED_HEADER_LEN,
-        Some(&KIND_COMPLETED_BY) => COMPLETED_BY_HEADER_LEN,
-        Some(&KIND_COMPLETED_UNTIL) => COMPLETED_UNTIL_HEADER_LEN,
-        _ => return Err(corrupt("record kind")),
-    };
-    if value.len() < header {
-        return Err(corrupt("record kind"));
-    }
     let fingerprint = fingerprint_from(&value[1..33])?;
     let mut record =
-        CompletedRecord::decode(Bytes::from(value).slice(header..)).map_err(StoreError::Corrupt)?;
+        CompletedRecord::decode(Bytes::from(value).slice(COMPLETED_UNTIL_HEADER_LEN..))
+            .map_err(StoreError::Corrupt)?;
     record.fingerprint = fingerprint;
     Ok(record)
 }
 
-/// Whether a record value lacks its expiry deadline, so its remaining TTL takes a `PTTL`.
-pub(crate) fn needs_pttl(value: &[u8]) -> bool {
-    matches!(value.first(), Some(&KIND_COMPLETED | &KIND_COMPLETED_BY))
-}
-
-/// Decodes a record value read at wall-clock time `now_ms`, whose key had `pttl_ms` left (the
-/// `PTTL` reply: negative when the key vanished or has no expiry, which reads as no time left;
-/// only read for the records that [`needs_pttl`]).
-pub(crate) fn decode_state(
-    value: Vec<u8>,
-    now_ms: u64,
-    pttl_ms: i64,
-) -> Result<RecordState, StoreError> {
+/// Decodes a record value read at wall-clock time `now_ms`.
+pub(crate) fn decode_state(value: Vec<u8>, now_ms: u64) -> Result<RecordState, StoreError> {
     match value.first() {
         Some(&KIND_IN_FLIGHT) if value.len() == IN_FLIGHT_LEN => {
             let field = |range: std::ops::Range<usize>| -> [u8; 8] {
@@ -120,10 +95,6 @@ pub(crate) fn decode_state(
                 ttl_remaining: Duration::from_millis(deadline.saturating_sub(now_ms)),
             })
         }
-        Some(&KIND_COMPLETED | &KIND_COMPLETED_BY) => Ok(RecordState::Completed {
-            record: decode_completed(value)?,
-            ttl_remaining: Duration::from_millis(pttl_ms.max(0) as u64),
-        }),
         _ => Err(corrupt("record kind")),
     }
 }
@@ -196,13 +167,12 @@ mod tests {
             vec![b'X'; 49],
             vec![b'I'; 41],
             vec![b'I'; 50],
-            vec![b'C'; 10],
-            vec![b'C'; 40],
-            vec![b'D'; 40],
+            vec![b'C'; 60],
+            vec![b'D'; 60],
             vec![b'E'; 48],
         ] {
             assert!(matches!(
-                decode_state(value, 100, 1000),
+                decode_state(value, 100),
                 Err(StoreError::Corrupt(_))
             ));
         }
@@ -225,9 +195,7 @@ mod tests {
         value.extend_from_slice(&token_bytes(FencingToken(9)));
         value.extend_from_slice(&10_250u64.to_be_bytes());
         value.extend_from_slice(&encoded);
-        assert!(!needs_pttl(&value));
-        // The PTTL argument is not read: the deadline in the value is.
-        match decode_state(value.clone(), 10_000, -1).unwrap() {
+        match decode_state(value.clone(), 10_000).unwrap() {
             RecordState::Completed {
                 record,
                 ttl_remaining,
@@ -239,10 +207,9 @@ mod tests {
             other => panic!("expected a completed record, got {other:?}"),
         }
         assert!(matches!(
-            decode_state(value, 20_000, -1).unwrap(),
+            decode_state(value, 20_000).unwrap(),
             RecordState::Completed { ttl_remaining, .. } if ttl_remaining.is_zero()
         ));
-        assert!(needs_pttl(b"D") && needs_pttl(b"C") && !needs_pttl(b"I"));
     }
 
     #[test]
@@ -250,7 +217,7 @@ mod tests {
         let value = in_flight_value(FencingToken(u64::MAX), &Fingerprint([9; 32]), 10_250);
         assert_eq!(value.len(), IN_FLIGHT_LEN);
         assert_eq!(
-            decode_state(value.clone(), 10_000, 250).unwrap(),
+            decode_state(value.clone(), 10_000).unwrap(),
             RecordState::InFlight {
                 fingerprint: Fingerprint([9; 32]),
                 token: FencingToken(u64::MAX),
@@ -259,7 +226,7 @@ mod tests {
         );
         // A reader whose clock is past the deadline sees no time left, never a negative one.
         assert!(matches!(
-            decode_state(value, 20_000, 250).unwrap(),
+            decode_state(value, 20_000).unwrap(),
             RecordState::InFlight { lease_remaining, .. } if lease_remaining.is_zero()
         ));
     }

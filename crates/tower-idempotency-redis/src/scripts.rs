@@ -9,8 +9,7 @@
 //! Record values (see the crate documentation):
 //! - in flight: `'I'`, token (8 bytes), fingerprint (32 bytes), lease deadline (8 bytes): 49 bytes;
 //! - completed: `'E'`, fingerprint (32 bytes), the completing token (8 bytes), the expiry
-//!   deadline (8 bytes), the encoded response (`'D'` records, without the deadline, and `'C'`
-//!   records, without the token either, are still read and recognised as completed).
+//!   deadline (8 bytes), the encoded response.
 //!
 //! A client may resend a script whose reply was lost (redis-rs's cluster client does after a
 //! connection error). A completion finding the record already completed by its own token
@@ -39,7 +38,7 @@ local head = redis.call('GETRANGE', KEYS[1], 0, 48)
 local ok = string.len(head) == 49 and string.byte(head, 1) == 73
   and string.sub(head, 2, 9) == ARGV[1]
 local done = string.len(head) >= 41
-  and (string.byte(head, 1) == 69 or string.byte(head, 1) == 68)
+  and string.byte(head, 1) == 69
   and string.sub(head, 34, 41) == ARGV[1]
 ";
 

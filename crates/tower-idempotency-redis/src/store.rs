@@ -126,26 +126,6 @@ impl RedisStore {
         record::record_key(&self.prefix, store_key)
     }
 
-    /// Decodes a record read from `record_key`; a record without its deadline (written by an
-    /// earlier version) takes a second round trip for its `PTTL`.
-    async fn decode_read(
-        &self,
-        record_key: &str,
-        value: Vec<u8>,
-    ) -> Result<RecordState, StoreError> {
-        let pttl = if record::needs_pttl(&value) {
-            let mut command = redis::cmd("PTTL");
-            command.arg(record_key);
-            match self.command(&command).await? {
-                Value::Int(pttl) => pttl,
-                _ => return Err(corrupt("PTTL reply")),
-            }
-        } else {
-            -1
-        };
-        record::decode_state(value, unix_ms(), pttl)
-    }
-
     /// A small completion: the script writes the whole record in the same call.
     async fn complete_inline(
         &self,
@@ -244,7 +224,7 @@ impl Store for RedisStore {
             .arg("GET");
         match self.command(&command).await? {
             Value::Nil => Ok(ClaimOutcome::Claimed { token }),
-            Value::BulkString(existing) => match self.decode_read(&record_key, existing).await? {
+            Value::BulkString(existing) => match record::decode_state(existing, unix_ms())? {
                 // Our own record: a claim the client resent after its first attempt landed.
                 RecordState::InFlight { token: holder, .. } if holder == token => {
                     Ok(ClaimOutcome::Claimed { token })
@@ -335,7 +315,7 @@ impl Store for RedisStore {
         command.arg(&record_key);
         match self.command(&command).await? {
             Value::Nil => Ok(None),
-            Value::BulkString(value) => self.decode_read(&record_key, value).await.map(Some),
+            Value::BulkString(value) => record::decode_state(value, unix_ms()).map(Some),
             _ => Err(corrupt("GET reply")),
         }
     }
