@@ -9,7 +9,7 @@
 //! ```
 //!
 //! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
-//! `postgres://...`, `redis://...`) and defaults to that variable. See docs/cli.md.
+//! `postgres://...`, `redis://...`) and defaults to that variable. See [docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md).
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
 compile_error!("the `cli` feature needs at least one store feature: sqlite, postgres or redis");

@@ -5,7 +5,7 @@
 //! (`PoolConnection`'s return to the pool), so a one-statement store call costs three round trips
 //! on the wire, not one, and each ping costs client CPU too. The load harness compares both
 //! (`cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest -- --store-lanes 0` runs every statement
-//! through the pool; docs/benchmarks.md). A lane holds one connection and runs one statement at a
+//! through the pool; [docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)). A lane holds one connection and runs one statement at a
 //! time on it.
 //!
 //! What the pool's pings protected is kept: a lane that sat idle longer than

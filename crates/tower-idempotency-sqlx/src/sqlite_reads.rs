@@ -4,7 +4,7 @@
 //! Why: sqlx runs every statement of an SQLite connection on that connection's own thread, so
 //! one read is a message to that thread and a wake-up back, which costs far more than the read
 //! itself (a primary-key lookup in a WAL database's page cache). The load harness shows the
-//! difference (`--stores sqlite` replays; docs/benchmarks.md). These reads use their own
+//! difference (`--stores sqlite` replays; [docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)). These reads use their own
 //! connections (through rusqlite, on the same bundled SQLite as sqlx) and never wait:
 //!
 //! - a read takes a connection only if one is free (`try_lock`), with SQLite's busy timeout at

@@ -10,7 +10,7 @@
 //! commit, so a caller hears of its write only once it is as durable as the pool's
 //! `synchronous` setting makes an autocommit. `scripts/statement-ceilings.py sqlite` shows what
 //! several writes per transaction save in SQLite itself; the load harness's `sqlite` new keys
-//! against `sqlite-floor-write` show it over HTTP (docs/benchmarks.md).
+//! against `sqlite-floor-write` show it over HTTP ([docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)).
 //!
 //! Failures stay each caller's own: a statement that fails fails its caller, and SQLite undoes
 //! that statement alone, so the transaction goes on with the others. Where SQLite rolled the

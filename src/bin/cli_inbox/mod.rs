@@ -1,5 +1,5 @@
 //! `tower-idempotency inbox list|retry`: the webhook inbox's failed and pending events, from the
-//! command line (docs/cli.md).
+//! command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;

@@ -348,7 +348,7 @@ impl IdempotencyLayer {
     /// handler's writes together with the key's completion, fenced by the claim's token:
     /// effects exactly once. The handler writes through the transaction it extracts
     /// (`tower_idempotency_sqlx::IdempotentTx`). A response the cache policy releases, an error,
-    /// a panic or a lost lease rolls the writes back. See `docs/guarantees.md`, "Transactional
+    /// a panic or a lost lease rolls the writes back. See [docs/guarantees.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/guarantees.md), "Transactional
     /// mode".
     ///
     /// # Panics
@@ -395,7 +395,7 @@ impl IdempotencyLayer {
     /// the wait ends. With a store that has no notices (SQLite, memory, a custom store), or
     /// while its subscription is down, every waiter also claims again after 50 ms, then after
     /// doubling intervals (100 ms, 200 ms, ...), never later than the holder's remaining lease:
-    /// about `log2(wait / 50 ms)` store calls per waiter. See `docs/configuration.md`.
+    /// about `log2(wait / 50 ms)` store calls per waiter. See [docs/configuration.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/configuration.md).
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The layer's metrics, recorded through the `metrics` crate facade when the `metrics` feature
 //! is on; without it every function here is a no-op the compiler removes. Names, labels and
-//! units are listed in `docs/observability.md` and described by [`describe_metrics`].
+//! units are listed in [docs/observability.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/observability.md) and described by [`describe_metrics`].
 
 use std::future::Future;
 
