@@ -24,7 +24,10 @@ use axum::{
     Json, Router,
 };
 use serde_json::json;
-use tower_idempotency::{store_key_from_parts, IdempotencyLayer, RecordState, SqliteStore, Store};
+use tower_idempotency::{
+    store::{store_key_from_parts, RecordState},
+    IdempotencyLayer, SqliteStore, Store,
+};
 
 const ADDR: &str = "127.0.0.1:3011";
 const DB: &str = "key-admin-example.db";

@@ -15,7 +15,7 @@ use axum::{
 };
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tower::ServiceExt;
-use tower_idempotency::{describe_metrics, IdempotencyLayer, MemoryStore};
+use tower_idempotency::{metrics::describe_metrics, IdempotencyLayer, MemoryStore};
 
 async fn create_order() -> (StatusCode, &'static str) {
     (StatusCode::CREATED, "order created\n")

@@ -55,6 +55,7 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreErro
 }
 
 /// Maps a failure to connect or migrate `store` to [`ConnectStoreError::Connect`].
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 fn connect_error<E: Into<BoxError>>(store: &'static str) -> impl FnOnce(E) -> ConnectStoreError {
     move |source| ConnectStoreError::Connect {
         store,

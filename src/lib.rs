@@ -29,7 +29,9 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `sqlite` | yes | [`SqliteStore`], the embedded durable store |
-//! | `webhooks` | yes | [`webhooks`]: signature verification and event keys for every shipped provider, `IdempotencyLayer::stripe(..)` and friends via [`WebhookLayerExt`] |
+//! | `webhooks` | yes | [`webhooks`]: signature verification and event keys for every shipped provider, `IdempotencyLayer::stripe(..)` and friends via [`WebhookLayerExt`]; the same as all the provider features below |
+//! | `stripe`, `github`, `standard-webhooks`, `slack`, `shopify`, `paddle`, `linear`, `gitlab`, `zoom`, `discord`, `sendgrid`, `mailgun`, `square`, `twilio` | with `webhooks` | one provider each (with `default-features = false`, pick only the providers you receive: `ed25519-dalek`, `p256` and `url` come with the providers that need them) |
+//! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`] |
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
@@ -40,11 +42,70 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub use tower_idempotency_core::*;
+// What an application names: the layer, its stores, its settings and what it answers.
+pub use tower_idempotency_core::{
+    Authenticator, CacheDirective, CachePolicy, ClientKey, FingerprintError, FingerprintMode,
+    IdempotencyLayer, IdempotencyService, JsonPointers, KeyError, KeySource, LocalReplayCache,
+    MemoryStore, OnceError, Outcome, Principal, PrincipalSource, Problem, Ran, Rejection,
+    ResponseBody, ResponseFuture, RouteScope, RunOnce, Scope, ShutdownHandle, Store,
+    TransactionalError, BODY_OMITTED_HEADER, REPLAYED_HEADER,
+};
 
-#[cfg(feature = "webhooks")]
+/// What a store implementer, an administration tool or a store's own tests need: the records,
+/// the claim and ownership answers, fencing tokens, the transactional contract, settlement
+/// notices and the record codec.
+pub mod store {
+    pub use tower_idempotency_core::{
+        decode_headers, encode_headers, is_valid_namespace, store_key_from_parts, BoxError,
+        CachedResponse, ClaimOutcome, CodecError, CommitError, CompletedRecord, FencingToken,
+        Fingerprint, LocalReplayCache, MemoryStore, Ownership, RecordState, Settlement,
+        Settlements, Store, StoreError, StoreTransaction, Subscriber, TransactionalStore,
+        DEFAULT_LOCAL_CACHE_BYTES, DEFAULT_LOCAL_CACHE_TTL, LONGEST_DURATION,
+    };
+}
+
+/// The layer's defaults and limits.
+pub mod defaults {
+    pub use tower_idempotency_core::{
+        DEFAULT_DISCARD_BYTES, DEFAULT_DISCARD_TIME, DEFAULT_LEASE, DEFAULT_MAX_BODY,
+        DEFAULT_MAX_CACHED_BODY, DEFAULT_MAX_LEASE_RENEWAL, DEFAULT_MAX_WAITERS,
+        DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, MAX_KEY_LEN, MAX_NAMESPACE_LEN, MIN_LEASE,
+    };
+}
+
+/// The client's `Idempotency-Key` header: its name and its parser.
+pub mod key {
+    pub use tower_idempotency_core::{
+        parse_key, ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY, MAX_KEY_LEN,
+    };
+}
+
+/// The `application/problem+json` answers the layer gives instead of the handler's.
+pub mod problem {
+    pub use tower_idempotency_core::{Problem, Rejection, PROBLEM_JSON, PROBLEM_TYPE_PREFIX};
+}
+
+/// Which response headers a replay carries.
+pub mod policy {
+    pub use tower_idempotency_core::{
+        cacheable_headers, CacheDirective, CachePolicy, UNCACHED_HEADERS,
+    };
+}
+
+/// The names of the layer's metrics (docs:
+/// [observability](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/observability.md)).
+pub mod metrics {
+    #[cfg(feature = "metrics")]
+    pub use tower_idempotency_core::describe_metrics;
+    pub use tower_idempotency_core::{
+        HANDLERS_IN_FLIGHT, LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
+        STORE_CALL_DURATION_SECONDS,
+    };
+}
+
+#[cfg(feature = "custom-webhooks")]
 pub use tower_idempotency_webhooks as webhooks;
-#[cfg(feature = "webhooks")]
+#[cfg(feature = "custom-webhooks")]
 pub use tower_idempotency_webhooks::{VerifiedWebhook, WebhookLayerExt};
 
 #[cfg(feature = "sqlite")]
@@ -59,6 +120,10 @@ pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection}
 #[cfg(feature = "redis")]
 pub use tower_idempotency_redis::RedisStore;
 
+/// The redis version [`RedisStore`] is built on, re-exported so connections and clients match it.
+#[cfg(feature = "redis")]
+pub use tower_idempotency_redis::redis;
+
 #[cfg(feature = "inbox")]
 pub use tower_idempotency_inbox as inbox;
 
@@ -68,6 +133,6 @@ pub use connect::{connect_store, ConnectStoreError};
 /// Brings the constructor extensions into scope: `use tower_idempotency::prelude::*;`.
 pub mod prelude {
     pub use tower_idempotency_core::{IdempotencyLayer, Store};
-    #[cfg(feature = "webhooks")]
+    #[cfg(feature = "custom-webhooks")]
     pub use tower_idempotency_webhooks::WebhookLayerExt;
 }

@@ -15,8 +15,11 @@ use std::{sync::Arc, time::Duration};
 use serde_json::Value;
 use support::*;
 use tower_idempotency::{
-    store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint,
-    IdempotencyLayer, Ownership, PostgresStore, RecordState, RedisStore, SqliteStore, Store,
+    store::{
+        store_key_from_parts, CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership,
+        RecordState,
+    },
+    IdempotencyLayer, PostgresStore, RedisStore, SqliteStore, Store,
 };
 
 /// Runs the tool with `--json` and returns the parsed stdout; the command must succeed.

@@ -10,7 +10,7 @@ use axum::{
     Json, Router,
 };
 use serde_json::{json, Value};
-use tower_idempotency::{IdempotencyLayer, ShutdownHandle, Store, IDEMPOTENCY_KEY};
+use tower_idempotency::{key::IDEMPOTENCY_KEY, IdempotencyLayer, ShutdownHandle, Store};
 
 use crate::{
     config::{Config, StartError},

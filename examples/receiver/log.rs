@@ -4,7 +4,10 @@ use std::time::Instant;
 
 use axum::{body::Body, extract::Request, http::header, middleware::Next, response::Response};
 use serde_json::Value;
-use tower_idempotency::{Outcome, PROBLEM_JSON, PROBLEM_TYPE_PREFIX};
+use tower_idempotency::{
+    problem::{PROBLEM_JSON, PROBLEM_TYPE_PREFIX},
+    Outcome,
+};
 
 /// The problem `type` slug of a rejection, re-buffering the (small) problem body.
 async fn problem_slug(response: Response) -> (Response, Option<String>) {

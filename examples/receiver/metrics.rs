@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::{http::header, routing::get, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
-use tower_idempotency::{describe_metrics, STORE_CALL_DURATION_SECONDS};
+use tower_idempotency::metrics::{describe_metrics, STORE_CALL_DURATION_SECONDS};
 
 /// How often the recorder folds recorded histogram samples into its buckets.
 const UPKEEP: Duration = Duration::from_secs(5);

@@ -22,7 +22,9 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use tower_idempotency::{is_valid_namespace, store_key_from_parts, RecordState, Store, StoreError};
+use tower_idempotency::store::{
+    is_valid_namespace, store_key_from_parts, RecordState, Store, StoreError,
+};
 
 /// The default Redis key prefix, the one `connect_store` (and so the reference receiver) uses.
 const DEFAULT_REDIS_PREFIX: &str = "idempotency";

@@ -110,3 +110,6 @@ mod store;
 
 pub use connect::{validate_prefix, ConfigError, ConnectError, ConnectOptions};
 pub use store::{RedisStore, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TIMEOUT};
+
+/// The redis version this crate is built on, re-exported so connections and clients match it.
+pub use redis;

@@ -55,7 +55,9 @@ pub mod testing;
 
 mod providers;
 
-// Each provider module, behind its feature (see `providers/mod.rs`).
+// Each provider module, behind its feature (see `providers/mod.rs`); none without a provider
+// feature.
+#[allow(unused_imports)]
 pub use providers::*;
 
 pub use clock::{Clock, SystemClock};
