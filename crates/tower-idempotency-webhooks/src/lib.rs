@@ -31,6 +31,12 @@
 //! sizes (8 KiB) and signature counts (16), and checks signed timestamps against a 300 s
 //! window in both directions (`disable_replay_window()` turns it off explicitly; a zero
 //! tolerance panics).
+//!
+//! One rule for constructors: a constructor that parses what it is given (a public key, an
+//! encoded `whsec_` secret, a URL: Standard Webhooks, Discord, SendGrid, Twilio, Square) returns
+//! `Result<_, ConfigError>`; one that takes raw shared secrets (Stripe, GitHub, Slack, ...) cannot
+//! fail on well-formed input and panics on an empty or too short secret, a configuration error
+//! found at start-up, with a message that names the provider and never the secret.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
