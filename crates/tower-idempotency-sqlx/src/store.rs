@@ -89,6 +89,14 @@ impl<DB: Backend> SqlStore<DB> {
     ///
     /// On SQLite, open the pool in WAL mode with a busy timeout (as [`connect`](Self::connect)
     /// does), or concurrent requests fail with "database is locked".
+    ///
+    /// What it takes from a pool it shares with the application: up to half of the pool's
+    /// `max_connections` (rounded down; 5 of a 10-connection pool), which it checks out as
+    /// [lanes](Self::with_connection_lanes) as load needs them and keeps while they are busy
+    /// (a lane hands its connection back after a minute). The rest stays with the
+    /// application, [`claim_in`](Self::claim_in) transactions and an inbox worker's event
+    /// transactions (one per running event): size the pool for the store's half plus those, or
+    /// set fewer lanes. The shared-pool test (`tests/shared_pool.rs`) runs the three on one pool.
     pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
