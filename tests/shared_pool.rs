@@ -47,11 +47,7 @@ async fn create_order(
 ) -> StatusCode {
     let key = headers["idempotency-key"].to_str().unwrap_or_default();
     let insert = format!(r#"INSERT INTO "{}" (key) VALUES ($1)"#, tables.orders);
-    match sqlx::query(&insert)
-        .bind(key)
-        .execute(&pool)
-        .await
-    {
+    match sqlx::query(&insert).bind(key).execute(&pool).await {
         Ok(_) => StatusCode::CREATED,
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -76,18 +72,20 @@ async fn the_store_the_inbox_and_the_application_share_one_pool() {
         orders: format!("shared_orders_{suffix}"),
         charges: format!("shared_charges_{suffix}"),
     });
-    let _guards = [&tables.records, &tables.inbox, &tables.orders, &tables.charges]
-        .map(|table| PgTableGuard {
-            table: table.clone(),
-        });
+    let _guards = [
+        &tables.records,
+        &tables.inbox,
+        &tables.orders,
+        &tables.charges,
+    ]
+    .map(|table| PgTableGuard {
+        table: table.clone(),
+    });
     let ddl = format!(
         r#"CREATE TABLE "{}" (key text NOT NULL); CREATE TABLE "{}" (event_id text NOT NULL)"#,
         tables.orders, tables.charges
     );
-    sqlx::raw_sql(&ddl)
-        .execute(&pool)
-        .await
-        .expect("ddl");
+    sqlx::raw_sql(&ddl).execute(&pool).await.expect("ddl");
 
     let store = PostgresStore::new(pool.clone(), &tables.records).expect("table");
     store.migrate().await.expect("migrate");
@@ -168,7 +166,10 @@ async fn the_store_the_inbox_and_the_application_share_one_pool() {
     };
     assert_eq!(counts.processed as usize, EVENTS, "{counts:?}");
     assert_eq!(counts.failed, 0, "{counts:?}");
-    assert!(worker.drain(Duration::from_secs(30)).await, "the worker drained");
+    assert!(
+        worker.drain(Duration::from_secs(30)).await,
+        "the worker drained"
+    );
 
     let count = |table: &str| {
         let sql = format!(r#"SELECT count(*) FROM "{table}""#);

@@ -4,13 +4,14 @@ use std::{fmt, sync::Arc};
 
 use http::request::Parts;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::store::Fingerprint;
 
 type FingerprintFn = dyn Fn(&Parts, &[u8]) -> Fingerprint + Send + Sync;
 
-/// What a fingerprint covers.
+/// What a fingerprint covers. The built-in modes hash with BLAKE3: as collision-resistant as
+/// SHA-256 and several times faster on large bodies (the `fingerprint` group of the core's
+/// `layer` bench compares the two).
 #[derive(Clone, Default)]
 pub enum FingerprintMode {
     /// Method, path and query (as the request arrived, before `Router::nest` stripped a
@@ -141,48 +142,50 @@ impl FingerprintMode {
                 let path_and_query = crate::scope::request_uri(parts)
                     .path_and_query()
                     .map_or("/", |pq| pq.as_str());
-                let mut hasher = Sha256::new();
+                let mut hasher = blake3::Hasher::new();
                 for part in [parts.method.as_str().as_bytes(), path_and_query.as_bytes()] {
-                    hasher.update((part.len() as u64).to_be_bytes());
+                    hasher.update(&(part.len() as u64).to_be_bytes());
                     hasher.update(part);
                 }
                 hasher.update(body);
-                Fingerprint(hasher.finalize().into())
+                Fingerprint(*hasher.finalize().as_bytes())
             }
-            Self::Body => Fingerprint(Sha256::digest(body).into()),
+            Self::Body => Fingerprint(*blake3::hash(body).as_bytes()),
             Self::Custom(f) => f(parts, body),
             Self::JsonFields(pointers) => {
                 let document = parse_json(body)?;
-                let mut hasher = Sha256::new();
+                let mut hasher = blake3::Hasher::new();
                 hasher.update(b"json-fields");
                 let mut canonical = Vec::new();
                 for pointer in pointers.as_slice() {
-                    hasher.update((pointer.len() as u64).to_be_bytes());
+                    hasher.update(&(pointer.len() as u64).to_be_bytes());
                     hasher.update(pointer.as_bytes());
                     match document.pointer(pointer) {
-                        None => hasher.update([0]),
+                        None => {
+                            hasher.update(&[0]);
+                        }
                         Some(value) => {
                             canonical.clear();
                             write_canonical(value, &mut canonical);
-                            hasher.update([1]);
-                            hasher.update((canonical.len() as u64).to_be_bytes());
+                            hasher.update(&[1]);
+                            hasher.update(&(canonical.len() as u64).to_be_bytes());
                             hasher.update(&canonical);
                         }
                     }
                 }
-                Fingerprint(hasher.finalize().into())
+                Fingerprint(*hasher.finalize().as_bytes())
             }
             Self::JsonExcluding(pointers) => {
                 let mut document = parse_json(body)?;
                 for pointer in pointers.as_slice() {
                     remove_pointer(&mut document, pointer);
                 }
-                let mut hasher = Sha256::new();
+                let mut hasher = blake3::Hasher::new();
                 hasher.update(b"json-excluding");
                 let mut canonical = Vec::with_capacity(body.len());
                 write_canonical(&document, &mut canonical);
                 hasher.update(&canonical);
-                Fingerprint(hasher.finalize().into())
+                Fingerprint(*hasher.finalize().as_bytes())
             }
         })
     }

@@ -25,7 +25,8 @@ use rand_chacha::{
 /// A boxed error from a store backend.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// SHA-256 over the parts of a request that must be identical for a replay to be served.
+/// A 32-byte hash (BLAKE3 in the built-in modes) over the parts of a request that must be
+/// identical for a replay to be served.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
 
