@@ -147,6 +147,9 @@ async fn mount<DB: InboxDatabase>(
     if let Some(lease) = settings.lease {
         worker = worker.lease(lease);
     }
+    if let Some(timeout) = settings.attempt_timeout {
+        worker = worker.attempt_timeout(timeout);
+    }
     if let Some(sweep) = settings.sweep {
         worker = worker.sweep_every(sweep);
     }

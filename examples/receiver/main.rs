@@ -16,7 +16,8 @@
 //! | `IDEMPOTENCY_WAIT_MS` | a duplicate of an in-flight `POST /orders` waits this long for its result instead of `409` (unset: no wait) |
 //! | `INBOX_MAX_ATTEMPTS` | `POST /inbox/stripe`: attempts before an event is failed (default 10) |
 //! | `INBOX_BACKOFF_MS` | `POST /inbox/stripe`: the retry delay after the first failed attempt, doubling after each (default 1000) |
-//! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts; a crashed attempt is retried after it (default 60000) |
+//! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts unless renewed (a running attempt renews it); a crashed attempt is retried after it (default 60000) |
+//! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
