@@ -176,6 +176,11 @@ async fn routes(store: &str, label: &str) {
         deliver(&client, &base, SECRET, &body(&poison, "test.poison")).await,
         200
     );
+    let permanent = format!("evt_permanent_{}", random_suffix());
+    assert_eq!(
+        deliver(&client, &base, SECRET, &body(&permanent, "test.permanent")).await,
+        200
+    );
     let forged = body("evt_forged", "charge.succeeded");
     assert_eq!(
         deliver(&client, &base, "whsec_not_the_secret", &forged).await,
@@ -208,6 +213,11 @@ async fn routes(store: &str, label: &str) {
         0,
         "{label}: a failed attempt's row was kept"
     );
+    // Failed on its first attempt of three, with its message, no row.
+    let permanently = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 2 \
+                       AND attempts = 1 AND last_error = 'test.permanent fails permanently'";
+    until_scalar(store, permanently, &permanent, 1).await;
+    assert_eq!(rows(store, &permanent).await, 0, "{label}");
     let retry = |id: &str| {
         client
             .post(format!("{base}/inbox/failed/{id}/retry"))

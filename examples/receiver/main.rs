@@ -53,7 +53,8 @@
 //! mounts the webhook inbox (docs/inbox.md): `POST /inbox/stripe` answers `200` once the verified
 //! event is stored; a worker then waits `HANDLER_DELAY_MS` and inserts one row into the table
 //! `inbox_effects` in the event's transaction. Events whose `type` is `test.poison` always fail,
-//! `test.flaky` fails its first two attempts. `GET /inbox/failed` answers the failed event ids
+//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
+//! (failed at once, whatever attempts remain). `GET /inbox/failed` answers the failed event ids
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
 //! not failed).
 //!

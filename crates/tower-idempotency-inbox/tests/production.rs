@@ -111,6 +111,31 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     setup.cleanup().await;
 }
 
+/// A handler that answers a permanent failure: the event is failed after its first attempt
+/// (of ten allowed) with the handler's message, and its write rolled back.
+async fn permanent_failure_fails_at_once<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let probe = setup.probe();
+    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .max_attempts(10)
+        .spawn();
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let body = event_body("evt_permanent", "test.permanent");
+    assert_eq!(deliver(&client, &url, SECRET, &body).await, 200);
+    assert_eq!(setup.wait_for("evt_permanent", EventState::Failed).await, 1);
+    let key = EventKey::new("stripe", "evt_permanent");
+    let event = setup.inbox.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        event.last_error.as_deref(),
+        Some("unknown account: do not retry")
+    );
+    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert_eq!(probe.runs("evt_permanent"), 1, "{}", DB::LABEL);
+    assert_eq!(setup.effects("evt_permanent").await, 0, "{}", DB::LABEL);
+    setup.cleanup().await;
+}
+
 /// 200 concurrent deliveries of events whose handler reads the effects table in its
 /// transaction, then writes: every event is processed on its first attempt, none fails.
 async fn read_then_write_under_load<DB: Fixture>() {
@@ -247,6 +272,7 @@ macro_rules! on_both {
 on_both!(
     slow_handler_keeps_its_lease,
     hanging_handler_holds_only_its_permit,
+    permanent_failure_fails_at_once,
     read_then_write_under_load,
     retry_runs_under_sustained_stream,
 );

@@ -256,7 +256,8 @@ pub async fn wait_for_state<DB: InboxDatabase>(
 /// `test.flaky` fails its first two attempts, `test.panic` panics on its first, `test.gated`
 /// waits for [`Probe::open_gate`] before writing, `test.slow` takes [`Probe::slow`] before
 /// writing, `test.hang` never returns, `test.readwrite` reads the effects table in its
-/// transaction before writing, `test.flaky_once` fails its first attempt.
+/// transaction before writing, `test.flaky_once` fails its first attempt, `test.permanent` fails
+/// permanently.
 #[derive(Clone)]
 pub struct Probe {
     effects_table: Arc<str>,
@@ -374,6 +375,9 @@ impl Probe {
         match kind.as_str() {
             "test.poison" => Err("poisoned event: refusing it".into()),
             "test.flaky" if run <= 2 => Err(format!("flaky: attempt {run} fails").into()),
+            "test.permanent" => Err(tower_idempotency_inbox::permanent(
+                "unknown account: do not retry",
+            )),
             "test.flaky_once" if run == 1 => Err("flaky: the first attempt fails".into()),
             "test.panic" if run == 1 => panic!("the test handler panics on its first run"),
             _ => Ok(()),
