@@ -599,4 +599,6 @@ macro_rules! backend {
 }
 
 backend!(sqlx::Postgres, "postgres", Sql::postgres, "BEGIN");
-backend!(sqlx::Sqlite, "sqlite", Sql::sqlite, "BEGIN");
+// The write lock from the start: a deferred transaction that read first could not upgrade to a
+// write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
+backend!(sqlx::Sqlite, "sqlite", Sql::sqlite, "BEGIN IMMEDIATE");
