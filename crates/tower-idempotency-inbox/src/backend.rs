@@ -100,9 +100,10 @@ impl Sql {
                  available_at = $6, last_error = $7, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
             ),
+            // Retries and recovered events first: fresh ones are usually queued already.
             due: format!(
                 "SELECT provider, event_id FROM {table} WHERE {DUE} AND attempts < $3 \
-                 ORDER BY available_at LIMIT $2"
+                 ORDER BY attempts = 0, available_at LIMIT $2"
             ),
             renew: format!(
                 "UPDATE {table} SET lease_until = $4 \

@@ -1,7 +1,7 @@
 //! The worker pool: a bounded queue fed at acknowledgement, a sweeper for whatever the queue
 //! missed, one task per attempt, and the drain.
 
-use std::{fmt, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{collections::VecDeque, fmt, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use tokio::{
@@ -29,6 +29,8 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_CONCURRENCY: usize = 4;
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Due events one sweep takes from the table.
+const SWEEP_BATCH: usize = 256;
 
 /// Configures and starts an [`InboxWorker`]; from [`Inbox::worker`].
 pub struct WorkerBuilder<DB: InboxDatabase> {
@@ -121,7 +123,9 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         self
     }
 
-    /// How often the sweeper looks for due events the queue does not hold (default 1 s).
+    /// How often the sweeper looks for due events the queue does not hold (default 1 s). A
+    /// due sweep runs before the next event is handed out however busy the queue is, and the
+    /// swept events are taken in turn with the queued ones.
     pub fn sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every.max(Duration::from_millis(1));
         self
@@ -202,7 +206,7 @@ impl<DB: InboxDatabase> Shared<DB> {
 
 struct Dispatcher<DB: InboxDatabase> {
     shared: Arc<Shared<DB>>,
-    /// The sweeper's handle on the queue.
+    /// The queue's sender, to detach it from the inbox at the drain.
     sender: mpsc::Sender<EventKey>,
     receiver: mpsc::Receiver<EventKey>,
     permits: Arc<Semaphore>,
@@ -214,21 +218,45 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         let mut attempts = JoinSet::new();
         let mut sweep = tokio::time::interval(self.sweep_every);
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let deadline = loop {
+        // The due events the last sweep found, taken in turn with the queue.
+        let mut swept = VecDeque::new();
+        let (mut swept_turn, mut sweep_again) = (false, false);
+        let deadline = 'dispatch: loop {
             while attempts.try_join_next().is_some() {}
             let permit = tokio::select! {
                 biased;
                 deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
                 permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
             };
-            tokio::select! {
-                biased;
-                deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
-                Some(key) = self.receiver.recv() => {
-                    attempts.spawn(attempt(self.shared.clone(), key, permit));
-                }
-                _ = sweep.tick() => self.sweep().await,
+            // A due sweep runs before the next event is handed out, however busy the queue is,
+            // and again at once when the last one found a full batch and it has been taken.
+            let tick = sweep.tick().now_or_never().is_some();
+            if tick || (sweep_again && swept.is_empty()) {
+                sweep_again = self.sweep(&mut swept).await;
             }
+            swept_turn = !swept_turn;
+            let next = if swept_turn {
+                swept.pop_front().or_else(|| self.receiver.try_recv().ok())
+            } else {
+                self.receiver.try_recv().ok().or_else(|| swept.pop_front())
+            };
+            let key = match next {
+                Some(key) => key,
+                None => loop {
+                    tokio::select! {
+                        biased;
+                        deadline = &mut stop => break 'dispatch deadline.unwrap_or(Duration::ZERO),
+                        _ = sweep.tick() => {
+                            sweep_again = self.sweep(&mut swept).await;
+                            if let Some(key) = swept.pop_front() {
+                                break key;
+                            }
+                        }
+                        Some(key) = self.receiver.recv() => break key,
+                    }
+                },
+            };
+            attempts.spawn(attempt(self.shared.clone(), key, permit));
         };
         self.shared.inbox.detach_queue(&self.sender);
         let finished = tokio::time::timeout(deadline, async {
@@ -243,9 +271,11 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         finished
     }
 
-    /// Queues the due events, as many as the queue has room for. An event that is already
-    /// queued may be queued twice; the second claim finds it leased or done and does nothing.
-    async fn sweep(&self) {
+    /// Fails the due events whose attempts are spent, then replaces `swept` with up to
+    /// [`SWEEP_BATCH`] due events, retries and recovered events first (fresh ones are usually
+    /// queued already; one both queued and swept is claimed once, the second claim finds it
+    /// taken). Answers whether the batch was full.
+    async fn sweep(&self, swept: &mut VecDeque<EventKey>) -> bool {
         let inbox = &self.shared.inbox;
         crate::metrics::refresh(inbox).await;
         let (now, max) = (now_ms(), self.shared.max_attempts());
@@ -260,20 +290,17 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                 tracing::warn!(%error, "failing spent inbox events failed; retrying at the next sweep")
             }
         }
-        let room = self.sender.capacity();
-        if room == 0 {
-            return;
-        }
-        let limit = i64::try_from(room).unwrap_or(i64::MAX);
+        let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
         match DB::due(&inbox.pool, &inbox.sql, now, limit, max).await {
             Ok(keys) => {
-                for key in keys {
-                    if self.sender.try_send(key).is_err() {
-                        break;
-                    }
-                }
+                let full = keys.len() >= SWEEP_BATCH;
+                *swept = keys.into();
+                full
             }
-            Err(error) => tracing::warn!(%error, "inbox sweep failed; retrying at the next"),
+            Err(error) => {
+                tracing::warn!(%error, "inbox sweep failed; retrying at the next");
+                false
+            }
         }
     }
 }
