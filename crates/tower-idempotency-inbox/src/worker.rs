@@ -1,7 +1,13 @@
 //! The worker pool: a bounded queue fed at acknowledgement, a sweeper for whatever the queue
 //! missed, one task per attempt, and the drain.
 
-use std::{collections::VecDeque, fmt, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{
+    collections::VecDeque,
+    fmt,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures_util::FutureExt;
 use tokio::{
@@ -10,6 +16,7 @@ use tokio::{
     time::MissedTickBehavior,
 };
 use tower_idempotency_sqlx::TxHandle;
+use tracing::Instrument;
 
 use crate::{
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
@@ -347,6 +354,14 @@ async fn attempt<DB: InboxDatabase>(
         }
     };
     let attempt = u32::try_from(row.attempts).unwrap_or(1);
+    let span = tracing::info_span!(
+        "inbox_attempt",
+        provider = %key.provider,
+        event_id = %key.event_id,
+        event_type = %event_type(&row.body).as_deref().unwrap_or(""),
+        attempt,
+    );
+    let started = Instant::now();
     let event = InboxEvent {
         key: key.clone(),
         headers: serde_json::from_str(&row.headers).unwrap_or_default(),
@@ -354,10 +369,38 @@ async fn attempt<DB: InboxDatabase>(
         received_at: from_unix_ms(row.received_at),
         attempt,
     };
-    match shared.run(event, token).await {
-        Ok(Ended::Processed) => crate::metrics::attempt(&key.provider, "processed"),
-        Ok(Ended::Stale) => crate::metrics::attempt(&key.provider, "lease_lost"),
-        Err(failure) => shared.failed(&key, token, attempt, &failure).await,
+    let ended = async {
+        match shared.run(event, token).await {
+            Ok(Ended::Processed) => Some("processed"),
+            Ok(Ended::Stale) => Some("lease_lost"),
+            Err(failure) => shared.failed(&key, token, attempt, &failure).await,
+        }
+    };
+    if let Some(outcome) = ended.instrument(span.clone()).await {
+        let elapsed = started.elapsed();
+        crate::metrics::attempt(&key.provider, outcome);
+        crate::metrics::attempt_duration(&key.provider, outcome, elapsed);
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome,
+                elapsed_ms = elapsed.as_millis(),
+                "inbox attempt ended"
+            )
+        });
+    }
+}
+
+/// The event's type, for the attempt's span: the body's top-level `type` string (Stripe,
+/// Slack's envelope and most JSON webhooks); `None` for a body without one.
+fn event_type(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Typed>(body).ok()?.kind? {
+        serde_json::Value::String(kind) => Some(kind),
+        _ => None,
     }
 }
 
@@ -448,8 +491,15 @@ impl<DB: InboxDatabase> Shared<DB> {
     }
 
     /// Records a failed attempt: pending again after the backoff, or failed after the last (or
-    /// at once when the handler said not to retry).
-    async fn failed(&self, key: &EventKey, token: i64, attempt: u32, failure: &Failure) {
+    /// at once when the handler said not to retry). Answers the outcome, `None` when the record
+    /// could not be written.
+    async fn failed(
+        &self,
+        key: &EventKey,
+        token: i64,
+        attempt: u32,
+        failure: &Failure,
+    ) -> Option<&'static str> {
         let now = now_ms();
         let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
         // A permanent failure is the last attempt: `attempts >= 0` holds for every event.
@@ -462,15 +512,15 @@ impl<DB: InboxDatabase> Shared<DB> {
         let last = failure.permanent || attempt >= self.max_attempts;
         let error = &failure.text;
         match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
-            Ok(true) => {
-                crate::metrics::attempt(&key.provider, if last { "failed" } else { "retry" });
-                if last {
-                    tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
-                }
+            Ok(true) if last => {
+                tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
+                Some("failed")
             }
-            Ok(false) => crate::metrics::attempt(&key.provider, "lease_lost"),
+            Ok(true) => Some("retry"),
+            Ok(false) => Some("lease_lost"),
             Err(db) => {
-                tracing::warn!(error = %db, "recording a failed attempt failed; retried after the lease")
+                tracing::warn!(error = %db, "recording a failed attempt failed; retried after the lease");
+                None
             }
         }
     }

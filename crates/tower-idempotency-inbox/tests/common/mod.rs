@@ -352,6 +352,7 @@ impl Probe {
             .lock()
             .unwrap()
             .push((id.clone(), Instant::now()));
+        tracing::info!("the probe handler runs");
         self.started.notify_waiters();
         let kind = event.json()?["type"]
             .as_str()
