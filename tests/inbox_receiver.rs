@@ -176,6 +176,11 @@ async fn routes(store: &str, label: &str) {
         deliver(&client, &base, SECRET, &body(&poison, "test.poison")).await,
         200
     );
+    let permanent = format!("evt_permanent_{}", random_suffix());
+    assert_eq!(
+        deliver(&client, &base, SECRET, &body(&permanent, "test.permanent")).await,
+        200
+    );
     let forged = body("evt_forged", "charge.succeeded");
     assert_eq!(
         deliver(&client, &base, "whsec_not_the_secret", &forged).await,
@@ -208,6 +213,11 @@ async fn routes(store: &str, label: &str) {
         0,
         "{label}: a failed attempt's row was kept"
     );
+    // Failed on its first attempt of three, with its message, no row.
+    let permanently = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 2 \
+                       AND attempts = 1 AND last_error = 'test.permanent fails permanently'";
+    until_scalar(store, permanently, &permanent, 1).await;
+    assert_eq!(rows(store, &permanent).await, 0, "{label}");
     let retry = |id: &str| {
         client
             .post(format!("{base}/inbox/failed/{id}/retry"))
@@ -223,6 +233,79 @@ async fn routes(store: &str, label: &str) {
     assert_eq!(rows(store, "evt_forged").await, 0);
 }
 
+/// Waits until `sql` (one `$1` parameter, `event_id`) answers `want`, failing after 20 s.
+async fn until_scalar(store: &str, sql: &str, event_id: &str, want: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = count(store, sql, event_id).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{event_id}: {sql} answered {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With `INBOX_MAX_ATTEMPTS=2`, a receiver whose handler takes a minute is SIGKILLed mid-handler
+/// at each of its attempts: after the second kill the next receiver fails the event (its
+/// attempts are spent, no third attempt starts) with a last error that says so and no row;
+/// an operator's retry then processes it once.
+async fn attempts_spent_by_kills(store: &str, label: &str) {
+    let client = reqwest::Client::new();
+    let spawn = |delay_ms: u64| {
+        Receiver::start(&[
+            ("IDEMPOTENCY_STORE", store.to_owned()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+            ("HANDLER_DELAY_MS", delay_ms.to_string()),
+            ("INBOX_LEASE_MS", "400".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
+        ])
+    };
+    let id = format!("evt_killed_{}", random_suffix());
+    let attempts = "SELECT CAST(attempts AS bigint) FROM webhook_inbox WHERE event_id = $1";
+    let mut first = spawn(60_000);
+    let status = deliver(&client, &first.base, SECRET, &body(&id, "charge.succeeded")).await;
+    assert_eq!(status, 200, "{label}");
+    until_scalar(store, attempts, &id, 1).await;
+    first.kill();
+    let mut second = spawn(60_000);
+    until_scalar(store, attempts, &id, 2).await;
+    second.kill();
+
+    let mut third = spawn(60_000);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let failed = get_json(&client, format!("{}/inbox/failed", third.base)).await;
+        if failed.as_array().unwrap().iter().any(|f| f == id.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: {id} never failed: {failed}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    third.kill();
+    let spent = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 2 \
+                 AND attempts = 2 AND last_error LIKE 'no attempts remain%'";
+    assert_eq!(count(store, spent, &id).await, 1, "{label}: {id}");
+    assert_eq!(rows(store, &id).await, 0, "{label}: {id}");
+
+    let fourth = spawn(0);
+    let retry = format!("{}/inbox/failed/{id}/retry", fourth.base);
+    assert_eq!(client.post(&retry).send().await.unwrap().status(), 202);
+    effects_until(&client, &fourth.base, |effects| {
+        effects[format!("inbox:{id}")] == 1
+    })
+    .await;
+    assert_eq!(rows(store, &id).await, 1, "{label}: {id}");
+}
+
 fn sqlite_store(name: &str) -> (std::path::PathBuf, String) {
     let dir = std::env::temp_dir().join(format!("tidem-{name}-{}", random_suffix()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -236,6 +319,19 @@ async fn inbox_survives_sigkill_exactly_once_sqlite() {
     killed_mid_handler(&store, "sqlite", 4).await;
     routes(&store, "sqlite").await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_kills_spend_the_attempts_sqlite() {
+    let (dir, store) = sqlite_store("inbox-spent");
+    attempts_spent_by_kills(&store, "sqlite").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_kills_spend_the_attempts_postgres() {
+    let database = Database::create(format!("tidem_spent_{}", random_suffix())).await;
+    attempts_spent_by_kills(&database.url(), "postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,6 +47,7 @@ pub struct InboxSettings {
     pub max_attempts: u32,
     pub backoff: Duration,
     pub lease: Option<Duration>,
+    pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
 }
 
@@ -108,6 +109,8 @@ impl Config {
                 max_attempts: parsed("INBOX_MAX_ATTEMPTS", "a whole number")?.unwrap_or(10),
                 backoff: Duration::from_millis(parsed("INBOX_BACKOFF_MS", millis)?.unwrap_or(1000)),
                 lease: parsed("INBOX_LEASE_MS", millis)?.map(Duration::from_millis),
+                attempt_timeout: parsed("INBOX_ATTEMPT_TIMEOUT_MS", millis)?
+                    .map(Duration::from_millis),
                 sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
             },
         })

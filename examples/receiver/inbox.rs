@@ -2,7 +2,7 @@
 //! `STRIPE_WEBHOOK_SECRET`): `POST /inbox/stripe` acknowledges through the inbox; a worker
 //! processes each event by waiting `HANDLER_DELAY_MS` and inserting one row into
 //! `inbox_effects` inside the event's transaction. Events of type `test.poison` always fail,
-//! `test.flaky` fails its first two attempts. `GET /inbox/failed` lists the failed event ids,
+//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first. `GET /inbox/failed` lists the failed event ids,
 //! `POST /inbox/failed/{event_id}/retry` re-queues one.
 
 use std::time::Duration;
@@ -15,7 +15,7 @@ use axum::{
 };
 use tower_idempotency::{
     inbox::{
-        Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
+        permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
         InboxEvent, InboxWorker, DEFAULT_TABLE,
     },
     sqlx,
@@ -61,13 +61,14 @@ impl Effects {
 }
 
 /// Whether the attempt fails on purpose, by the event's `type`.
-fn refusal(event: &InboxEvent) -> Option<String> {
+fn refusal(event: &InboxEvent) -> Option<HandlerError> {
     let json = event.json().ok()?;
     match json["type"].as_str()? {
-        "test.poison" => Some("test.poison always fails".to_owned()),
+        "test.poison" => Some("test.poison always fails".into()),
         "test.flaky" if event.attempt <= 2 => {
-            Some(format!("test.flaky fails attempt {}", event.attempt))
+            Some(format!("test.flaky fails attempt {}", event.attempt).into())
         }
+        "test.permanent" => Some(permanent("test.permanent fails permanently")),
         _ => None,
     }
 }
@@ -86,7 +87,7 @@ macro_rules! handler {
                 .execute(&mut *tx)
                 .await?;
             match refusal(&event) {
-                Some(reason) => Err(reason.into()),
+                Some(reason) => Err(reason),
                 None => Ok(()),
             }
         }
@@ -146,6 +147,9 @@ async fn mount<DB: InboxDatabase>(
         ));
     if let Some(lease) = settings.lease {
         worker = worker.lease(lease);
+    }
+    if let Some(timeout) = settings.attempt_timeout {
+        worker = worker.attempt_timeout(timeout);
     }
     if let Some(sweep) = settings.sweep {
         worker = worker.sweep_every(sweep);

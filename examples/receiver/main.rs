@@ -16,7 +16,8 @@
 //! | `IDEMPOTENCY_WAIT_MS` | a duplicate of an in-flight `POST /orders` waits this long for its result instead of `409` (unset: no wait) |
 //! | `INBOX_MAX_ATTEMPTS` | `POST /inbox/stripe`: attempts before an event is failed (default 10) |
 //! | `INBOX_BACKOFF_MS` | `POST /inbox/stripe`: the retry delay after the first failed attempt, doubling after each (default 1000) |
-//! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts; a crashed attempt is retried after it (default 60000) |
+//! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts unless renewed (a running attempt renews it); a crashed attempt is retried after it (default 60000) |
+//! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
@@ -52,7 +53,8 @@
 //! mounts the webhook inbox (docs/inbox.md): `POST /inbox/stripe` answers `200` once the verified
 //! event is stored; a worker then waits `HANDLER_DELAY_MS` and inserts one row into the table
 //! `inbox_effects` in the event's transaction. Events whose `type` is `test.poison` always fail,
-//! `test.flaky` fails its first two attempts. `GET /inbox/failed` answers the failed event ids
+//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
+//! (failed at once, whatever attempts remain). `GET /inbox/failed` answers the failed event ids
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
 //! not failed).
 //!

@@ -46,6 +46,8 @@ pub struct Sql {
     complete: String,
     fail: String,
     due: String,
+    renew: String,
+    exhaust: String,
     list: String,
     get: String,
     retry: String,
@@ -70,6 +72,9 @@ const SUMMARY: &str =
     "provider, event_id, state, attempts, received_at, available_at, finished_at, last_error";
 /// Pending, due, and not leased by a live worker.
 const DUE: &str = "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
+/// The last error of an event whose attempts were spent without one recording its end.
+pub(crate) const SPENT: &str =
+    "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
 
 impl Sql {
     fn new(table: &str, schema: String, claim: String) -> Self {
@@ -95,8 +100,19 @@ impl Sql {
                  available_at = $6, last_error = $7, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
             ),
+            // Retries and recovered events first: fresh ones are usually queued already.
             due: format!(
-                "SELECT provider, event_id FROM {table} WHERE {DUE} ORDER BY available_at LIMIT $2"
+                "SELECT provider, event_id FROM {table} WHERE {DUE} AND attempts < $3 \
+                 ORDER BY attempts = 0, available_at LIMIT $2"
+            ),
+            renew: format!(
+                "UPDATE {table} SET lease_until = $4 \
+                 WHERE provider = $1 AND event_id = $2 AND lease_token = $3 AND state = 0"
+            ),
+            exhaust: format!(
+                "UPDATE {table} SET state = 2, finished_at = $1, last_error = $3, \
+                 lease_token = NULL, lease_until = NULL WHERE {DUE} AND attempts >= $2 \
+                 RETURNING provider"
             ),
             list: format!(
                 "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
@@ -141,7 +157,8 @@ impl Sql {
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
              WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} \
-             WHERE provider = $2 AND event_id = $3 AND {DUE} FOR UPDATE SKIP LOCKED) \
+             WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
+             FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
         Self::new(table, schema, claim)
@@ -172,7 +189,7 @@ impl Sql {
         );
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE provider = $2 AND event_id = $3 AND {DUE} \
+             WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
         Self::new(table, schema, claim)
@@ -182,6 +199,10 @@ impl Sql {
 /// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
 /// (feature `sqlite`). Sealed; its methods are the inbox's statements and not a public API.
 pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
+    /// How an event's transaction starts.
+    #[doc(hidden)]
+    const BEGIN: &'static str;
+
     #[doc(hidden)]
     fn statements(table: &str) -> Sql;
 
@@ -196,8 +217,10 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         event: &'a NewEvent,
     ) -> BoxFuture<'a, sqlx::Result<bool>>;
 
-    /// Claims a due event under `token` until `lease_until`.
+    /// Claims a due event whose attempts are below `max_attempts` under `token` until
+    /// `lease_until`.
     #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
     fn claim<'a>(
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Sql,
@@ -205,7 +228,27 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         now: i64,
         token: i64,
         lease_until: i64,
+        max_attempts: i32,
     ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
+
+    /// Extends the claim of `token` to `lease_until`; `false` when it is no longer held.
+    #[doc(hidden)]
+    fn renew<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        token: i64,
+        lease_until: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// Fails the due events whose attempts are spent; answers their providers.
+    #[doc(hidden)]
+    fn exhaust<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        now: i64,
+        max_attempts: i32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
 
     /// Marks the event processed inside the handler's transaction, fenced by the claim's token.
     #[doc(hidden)]
@@ -238,6 +281,7 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         sql: &'a Sql,
         now: i64,
         limit: i64,
+        max_attempts: i32,
     ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
 
     #[doc(hidden)]
@@ -303,7 +347,7 @@ where
 
 /// The typed calls, the same for each database.
 macro_rules! backend {
-    ($db:ty, $feature:literal, $statements:path) => {
+    ($db:ty, $feature:literal, $statements:path, $begin:literal) => {
         #[cfg(feature = $feature)]
         const _: () = {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
@@ -328,6 +372,8 @@ macro_rules! backend {
             impl sealed::Sealed for $db {}
 
             impl InboxDatabase for $db {
+                const BEGIN: &'static str = $begin;
+
                 fn statements(table: &str) -> Sql {
                     $statements(table)
                 }
@@ -364,6 +410,7 @@ macro_rules! backend {
                     now: i64,
                     token: i64,
                     lease_until: i64,
+                    max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                     Box::pin(async move {
                         sql.sent();
@@ -374,6 +421,7 @@ macro_rules! backend {
                             .bind(&key.event_id)
                             .bind(token)
                             .bind(lease_until)
+                            .bind(max_attempts)
                             .fetch_optional(pool)
                             .await?;
                         row.map(|row| {
@@ -422,17 +470,49 @@ macro_rules! backend {
                     })
                 }
 
+                fn renew<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    token: i64,
+                    lease_until: i64,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.renew, key).bind(token).bind(lease_until);
+                        one_row(query, pool).await
+                    })
+                }
+
+                fn exhaust<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    now: i64,
+                    max_attempts: i32,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        sqlx::query_scalar(&sql.exhaust)
+                            .bind(now)
+                            .bind(max_attempts)
+                            .bind(SPENT)
+                            .fetch_all(pool)
+                            .await
+                    })
+                }
+
                 fn due<'a>(
                     pool: &'a sqlx::Pool<Self>,
                     sql: &'a Sql,
                     now: i64,
                     limit: i64,
+                    max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
                     Box::pin(async move {
                         sql.sent();
                         let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
                             .bind(now)
                             .bind(limit)
+                            .bind(max_attempts)
                             .fetch_all(pool)
                             .await?;
                         Ok(rows
@@ -519,5 +599,7 @@ macro_rules! backend {
     };
 }
 
-backend!(sqlx::Postgres, "postgres", Sql::postgres);
-backend!(sqlx::Sqlite, "sqlite", Sql::sqlite);
+backend!(sqlx::Postgres, "postgres", Sql::postgres, "BEGIN");
+// The write lock from the start: a deferred transaction that read first could not upgrade to a
+// write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
+backend!(sqlx::Sqlite, "sqlite", Sql::sqlite, "BEGIN IMMEDIATE");

@@ -46,6 +46,36 @@ where
     }
 }
 
+/// A failure not worth retrying (a malformed event, an unknown account): the event is failed
+/// at once, with this error's text as its last error. Return it through [`permanent`].
+#[derive(Debug)]
+pub struct Permanent(HandlerError);
+
+impl Permanent {
+    /// The error it wraps.
+    pub fn into_inner(self) -> HandlerError {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Permanent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Permanent {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// A handler error that says "do not retry": `return Err(permanent("unknown account"))`. The
+/// event is failed at once with `error`'s text, whatever attempts remain.
+pub fn permanent(error: impl Into<HandlerError>) -> HandlerError {
+    Box::new(Permanent(error.into()))
+}
+
 /// The error text kept for an event: the error and its sources, at most [`MAX_ERROR_LEN`] bytes.
 pub(crate) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();

@@ -71,10 +71,14 @@ mod worker;
 pub use ack::Ack;
 pub use backend::InboxDatabase;
 pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
-pub use handler::{HandlerError, InboxHandler, MAX_ERROR_LEN};
+pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LEN};
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
-pub use metrics::{describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, EVENTS};
+pub use metrics::{
+    describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
+};
 pub use retry::Backoff;
-pub use worker::{InboxWorker, WorkerBuilder, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS};
+pub use worker::{
+    InboxWorker, WorkerBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
+};
 
 pub use tower_idempotency_sqlx::IdempotentTx;

@@ -9,6 +9,9 @@ pub const EVENTS: &str = "idempotency_inbox_events";
 /// Counter: attempts that ended, by `provider` and `outcome` (`processed`, `retry`, `failed`,
 /// `lease_lost`).
 pub const ATTEMPTS_TOTAL: &str = "idempotency_inbox_attempts_total";
+/// Histogram: how long attempts took, in seconds, from the claim to the recorded end, by
+/// `provider` and `outcome` (as [`ATTEMPTS_TOTAL`]).
+pub const ATTEMPT_DURATION_SECONDS: &str = "idempotency_inbox_attempt_duration_seconds";
 /// Counter: deliveries acknowledged, by `provider` and `outcome` (`stored`, `duplicate`).
 pub const ACKNOWLEDGED_TOTAL: &str = "idempotency_inbox_acknowledged_total";
 
@@ -27,6 +30,11 @@ pub fn describe_metrics() {
             ATTEMPTS_TOTAL,
             Unit::Count,
             "Inbox attempts that ended, by provider and outcome."
+        );
+        ::metrics::describe_histogram!(
+            ATTEMPT_DURATION_SECONDS,
+            Unit::Seconds,
+            "How long inbox attempts took, by provider and outcome."
         );
         describe_counter!(
             ACKNOWLEDGED_TOTAL,
@@ -58,6 +66,22 @@ pub(crate) fn attempt(provider: &str, outcome: &'static str) {
     .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (provider, outcome);
+}
+
+pub(crate) fn attempt_duration(
+    provider: &str,
+    outcome: &'static str,
+    elapsed: std::time::Duration,
+) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(
+        ATTEMPT_DURATION_SECONDS,
+        "provider" => provider.to_owned(),
+        "outcome" => outcome,
+    )
+    .record(elapsed.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (provider, outcome, elapsed);
 }
 
 /// Sets the state gauges from the table (one `GROUP BY` query per sweep).

@@ -1,7 +1,13 @@
 //! The worker pool: a bounded queue fed at acknowledgement, a sweeper for whatever the queue
 //! missed, one task per attempt, and the drain.
 
-use std::{fmt, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{
+    collections::VecDeque,
+    fmt,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures_util::FutureExt;
 use tokio::{
@@ -10,21 +16,28 @@ use tokio::{
     time::MissedTickBehavior,
 };
 use tower_idempotency_sqlx::TxHandle;
+use tracing::Instrument;
 
 use crate::{
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
-    handler::{error_text, panic_text},
+    handler::{error_text, panic_text, Permanent},
     Backoff, Inbox, InboxDatabase, InboxHandler,
 };
 
 /// Attempts before an event is marked failed, unless configured otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
-/// How long a claimed event is reserved for the attempt that claimed it, unless configured
-/// otherwise.
+/// How long a claim lasts without renewal, unless configured otherwise: the worker renews the
+/// claim of every running attempt every third of it, so this is how long a crashed instance's
+/// events wait before another attempt.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// How long an attempt may run before it is cancelled (rolled back and counted as a failed
+/// attempt), unless configured otherwise.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_CONCURRENCY: usize = 4;
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Due events one sweep takes from the table.
+const SWEEP_BATCH: usize = 256;
 
 /// Configures and starts an [`InboxWorker`]; from [`Inbox::worker`].
 pub struct WorkerBuilder<DB: InboxDatabase> {
@@ -35,6 +48,7 @@ pub struct WorkerBuilder<DB: InboxDatabase> {
     max_attempts: u32,
     backoff: Backoff,
     lease: Duration,
+    attempt_timeout: Duration,
     sweep_every: Duration,
 }
 
@@ -47,6 +61,7 @@ impl<DB: InboxDatabase> fmt::Debug for WorkerBuilder<DB> {
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("lease", &self.lease)
+            .field("attempt_timeout", &self.attempt_timeout)
             .field("sweep_every", &self.sweep_every)
             .finish_non_exhaustive()
     }
@@ -64,6 +79,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             lease: DEFAULT_LEASE,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             sweep_every: DEFAULT_SWEEP_EVERY,
         }
     }
@@ -96,15 +112,27 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         self
     }
 
-    /// How long an attempt's claim lasts (default [`DEFAULT_LEASE`]). Make it longer than the
-    /// handler's slowest run: after a crash the event waits for its lease to end, and a handler
-    /// still running when its lease ends may run again elsewhere (only one of the two commits).
+    /// How long a claim lasts without renewal (default [`DEFAULT_LEASE`]). The worker renews
+    /// the claim of every running attempt every third of the lease, so a handler slower than
+    /// the lease still runs once; after a crash the event waits for its lease to end before
+    /// another attempt. Keep the pool larger than the concurrency: each renewal borrows a
+    /// connection for one statement.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(1));
+        self.lease = lease.max(Duration::from_millis(3));
         self
     }
 
-    /// How often the sweeper looks for due events the queue does not hold (default 1 s).
+    /// How long one attempt may run (default [`DEFAULT_ATTEMPT_TIMEOUT`]): a handler still
+    /// running then is cancelled, its transaction rolled back, and the attempt counted as
+    /// failed (retried after the backoff, or failed after the last), freeing its permit.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How often the sweeper looks for due events the queue does not hold (default 1 s). A
+    /// due sweep runs before the next event is handed out however busy the queue is, and the
+    /// swept events are taken in turn with the queued ones.
     pub fn sweep_every(mut self, every: Duration) -> Self {
         self.sweep_every = every.max(Duration::from_millis(1));
         self
@@ -122,6 +150,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             lease: self.lease,
+            attempt_timeout: self.attempt_timeout,
         });
         let dispatcher = Dispatcher {
             shared,
@@ -173,11 +202,18 @@ struct Shared<DB: InboxDatabase> {
     max_attempts: u32,
     backoff: Backoff,
     lease: Duration,
+    attempt_timeout: Duration,
+}
+
+impl<DB: InboxDatabase> Shared<DB> {
+    fn max_attempts(&self) -> i32 {
+        i32::try_from(self.max_attempts).unwrap_or(i32::MAX)
+    }
 }
 
 struct Dispatcher<DB: InboxDatabase> {
     shared: Arc<Shared<DB>>,
-    /// The sweeper's handle on the queue.
+    /// The queue's sender, to detach it from the inbox at the drain.
     sender: mpsc::Sender<EventKey>,
     receiver: mpsc::Receiver<EventKey>,
     permits: Arc<Semaphore>,
@@ -189,21 +225,45 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         let mut attempts = JoinSet::new();
         let mut sweep = tokio::time::interval(self.sweep_every);
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let deadline = loop {
+        // The due events the last sweep found, taken in turn with the queue.
+        let mut swept = VecDeque::new();
+        let (mut swept_turn, mut sweep_again) = (false, false);
+        let deadline = 'dispatch: loop {
             while attempts.try_join_next().is_some() {}
             let permit = tokio::select! {
                 biased;
                 deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
                 permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
             };
-            tokio::select! {
-                biased;
-                deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
-                Some(key) = self.receiver.recv() => {
-                    attempts.spawn(attempt(self.shared.clone(), key, permit));
-                }
-                _ = sweep.tick() => self.sweep().await,
+            // A due sweep runs before the next event is handed out, however busy the queue is,
+            // and again at once when the last one found a full batch and it has been taken.
+            let tick = sweep.tick().now_or_never().is_some();
+            if tick || (sweep_again && swept.is_empty()) {
+                sweep_again = self.sweep(&mut swept).await;
             }
+            swept_turn = !swept_turn;
+            let next = if swept_turn {
+                swept.pop_front().or_else(|| self.receiver.try_recv().ok())
+            } else {
+                self.receiver.try_recv().ok().or_else(|| swept.pop_front())
+            };
+            let key = match next {
+                Some(key) => key,
+                None => loop {
+                    tokio::select! {
+                        biased;
+                        deadline = &mut stop => break 'dispatch deadline.unwrap_or(Duration::ZERO),
+                        _ = sweep.tick() => {
+                            sweep_again = self.sweep(&mut swept).await;
+                            if let Some(key) = swept.pop_front() {
+                                break key;
+                            }
+                        }
+                        Some(key) = self.receiver.recv() => break key,
+                    }
+                },
+            };
+            attempts.spawn(attempt(self.shared.clone(), key, permit));
         };
         self.shared.inbox.detach_queue(&self.sender);
         let finished = tokio::time::timeout(deadline, async {
@@ -218,25 +278,36 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         finished
     }
 
-    /// Queues the due events, as many as the queue has room for. An event that is already
-    /// queued may be queued twice; the second claim finds it leased or done and does nothing.
-    async fn sweep(&self) {
+    /// Fails the due events whose attempts are spent, then replaces `swept` with up to
+    /// [`SWEEP_BATCH`] due events, retries and recovered events first (fresh ones are usually
+    /// queued already; one both queued and swept is claimed once, the second claim finds it
+    /// taken). Answers whether the batch was full.
+    async fn sweep(&self, swept: &mut VecDeque<EventKey>) -> bool {
         let inbox = &self.shared.inbox;
         crate::metrics::refresh(inbox).await;
-        let room = self.sender.capacity();
-        if room == 0 {
-            return;
-        }
-        let limit = i64::try_from(room).unwrap_or(i64::MAX);
-        match DB::due(&inbox.pool, &inbox.sql, now_ms(), limit).await {
-            Ok(keys) => {
-                for key in keys {
-                    if self.sender.try_send(key).is_err() {
-                        break;
-                    }
+        let (now, max) = (now_ms(), self.shared.max_attempts());
+        match DB::exhaust(&inbox.pool, &inbox.sql, now, max).await {
+            Ok(providers) => {
+                for provider in providers {
+                    tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
+                    crate::metrics::attempt(&provider, "failed");
                 }
             }
-            Err(error) => tracing::warn!(%error, "inbox sweep failed; retrying at the next"),
+            Err(error) => {
+                tracing::warn!(%error, "failing spent inbox events failed; retrying at the next sweep")
+            }
+        }
+        let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
+        match DB::due(&inbox.pool, &inbox.sql, now, limit, max).await {
+            Ok(keys) => {
+                let full = keys.len() >= SWEEP_BATCH;
+                *swept = keys.into();
+                full
+            }
+            Err(error) => {
+                tracing::warn!(%error, "inbox sweep failed; retrying at the next");
+                false
+            }
         }
     }
 }
@@ -248,6 +319,22 @@ enum Ended {
     Stale,
 }
 
+/// Why an attempt failed.
+struct Failure {
+    text: String,
+    /// The handler said not to retry.
+    permanent: bool,
+}
+
+impl From<String> for Failure {
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            permanent: false,
+        }
+    }
+}
+
 /// Claims `key` and, when it is due and free, runs one attempt.
 async fn attempt<DB: InboxDatabase>(
     shared: Arc<Shared<DB>>,
@@ -256,7 +343,9 @@ async fn attempt<DB: InboxDatabase>(
 ) {
     let (inbox, token, now) = (&shared.inbox, fastrand::i64(0..i64::MAX), now_ms());
     let lease_until = now.saturating_add(duration_ms(shared.lease));
-    let row = match DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until).await {
+    let max = shared.max_attempts();
+    let claimed = DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await;
+    let row = match claimed {
         Ok(Some(row)) => row,
         Ok(None) => return,
         Err(error) => {
@@ -265,6 +354,14 @@ async fn attempt<DB: InboxDatabase>(
         }
     };
     let attempt = u32::try_from(row.attempts).unwrap_or(1);
+    let span = tracing::info_span!(
+        "inbox_attempt",
+        provider = %key.provider,
+        event_id = %key.event_id,
+        event_type = %event_type(&row.body).as_deref().unwrap_or(""),
+        attempt,
+    );
+    let started = Instant::now();
     let event = InboxEvent {
         key: key.clone(),
         headers: serde_json::from_str(&row.headers).unwrap_or_default(),
@@ -272,35 +369,106 @@ async fn attempt<DB: InboxDatabase>(
         received_at: from_unix_ms(row.received_at),
         attempt,
     };
-    match shared.run(event, token).await {
-        Ok(Ended::Processed) => crate::metrics::attempt(&key.provider, "processed"),
-        Ok(Ended::Stale) => crate::metrics::attempt(&key.provider, "lease_lost"),
-        Err(error) => shared.failed(&key, token, attempt, &error).await,
+    let ended = async {
+        match shared.run(event, token).await {
+            Ok(Ended::Processed) => Some("processed"),
+            Ok(Ended::Stale) => Some("lease_lost"),
+            Err(failure) => shared.failed(&key, token, attempt, &failure).await,
+        }
+    };
+    if let Some(outcome) = ended.instrument(span.clone()).await {
+        let elapsed = started.elapsed();
+        crate::metrics::attempt(&key.provider, outcome);
+        crate::metrics::attempt_duration(&key.provider, outcome, elapsed);
+        span.in_scope(|| {
+            tracing::debug!(
+                outcome,
+                elapsed_ms = elapsed.as_millis(),
+                "inbox attempt ended"
+            )
+        });
+    }
+}
+
+/// The event's type, for the attempt's span: the body's top-level `type` string (Stripe,
+/// Slack's envelope and most JSON webhooks); `None` for a body without one.
+fn event_type(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Typed>(body).ok()?.kind? {
+        serde_json::Value::String(kind) => Some(kind),
+        _ => None,
     }
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
-    /// Runs the handler in a transaction and, when it succeeds, marks the event processed in
-    /// that transaction (fenced by `token`) and commits. On error or panic the transaction is
-    /// rolled back before this returns, so SQLite's write lock is free for the failure record.
-    async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, String> {
+    /// Extends the claim of `token` every third of the lease, for as long as it is polled.
+    /// Stops renewing (and stays pending) once the claim is no longer held: the attempt's
+    /// fenced commit then finds it lost.
+    async fn keep_lease(&self, key: &EventKey, token: i64) -> std::convert::Infallible {
+        let every = self.lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let until = now_ms().saturating_add(duration_ms(self.lease));
+            match DB::renew(&self.inbox.pool, &self.inbox.sql, key, token, until).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(provider = %key.provider, "an inbox attempt lost its claim");
+                    return std::future::pending().await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "renewing an inbox claim failed; retrying at the next")
+                }
+            }
+        }
+    }
+
+    /// Runs the handler in a transaction, renewing the claim and bounded by the attempt
+    /// timeout, and, when it succeeds, marks the event processed in that transaction (fenced by
+    /// `token`) and commits. On error, panic or timeout the transaction is rolled back before
+    /// this returns, so SQLite's write lock is free for the failure record.
+    async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
-        let transaction = self.inbox.pool.begin().await.map_err(|e| error_text(&e))?;
+        let transaction = self
+            .inbox
+            .pool
+            .begin_with(DB::BEGIN)
+            .await
+            .map_err(|e| error_text(&e))?;
         let handle = TxHandle::new(transaction);
         let tx = handle.lock().expect("a new transaction is free");
         let handler = self.handler.clone();
-        let ran = AssertUnwindSafe(async move { handler.handle(event, tx).await })
-            .catch_unwind()
-            .await;
+        let timeout = self.attempt_timeout;
+        let ran = AssertUnwindSafe(tokio::time::timeout(timeout, async move {
+            handler.handle(event, tx).await
+        }))
+        .catch_unwind();
+        let ran = tokio::select! {
+            ran = ran => ran,
+            never = self.keep_lease(&key, token) => match never {},
+        };
         let failure = match ran {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error_text(&*error)),
-            Err(payload) => Some(panic_text(&*payload)),
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(error))) => Some(Failure {
+                permanent: error.is::<Permanent>(),
+                text: error_text(&*error),
+            }),
+            Ok(Err(_elapsed)) => Some(Failure::from(format!(
+                "the attempt timed out after {} ms",
+                timeout.as_millis()
+            ))),
+            Err(payload) => Some(Failure::from(panic_text(&*payload))),
         };
         let Some(mut transaction) = handle.take() else {
             // Still held (the handler kept it in a task): it rolls back when that drops it.
-            return Err(failure
-                .unwrap_or_else(|| "the handler kept its transaction past its return".to_owned()));
+            return Err(failure.unwrap_or_else(|| {
+                Failure::from("the handler kept its transaction past its return".to_owned())
+            }));
         };
         if let Some(failure) = failure {
             if let Err(error) = transaction.rollback().await {
@@ -322,23 +490,37 @@ impl<DB: InboxDatabase> Shared<DB> {
         Ok(Ended::Processed)
     }
 
-    /// Records a failed attempt: pending again after the backoff, or failed after the last.
-    async fn failed(&self, key: &EventKey, token: i64, attempt: u32, error: &str) {
+    /// Records a failed attempt: pending again after the backoff, or failed after the last (or
+    /// at once when the handler said not to retry). Answers the outcome, `None` when the record
+    /// could not be written.
+    async fn failed(
+        &self,
+        key: &EventKey,
+        token: i64,
+        attempt: u32,
+        failure: &Failure,
+    ) -> Option<&'static str> {
         let now = now_ms();
         let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
-        let max = i32::try_from(self.max_attempts).unwrap_or(i32::MAX);
+        // A permanent failure is the last attempt: `attempts >= 0` holds for every event.
+        let max = if failure.permanent {
+            0
+        } else {
+            self.max_attempts()
+        };
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
-        let last = attempt >= self.max_attempts;
+        let last = failure.permanent || attempt >= self.max_attempts;
+        let error = &failure.text;
         match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
-            Ok(true) => {
-                crate::metrics::attempt(&key.provider, if last { "failed" } else { "retry" });
-                if last {
-                    tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
-                }
+            Ok(true) if last => {
+                tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
+                Some("failed")
             }
-            Ok(false) => crate::metrics::attempt(&key.provider, "lease_lost"),
+            Ok(true) => Some("retry"),
+            Ok(false) => Some("lease_lost"),
             Err(db) => {
-                tracing::warn!(error = %db, "recording a failed attempt failed; retried after the lease")
+                tracing::warn!(error = %db, "recording a failed attempt failed; retried after the lease");
+                None
             }
         }
     }

@@ -60,6 +60,12 @@ pub trait Fixture: InboxDatabase + Sized {
         event_id: &'a str,
     ) -> BoxFuture<'a, i64>;
 
+    /// All rows of the effects table, read through the event's transaction.
+    fn read_effects<'a>(
+        tx: &'a mut IdempotentTx<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<i64>>;
+
     fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()>;
 
     fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()>;
@@ -99,6 +105,16 @@ macro_rules! same_sql {
                     .fetch_one(pool)
                     .await
                     .unwrap()
+            })
+        }
+
+        fn read_effects<'a>(
+            tx: &'a mut IdempotentTx<Self>,
+            table: &'a str,
+        ) -> BoxFuture<'a, sqlx::Result<i64>> {
+            Box::pin(async move {
+                let sql = format!("SELECT count(*) FROM {table}");
+                sqlx::query_scalar(&sql).fetch_one(&mut **tx).await
             })
         }
 
@@ -238,13 +254,19 @@ pub async fn wait_for_state<DB: InboxDatabase>(
 /// The handler of the tests: counts its runs per event, writes one effect row through the
 /// transaction, and misbehaves by event type: `test.poison` always fails after writing,
 /// `test.flaky` fails its first two attempts, `test.panic` panics on its first, `test.gated`
-/// waits for [`Probe::open_gate`] before writing.
+/// waits for [`Probe::open_gate`] before writing, `test.slow` takes [`Probe::slow`] before
+/// writing, `test.hang` never returns, `test.readwrite` reads the effects table in its
+/// transaction before writing, `test.flaky_once` fails its first attempt, `test.permanent` fails
+/// permanently.
 #[derive(Clone)]
 pub struct Probe {
     effects_table: Arc<str>,
     runs: Arc<Mutex<HashMap<String, u32>>>,
     started: Arc<Notify>,
     gate: Arc<watch::Sender<bool>>,
+    slow: Duration,
+    /// Event ids in the order their runs started, with when.
+    order: Arc<Mutex<Vec<(String, Instant)>>>,
 }
 
 impl Probe {
@@ -254,7 +276,20 @@ impl Probe {
             runs: Arc::default(),
             started: Arc::default(),
             gate: Arc::new(watch::channel(false).0),
+            slow: Duration::ZERO,
+            order: Arc::default(),
         }
+    }
+
+    /// How long a `test.slow` run takes.
+    pub fn slow(mut self, slow: Duration) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// Event ids in the order their runs started, with when.
+    pub fn order(&self) -> Vec<(String, Instant)> {
+        self.order.lock().unwrap().clone()
     }
 
     pub fn runs(&self, event_id: &str) -> u32 {
@@ -313,6 +348,11 @@ impl Probe {
             *run += 1;
             *run
         };
+        self.order
+            .lock()
+            .unwrap()
+            .push((id.clone(), Instant::now()));
+        tracing::info!("the probe handler runs");
         self.started.notify_waiters();
         let kind = event.json()?["type"]
             .as_str()
@@ -322,10 +362,24 @@ impl Probe {
             let mut gate = self.gate.subscribe();
             gate.wait_for(|open| *open).await?;
         }
+        match kind.as_str() {
+            "test.slow" => tokio::time::sleep(self.slow).await,
+            "test.hang" => std::future::pending::<()>().await,
+            "test.readwrite" => {
+                DB::read_effects(&mut tx, &self.effects_table).await?;
+                // Lets other connections commit between the read and the write.
+                tokio::task::yield_now().await;
+            }
+            _ => {}
+        }
         DB::write_effect(&mut tx, &self.effects_table, &id).await?;
         match kind.as_str() {
             "test.poison" => Err("poisoned event: refusing it".into()),
             "test.flaky" if run <= 2 => Err(format!("flaky: attempt {run} fails").into()),
+            "test.permanent" => Err(tower_idempotency_inbox::permanent(
+                "unknown account: do not retry",
+            )),
+            "test.flaky_once" if run == 1 => Err("flaky: the first attempt fails".into()),
             "test.panic" if run == 1 => panic!("the test handler panics on its first run"),
             _ => Ok(()),
         }
