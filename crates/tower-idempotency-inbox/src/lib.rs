@@ -48,7 +48,7 @@
 //! ```
 //!
 //! Postgres: several application instances share one inbox table; SQLite: one host (its
-//! single writer serializes the handlers' commits). See docs/inbox.md for the design, the
+//! single writer serializes the handlers' commits). See [docs/inbox.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/inbox.md) for the design, the
 //! schema and the guarantees.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]

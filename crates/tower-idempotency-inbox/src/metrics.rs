@@ -1,6 +1,6 @@
 //! The inbox's metrics, recorded through the `metrics` crate facade when the `metrics` feature
 //! is on; without it the recording functions are no-ops. Names, labels and units are listed in
-//! docs/observability.md.
+//! [docs/observability.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/observability.md).
 
 use crate::{Inbox, InboxDatabase};
 
