@@ -105,6 +105,6 @@ async fn acknowledgements_attempts_and_states_are_recorded() {
         seen.get(ATTEMPTS_TOTAL, &[stripe, ("outcome", "failed")]),
         1.0
     );
-    assert!(worker.drain(Duration::from_secs(5)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
