@@ -122,7 +122,7 @@ pub async fn two_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     }
 }
 
-/// A test server: `POST /orders` behind a layer with a [`SHORT_LEASE`], answering `size` bytes;
+/// A test server: `POST /orders` behind a layer with a `SHORT_LEASE` (one second), answering `size` bytes;
 /// with `gate`, the first execution signals `started` and waits for `gate` before answering.
 async fn serve_gated(
     store: Arc<dyn Store>,
@@ -155,7 +155,7 @@ async fn serve_gated(
 }
 
 /// Over real HTTP: a handler running for several lease lengths keeps its key. The layer renews
-/// the [`SHORT_LEASE`] beside the handler; 10 concurrent duplicates sent after two lease lengths
+/// the one-second lease beside the handler; 10 concurrent duplicates sent after two lease lengths
 /// all get `409`, the handler runs once, and a retry replays its response.
 pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
     let started = Arc::new(tokio::sync::Notify::new());
