@@ -81,7 +81,7 @@ async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(worker.drain(Duration::from_secs(5)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     ids
 }
 

@@ -26,16 +26,24 @@ use tokio::sync::Notify;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RedisStore, Store};
 use tower_idempotency_sqlx::sqlx::postgres::PgPoolOptions;
 
-/// Every request is bounded by this; a store fault must be answered well before it.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
-const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Every request is bounded by this, so that a hang fails the test; it is not a speed bound
+/// ([`FAST_503`] is), and requests held across a restart wait under it.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The store timeout under test. It also bounds the healthy store's calls of the same layer, so
+/// it leaves them room on a loaded 2-core machine.
+const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The proxied pools wait less than the store timeout for a connection, so a cut link surfaces
 /// as the pool's error as well as the layer's timeout.
-const PROXIED_ACQUIRE: Duration = Duration::from_millis(400);
+const PROXIED_ACQUIRE: Duration = Duration::from_millis(800);
 /// The store timeout of the tests that do not test it.
 const RELAXED_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A 503 must arrive within this (store timeout plus scheduling slack).
-const FAST_503: Duration = Duration::from_millis(2000);
+const FAST_503: Duration = Duration::from_secs(4);
+/// The lease of the stale-holder tests: the layer clamps the store timeout to a third of the
+/// lease, so it gives each store call two seconds.
+const STALE_LEASE: Duration = Duration::from_secs(6);
+/// How long a loop that polls for a store's recovery or a lease's end keeps trying.
+const EVENTUALLY: Duration = Duration::from_secs(30);
 
 struct Reply {
     status: StatusCode,
@@ -94,7 +102,7 @@ fn assert_unavailable(reply: &Reply, what: &str) {
 
 /// Retries like a client would until the answer is not `503`, and returns that answer.
 async fn retry_until_served(client: &reqwest::Client, base: &str, key: &str) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + EVENTUALLY;
     loop {
         let reply = send(client, base, key).await;
         if reply.status != StatusCode::SERVICE_UNAVAILABLE {
@@ -189,7 +197,7 @@ async fn abandoned_claim_is_released(store: impl Store, proxy: &Proxy, label: &s
     assert_eq!(executions.of(&key), 0, "{label}: nothing ran");
 
     // Well inside the 60 s lease: the key must become claimable again.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + EVENTUALLY;
     let served = loop {
         let reply = send(&client, &base, &key).await;
         match reply.status {
@@ -348,7 +356,7 @@ async fn redis_killed_mid_load_then_restarted_runs_each_key_once() {
             tokio::spawn(async move { send(&client, &base, &format!("held-a{n}")).await })
         })
         .collect();
-    executions.wait_started(10, Duration::from_secs(5)).await;
+    executions.wait_started(10, EVENTUALLY).await;
     server.kill();
 
     // Arriving while it is down: refused before anything runs.
@@ -414,9 +422,10 @@ async fn stale_holder_cannot_overwrite(store: impl Store, label: &str) {
             }
         }
     };
-    let lease = Duration::from_millis(300);
+    let lease = STALE_LEASE;
     // The store's speed is not under test here: a generous timeout keeps a busy machine (the
-    // receiver tests beside this one start processes) from turning a slow claim into a 503.
+    // receiver tests beside this one start processes) from turning a slow claim into a 503. The
+    // layer clamps it to a third of the lease.
     let layer = IdempotencyLayer::client_keys(store)
         .namespace("faults")
         .lease(lease)
@@ -548,7 +557,8 @@ async fn deliver(
 /// once more after the lease expires, in the new process; no key stays stuck.
 async fn receiver_crash_mid_handler(store: &str, label: &str) {
     let client = client();
-    let lease_ms = 600;
+    // The receiver clamps its store timeout to a third of the lease: a second per store call.
+    let lease_ms = 3000;
     let run = random_suffix();
     let completed: Vec<String> = (0..4).map(|n| format!("evt_{run}_done{n}")).collect();
     let interrupted: Vec<String> = (0..4).map(|n| format!("evt_{run}_cut{n}")).collect();
@@ -568,7 +578,7 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
             tokio::spawn(async move { deliver(&client, &base, &event).await })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + EVENTUALLY;
     while effects(&first, &client).await.len() < interrupted.len() {
         assert!(Instant::now() < deadline, "{label}: handlers did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -590,7 +600,7 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
             "{label}: completed {event} replays after the crash"
         );
     }
-    let deadline = Instant::now() + Duration::from_millis(lease_ms) + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_millis(lease_ms) + EVENTUALLY;
     for event in &interrupted {
         loop {
             let reply = deliver(&client, &second.base, event).await.unwrap();

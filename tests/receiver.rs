@@ -178,7 +178,9 @@ impl Receiver {
 
     async fn wait_healthy(&self) {
         let client = reqwest::Client::new();
-        for _ in 0..100 {
+        // A deadline, not a count of tries: on a loaded machine each try can take long.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < deadline {
             if let Ok(response) = client.get(self.url("/health")).send().await {
                 if response.status() == 200 {
                     return;
@@ -186,7 +188,7 @@ impl Receiver {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("/health did not answer 200 within 5 s");
+        panic!("/health did not answer 200 within 60 s");
     }
 
     fn url(&self, path: &str) -> String {

@@ -21,6 +21,9 @@ mod suite {
 
 const LEASE: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(3600);
+/// The TTL of the checks that let a record or a cached replay expire: long enough that the calls
+/// made while it must still hold finish within it on a loaded 2-core machine.
+const EXPIRING: Duration = Duration::from_secs(1);
 
 /// Claims `key` with a fresh random fencing token.
 async fn claim<S: Store + ?Sized>(
@@ -161,7 +164,7 @@ async fn in_flight_records_are_never_cached() {
 
 #[tokio::test]
 async fn a_cached_record_is_served_only_for_the_local_ttl() {
-    let ttl = Duration::from_millis(100);
+    let ttl = EXPIRING;
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new())).ttl(ttl);
     let key = fresh_key("local-ttl");
     complete(&cache, &key, b"x").await; // cached now
@@ -247,7 +250,7 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
     let key = fresh_key("local-record-ttl");
     let fp = Fingerprint([5; 32]);
-    let record_ttl = Duration::from_millis(80);
+    let record_ttl = EXPIRING;
     let token = claimed(&cache, &key, &fp, LEASE).await;
     let done = cache
         .complete(&key, token, &response(b"x"), record_ttl)
@@ -293,7 +296,7 @@ async fn a_replay_cached_from_the_store_expires_with_the_record() {
     let key = fresh_key("record-ttl");
     let fp = Fingerprint([1; 32]);
     let token = tower_idempotency_core::FencingToken::random().unwrap();
-    let record_ttl = Duration::from_millis(300);
+    let record_ttl = EXPIRING;
     assert!(matches!(
         shared.claim(&key, &fp, token, LEASE).await.unwrap(),
         ClaimOutcome::Claimed { .. }
@@ -307,7 +310,7 @@ async fn a_replay_cached_from_the_store_expires_with_the_record() {
         other => panic!("expected the completed record, got {other:?}"),
     }
     assert_eq!(reader.len(), 1, "the replay is cached");
-    // Let the record expire in the store.
+    // Let the record expire in the store: real time has to pass, there is no event to await.
     tokio::time::sleep(record_ttl * 2).await;
     let mine = tower_idempotency_core::FencingToken::random().unwrap();
     match reader.claim(&key, &fp, mine, LEASE).await.unwrap() {

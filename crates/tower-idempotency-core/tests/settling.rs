@@ -260,14 +260,18 @@ async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run()
 
     let lease = Duration::from_millis(300);
     let runs = Arc::new(AtomicUsize::new(0));
+    let (started, proceed) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let handler = tower::service_fn({
-        let runs = runs.clone();
+        let (runs, started, proceed) = (runs.clone(), started.clone(), proceed.clone());
         move |_request: Request<Body>| {
             let n = runs.fetch_add(1, Ordering::SeqCst);
+            let (started, proceed) = (started.clone(), proceed.clone());
             async move {
                 if n == 0 {
-                    // The first run outlives the ceiling and the lease after it.
-                    tokio::time::sleep(lease * 3).await;
+                    // The first run outlives the ceiling and the lease after it: it waits
+                    // until the duplicate has run.
+                    started.notify_one();
+                    proceed.notified().await;
                 }
                 Ok::<_, Infallible>(Response::new(Body::from("done")))
             }
@@ -278,9 +282,12 @@ async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run()
         .max_lease_renewal(Duration::from_millis(150))
         .layer(handler);
     let first = tokio::spawn(service.clone().oneshot(keyed("slow")));
-    // One renewal (at 100 ms) holds the lease until 400 ms; waiting past it lets it lapse.
+    started.notified().await;
+    // One renewal (at 100 ms) holds the lease until 400 ms after the claim, which came before
+    // the handler started; real time has to pass for it to lapse, there is no signal to await.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let duplicate = service.oneshot(keyed("slow")).await.unwrap();
+    proceed.notify_one();
     assert_eq!(
         duplicate.extensions().get::<Outcome>(),
         Some(&Outcome::Executed),

@@ -38,9 +38,9 @@ async fn running<DB: Fixture>() -> (Setup<DB>, Probe, InboxWorker, String, reqwe
     (setup, probe, worker, url, reqwest::Client::new())
 }
 
-/// Drains `worker`, which must finish within 5 s, and drops the test's tables.
+/// Drains `worker`, which must finish within 30 s, and drops the test's tables.
 async fn finish<DB: Fixture>(worker: InboxWorker, setup: Setup<DB>) {
-    assert!(worker.drain(Duration::from_secs(5)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
@@ -274,7 +274,7 @@ async fn admin_router<DB: Fixture>() {
     assert_eq!(deliver(&client, &url, SECRET, &ok).await, 200);
     setup.wait_for("evt_admin", EventState::Failed).await;
     setup.wait_for("evt_admin_ok", EventState::Processed).await;
-    assert!(worker.drain(Duration::from_secs(5)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
 
     let get = |path: &str| client.get(format!("{admin_url}{path}")).send();
     let failed: serde_json::Value = json(get("/failed").await.unwrap()).await;
@@ -405,8 +405,8 @@ async fn two_instances_share_one_postgres_inbox() {
     let (a, b) = (probe_a.total_runs(), probe_b.total_runs());
     assert!(a > 0 && b > 0, "one instance did all the work: {a} and {b}");
     assert_eq!(setup.inbox.counts().await.unwrap().processed, 40);
-    assert!(worker_a.drain(Duration::from_secs(5)).await);
-    assert!(worker_b.drain(Duration::from_secs(5)).await);
+    assert!(worker_a.drain(Duration::from_secs(30)).await);
+    assert!(worker_b.drain(Duration::from_secs(30)).await);
     second_pool.close().await;
     setup.cleanup().await;
 }

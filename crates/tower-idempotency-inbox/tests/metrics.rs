@@ -172,6 +172,6 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
         "{}: {lines:#?}",
         DB::LABEL
     );
-    assert!(worker.drain(Duration::from_secs(5)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }

@@ -41,6 +41,7 @@ async fn hundred_claimers_over_two_pools_one_winner() {
         if round % 2 == 1 {
             // An expired in-flight record: the race is over its reclaim, not an insert.
             token_of(claim(&*stores[0], &key, 9, short).await);
+            // Real time has to pass for the lease to end; there is no signal to await.
             tokio::time::sleep(short + Duration::from_millis(50)).await;
         }
         let barrier = Arc::new(tokio::sync::Barrier::new(100));

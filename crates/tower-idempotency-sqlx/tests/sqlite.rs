@@ -160,7 +160,8 @@ async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
     let guarded = sqlite_store().await;
     let store = guarded.store.clone();
     let key = random_key("renew-wait");
-    let lease = Duration::from_millis(1000);
+    // Long enough that the claim right after the wait runs inside it on a loaded machine.
+    let lease = Duration::from_secs(2);
     let token = token_of(claim(&*store, &key, 1, Duration::from_millis(200)).await);
     let other_writer = store
         .pool()
@@ -171,6 +172,7 @@ async fn a_renewal_that_waited_for_the_write_lock_restarts_the_whole_lease() {
         let (store, key) = (store.clone(), key.clone());
         async move { store.renew(&key, token, lease).await }
     });
+    // Time passing is the point: hold the write lock for longer than the renewed lease.
     tokio::time::sleep(lease * 3 / 2).await;
     other_writer.rollback().await.expect("rollback");
     assert_eq!(renewing.await.unwrap().expect("renew"), Ownership::Current);

@@ -77,9 +77,13 @@ async fn postgres_duplicate_in_flight_gets_409_without_waiting() {
     }
 }
 
+/// The lease of the tests that let one expire or renew it. The layer bounds each store call by a
+/// third of the lease, so it is long enough for a store call on a loaded 2-core machine.
+const SHORT_LEASE: Duration = Duration::from_secs(3);
+
 fn short_lease(store: Arc<dyn Store>, renew: bool) -> IdempotencyLayer {
     let layer = IdempotencyLayer::client_keys(store)
-        .lease(Duration::from_millis(300))
+        .lease(SHORT_LEASE)
         .transactional();
     if renew {
         layer
@@ -126,8 +130,8 @@ async fn postgres_stale_holder_writes_are_rolled_back() {
     let key = conformance::fresh_key("stale");
     let stale = spawn_hold(&server, &key);
     server.entered().await;
-    // Let the first holder's lease expire (renewal is off).
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // Let the first holder's lease expire (renewal is off): real time has to pass.
+    tokio::time::sleep(SHORT_LEASE * 3 / 2).await;
     let (status, replayed, second) = server.post("/effects", &key, "ok").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false), "{second}");
     assert_eq!(second, "{\"amount\":2}");
@@ -161,8 +165,8 @@ async fn sqlite_an_open_transaction_keeps_an_expired_key() {
     let key = conformance::fresh_key("sqlite-stale");
     let first = spawn_hold(&server, &key);
     server.entered().await;
-    // Let the holder's lease expire (renewal is off).
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // Let the holder's lease expire (renewal is off): real time has to pass.
+    tokio::time::sleep(SHORT_LEASE * 3 / 2).await;
     // Any claim needs the write lock the open transaction holds.
     let claim = store
         .claim(
@@ -199,8 +203,8 @@ async fn postgres_lease_is_renewed_while_the_transaction_is_open() {
     let key = conformance::fresh_key("renewed");
     let first = spawn_hold(&server, &key);
     server.entered().await;
-    // Two whole leases: without renewal the key would be claimable now.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Over two whole leases: without renewal the key would be claimable now.
+    tokio::time::sleep(SHORT_LEASE * 7 / 3).await;
     let (status, _, body) = server.post("/effects", &key, "ok").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     server.open_gate();

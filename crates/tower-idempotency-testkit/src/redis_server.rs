@@ -287,7 +287,8 @@ impl Cluster {
                 String::from_utf8_lossy(&output.stdout)
             ));
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Generous: three nodes agreeing over their bus on a loaded 2-core machine.
+        let deadline = Instant::now() + Duration::from_secs(60);
         for node in &self.nodes {
             loop {
                 let info = Command::new("redis-cli")

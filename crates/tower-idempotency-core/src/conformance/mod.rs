@@ -72,7 +72,13 @@ use crate::store::{
     CachedResponse, ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership, Store,
 };
 
-const SHORT_LEASE: Duration = Duration::from_millis(300);
+/// The lease of the checks that let one expire. Long enough that the store calls a check makes
+/// while the lease must still hold finish within it on a loaded 2-core machine; the checks that
+/// wait for it to end sleep past it (real time has to pass, there is no signal to await).
+const SHORT_LEASE: Duration = Duration::from_secs(1);
+/// How long a waiting duplicate may wait for a result in the checks where the wait is not what
+/// they test: generous, so that a loaded machine never turns a wait into a `409`.
+const MAX_WAIT: Duration = Duration::from_secs(30);
 const LONG: Duration = Duration::from_secs(60);
 
 /// A random 64-bit value; `RandomState` is seeded from the OS per instance.

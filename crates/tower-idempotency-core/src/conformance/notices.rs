@@ -17,7 +17,7 @@ use super::{
     server::{concurrent_posts, until},
     token as fencing,
     waiting::{one_result_for_all, serve_waiting, First},
-    LONG,
+    LONG, MAX_WAIT,
 };
 use crate::store::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlement,
@@ -25,14 +25,14 @@ use crate::store::{
 };
 
 /// How long a notice may take to arrive before a check fails.
-const NOTICE_WITHIN: Duration = Duration::from_secs(5);
+const NOTICE_WITHIN: Duration = Duration::from_secs(10);
 
 /// The store's notices, with its subscription up.
 async fn ready_notices(store: &dyn Store) -> Settlements {
     let notices = store
         .settlements()
         .expect("this check is for stores with notices (Store::settlements)");
-    tokio::time::timeout(Duration::from_secs(10), notices.ready())
+    tokio::time::timeout(Duration::from_secs(30), notices.ready())
         .await
         .expect("the store's subscription comes up");
     notices
@@ -121,7 +121,7 @@ pub async fn waiting_across_instances_is_notified_over_http(a: Arc<dyn Store>, b
         notices.push(ready_notices(store.as_ref()).await);
     }
     let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let wait = Duration::from_secs(10);
+    let wait = MAX_WAIT;
     let mut servers = Vec::new();
     for store in &counted {
         let store: Arc<dyn Store> = store.clone();
@@ -162,7 +162,7 @@ pub async fn notified_waiter_leaves_nothing_behind_over_http(a: Arc<dyn Store>, 
     let gate = Arc::new(tokio::sync::Notify::new());
     let executions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let first = First::Gated(started.clone(), gate.clone());
-    let wait = Duration::from_secs(10);
+    let wait = MAX_WAIT;
     let (one, _) = serve_waiting(a, executions.clone(), wait, first.clone()).await;
     let (two, waiting_layer) = serve_waiting(b, executions.clone(), wait, first).await;
     let key = fresh_key("wait-notified-leave");

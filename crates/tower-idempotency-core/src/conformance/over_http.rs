@@ -122,7 +122,7 @@ pub async fn two_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     }
 }
 
-/// A test server: `POST /orders` behind a layer with a 300 ms lease, answering `size` bytes;
+/// A test server: `POST /orders` behind a layer with a `SHORT_LEASE` (one second), answering `size` bytes;
 /// with `gate`, the first execution signals `started` and waits for `gate` before answering.
 async fn serve_gated(
     store: Arc<dyn Store>,
@@ -155,7 +155,7 @@ async fn serve_gated(
 }
 
 /// Over real HTTP: a handler running for several lease lengths keeps its key. The layer renews
-/// the 300 ms lease beside the handler; 10 concurrent duplicates sent after two lease lengths
+/// the one-second lease beside the handler; 10 concurrent duplicates sent after two lease lengths
 /// all get `409`, the handler runs once, and a retry replays its response.
 pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
     let started = Arc::new(tokio::sync::Notify::new());
@@ -172,7 +172,7 @@ pub async fn slow_handler_keeps_its_key_over_http(store: Arc<dyn Store>) {
         }
     });
     started.notified().await;
-    // Without renewals the lease would lapse in this time.
+    // Real time has to pass for the lease to lapse without renewals; no signal to await.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     let duplicates: Vec<_> = (0..10)
         .map(|_| {
@@ -208,6 +208,7 @@ pub async fn records_over_the_store_limit_complete_without_body(
     let first = post_once(&client, &server.url, &key, "first request").await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(first.bytes().await.expect("body").len(), 2 * limit);
+    // Past the lease: a replay then cannot be the answer to a request still in flight.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     let retry = post_once(&client, &server.url, &key, "retry").await;
     assert_eq!(retry.status(), StatusCode::CREATED);

@@ -157,6 +157,7 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
     let key = fresh_key("fence");
     let fp = fingerprint(3);
     let first = claim_token(&*store, &key, &fp, SHORT_LEASE).await;
+    // Real time has to pass for the lease to end; a store has no signal for it.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     let second = claim_token(&*store, &key, &fp, LONG).await;
     assert_ne!(first, second, "a reclaim must get a new fencing token");
@@ -206,6 +207,7 @@ pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
         } => assert!(lease_remaining <= SHORT_LEASE, "{lease_remaining:?}"),
         other => panic!("a live lease must block, got {other:?}"),
     }
+    // Real time has to pass for the lease to end; a store has no signal for it.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     assert_eq!(store.get(&key).await.expect("get"), None, "expired lease");
     let winners = concurrent_claims(&store, &key, fp, 20)
@@ -221,13 +223,15 @@ pub async fn ttl_expiry_forgets_completed(store: Arc<dyn Store>) {
     let key = fresh_key("ttl");
     let fp = fingerprint(5);
     let t = claim_token(&*store, &key, &fp, LONG).await;
-    let ttl = Duration::from_millis(400);
+    // Long enough that the record is still there when checked right after completing.
+    let ttl = SHORT_LEASE;
     let done = store.complete(&key, token(t), &response("x"), ttl).await;
     assert_eq!(done.expect("complete"), Ownership::Current);
     assert!(matches!(
         store.get(&key).await.expect("get"),
         Some(RecordState::Completed { .. })
     ));
+    // Real time has to pass for the TTL to end; a store has no signal for it.
     tokio::time::sleep(ttl * 2).await;
     assert_eq!(store.get(&key).await.expect("get"), None);
     claim_token(&*store, &key, &fp, LONG).await;
@@ -296,6 +300,7 @@ pub async fn renew_extends_the_lease(store: Arc<dyn Store>) {
     let t = claim_token(&*store, &key, &fp, SHORT_LEASE).await;
     let renewed = store.renew(&key, token(t), LONG).await;
     assert_eq!(renewed.expect("renew"), Ownership::Current);
+    // Past the original lease's end: real time has to pass, there is no signal to await.
     tokio::time::sleep(SHORT_LEASE * 2).await;
     match store.get(&key).await.expect("get") {
         Some(RecordState::InFlight {

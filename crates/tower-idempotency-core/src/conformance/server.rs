@@ -84,9 +84,9 @@ pub(super) async fn concurrent_posts(
     answers
 }
 
-/// Waits until `condition` holds (polled every 5 ms, at most 10 s: then panics).
+/// Waits until `condition` holds (polled every 5 ms, at most 30 s: then panics).
 pub(super) async fn until(what: &str, condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !condition() {
         assert!(tokio::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;

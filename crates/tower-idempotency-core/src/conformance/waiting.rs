@@ -16,6 +16,7 @@ use http::StatusCode;
 use super::{
     fresh_key, random_u64,
     server::{concurrent_posts, until, Server},
+    MAX_WAIT,
 };
 use crate::{store::Store, IdempotencyLayer};
 
@@ -33,6 +34,9 @@ pub(super) enum First {
 
 /// The simulated work of the handler behind [`serve_waiting`].
 pub(super) const WAITED_WORK: Duration = Duration::from_millis(500);
+
+/// The `max_wait` of the check that a wait ends at it.
+const BOUNDED_WAIT: Duration = Duration::from_secs(3);
 
 /// A test server: `POST /orders` behind a layer with `wait_for_result(max_wait)`, answering a
 /// JSON body unique to each execution. Returns the layer too, to read its waiters.
@@ -99,8 +103,7 @@ pub(super) fn one_result_for_all(answers: &[(StatusCode, bool, Bytes)]) {
 /// 500 ms run it once, and all 25 get its `201` and body: no `409`. Nobody waits afterwards.
 pub async fn waiting_duplicates_get_the_result_over_http(store: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
-    let (server, layer) =
-        serve_waiting(store, executions, Duration::from_secs(10), First::Succeeds).await;
+    let (server, layer) = serve_waiting(store, executions, MAX_WAIT, First::Succeeds).await;
     let client = reqwest::Client::new();
     let answers = concurrent_posts(
         &client,
@@ -118,8 +121,7 @@ pub async fn waiting_duplicates_get_the_result_over_http(store: Arc<dyn Store>) 
 /// `201` and body.
 pub async fn waiting_duplicates_run_once_after_a_release_over_http(store: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
-    let (server, layer) =
-        serve_waiting(store, executions, Duration::from_secs(10), First::Fails).await;
+    let (server, layer) = serve_waiting(store, executions, MAX_WAIT, First::Fails).await;
     let client = reqwest::Client::new();
     let answers = concurrent_posts(
         &client,
@@ -148,7 +150,9 @@ pub async fn waiting_ends_at_max_wait_or_disconnect_over_http(store: Arc<dyn Sto
     let gate = Arc::new(tokio::sync::Notify::new());
     let executions = Arc::new(AtomicUsize::new(0));
     let first = First::Gated(started.clone(), gate.clone());
-    let (server, layer) = serve_waiting(store, executions, Duration::from_millis(300), first).await;
+    // The wait that ends in a 409 is what this checks; it is still a few seconds long, so that
+    // the waiting duplicate below is seen waiting (polled) before its wait ends on a loaded machine.
+    let (server, layer) = serve_waiting(store, executions, BOUNDED_WAIT, first).await;
     let client = reqwest::Client::new();
     let key = fresh_key("wait-bounds");
     let post = |client: &reqwest::Client| {
@@ -192,7 +196,7 @@ pub async fn waiting_ends_at_max_wait_or_disconnect_over_http(store: Arc<dyn Sto
 ///     super::waiting_across_instances_is_notified_over_http
 pub async fn waiting_across_instances_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
-    let wait = Duration::from_secs(10);
+    let wait = MAX_WAIT;
     let (one, _) = serve_waiting(a, executions.clone(), wait, First::Succeeds).await;
     let (two, _) = serve_waiting(b, executions.clone(), wait, First::Succeeds).await;
     let client = reqwest::Client::new();

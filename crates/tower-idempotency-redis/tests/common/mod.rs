@@ -14,15 +14,30 @@ pub fn random_prefix() -> String {
     format!("tidem-test:{:016x}", random_u64())
 }
 
-fn manager_config() -> ConnectionManagerConfig {
+/// The connection and response timeouts of the tests that do not test them: generous, so that a
+/// loaded 2-core machine never turns a slow answer into a failure.
+const RELAXED_TIMEOUT: Duration = Duration::from_secs(10);
+/// The response timeout of the tests that check a stopped or dead server fails calls quickly.
+pub const QUICK_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_millis(500)))
-        .set_response_timeout(Some(Duration::from_millis(500)))
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
         .set_number_of_retries(1)
 }
 
+/// A connection manager with [`RELAXED_TIMEOUT`]s.
 pub async fn manager(url: &str) -> redis::RedisResult<ConnectionManager> {
-    ConnectionManager::new_with_config(redis::Client::open(url)?, manager_config()).await
+    manager_timing_out(url, RELAXED_TIMEOUT).await
+}
+
+/// A connection manager whose connection and response timeouts are `timeout`.
+pub async fn manager_timing_out(
+    url: &str,
+    timeout: Duration,
+) -> redis::RedisResult<ConnectionManager> {
+    ConnectionManager::new_with_config(redis::Client::open(url)?, manager_config(timeout)).await
 }
 
 /// Deletes every key under a prefix on the given nodes when dropped. For a cluster, each master

@@ -369,7 +369,8 @@ pub async fn a_claim_behind_a_lock_gets_its_whole_lease<S, F>(
     S: Store + 'static,
     F: std::future::Future<Output = ()>,
 {
-    let lease = Duration::from_millis(1000);
+    // Long enough that the claim right after the wait runs inside it on a loaded machine.
+    let lease = Duration::from_secs(2);
     let waiting = spawn_claim(store.clone(), key, lease);
     // Time passing is the point: hold the lock for longer than the waiting claim's lease.
     tokio::time::sleep(lease * 3 / 2).await;
@@ -510,13 +511,13 @@ pub async fn client_disconnect_mid_request(store: Arc<dyn Store>) {
     assert_eq!(status, 409, "the abandoned request still holds the key");
 
     gate.notify_one();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while executions.load(Ordering::SeqCst) == 0 {
         assert!(tokio::time::Instant::now() < deadline, "handler never ran");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The handler returned; the layer completes the key right after.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let (status, replayed, body) = post_order(&client, &url, &key).await;
         if status == 201 {

@@ -173,7 +173,8 @@ pub async fn crashed_holder_blocks_until_its_lease_expires<P: Place>() {
     let crashed = place.open().await;
     crashed.migrate().await.expect("migrate");
     let key = random_key("crash");
-    let lease = Duration::from_millis(300);
+    // Long enough that reopening the store and claiming again end inside it on a loaded machine.
+    let lease = Duration::from_secs(3);
     token_of(claim(&crashed, &key, 1, lease).await);
     // The holder's connections go away without completing or releasing.
     crashed.pool().close().await;
@@ -325,13 +326,13 @@ pub async fn background_purger_runs_and_stops_with_the_store<P: Place>() {
     let key = random_key("purger");
     token_of(claim(&*store, &key, 1, Duration::from_millis(100)).await);
     let purger = store.spawn_purger(Duration::from_millis(50));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while P::count_rows(&store).await != 0 {
         assert!(tokio::time::Instant::now() < deadline, "purger did not run");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     drop(store);
-    tokio::time::timeout(Duration::from_secs(2), purger)
+    tokio::time::timeout(Duration::from_secs(10), purger)
         .await
         .expect("the purger stops once the store is dropped")
         .expect("purger task");
