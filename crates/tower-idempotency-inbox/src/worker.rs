@@ -2,10 +2,10 @@
 //! missed, one task per attempt, and the drain.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashSet, VecDeque},
     fmt,
     panic::AssertUnwindSafe,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -151,6 +151,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             backoff: self.backoff,
             lease: self.lease,
             attempt_timeout: self.attempt_timeout,
+            running: Mutex::default(),
         });
         let dispatcher = Dispatcher {
             shared,
@@ -203,11 +204,39 @@ struct Shared<DB: InboxDatabase> {
     backoff: Backoff,
     lease: Duration,
     attempt_timeout: Duration,
+    /// The events this worker is attempting. A running attempt renews its claim, but on SQLite
+    /// a renewal (a write) waits while any handler's transaction holds the write lock, so a
+    /// claim may lapse while its attempt waits for that lock or runs; the sweeper then finds the
+    /// event due again. This set keeps the worker from claiming an event it is already running.
+    running: Mutex<HashSet<EventKey>>,
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
     fn max_attempts(&self) -> i32 {
         i32::try_from(self.max_attempts).unwrap_or(i32::MAX)
+    }
+
+    /// Marks `key` running in this worker until the guard drops; `None` when it already is.
+    fn start(&self, key: &EventKey) -> Option<Running<'_>> {
+        let mut running = self.running.lock().expect("never poisoned");
+        running.insert(key.clone()).then(|| Running {
+            running: &self.running,
+            key: key.clone(),
+        })
+    }
+}
+
+/// An event marked running in its worker ([`Shared::start`]); unmarked on drop.
+struct Running<'a> {
+    running: &'a Mutex<HashSet<EventKey>>,
+    key: EventKey,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.running.lock() {
+            running.remove(&self.key);
+        }
     }
 }
 
@@ -335,12 +364,15 @@ impl From<String> for Failure {
     }
 }
 
-/// Claims `key` and, when it is due and free, runs one attempt.
+/// Claims `key` and, when it is due, free and not running in this worker, runs one attempt.
 async fn attempt<DB: InboxDatabase>(
     shared: Arc<Shared<DB>>,
     key: EventKey,
     _permit: OwnedSemaphorePermit,
 ) {
+    let Some(_running) = shared.start(&key) else {
+        return;
+    };
     let (inbox, token, now) = (&shared.inbox, fastrand::i64(0..i64::MAX), now_ms());
     let lease_until = now.saturating_add(duration_ms(shared.lease));
     let max = shared.max_attempts();

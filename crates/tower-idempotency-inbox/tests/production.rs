@@ -35,14 +35,15 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}_{i}")).collect()
 }
 
-/// Three handlers that take four times the lease (300 ms), and ten quick events delivered
+/// Three handlers that take four times the lease (1 s, renewed every third of it: long enough
+/// that a loaded machine renews in time), and ten quick events delivered
 /// while they run: the slow events keep their claim (one run, one attempt, one effect each),
 /// the quick ones are processed meanwhile, and nothing fails.
 async fn slow_handler_keeps_its_lease<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
-    let probe = setup.probe().slow(Duration::from_millis(1200));
+    let probe = setup.probe().slow(Duration::from_millis(4000));
     let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(1000))
         .concurrency(4)
         .max_attempts(4)
         .spawn();
@@ -68,11 +69,11 @@ async fn slow_handler_keeps_its_lease<DB: Fixture>() {
     }
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (13, 0), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
-/// A handler that never returns, with `concurrency(2)`, a 500 ms attempt timeout and two
+/// A handler that never returns, with `concurrency(2)`, a 1.5 s attempt timeout and two
 /// attempts, while ten other events are delivered: the ten are processed once each; each
 /// attempt of the hanging event is cancelled (rolled back, no effect) and it ends failed after
 /// two attempts with the timeout as its last error.
@@ -81,8 +82,8 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     let probe = setup.probe();
     let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
         .concurrency(2)
-        .lease(Duration::from_millis(300))
-        .attempt_timeout(Duration::from_millis(500))
+        .lease(Duration::from_millis(1000))
+        .attempt_timeout(Duration::from_millis(1500))
         .max_attempts(2)
         .spawn();
     let url = serve(&setup.inbox).await;
@@ -101,13 +102,13 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     let event = setup.inbox.get(&EventKey::new("stripe", "evt_hang")).await;
     let error = event.unwrap().unwrap().last_error.unwrap();
     assert!(
-        error.contains("timed out after 500 ms"),
+        error.contains("timed out after 1500 ms"),
         "{}: {error}",
         DB::LABEL
     );
     assert_eq!(probe.runs("evt_hang"), 2, "{}", DB::LABEL);
     assert_eq!(setup.effects("evt_hang").await, 0, "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
@@ -130,7 +131,7 @@ async fn permanent_failure_fails_at_once<DB: Fixture>() {
         event.last_error.as_deref(),
         Some("unknown account: do not retry")
     );
-    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     assert_eq!(probe.runs("evt_permanent"), 1, "{}", DB::LABEL);
     assert_eq!(setup.effects("evt_permanent").await, 0, "{}", DB::LABEL);
     setup.cleanup().await;
@@ -174,7 +175,7 @@ async fn read_then_write_under_load<DB: Fixture>() {
     assert!(retried.is_empty(), "{}: retried: {retried:?}", DB::LABEL);
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (200, 0), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
@@ -252,7 +253,7 @@ async fn retry_runs_under_sustained_stream<DB: Fixture>() {
         DB::LABEL
     );
     assert!(waited < Duration::from_secs(3), "{}: {waited:?}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(10)).await);
+    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
