@@ -18,7 +18,7 @@ use axum::{
 use http::{HeaderName, Request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_idempotency_core::{Problem, Rejection, DEFAULT_MAX_BODY};
-use tower_idempotency_webhooks::{Clock, SystemClock, Verifier, VerifyError};
+use tower_idempotency_webhooks::{verify_delivery, Clock, SystemClock, Verifier, VerifyError};
 
 use crate::{
     backend::NewEvent,
@@ -28,8 +28,6 @@ use crate::{
 
 /// Sent as `Retry-After` when the database is unavailable.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
-/// The longest event id stored (the built-in verifiers refuse longer ones already).
-const MAX_EVENT_ID_LEN: usize = 255;
 
 /// The acknowledging service of one provider's route: mount it with
 /// `axum::routing::post_service(inbox.ack(verifier))`.
@@ -127,6 +125,7 @@ impl<V: Verifier, DB: InboxDatabase> Ack<V, DB> {
 impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
     async fn acknowledge(&self, request: Request<Body>) -> Response {
         let (parts, body) = request.into_parts();
+        // The method first, so a wrong one is refused before its body is read.
         if !self.verifier.accepts_method(&parts.method) {
             return Problem::from(VerifyError::MethodNotAllowed).into_response();
         }
@@ -138,7 +137,7 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             }
             Err(_) => return Problem::from(Rejection::BodyUnreadable).into_response(),
         };
-        let webhook = match self.verifier.verify(&parts, &body, self.clock.now()) {
+        let webhook = match verify_delivery(&self.verifier, &parts, &body, self.clock.now()) {
             Ok(webhook) => webhook,
             Err(error) => return Problem::from(error).into_response(),
         };
@@ -146,16 +145,6 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             return challenge.to_response();
         }
         let event_id = webhook.event_id();
-        // Custom verifiers may skip the checks the built-in ones make.
-        if event_id.is_empty()
-            || event_id.len() > MAX_EVENT_ID_LEN
-            || event_id.chars().any(char::is_control)
-        {
-            let error = VerifyError::InvalidEventId {
-                location: "event id",
-            };
-            return Problem::from(error).into_response();
-        }
         let event = NewEvent {
             key: EventKey::new(webhook.provider(), event_id),
             headers: self.kept_headers(&parts.headers),

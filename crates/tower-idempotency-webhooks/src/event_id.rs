@@ -10,8 +10,8 @@ use crate::{
     json::Scalar,
 };
 
-/// Longest event id, in bytes.
-const MAX_EVENT_ID: usize = 255;
+/// The longest event id accepted, in bytes: the webhook layer keys by it and the inbox stores it.
+pub const MAX_EVENT_ID_LEN: usize = 255;
 
 /// An event id from a [`fields`](crate::json::fields) result: a string or an integer, like [`json_id`].
 pub(crate) fn scalar_id(
@@ -51,13 +51,19 @@ pub(crate) fn header_id(headers: &HeaderMap, key: impl HeaderKey) -> Result<Stri
 
 /// Non-empty, at most 255 bytes, no control characters.
 pub(crate) fn check_id(id: String, location: &'static str) -> Result<String, VerifyError> {
+    check_id_str(&id, location)?;
+    Ok(id)
+}
+
+/// [`check_id`] of a borrowed id.
+pub(crate) fn check_id_str(id: &str, location: &'static str) -> Result<(), VerifyError> {
     if id.is_empty() {
         return Err(VerifyError::MissingEventId { location });
     }
-    if id.len() > MAX_EVENT_ID || id.chars().any(char::is_control) {
+    if id.len() > MAX_EVENT_ID_LEN || id.chars().any(char::is_control) {
         return Err(VerifyError::InvalidEventId { location });
     }
-    Ok(id)
+    Ok(())
 }
 
 /// `sha256:<hex>` of the body: the key for providers without a stable event id, whose retries

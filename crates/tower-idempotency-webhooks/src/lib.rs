@@ -68,13 +68,14 @@ pub use providers::*;
 
 pub use clock::{Clock, SystemClock};
 pub use error::{ConfigError, VerifyError};
+pub use event_id::MAX_EVENT_ID_LEN;
 pub use ext::WebhookLayerExt;
 pub use headers::MAX_HEADER_LEN;
 pub use secret::{Secret, MIN_SECRET_LEN};
 pub use signature::{Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES};
 pub use timestamp::DEFAULT_TOLERANCE;
 pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
-pub use verifier::{Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
+pub use verifier::{verify_delivery, Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 
 /// Internal parsers, exposed for the fuzz targets in the repository's `fuzz/` directory only.
 /// Not a stable API.

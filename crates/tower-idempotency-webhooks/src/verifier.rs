@@ -199,14 +199,29 @@ impl<V: Verifier> WebhookKeys<V> {
     }
 }
 
+/// The checks every delivery passes, whoever receives it (the webhook layer's key source and the
+/// inbox's acknowledgement): a method the provider sends ([`Verifier::accepts_method`], else
+/// [`VerifyError::MethodNotAllowed`]), the verifier's own check of the exact bytes at `now`, and
+/// the event-id rule custom verifiers may skip: non-empty, at most
+/// [`MAX_EVENT_ID_LEN`](crate::MAX_EVENT_ID_LEN) bytes, no control characters.
+pub fn verify_delivery<V: Verifier + ?Sized>(
+    verifier: &V,
+    parts: &Parts,
+    body: &Bytes,
+    now: SystemTime,
+) -> Result<VerifiedWebhook, VerifyError> {
+    if !verifier.accepts_method(&parts.method) {
+        return Err(VerifyError::MethodNotAllowed);
+    }
+    let webhook = verifier.verify(parts, body, now)?;
+    event_id::check_id_str(webhook.event_id(), "event id")?;
+    Ok(webhook)
+}
+
 impl<V: Verifier> KeySource for WebhookKeys<V> {
     fn derive(&self, parts: &mut Parts, body: &Bytes) -> Result<Option<String>, Problem> {
-        if !self.verifier.accepts_method(&parts.method) {
-            return Err(VerifyError::MethodNotAllowed.into());
-        }
-        let webhook = self.verifier.verify(parts, body, self.clock.now())?;
-        // Custom verifiers may skip the checks the built-in ones make.
-        let key = event_id::check_id(webhook.event_id().to_owned(), "event id")?;
+        let webhook = verify_delivery(&self.verifier, parts, body, self.clock.now())?;
+        let key = webhook.event_id().to_owned();
         if let Some(authenticator) = webhook.authenticator() {
             if self.refuse_replayed_signatures {
                 parts.extensions.insert(authenticator);
