@@ -260,3 +260,11 @@ mod tests {
         );
     }
 }
+
+/// The most writes SQLite's writer thread holds accepted and unanswered unless configured
+/// otherwise ([`SqlStore::with_write_queue`]): 4096.
+pub const DEFAULT_WRITE_QUEUE_JOBS: usize = 4096;
+
+/// The most bytes of parameters SQLite's writer thread holds in accepted, unanswered writes
+/// unless configured otherwise ([`SqlStore::with_write_queue`]): 64 MiB.
+pub const DEFAULT_WRITE_QUEUE_BYTES: usize = 64 * 1024 * 1024;

@@ -433,3 +433,119 @@ async fn a_write_whose_caller_gave_up_is_skipped() {
     waited.expect("claim");
     assert!(store.get(&abandoned).await.expect("get").is_none());
 }
+
+/// The writer's queue is bounded: with SQLite's write lock held by another connection and the
+/// queue bounded at 8 writes, a claim waits on the writer and 7 more queue behind it; the other
+/// requests sent meanwhile are answered at once, `503 store-unavailable` with `Retry-After`,
+/// while the lock is still held. After the lock is released the queued requests run, and the
+/// refused ones run on their retry; every key runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_write_queue_answers_503_with_retry_after() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::str::FromStr;
+    const QUEUE: usize = 8;
+    const SENT: usize = 20;
+    let file = SqliteFile::new();
+    // A busy timeout far longer than the test, so the write waiting for the lock waits until
+    // the test releases it.
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(600));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = SqliteStore::new(pool, "idem")
+        .expect("table")
+        .with_write_queue(QUEUE, tower_idempotency_sqlx::DEFAULT_WRITE_QUEUE_BYTES);
+    store.migrate().await.expect("migrate");
+    let store = std::sync::Arc::new(store);
+    let guarded = Guarded::new(store.clone(), file);
+    // The layer's store timeout must outlast the test's hold.
+    let layer = tower_idempotency_core::IdempotencyLayer::client_keys(store.clone())
+        .lease(Duration::from_secs(600))
+        .store_timeout(Duration::from_secs(180));
+    let server = serve(layer).await;
+    let held = WriterHeldUp::hold(guarded, Duration::from_secs(600)).await;
+    held.until_queued(0).await;
+
+    let client = reqwest::Client::new();
+    let keys: Vec<String> = (0..SENT)
+        .map(|i| format!("queue-{i}-{}", random_suffix()))
+        .collect();
+    let (answered_tx, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let requests: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+            let answered = answered_tx.clone();
+            tokio::spawn(async move {
+                let response = client
+                    .post(&url)
+                    .header("idempotency-key", &key)
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status().as_u16();
+                let retry_after = response.headers().get("retry-after").cloned();
+                let _ = answered.send(i);
+                (status, retry_after)
+            })
+        })
+        .collect();
+    // The waiting claim takes one place in the queue: SENT - (QUEUE - 1) requests are refused.
+    let refused_count = SENT - (QUEUE - 1);
+    let mut refused = Vec::new();
+    for _ in 0..refused_count {
+        let i = tokio::time::timeout(Duration::from_secs(30), answered.recv())
+            .await
+            .expect("the overflow is answered while the lock is held")
+            .expect("open");
+        refused.push(i);
+    }
+    assert!(
+        !held.waiting.is_finished(),
+        "the lock is still held while the overflow is answered"
+    );
+    let mut requests: Vec<_> = requests.into_iter().map(Some).collect();
+    for &i in &refused {
+        let (status, retry_after) = requests[i].take().expect("once").await.expect("task");
+        assert_eq!(status, 503, "request {i}");
+        assert!(retry_after.is_some(), "request {i} carries Retry-After");
+    }
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no handler ran while the lock was held"
+    );
+    assert!(
+        answered.try_recv().is_err(),
+        "only the overflow was answered while the lock was held"
+    );
+
+    let (waited, _guarded) = held.release().await;
+    waited.expect("the waiting claim");
+    for (i, request) in requests.into_iter().enumerate() {
+        if let Some(request) = request {
+            let (status, _) = request.await.expect("task");
+            assert_eq!(status, 201, "queued request {i}");
+        }
+    }
+    for &i in &refused {
+        let (status, replayed, _) = post_order(&client, &server.url, &keys[i]).await;
+        assert_eq!(
+            (status, replayed),
+            (201, false),
+            "refused request {i}, retried"
+        );
+    }
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        SENT
+    );
+}
