@@ -311,3 +311,12 @@ async fn postgres_oversized_result_commits_without_its_body() {
     };
     conformance::oversized_result_commits_without_its_body(&fixture).await;
 }
+
+/// On SQLite too, a duplicate of a key whose transactional handler holds the write lock is
+/// answered `409` at once: the claim of a key the store has seen is a read beside the writer,
+/// which never waits for the lock (docs/guarantees.md, "Transactional mode").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_duplicate_in_flight_gets_409_without_waiting() {
+    let (fixture, _) = sqlite_fixture().await;
+    conformance::duplicate_in_flight_gets_409(&fixture).await;
+}

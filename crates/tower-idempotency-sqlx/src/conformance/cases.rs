@@ -162,7 +162,8 @@ pub async fn misconfiguration_is_refused<DB: EffectsDb>(fixture: &Fixture<DB>) {
 
 /// A duplicate that arrives while the first request's transaction is open waits for no lock
 /// on its claim, and after the commit is answered with the replay; one row in all.
-/// (Postgres-like stores only: on SQLite a claim waits for the open transaction's write lock.)
+/// On SQLite the duplicate's claim is a read beside the writer (the store claimed the key
+/// lately), so it does not wait for the write lock the open transaction holds either.
 pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) {
     let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
     let key = fresh_key("hold");
