@@ -16,7 +16,15 @@
 //! that statement alone, so the transaction goes on with the others. Where SQLite rolled the
 //! whole transaction back (a full disk, an I/O error), or `COMMIT` failed, none of the batch's
 //! writes happened, and every caller of the batch gets the error. A caller that gave up (its
-//! future dropped) before its write ran is skipped. The connection copies the pool's busy
+//! future dropped) before its write ran is skipped, unless the write is a completion: that one
+//! is fenced by its token and always run.
+//!
+//! Where SQLite's write lock is held elsewhere for longer than the busy timeout (a
+//! transactional handler's `BEGIN IMMEDIATE` on the same database, another process), a batch
+//! that holds a completion does not fail: it keeps its place at the head of the queue and tries
+//! again until the lock is free (for at most the completion's TTL). No claim queued behind it
+//! can run first, so a plain request whose completion waited longer than its lease is not taken
+//! over and run again by its retry. The connection copies the pool's busy
 //! timeout and `synchronous` setting; it is opened on the first write and closed when the
 //! store is dropped. Only a pool on a plain read-write file gets a writer; any other (in
 //! memory, read-only, behind a VFS) writes on the store's writer lane.
@@ -33,7 +41,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         mpsc, Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
@@ -173,6 +181,10 @@ struct Job {
     reply: oneshot::Sender<Result<Done, StoreError>>,
     /// Its place in the queue, given back when the job is dropped.
     _admitted: Option<Admitted>,
+    /// For a completion: how long it keeps waiting for SQLite's write lock (its record's TTL).
+    /// A completion is also run when its caller gave up: it is fenced by its token, and
+    /// landing it is what keeps the key from being run again.
+    patience: Option<Duration>,
 }
 
 impl SqliteWriter {
@@ -323,7 +335,12 @@ impl Job {
         limit: usize,
         reply: oneshot::Sender<Result<Done, StoreError>>,
     ) -> Self {
+        let patience = match &params {
+            Params::Complete { ttl_ms, .. } => Some(Duration::from_millis((*ttl_ms).max(0) as u64)),
+            _ => None,
+        };
         Self {
+            patience,
             pick,
             values: sqlite::values(now_ms, params)
                 .into_iter()
@@ -353,7 +370,7 @@ impl Job {
     }
 
     fn run(&self, connection: &Connection, statements: &Statements) -> rusqlite::Result<Done> {
-        if self.reply.is_closed() {
+        if self.reply.is_closed() && self.patience.is_none() {
             // The caller gave up: nobody reads this answer, and the write is not made.
             return Ok(Done::Changed(0));
         }
@@ -387,7 +404,21 @@ fn serve(connection: &Connection, statements: &Statements, jobs: &mpsc::Receiver
                 Err(_) => break,
             }
         }
-        let results = run_batch(connection, statements, &batch);
+        let started = Instant::now();
+        let patience = batch.iter().filter_map(|job| job.patience).max();
+        let results = loop {
+            let (results, locked) = run_batch(connection, statements, &batch);
+            // SQLite's write lock is held elsewhere (a transactional handler's `BEGIN
+            // IMMEDIATE`, another process) for longer than the busy timeout: a batch with a
+            // completion keeps its place and tries again, so that no later claim can take the
+            // key over before the result lands.
+            match patience {
+                Some(patience) if locked && started.elapsed() < patience => {
+                    std::thread::sleep(LOCK_RETRY);
+                }
+                _ => break results,
+            }
+        };
         for (mut job, result) in batch.drain(..).zip(results) {
             // Its place in the queue is free before its caller hears back.
             drop(job._admitted.take());
@@ -400,19 +431,42 @@ fn serve(connection: &Connection, statements: &Statements, jobs: &mpsc::Receiver
     }
 }
 
-/// Runs `batch`: alone as an autocommit, or together in one transaction.
+/// The pause between two attempts of a batch that waits for the write lock, on top of the busy
+/// timeout each attempt waits in SQLite.
+const LOCK_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether SQLite answered that another connection holds the lock (after the busy timeout).
+fn locked(error: &rusqlite::Error) -> bool {
+    matches!(
+        error,
+        rusqlite::Error::SqliteFailure(failure, _)
+            if matches!(
+                failure.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            )
+    )
+}
+
+/// Runs `batch`: alone as an autocommit, or together in one transaction. Also answers whether
+/// nothing ran because the write lock was held elsewhere.
 fn run_batch(
     connection: &Connection,
     statements: &Statements,
     batch: &[Job],
-) -> Vec<Result<Done, StoreError>> {
+) -> (Vec<Result<Done, StoreError>>, bool) {
     if let [job] = batch {
-        return vec![job.run(connection, statements).map_err(|e| job.error(&e))];
+        return match job.run(connection, statements) {
+            Ok(done) => (vec![Ok(done)], false),
+            Err(error) => (vec![Err(job.error(&error))], locked(&error)),
+        };
     }
-    let fail_all =
-        |error: &rusqlite::Error| batch.iter().map(|job| Err(job.error(error))).collect();
+    let fail_all = |error: &rusqlite::Error| {
+        let results = batch.iter().map(|job| Err(job.error(error))).collect();
+        (results, false)
+    };
     if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
-        return fail_all(&error);
+        let results = batch.iter().map(|job| Err(job.error(&error))).collect();
+        return (results, locked(&error));
     }
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
@@ -429,11 +483,12 @@ fn run_batch(
         let _ = connection.execute_batch("ROLLBACK");
         return fail_all(&error);
     }
-    results
+    let results = results
         .into_iter()
         .zip(batch)
         .map(|(result, job)| result.map_err(|e| job.error(&e)))
-        .collect()
+        .collect();
+    (results, false)
 }
 
 #[cfg(test)]

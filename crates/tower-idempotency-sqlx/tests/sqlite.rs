@@ -549,3 +549,89 @@ async fn a_full_write_queue_answers_503_with_retry_after() {
         SENT
     );
 }
+
+/// Mixed modes on one database: another connection (a transactional handler's `BEGIN
+/// IMMEDIATE`) holds the write lock for longer than a plain request's lease and than the pool's
+/// busy timeout, while that request's completion waits for the lock. The completion survives the
+/// wait: it keeps its place at the head of the writer's queue and lands once the lock is free,
+/// before any later claim, so the retry is a replay and the handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waiting_for_the_write_lock_outlives_the_lease() {
+    use axum::{routing::post, Router};
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::{
+        str::FromStr,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+    };
+    let lease = Duration::from_millis(600);
+    let file = SqliteFile::new();
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_millis(200));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = Arc::new(SqliteStore::new(pool, "idem").expect("table"));
+    store.migrate().await.expect("migrate");
+    let executions = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = {
+        let (executions, entered, gate) = (executions.clone(), entered.clone(), gate.clone());
+        move || async move {
+            let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
+            entered.notify_one();
+            gate.acquire().await.expect("gate").forget();
+            (axum::http::StatusCode::CREATED, format!("run {n}"))
+        }
+    };
+    let app = Router::new().route("/orders", post(handler)).route_layer(
+        tower_idempotency_core::IdempotencyLayer::client_keys(store.clone()).lease(lease),
+    );
+    let server = tower_idempotency_testkit::Server::start(app).await;
+    let url = server.url("/orders");
+    let client = reqwest::Client::new();
+    let key = random_key("mixed");
+
+    let first = {
+        let (client, url, key) = (client.clone(), url.clone(), key.clone());
+        tokio::spawn(async move { post_order(&client, &url, &key).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the first request's handler runs");
+    let lock = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    gate.add_permits(1);
+    let (status, replayed, body) = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first caller is answered")
+        .expect("task");
+    assert_eq!((status, replayed, body.as_str()), (201, false, "run 1"));
+    // Time passing is the point: the lock is held for several leases and busy timeouts.
+    tokio::time::sleep(lease * 3).await;
+    lock.rollback().await.expect("rollback");
+
+    gate.add_permits(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let retry = loop {
+        let answer = post_order(&client, &url, &key).await;
+        // 409 while the completion is still on its way; never a second run.
+        if answer.0 != 409 || tokio::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(retry, (201, true, "run 1".to_owned()));
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
