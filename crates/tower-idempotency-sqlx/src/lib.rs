@@ -173,6 +173,14 @@ pub const DEFAULT_TABLE: &str = "idempotency_records";
 /// The largest record (headers plus body) a store accepts unless configured otherwise: 16 MiB.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 16 * 1024 * 1024;
 
+/// The most writes SQLite's writer thread holds accepted and unanswered unless configured
+/// otherwise ([`SqlStore::with_write_queue`]): 4096.
+pub const DEFAULT_WRITE_QUEUE_JOBS: usize = 4096;
+
+/// The most bytes of parameters SQLite's writer thread holds in accepted, unanswered writes
+/// unless configured otherwise ([`SqlStore::with_write_queue`]): 64 MiB.
+pub const DEFAULT_WRITE_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+
 /// The longest table name accepted: the derived index name (`{table}_expires_at_idx`) must fit
 /// Postgres's 63-byte identifier limit, or two long table names could truncate to the same
 /// derived name.

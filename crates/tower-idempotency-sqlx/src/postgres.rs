@@ -118,14 +118,22 @@ ins AS (
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
         ),
+        // A completed live row of the same token is a resend of the completion that landed: it
+        // counts as changed (`Current`) and keeps its values.
         // Completion, release and forget notify waiters in other instances (see
         // `settlements.rs`) for the row they changed if a waiter marked it; the command tag
         // still counts the rows changed, and forget still returns the row it deleted.
         complete: format!(
             r#"WITH done AS (
-UPDATE "{table}" SET state = 1, status = $3, headers = $4, body = $5,
-    body_omitted = $6, expires_at = statement_timestamp() + $7::bigint * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
+UPDATE "{table}" SET state = 1,
+    status       = CASE WHEN state = 0 THEN $3 ELSE status END,
+    headers      = CASE WHEN state = 0 THEN $4 ELSE headers END,
+    body         = CASE WHEN state = 0 THEN $5 ELSE body END,
+    body_omitted = CASE WHEN state = 0 THEN $6 ELSE body_omitted END,
+    expires_at   = CASE WHEN state = 0
+        THEN statement_timestamp() + $7::bigint * interval '1 millisecond' ELSE expires_at END
+WHERE key = $1 AND token = $2 AND (state = 0 OR expires_at > statement_timestamp())
+RETURNING key, watched
 )
 SELECT {notify}"#
         ),

@@ -67,10 +67,16 @@ ON CONFLICT (key) DO UPDATE SET
     expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE expires_at END
 RETURNING {RETURNED}"#
         ),
+        // A completed row of the same token is a resend of the completion that landed: it
+        // counts as changed (`Current`) and keeps its values.
         complete: format!(
-            r#"UPDATE "{table}" SET state = 1, status = ?3, headers = ?4, body = ?5,
-    body_omitted = ?6, expires_at = ?7
-WHERE key = ?1 AND token = ?2 AND state = 0"#
+            r#"UPDATE "{table}" SET state = 1,
+    status       = CASE WHEN state = 0 THEN ?3 ELSE status END,
+    headers      = CASE WHEN state = 0 THEN ?4 ELSE headers END,
+    body         = CASE WHEN state = 0 THEN ?5 ELSE body END,
+    body_omitted = CASE WHEN state = 0 THEN ?6 ELSE body_omitted END,
+    expires_at   = CASE WHEN state = 0 THEN ?7 ELSE expires_at END
+WHERE key = ?1 AND token = ?2"#
         ),
         renew: format!(
             r#"UPDATE "{table}" SET expires_at = ?3 WHERE key = ?1 AND token = ?2 AND state = 0"#

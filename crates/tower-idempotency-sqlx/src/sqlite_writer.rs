@@ -16,15 +16,32 @@
 //! that statement alone, so the transaction goes on with the others. Where SQLite rolled the
 //! whole transaction back (a full disk, an I/O error), or `COMMIT` failed, none of the batch's
 //! writes happened, and every caller of the batch gets the error. A caller that gave up (its
-//! future dropped) before its write ran is skipped. The connection copies the pool's busy
+//! future dropped) before its write ran is skipped, unless the write is a completion: that one
+//! is fenced by its token and always run.
+//!
+//! Where SQLite's write lock is held elsewhere for longer than the busy timeout (a
+//! transactional handler's `BEGIN IMMEDIATE` on the same database, another process), a batch
+//! that holds a completion does not fail: it keeps its place at the head of the queue and tries
+//! again until the lock is free (for at most the completion's TTL). No claim queued behind it
+//! can run first, so a plain request whose completion waited longer than its lease is not taken
+//! over and run again by its retry. The connection copies the pool's busy
 //! timeout and `synchronous` setting; it is opened on the first write and closed when the
 //! store is dropped. Only a pool on a plain read-write file gets a writer; any other (in
 //! memory, read-only, behind a VFS) writes on the store's writer lane.
+//!
+//! The queue is bounded ([`SqlStore::with_write_queue`](crate::SqlStore::with_write_queue)): a
+//! write is admitted while fewer than the bound's writes, holding fewer than its bytes, are
+//! accepted and unanswered (queued or in the running batch); past it the write is refused at
+//! once with `StoreError::Unavailable` ([`WriterBusy`]), so that memory does not grow with the
+//! arrival rate while SQLite's write lock is held elsewhere.
 
 use std::{
     path::PathBuf,
-    sync::{mpsc, Mutex},
-    time::Duration,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    time::{Duration, Instant},
 };
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
@@ -50,6 +67,84 @@ pub(crate) struct SqliteWriter {
     table: String,
     /// The thread's queue; `None` until the first write, and again after the thread ended.
     queue: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The bounds of the writes accepted and not yet answered.
+    admission: Arc<Admission>,
+}
+
+/// Why a write was refused before it was queued: the writer is that far behind (SQLite's write
+/// lock is held elsewhere, or writes arrive faster than they commit).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WriterBusy {
+    /// As many writes as the queue takes are waiting.
+    #[error("the SQLite writer's queue is full ({limit} writes waiting)")]
+    Jobs {
+        /// The most writes the queue takes.
+        limit: usize,
+    },
+    /// The waiting writes hold as many bytes as the queue takes.
+    #[error("the SQLite writer's queue is full ({limit} bytes waiting)")]
+    Bytes {
+        /// The most bytes the queue takes.
+        limit: usize,
+    },
+}
+
+/// Counts the writes (and their bytes) accepted and not yet answered, within bounds.
+#[derive(Debug)]
+struct Admission {
+    max_jobs: usize,
+    max_bytes: usize,
+    jobs: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Admission {
+    fn new(max_jobs: usize, max_bytes: usize) -> Self {
+        Self {
+            max_jobs,
+            max_bytes,
+            jobs: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// A place in the queue for a write of `bytes`, held until the returned value is dropped.
+    /// A write larger than the byte bound is admitted into an empty queue, so that it can run.
+    fn admit(self: &Arc<Self>, bytes: usize) -> Result<Admitted, WriterBusy> {
+        let jobs = self.jobs.fetch_add(1, Ordering::AcqRel);
+        if jobs >= self.max_jobs {
+            self.jobs.fetch_sub(1, Ordering::AcqRel);
+            return Err(WriterBusy::Jobs {
+                limit: self.max_jobs,
+            });
+        }
+        let before = self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(bytes) > self.max_bytes {
+            self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.jobs.fetch_sub(1, Ordering::AcqRel);
+            return Err(WriterBusy::Bytes {
+                limit: self.max_bytes,
+            });
+        }
+        Ok(Admitted {
+            admission: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// A write's place in the queue, given back when the write is dropped (answered or skipped).
+#[derive(Debug)]
+struct Admitted {
+    admission: Arc<Admission>,
+    bytes: usize,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.admission.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.admission.jobs.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for SqliteWriter {
@@ -84,6 +179,12 @@ struct Job {
     size: Option<usize>,
     limit: usize,
     reply: oneshot::Sender<Result<Done, StoreError>>,
+    /// Its place in the queue, given back when the job is dropped.
+    _admitted: Option<Admitted>,
+    /// For a completion: how long it keeps waiting for SQLite's write lock (its record's TTL).
+    /// A completion is also run when its caller gave up: it is fenced by its token, and
+    /// landing it is what keeps the key from being run again.
+    patience: Option<Duration>,
 }
 
 impl SqliteWriter {
@@ -102,7 +203,16 @@ impl SqliteWriter {
             path: options.get_filename().to_path_buf(),
             table: table.to_owned(),
             queue: Mutex::new(None),
+            admission: Arc::new(Admission::new(
+                crate::DEFAULT_WRITE_QUEUE_JOBS,
+                crate::DEFAULT_WRITE_QUEUE_BYTES,
+            )),
         })
+    }
+
+    /// Sets the bounds of the queue.
+    pub(crate) fn bound(&mut self, jobs: usize, bytes: usize) {
+        self.admission = Arc::new(Admission::new(jobs, bytes));
     }
 
     /// Runs a statement that returns no rows: how many rows it changed.
@@ -142,7 +252,13 @@ impl SqliteWriter {
     ) -> Result<Done, StoreError> {
         let queue = self.queue().await?;
         let (reply, answer) = oneshot::channel();
-        if let Err(mpsc::SendError(_)) = queue.send(job(reply)) {
+        let mut job = job(reply);
+        let admitted = self
+            .admission
+            .admit(job.bytes())
+            .map_err(|busy| StoreError::Unavailable(Box::new(busy)))?;
+        job._admitted = Some(admitted);
+        if let Err(mpsc::SendError(_)) = queue.send(job) {
             // The thread has ended; the next write starts another.
             *self.lock() = None;
             return Err(unavailable(sqlx::Error::WorkerCrashed));
@@ -219,7 +335,12 @@ impl Job {
         limit: usize,
         reply: oneshot::Sender<Result<Done, StoreError>>,
     ) -> Self {
+        let patience = match &params {
+            Params::Complete { ttl_ms, .. } => Some(Duration::from_millis((*ttl_ms).max(0) as u64)),
+            _ => None,
+        };
         Self {
+            patience,
             pick,
             values: sqlite::values(now_ms, params)
                 .into_iter()
@@ -230,11 +351,26 @@ impl Job {
             size,
             limit,
             reply,
+            _admitted: None,
         }
     }
 
+    /// What the job holds in memory: its values' bytes and the job itself.
+    fn bytes(&self) -> usize {
+        let values: usize = self
+            .values
+            .iter()
+            .map(|value| match value {
+                Value::Int(_) => 0,
+                Value::Text(text) => text.len(),
+                Value::Blob(blob) => blob.len(),
+            })
+            .sum();
+        values + std::mem::size_of::<Self>() + self.values.len() * std::mem::size_of::<Value>()
+    }
+
     fn run(&self, connection: &Connection, statements: &Statements) -> rusqlite::Result<Done> {
-        if self.reply.is_closed() {
+        if self.reply.is_closed() && self.patience.is_none() {
             // The caller gave up: nobody reads this answer, and the write is not made.
             return Ok(Done::Changed(0));
         }
@@ -268,8 +404,24 @@ fn serve(connection: &Connection, statements: &Statements, jobs: &mpsc::Receiver
                 Err(_) => break,
             }
         }
-        let results = run_batch(connection, statements, &batch);
-        for (job, result) in batch.drain(..).zip(results) {
+        let started = Instant::now();
+        let patience = batch.iter().filter_map(|job| job.patience).max();
+        let results = loop {
+            let (results, locked) = run_batch(connection, statements, &batch);
+            // SQLite's write lock is held elsewhere (a transactional handler's `BEGIN
+            // IMMEDIATE`, another process) for longer than the busy timeout: a batch with a
+            // completion keeps its place and tries again, so that no later claim can take the
+            // key over before the result lands.
+            match patience {
+                Some(patience) if locked && started.elapsed() < patience => {
+                    std::thread::sleep(LOCK_RETRY);
+                }
+                _ => break results,
+            }
+        };
+        for (mut job, result) in batch.drain(..).zip(results) {
+            // Its place in the queue is free before its caller hears back.
+            drop(job._admitted.take());
             let _ = job.reply.send(result);
         }
         if !connection.is_autocommit() {
@@ -279,19 +431,42 @@ fn serve(connection: &Connection, statements: &Statements, jobs: &mpsc::Receiver
     }
 }
 
-/// Runs `batch`: alone as an autocommit, or together in one transaction.
+/// The pause between two attempts of a batch that waits for the write lock, on top of the busy
+/// timeout each attempt waits in SQLite.
+const LOCK_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether SQLite answered that another connection holds the lock (after the busy timeout).
+fn locked(error: &rusqlite::Error) -> bool {
+    matches!(
+        error,
+        rusqlite::Error::SqliteFailure(failure, _)
+            if matches!(
+                failure.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            )
+    )
+}
+
+/// Runs `batch`: alone as an autocommit, or together in one transaction. Also answers whether
+/// nothing ran because the write lock was held elsewhere.
 fn run_batch(
     connection: &Connection,
     statements: &Statements,
     batch: &[Job],
-) -> Vec<Result<Done, StoreError>> {
+) -> (Vec<Result<Done, StoreError>>, bool) {
     if let [job] = batch {
-        return vec![job.run(connection, statements).map_err(|e| job.error(&e))];
+        return match job.run(connection, statements) {
+            Ok(done) => (vec![Ok(done)], false),
+            Err(error) => (vec![Err(job.error(&error))], locked(&error)),
+        };
     }
-    let fail_all =
-        |error: &rusqlite::Error| batch.iter().map(|job| Err(job.error(error))).collect();
+    let fail_all = |error: &rusqlite::Error| {
+        let results = batch.iter().map(|job| Err(job.error(error))).collect();
+        (results, false)
+    };
     if let Err(error) = connection.execute_batch("BEGIN IMMEDIATE") {
-        return fail_all(&error);
+        let results = batch.iter().map(|job| Err(job.error(&error))).collect();
+        return (results, locked(&error));
     }
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
@@ -308,9 +483,42 @@ fn run_batch(
         let _ = connection.execute_batch("ROLLBACK");
         return fail_all(&error);
     }
-    results
+    let results = results
         .into_iter()
         .zip(batch)
         .map(|(result, job)| result.map_err(|e| job.error(&e)))
-        .collect()
+        .collect();
+    (results, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_bounds_jobs_and_bytes_and_frees_on_drop() {
+        let admission = Arc::new(Admission::new(2, 100));
+        let first = admission.admit(60).expect("room");
+        assert!(matches!(
+            admission.admit(50),
+            Err(WriterBusy::Bytes { limit: 100 })
+        ));
+        let second = admission.admit(40).expect("room");
+        assert!(matches!(
+            admission.admit(0),
+            Err(WriterBusy::Jobs { limit: 2 })
+        ));
+        drop(first);
+        let third = admission.admit(60).expect("room again");
+        drop((second, third));
+        assert_eq!(admission.jobs.load(Ordering::Acquire), 0);
+        assert_eq!(admission.bytes.load(Ordering::Acquire), 0);
+        // A write larger than the byte bound runs when nothing else waits.
+        let large = admission.admit(1000).expect("an empty queue admits it");
+        assert!(matches!(
+            admission.admit(1),
+            Err(WriterBusy::Bytes { limit: 100 })
+        ));
+        drop(large);
+    }
 }

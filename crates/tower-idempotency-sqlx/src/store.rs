@@ -147,6 +147,24 @@ impl<DB: Backend> SqlStore<DB> {
         self
     }
 
+    /// Bounds the queue of SQLite's writer thread: at most `jobs` writes, holding at most
+    /// `bytes` of parameters (keys, fingerprints, response bodies), accepted and not yet
+    /// answered. A write past either bound is refused at once with [`StoreError::Unavailable`],
+    /// which the layer answers `503 store-unavailable` with `Retry-After`, instead of waiting in
+    /// memory while SQLite's write lock is held (by a transactional handler, another process, a
+    /// checkpoint). A single write larger than `bytes` is accepted when the queue is empty.
+    /// Defaults to [`DEFAULT_WRITE_QUEUE_JOBS`](crate::DEFAULT_WRITE_QUEUE_JOBS) and
+    /// [`DEFAULT_WRITE_QUEUE_BYTES`](crate::DEFAULT_WRITE_QUEUE_BYTES). Stores without a writer
+    /// thread (Postgres, SQLite pools not on a plain read-write file) ignore it.
+    pub fn with_write_queue(mut self, jobs: usize, bytes: usize) -> Self {
+        #[cfg(feature = "sqlite")]
+        if let Some(writer) = &mut self.writer {
+            writer.bound(jobs, bytes);
+        }
+        let _ = (jobs, bytes);
+        self
+    }
+
     /// Sets how many of the pool's connections the store keeps checked out for its own
     /// statements (capped at all but one of the pool's connections; `0` takes a connection from
     /// the pool per statement). Defaults to half the pool's maximum size. Waiting for a lane is

@@ -285,11 +285,34 @@ impl<DB: Backend> StoreTransaction for SqlTransaction<'_, DB> {
     ) -> Result<Ownership, CommitError> {
         let mut transaction = self.take().map_err(CommitError::NotCommitted)?;
         // A failed completion drops the transaction, which rolls it back.
-        let ownership = self
+        let completed = self
             .store
             .complete_in(&mut transaction, &self.key, self.token, response, ttl)
-            .await
-            .map_err(CommitError::NotCommitted)?;
+            .await;
+        let ownership = match completed {
+            // Complete the key without the body inside the same transaction, as the plain mode
+            // does. The store's own limit refuses before any statement runs, and a statement
+            // SQLite refuses leaves its transaction usable; a record the Postgres server refuses
+            // aborts the transaction, so the second completion fails and nothing commits.
+            Err(StoreError::RecordTooLarge { size, limit }) if !response.body_omitted => {
+                tracing::warn!(
+                    size,
+                    limit,
+                    "the response is larger than the store accepts; completing the key without its body"
+                );
+                let without_body = CachedResponse {
+                    status: response.status,
+                    headers: response.headers.clone(),
+                    body: bytes::Bytes::new(),
+                    body_omitted: true,
+                };
+                self.store
+                    .complete_in(&mut transaction, &self.key, self.token, &without_body, ttl)
+                    .await
+            }
+            other => other,
+        }
+        .map_err(CommitError::NotCommitted)?;
         if ownership == Ownership::Stale {
             if let Err(error) = transaction.rollback().await {
                 tracing::warn!(error = %map_error(error), "rolling back a stale holder's transaction failed; the database drops it with the connection");

@@ -435,3 +435,205 @@ async fn a_write_whose_caller_gave_up_is_skipped() {
     waited.expect("claim");
     assert!(store.get(&abandoned).await.expect("get").is_none());
 }
+
+/// The writer's queue is bounded: with SQLite's write lock held by another connection and the
+/// queue bounded at 8 writes, a claim waits on the writer and 7 more queue behind it; the other
+/// requests sent meanwhile are answered at once, `503 store-unavailable` with `Retry-After`,
+/// while the lock is still held. After the lock is released the queued requests run, and the
+/// refused ones run on their retry; every key runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_write_queue_answers_503_with_retry_after() {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::str::FromStr;
+    const QUEUE: usize = 8;
+    const SENT: usize = 20;
+    let file = SqliteFile::new();
+    // A busy timeout far longer than the test, so the write waiting for the lock waits until
+    // the test releases it.
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(600));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = SqliteStore::new(pool, "idem")
+        .expect("table")
+        .with_write_queue(QUEUE, tower_idempotency_sqlx::DEFAULT_WRITE_QUEUE_BYTES);
+    store.migrate().await.expect("migrate");
+    let store = std::sync::Arc::new(store);
+    let guarded = Guarded::new(store.clone(), file);
+    // The layer's store timeout must outlast the test's hold.
+    let layer = tower_idempotency_core::IdempotencyLayer::client_keys(store.clone())
+        .lease(Duration::from_secs(600))
+        .store_timeout(Duration::from_secs(180));
+    let server = serve(layer).await;
+    let held = WriterHeldUp::hold(guarded, Duration::from_secs(600)).await;
+    held.until_queued(0).await;
+
+    let client = reqwest::Client::new();
+    let keys: Vec<String> = (0..SENT)
+        .map(|i| format!("queue-{i}-{}", random_suffix()))
+        .collect();
+    let (answered_tx, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let requests: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let (client, url, key) = (client.clone(), server.url.clone(), key.clone());
+            let answered = answered_tx.clone();
+            tokio::spawn(async move {
+                let response = client
+                    .post(&url)
+                    .header("idempotency-key", &key)
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status().as_u16();
+                let retry_after = response.headers().get("retry-after").cloned();
+                let _ = answered.send(i);
+                (status, retry_after)
+            })
+        })
+        .collect();
+    // The waiting claim takes one place in the queue: SENT - (QUEUE - 1) requests are refused.
+    let refused_count = SENT - (QUEUE - 1);
+    let mut refused = Vec::new();
+    for _ in 0..refused_count {
+        let i = tokio::time::timeout(Duration::from_secs(30), answered.recv())
+            .await
+            .expect("the overflow is answered while the lock is held")
+            .expect("open");
+        refused.push(i);
+    }
+    assert!(
+        !held.waiting.is_finished(),
+        "the lock is still held while the overflow is answered"
+    );
+    let mut requests: Vec<_> = requests.into_iter().map(Some).collect();
+    for &i in &refused {
+        let (status, retry_after) = requests[i].take().expect("once").await.expect("task");
+        assert_eq!(status, 503, "request {i}");
+        assert!(retry_after.is_some(), "request {i} carries Retry-After");
+    }
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no handler ran while the lock was held"
+    );
+    assert!(
+        answered.try_recv().is_err(),
+        "only the overflow was answered while the lock was held"
+    );
+
+    let (waited, _guarded) = held.release().await;
+    waited.expect("the waiting claim");
+    for (i, request) in requests.into_iter().enumerate() {
+        if let Some(request) = request {
+            let (status, _) = request.await.expect("task");
+            assert_eq!(status, 201, "queued request {i}");
+        }
+    }
+    for &i in &refused {
+        let (status, replayed, _) = post_order(&client, &server.url, &keys[i]).await;
+        assert_eq!(
+            (status, replayed),
+            (201, false),
+            "refused request {i}, retried"
+        );
+    }
+    assert_eq!(
+        server.executions.load(std::sync::atomic::Ordering::SeqCst),
+        SENT
+    );
+}
+
+/// Mixed modes on one database: another connection (a transactional handler's `BEGIN
+/// IMMEDIATE`) holds the write lock for longer than a plain request's lease and than the pool's
+/// busy timeout, while that request's completion waits for the lock. The completion survives the
+/// wait: it keeps its place at the head of the writer's queue and lands once the lock is free,
+/// before any later claim, so the retry is a replay and the handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waiting_for_the_write_lock_outlives_the_lease() {
+    use axum::{routing::post, Router};
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::{
+        str::FromStr,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+    };
+    let lease = Duration::from_millis(600);
+    let file = SqliteFile::new();
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_millis(200));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = Arc::new(SqliteStore::new(pool, "idem").expect("table"));
+    store.migrate().await.expect("migrate");
+    let executions = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = {
+        let (executions, entered, gate) = (executions.clone(), entered.clone(), gate.clone());
+        move || async move {
+            let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
+            entered.notify_one();
+            gate.acquire().await.expect("gate").forget();
+            (axum::http::StatusCode::CREATED, format!("run {n}"))
+        }
+    };
+    let app = Router::new().route("/orders", post(handler)).route_layer(
+        tower_idempotency_core::IdempotencyLayer::client_keys(store.clone()).lease(lease),
+    );
+    let server = tower_idempotency_testkit::Server::start(app).await;
+    let url = server.url("/orders");
+    let client = reqwest::Client::new();
+    let key = random_key("mixed");
+
+    let first = {
+        let (client, url, key) = (client.clone(), url.clone(), key.clone());
+        tokio::spawn(async move { post_order(&client, &url, &key).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the first request's handler runs");
+    let lock = store
+        .pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .expect("begin");
+    gate.add_permits(1);
+    let (status, replayed, body) = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first caller is answered")
+        .expect("task");
+    assert_eq!((status, replayed, body.as_str()), (201, false, "run 1"));
+    // Time passing is the point: the lock is held for several leases and busy timeouts.
+    tokio::time::sleep(lease * 3).await;
+    lock.rollback().await.expect("rollback");
+
+    gate.add_permits(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let retry = loop {
+        let answer = post_order(&client, &url, &key).await;
+        // 409 while the completion is still on its way; never a second run.
+        if answer.0 != 409 || tokio::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(retry, (201, true, "run 1".to_owned()));
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}

@@ -285,3 +285,42 @@ async fn postgres_the_mode_adds_no_store_statement() {
     }
     server.finish().await;
 }
+
+/// Stores that refuse records over 64 KiB, for the oversized-result case.
+const RECORD_LIMIT: usize = 64 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_oversized_result_commits_without_its_body() {
+    let file = SqliteFile::new();
+    let store = file.store("idem").await.with_max_record_bytes(RECORD_LIMIT);
+    store.migrate().await.expect("migrate");
+    let fixture = Fixture {
+        pool: store.pool().clone(),
+        store: Arc::new(store),
+    };
+    conformance::oversized_result_commits_without_its_body(&fixture).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_oversized_result_commits_without_its_body() {
+    let table = PgTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let store = store.with_max_record_bytes(RECORD_LIMIT);
+    store.migrate().await.expect("migrate");
+    let fixture = Fixture {
+        pool: store.pool().clone(),
+        store: Arc::new(store),
+    };
+    conformance::oversized_result_commits_without_its_body(&fixture).await;
+}
+
+/// On SQLite too, a duplicate of a key whose transactional handler holds the write lock is
+/// answered `409` at once: the claim of a key the store has seen is a read beside the writer,
+/// which never waits for the lock (docs/guarantees.md, "Transactional mode").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_duplicate_in_flight_gets_409_without_waiting() {
+    let (fixture, _) = sqlite_fixture().await;
+    conformance::duplicate_in_flight_gets_409(&fixture).await;
+}

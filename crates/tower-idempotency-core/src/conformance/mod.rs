@@ -47,12 +47,12 @@ pub use over_http::{
     slow_handler_keeps_its_key_over_http, two_instances_over_http,
 };
 pub use records::{
-    binary_and_large_bodies_round_trip, caller_token_is_used_and_a_repeated_claim_is_claimed,
-    claim_complete_replay, concurrent_claimers_have_one_winner, extreme_durations_mean_forever,
-    fingerprint_is_reported, forget_deletes_one_record, forget_fences_the_holder,
-    lease_expiry_allows_reclaim, release_frees_the_key, remaining_ttl_is_reported_and_decreases,
-    renew_extends_the_lease, restart_keeps_completed, stale_token_is_fenced,
-    ttl_expiry_forgets_completed,
+    a_resent_completion_is_current, binary_and_large_bodies_round_trip,
+    caller_token_is_used_and_a_repeated_claim_is_claimed, claim_complete_replay,
+    concurrent_claimers_have_one_winner, extreme_durations_mean_forever, fingerprint_is_reported,
+    forget_deletes_one_record, forget_fences_the_holder, lease_expiry_allows_reclaim,
+    release_frees_the_key, remaining_ttl_is_reported_and_decreases, renew_extends_the_lease,
+    restart_keeps_completed, stale_token_is_fenced, ttl_expiry_forgets_completed,
 };
 pub use waiting::{
     waiting_across_instances_over_http, waiting_duplicates_get_the_result_over_http,
@@ -171,6 +171,7 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_test!($make, claim_complete_replay);
         $crate::__conformance_test!($make, concurrent_claimers_have_one_winner);
         $crate::__conformance_test!($make, stale_token_is_fenced);
+        $crate::__conformance_test!($make, a_resent_completion_is_current);
         $crate::__conformance_test!($make, lease_expiry_allows_reclaim);
         $crate::__conformance_test!($make, ttl_expiry_forgets_completed);
         $crate::__conformance_test!($make, fingerprint_is_reported);

@@ -174,11 +174,10 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
     complete_as(&*store, &key, second, &fresh).await;
     let record = replayed(&*store, &key, &fp, "expected the new holder's result").await;
     assert_eq!(record.response.body, fresh.body);
-    // A completed record cannot be completed again: a store answers `Stale`, or `Current` when
-    // it treats the call as a resend of the completion that already applied (see the contract);
-    // either way the record is unchanged.
+    // A completed record cannot be completed again: its holder's resend is answered `Current`
+    // (see `a_resent_completion_is_current`) and the record is unchanged.
     let after = store.complete(&key, token(second), &stale, LONG).await;
-    after.expect("complete twice");
+    assert_eq!(after.expect("complete twice"), Ownership::Current);
     let again = store.complete(&key, token(first), &stale, LONG).await;
     assert_eq!(again.expect("stale complete"), Ownership::Stale);
     match store.get(&key).await.expect("get") {
@@ -190,6 +189,37 @@ pub async fn stale_token_is_fenced(store: Arc<dyn Store>) {
         }
         other => panic!("expected the new holder's result, got {other:?}"),
     }
+}
+
+/// A completion resent by its holder after the first one landed (its answer was lost to a
+/// timeout or a dropped connection) is answered `Current`, so the layer does not count a
+/// recorded result as unrecorded; the record keeps the first completion's response, and any
+/// other token is still `Stale`.
+pub async fn a_resent_completion_is_current(store: Arc<dyn Store>) {
+    let key = fresh_key("resent");
+    let fp = fingerprint(4);
+    let holder = claim_token(&*store, &key, &fp, LONG).await;
+    let first = response("first");
+    complete_as(&*store, &key, holder, &first).await;
+    let resent = store.complete(&key, token(holder), &first, LONG).await;
+    assert_eq!(
+        resent.expect("resent complete"),
+        Ownership::Current,
+        "the record is completed by this token"
+    );
+    let changed = store
+        .complete(&key, token(holder), &response("changed"), LONG)
+        .await;
+    assert_eq!(changed.expect("resent complete"), Ownership::Current);
+    let other = store
+        .complete(&key, token(holder.wrapping_add(1)), &first, LONG)
+        .await;
+    assert_eq!(other.expect("other token"), Ownership::Stale);
+    let record = replayed(&*store, &key, &fp, "expected the first completion").await;
+    assert_eq!(
+        record.response.body, first.body,
+        "a completed record never changes"
+    );
 }
 
 /// A live lease blocks other claimers; once it expires the key is claimable exactly once.

@@ -8,6 +8,7 @@
 //! | the handler | the transaction | the key |
 //! |---|---|---|
 //! | answers a response the cache policy keeps | completion inside it, then `COMMIT` | completed, by the commit |
+//! | … larger than the store accepts | completion without the body inside it, then `COMMIT` | completed; replays carry `Idempotent-Body-Omitted` |
 //! | … but the claim's token is no longer current | rolled back, `409 lease-lost` | the other holder's |
 //! | … but the completion or `COMMIT` fails | rolled back, `503 commit-failed` | released |
 //! | … but the connection dies during `COMMIT` | unknown, `503 commit-outcome-unknown` | released if the commit did not land |

@@ -226,9 +226,11 @@ pub enum StoreError {
 ///   `FencingToken::random` fits a non-negative SQL `bigint`). `complete`, `renew` and `release`
 ///   succeed only when the record's current token equals the caller's; otherwise they change
 ///   nothing and answer [`Ownership::Stale`]. A holder whose lease expired but whose key nobody
-///   reclaimed yet may still be accepted or may be answered `Stale`: both are allowed. A store
-///   whose client may resend a command may answer `Current` to a `complete` that finds the
-///   record already completed by the same token.
+///   reclaimed yet may still be accepted or may be answered `Stale`: both are allowed. A
+///   `complete` that finds the live record already completed by the same token is a resend of
+///   the completion that landed (its answer was lost to a timeout, a dropped connection or a
+///   client's resend): the store answers `Current` and changes nothing, so the layer does not
+///   count a recorded result as unrecorded (conformance: `a_resent_completion_is_current`).
 /// - **Leases** bound how long a crashed holder blocks its key. Expired leases need no background
 ///   sweep to become claimable: `claim` treats them as absent.
 /// - **TTL** bounds how long a completed record is replayed. After it the key behaves as new.

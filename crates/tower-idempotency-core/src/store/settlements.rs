@@ -21,7 +21,7 @@ use std::{
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard, OnceLock,
+        Arc, Mutex, MutexGuard,
     },
     time::Duration,
 };
@@ -317,19 +317,22 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 const LONGEST_RETRY: Duration = Duration::from_secs(5);
 
 /// The task that keeps a store's one subscription to its notices open: started by the first
-/// [`settlements`](Self::settlements) call made on a Tokio runtime, opened again after every
-/// failure (after 100 ms, doubling up to 5 s; reset once a subscription came up), ended when the
-/// `Subscriber` (so the store owning it) is dropped.
+/// [`settlements`](Self::settlements) call made on a Tokio runtime (and by the next call after
+/// that runtime shut down, which ends the task and reports the subscription down), opened again
+/// after every failure (after 100 ms, doubling up to 5 s; reset once a subscription came up),
+/// ended when the `Subscriber` (so the store owning it) is dropped.
 pub struct Subscriber {
     settlements: Settlements,
-    task: OnceLock<AbortOnDropHandle<()>>,
+    /// The subscribing task; started again by the next call once it has ended (its runtime
+    /// shut down).
+    task: Mutex<Option<AbortOnDropHandle<()>>>,
 }
 
 impl fmt::Debug for Subscriber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscriber")
             .field("settlements", &self.settlements)
-            .field("started", &self.task.get().is_some())
+            .field("running", &self.running())
             .finish()
     }
 }
@@ -339,14 +342,29 @@ impl Subscriber {
     pub fn new(settlements: Settlements) -> Self {
         Self {
             settlements,
-            task: OnceLock::new(),
+            task: Mutex::new(None),
         }
     }
 
+    fn task(&self) -> MutexGuard<'_, Option<AbortOnDropHandle<()>>> {
+        // The slot holds a handle or nothing, valid at every step, so a poisoned lock is usable.
+        self.task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether the subscribing task runs.
+    fn running(&self) -> bool {
+        self.task().as_ref().is_some_and(|task| !task.is_finished())
+    }
+
     /// The notices, after starting the subscribing task if it is not running and a Tokio
-    /// runtime is at hand (without one, waiters poll and a later call starts it).
+    /// runtime is at hand (without one, waiters poll and a later call starts it). The task runs
+    /// on the runtime of the call that started it; when that runtime shuts down, the task ends
+    /// and reports the subscription down, and the next call starts it again on its own runtime
+    /// (a test runtime, a restarted `#[tokio::main]`, a library used from several runtimes).
     ///
-    /// `sessions` is called once, at the start, and returns what opens one subscription: a
+    /// `sessions` is called whenever the task starts, and returns what opens one subscription: a
     /// function given the [`Settlements`] that subscribes, calls
     /// [`connected(true)`](Settlements::connected) once it is, hands every notice to
     /// [`settled`](Settlements::settled), and returns when the subscription ends (`Err` is
@@ -357,12 +375,12 @@ impl Subscriber {
         F: Future<Output = Result<(), E>> + Send + 'static,
         E: fmt::Display + 'static,
     {
-        if self.task.get().is_none() {
+        let mut task = self.task();
+        let running = task.as_ref().is_some_and(|task| !task.is_finished());
+        if !running {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                self.task.get_or_init(|| {
-                    let subscribing = keep_subscribed(self.settlements.clone(), sessions());
-                    AbortOnDropHandle::new(runtime.spawn(subscribing))
-                });
+                let subscribing = keep_subscribed(self.settlements.clone(), sessions());
+                *task = Some(AbortOnDropHandle::new(runtime.spawn(subscribing)));
             }
         }
         self.settlements.clone()
@@ -376,6 +394,9 @@ where
     F: Future<Output = Result<(), E>>,
     E: fmt::Display,
 {
+    // However the task ends (aborted with its `Subscriber`, dropped with its runtime), the
+    // subscription is reported down, so waiters poll instead of trusting notices.
+    let _down = ReportDown(settlements.clone());
     let mut retry = FIRST_RETRY;
     loop {
         if let Err(error) = session(settlements.clone()).await {
@@ -387,6 +408,17 @@ where
         }
         tokio::time::sleep(retry).await;
         retry = (retry * 2).min(LONGEST_RETRY);
+    }
+}
+
+/// Reports the subscription down when dropped.
+struct ReportDown(Settlements);
+
+impl Drop for ReportDown {
+    fn drop(&mut self) {
+        if self.0.is_connected() {
+            self.0.connected(false);
+        }
     }
 }
 
@@ -493,6 +525,54 @@ mod tests {
             .await
             .expect("dropping the subscriber ends its session")
             .expect_err("the session's guard is dropped, not sent");
+    }
+
+    /// The subscribing task runs on the runtime of the first call; when that runtime ends, the
+    /// subscription is reported down, and the next call (on another runtime) starts it again.
+    #[test]
+    fn a_subscriber_outlives_the_runtime_it_started_on() {
+        let subscriber = Subscriber::new(Settlements::new());
+        let sessions = Arc::new(AtomicU64::new(0));
+        let subscribe = |subscriber: &Subscriber| {
+            let counted = sessions.clone();
+            subscriber.settlements(move || {
+                move |notices: Settlements| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        notices.connected(true);
+                        std::future::pending::<()>().await;
+                        Ok::<(), &str>(())
+                    }
+                }
+            })
+        };
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+        };
+        let first = runtime();
+        let notices = first.block_on(async {
+            let notices = subscribe(&subscriber);
+            tokio::time::timeout(Duration::from_secs(10), notices.ready())
+                .await
+                .expect("the first session comes up");
+            notices
+        });
+        drop(first);
+        assert!(
+            !notices.is_connected(),
+            "the subscription ended with its runtime and is reported down"
+        );
+        let second = runtime();
+        second.block_on(async {
+            let notices = subscribe(&subscriber);
+            tokio::time::timeout(Duration::from_secs(10), notices.ready())
+                .await
+                .expect("a session comes up on the second runtime");
+        });
+        assert_eq!(sessions.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

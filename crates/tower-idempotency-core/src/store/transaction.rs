@@ -51,7 +51,10 @@ pub trait StoreTransaction: Send {
 
     /// Writes the completion (`response`, kept for `ttl`) inside the transaction, fenced by the
     /// claim's token, and commits. When the token is no longer current, rolls back and answers
-    /// [`Ownership::Stale`]: none of the handler's writes land.
+    /// [`Ownership::Stale`]: none of the handler's writes land. A `response` larger than the
+    /// store accepts is completed without its body (`body_omitted`, replays carry
+    /// [`BODY_OMITTED_HEADER`](crate::BODY_OMITTED_HEADER)) inside the same transaction, as
+    /// [`Store::complete`](super::Store::complete) callers do in the plain mode.
     async fn commit_with(
         self: Box<Self>,
         response: &CachedResponse,

@@ -106,6 +106,39 @@ pub async fn failed_commit_writes_nothing<DB: EffectsDb>(fixture: &Fixture<DB>) 
     server.finish().await;
 }
 
+/// A result larger than the store accepts (the fixture's store must refuse records of
+/// [`LARGE_BODY_BYTES`](super::LARGE_BODY_BYTES), e.g. `with_max_record_bytes(64 * 1024)`) is
+/// committed without its body, in the handler's transaction: the caller gets the whole `201`,
+/// the handler's row is committed, and a retry is a replay with an empty body that does not run
+/// the handler again.
+pub async fn oversized_result_commits_without_its_body<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    let key = fresh_key("large");
+    let (status, replayed, body) = server.post("/effects", &key, "large").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "{body:.200}"
+    );
+    assert_eq!(body.len(), super::LARGE_BODY_BYTES);
+    assert!(body.starts_with("{\"amount\":1,"), "{body:.200}");
+    assert_eq!(
+        server.rows(&key).await,
+        1,
+        "the handler's write was committed"
+    );
+    let (status, replayed, again) = server.post("/effects", &key, "large").await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "{again:.200}"
+    );
+    assert_eq!(again, "", "the replay carries no body");
+    assert_eq!(server.executions(), 1, "the retry did not run the handler");
+    assert_eq!(server.rows(&key).await, 1);
+    server.finish().await;
+}
+
 /// A handler taking [`IdempotentTx`](crate::IdempotentTx) behind a layer that is not transactional is answered with a
 /// `500 transaction-unavailable` problem naming the misconfiguration, before it writes; and
 /// `try_transactional` refuses a store without transactions.
@@ -129,7 +162,8 @@ pub async fn misconfiguration_is_refused<DB: EffectsDb>(fixture: &Fixture<DB>) {
 
 /// A duplicate that arrives while the first request's transaction is open waits for no lock
 /// on its claim, and after the commit is answered with the replay; one row in all.
-/// (Postgres-like stores only: on SQLite a claim waits for the open transaction's write lock.)
+/// On SQLite the duplicate's claim is a read beside the writer (the store claimed the key
+/// lately), so it does not wait for the write lock the open transaction holds either.
 pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) {
     let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
     let key = fresh_key("hold");

@@ -38,10 +38,11 @@ mod server;
 pub use cases::{
     caller_disconnect_still_commits_once, concurrent_rounds_write_one_row_per_key,
     directive_commits_a_non_2xx, duplicate_in_flight_gets_409, failed_commit_writes_nothing,
-    misconfiguration_is_refused, released_answers_write_nothing,
+    misconfiguration_is_refused, oversized_result_commits_without_its_body,
+    released_answers_write_nothing,
 };
 pub use effects_db::EffectsDb;
-pub use server::{EffectsServer, EFFECT_HEADER};
+pub use server::{EffectsServer, EFFECT_HEADER, LARGE_BODY_BYTES};
 
 /// The store under test and a pool on the database its transactions write to.
 #[derive(Clone)]

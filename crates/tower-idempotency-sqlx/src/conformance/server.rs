@@ -23,6 +23,9 @@ use crate::IdempotentTx;
 /// The handler's behaviour, chosen per request by the `x-effect` header.
 pub const EFFECT_HEADER: &str = "x-effect";
 
+/// The size of the `large` effect's body: 100 KiB.
+pub const LARGE_BODY_BYTES: usize = 100 * 1024;
+
 struct App {
     table: String,
     executions: AtomicUsize,
@@ -33,7 +36,8 @@ struct App {
 /// Inserts one row for the request's key (its `amount` is the execution's number), then acts as
 /// `x-effect` says: `ok` (default) `201 {"amount":n}`; `reject` `400`; `panic` panics;
 /// `decline` `402` with `CacheDirective::Complete`; `orphan` inserts a row whose deferred
-/// foreign key fails at `COMMIT`; `hold` signals [`EffectsServer::entered`] and waits for
+/// foreign key fails at `COMMIT`; `large` answers `201` with a body of [`LARGE_BODY_BYTES`]
+/// (`{"amount":n,"pad":"xx…"}`); `hold` signals [`EffectsServer::entered`] and waits for
 /// [`EffectsServer::open_gate`] before answering `201`.
 async fn effect<DB: EffectsDb>(
     State(app): State<Arc<App>>,
@@ -65,6 +69,11 @@ async fn effect<DB: EffectsDb>(
             app.entered.notify_one();
             app.gate.acquire().await.expect("gate").forget();
             (StatusCode::CREATED, body).into_response()
+        }
+        "large" => {
+            let pad = LARGE_BODY_BYTES - body.len() - 9;
+            let large = format!("{{\"amount\":{amount},\"pad\":\"{}\"}}", "x".repeat(pad));
+            (StatusCode::CREATED, large).into_response()
         }
         _ => (StatusCode::CREATED, body).into_response(),
     }

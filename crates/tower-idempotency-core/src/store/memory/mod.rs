@@ -255,6 +255,12 @@ impl Store for MemoryStore {
                 fingerprint,
                 ..
             }) if *current == token => *fingerprint,
+            // A resend of the completion that landed (the contract allows `Current`).
+            Some(Entry::Completed {
+                token: completed_by,
+                expires_at,
+                ..
+            }) if *completed_by == token && *expires_at > now => return Ok(Ownership::Current),
             _ => return Ok(Ownership::Stale),
         };
         let size = record_bytes(key.len(), response);
@@ -283,6 +289,7 @@ impl Store for MemoryStore {
                     fingerprint,
                     response,
                 },
+                token,
                 expires_at,
                 seq,
             },

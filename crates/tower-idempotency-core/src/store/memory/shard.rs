@@ -121,6 +121,8 @@ pub(super) enum Entry {
     },
     Completed {
         record: CompletedRecord,
+        /// The token that completed it: a resend of that completion is answered `Current`.
+        token: FencingToken,
         expires_at: Instant,
         /// Position in the shard's completion order.
         seq: u64,
