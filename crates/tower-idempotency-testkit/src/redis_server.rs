@@ -335,9 +335,15 @@ mod tests {
             skip("a throw-away redis-server", "redis-server is not installed");
             return;
         }
-        let reserved = ReservedPort::new();
-        let _other_program = std::net::TcpListener::bind(("127.0.0.1", reserved.port()))
-            .expect("the reserved port is free");
+        // A program outside the tests may take a reserved port between its check and any later
+        // bind (what `start` answers by trying another port); this test takes another too.
+        let (reserved, _other_program) = (0..10)
+            .find_map(|_| {
+                let reserved = ReservedPort::new();
+                let listener = std::net::TcpListener::bind(("127.0.0.1", reserved.port())).ok()?;
+                Some((reserved, listener))
+            })
+            .expect("a reserved port this test can listen on");
         let dir = std::env::temp_dir().join(format!("tidem-redis-taken-{:08x}", random_u64()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut server = RedisServer {
