@@ -3,6 +3,7 @@
 //! retries, dead-lettering, panics, a full queue, forgeries, a database outage, the drain and
 //! the admin router.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -332,29 +333,6 @@ async fn one_statement_per_delivery<DB: Fixture>() {
     assert_eq!(sent, 30, "{}: statements for 30 deliveries", DB::LABEL);
     assert_eq!(setup.inbox.counts().await.unwrap().pending, 6);
     setup.cleanup().await;
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name::<sqlx::Sqlite>().await;
-                }
-            )*
-        }
-        mod postgres {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name::<sqlx::Postgres>().await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

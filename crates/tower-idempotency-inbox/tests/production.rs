@@ -2,6 +2,7 @@
 //! (each test with tables of its own): handlers slower than the lease, hanging handlers, handlers
 //! that read before they write under load, and retries while acknowledgements keep arriving.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -255,29 +256,6 @@ async fn retry_runs_under_sustained_stream<DB: Fixture>() {
     assert!(waited < Duration::from_secs(3), "{}: {waited:?}", DB::LABEL);
     assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name::<sqlx::Sqlite>().await;
-                }
-            )*
-        }
-        mod postgres {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name::<sqlx::Postgres>().await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

@@ -429,3 +429,29 @@ pub async fn serve_router(app: Router) -> String {
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     format!("http://{addr}")
 }
+
+/// One `#[tokio::test]` per named generic test function and database: `sqlite::<name>` and
+/// `postgres::<name>` (the including file imports `sqlx`).
+#[allow(unused_macros)] // Not every test binary has generic tests.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name::<sqlx::Sqlite>().await;
+                }
+            )*
+        }
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name::<sqlx::Postgres>().await;
+                }
+            )*
+        }
+    };
+}
