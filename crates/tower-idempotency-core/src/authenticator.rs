@@ -19,15 +19,21 @@ use sha2::{Digest, Sha256};
 /// - seen under a different key: `401` with the problem type `replayed-signature`, and the
 ///   handler does not run.
 ///
-/// The record is a second store key, `{namespace}.auth:{hex}`, claimed in flight with a lease of
-/// the layer's TTL (so a store that evicts completed records never drops it early) and
-/// fingerprinted by a digest of the key as derived (before scoping by path and principal: one
-/// delivery sent to two routes of one namespace runs on each, as without an authenticator). Its
-/// claim runs concurrently with the key's own claim: one extra store round trip per request,
-/// and a wait for the slower of the two. A request refused this way releases its claim of the
-/// key (one more round trip, only then); a record the store cannot read or write is answered
-/// like a failed claim (`503`, or the handler unguarded under `fail_open`). After the TTL the
-/// record expires and the credential is accepted once more under a new key.
+/// The record is a second store key, `{namespace}.auth:{hex}`, fingerprinted by a digest of the
+/// key as derived (before scoping by path and principal: one delivery sent to two routes of one
+/// namespace runs on each, as without an authenticator). Its claim runs concurrently with the
+/// key's own claim: one extra store round trip per request, and a wait for the slower of the
+/// two. It is in flight only while the key's handler runs: once the key is settled, the record
+/// is completed for the layer's TTL (one more round trip), holding the key's status and headers
+/// without the body, or a mark that the key was released. A store that evicts completed records
+/// (the memory store when full) can evict it like any other, and never fills with records that
+/// run nothing. When the key's own record is gone before its TTL (evicted) but the record holds
+/// its result, a retry of the same delivery is answered with the stored status and
+/// `Idempotent-Body-Omitted` instead of running the handler again. A request refused as a
+/// replay releases its claim of the key (one more round trip, only then); a record the store
+/// cannot read or write is answered like a failed claim (`503`, or the handler unguarded under
+/// `fail_open`). After the TTL the record expires and the credential is accepted once more
+/// under a new key.
 ///
 /// ```
 /// use tower_idempotency_core::Authenticator;

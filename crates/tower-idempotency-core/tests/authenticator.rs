@@ -186,3 +186,134 @@ async fn one_delivery_to_two_routes_of_a_namespace_runs_on_each() {
     }
     assert_eq!(shared.calls.load(Ordering::SeqCst), 2);
 }
+
+/// Hooks recording every key claimed, the layer's own and the authenticator records'.
+#[derive(Default)]
+struct ClaimedKeys {
+    keys: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl Hooks for ClaimedKeys {
+    async fn before(&self, call: Call, key: &str) -> Result<(), StoreError> {
+        let mut keys = self.keys.lock().unwrap();
+        if call == Call::Claim && !keys.iter().any(|k| k == key) {
+            keys.push(key.to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl ClaimedKeys {
+    /// The first key and the first authenticator record claimed.
+    fn first_pair(&self) -> (String, String) {
+        let keys = self.keys.lock().unwrap();
+        let find = |auth: bool| {
+            keys.iter()
+                .find(|k| k.contains(".auth:") == auth)
+                .expect("a claimed key")
+                .clone()
+        };
+        (find(false), find(true))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_deliveries_past_the_memory_bound_are_never_refused() {
+    const DELIVERIES: usize = 200;
+    let store = MemoryStore::new().with_max_entries(160);
+    let store = Arc::new(Hooked::wrap(store, ClaimedKeys::default()));
+    let (url, shared) = serve(store.clone()).await;
+    shared.gate.add_permits(10_000);
+    let client = reqwest::Client::new();
+    for n in 0..DELIVERIES {
+        let response = send(&client, &url, &format!("d{n}"), &format!("sig-{n}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "delivery {n} was refused");
+    }
+    assert_eq!(shared.calls.load(Ordering::SeqCst), DELIVERIES);
+    assert!(store.store.evictions() > 0, "the bound was never reached");
+    // The newest delivery is still held (evictions take the oldest): a retry replays it.
+    let last = DELIVERIES - 1;
+    let retry = send(&client, &url, &format!("d{last}"), &format!("sig-{last}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(shared.calls.load(Ordering::SeqCst), DELIVERIES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticator_record_is_settled_with_its_key_and_stands_in_for_a_lost_record() {
+    let store = Arc::new(Hooked::wrap(MemoryStore::new(), ClaimedKeys::default()));
+    let (url, shared) = serve(store.clone()).await;
+    shared.gate.add_permits(100);
+    let client = reqwest::Client::new();
+    let first = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let (key_record, auth_record) = store.hooks.first_pair();
+
+    // Settled with the key: completed with its status, no longer in flight.
+    match store.store.get(&auth_record).await.unwrap() {
+        Some(tower_idempotency_core::RecordState::Completed { record, .. }) => {
+            assert_eq!(record.response.status, 200);
+            assert!(record.response.body_omitted && record.response.body.is_empty());
+        }
+        other => panic!("the authenticator's record is {other:?}"),
+    }
+
+    // The key's own record is lost (as an eviction drops it): the retry is answered from the
+    // authenticator's record, without running the handler again.
+    assert!(store.store.forget(&key_record).await.unwrap());
+    let retry = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["idempotent-body-omitted"], "true");
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
+    // The key was not left claimed by that answer, and the credential is still refused
+    // under another key.
+    assert!(store.store.get(&key_record).await.unwrap().is_none());
+    let other = send(&client, &url, "k2", "sig").send().await.unwrap();
+    assert_eq!(other.status(), 401);
+    assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
+}
+
+/// Answers 500 (not cached, so the key is released) while `fail` is set.
+async fn flaky(State(shared): State<Arc<(AtomicUsize, AtomicBool)>>) -> http::StatusCode {
+    shared.0.fetch_add(1, Ordering::SeqCst);
+    if shared.1.load(Ordering::SeqCst) {
+        http::StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        http::StatusCode::OK
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_keys_authenticator_record_refuses_other_keys_but_lets_its_retry_run() {
+    let store = Arc::new(Hooked::wrap(MemoryStore::new(), ClaimedKeys::default()));
+    let shared = Arc::new((AtomicUsize::new(0), AtomicBool::new(true)));
+    let app = Router::new()
+        .route("/hook", post(flaky))
+        .route_layer(IdempotencyLayer::new(UnsignedKey, store.clone()).namespace("signed"))
+        .with_state(shared.clone());
+    let url = format!("{}/hook", tower_idempotency_testkit::serve(app).await);
+    let client = reqwest::Client::new();
+    let failed = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(failed.status(), 500);
+    let (_, auth_record) = store.hooks.first_pair();
+    // Not left in flight for the TTL: completed, holding no result.
+    assert!(matches!(
+        store.store.get(&auth_record).await.unwrap(),
+        Some(tower_idempotency_core::RecordState::Completed { .. })
+    ));
+    let other = send(&client, &url, "k2", "sig").send().await.unwrap();
+    assert_eq!(other.status(), 401);
+    shared.1.store(false, Ordering::SeqCst);
+    let retry = send(&client, &url, "k", "sig").send().await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(shared.0.load(Ordering::SeqCst), 2);
+}

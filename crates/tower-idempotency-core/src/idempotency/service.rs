@@ -18,7 +18,7 @@ use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
 use super::{
-    authenticated::{self, Checked},
+    authenticated::{self, Checked, Held},
     claim::claim,
     detach::DetachOnDrop,
     layer::Config,
@@ -171,9 +171,9 @@ where
         fingerprint,
         authenticator,
     } = keyed;
-    let claim = match claim_key(&config, &store_key, &fingerprint, authenticator).await {
-        Ok(Ok(claim)) => claim,
-        Ok(Err(error)) => {
+    let (claim, held) = match claim_key(&config, &store_key, &fingerprint, authenticator).await {
+        Ok((Ok(claim), held)) => (claim, held),
+        Ok((Err(error), _)) => {
             let request = Request::from_parts(parts, InnerBody::from(body));
             return store_failed(&config, error, inner, request).await;
         }
@@ -185,6 +185,7 @@ where
             let claimed = Claimed {
                 key: store_key,
                 token,
+                held,
                 permit,
                 tracked,
             };
@@ -265,17 +266,19 @@ async fn claim_key<B>(
     store_key: &str,
     fingerprint: &Fingerprint,
     authenticator: Option<(Authenticator, Fingerprint)>,
-) -> Result<Result<ClaimOutcome, String>, Early<B>> {
+) -> Result<(Result<ClaimOutcome, String>, Option<Held>), Early<B>> {
     let mark = config.wait.as_ref().map(|w| w.mark(config.store.as_ref()));
     let key_claim = claim(config, store_key, fingerprint);
-    let claim = match authenticated::claim(config, store_key, key_claim, authenticator).await {
-        Checked::Claim(claim) => claim,
+    let checked =
+        authenticated::claim(config, store_key, fingerprint, key_claim, authenticator).await;
+    let (claim, held) = match checked {
+        Checked::Claim { claim, held } => (claim, held),
         Checked::Replayed => {
             let replayed = reject(Rejection::ReplayedSignature, Outcome::ReplayedSignature);
             return Err(Box::new(replayed));
         }
     };
-    Ok(match (&config.wait, mark) {
+    let claim = match (&config.wait, mark) {
         // Only a key in flight is waited on; boxed, so that the wait's state does not set the
         // size of every request's.
         (Some(waiters), Some(mark)) if matches!(claim, Ok(ClaimOutcome::InFlight { .. })) => {
@@ -290,7 +293,8 @@ async fn claim_key<B>(
             .await
         }
         _ => claim,
-    })
+    };
+    Ok((claim, held))
 }
 
 /// The answer when the store failed to claim: the handler unguarded with fail-open, else `503`.
@@ -318,6 +322,8 @@ where
 struct Claimed {
     key: String,
     token: FencingToken,
+    /// The authenticator's record, settled after the key.
+    held: Option<Held>,
     permit: Option<OwnedSemaphorePermit>,
     /// Counts the request for a drain until the tracked run stands for it.
     tracked: TaskTrackerToken,
@@ -342,6 +348,7 @@ where
     let Claimed {
         key,
         token,
+        held,
         permit,
         tracked,
     } = claimed;
@@ -356,6 +363,8 @@ where
     // block that calls the run, not a run built outside it and awaited inside: a future moved
     // into a block is stored twice in its state (captured, and awaited), and moved twice.
     let execute = Box::pin(async move {
+        // Only an authenticated request settles a second record; the others clone nothing.
+        let settle_after = held.map(|held| (held, config.clone(), key.clone()));
         let answer = if config.transactional {
             // The handler's writes commit with the completion: see `transactional.rs`. Boxed,
             // as the rarer and larger run, so that it does not set the size of the plain one.
@@ -366,6 +375,10 @@ where
         } else {
             settle::execute(config, inner, request, key, token, permit).await
         };
+        if let Some((held, config, key)) = settle_after {
+            let stored = authenticated::settled_as(answer.as_ref().ok());
+            authenticated::settle(&config, held, stored, &key).await;
+        }
         drop(settled);
         answer
     });
