@@ -51,6 +51,7 @@ mod authenticator;
 mod fingerprint;
 mod idempotency;
 mod key;
+mod key_header;
 mod once;
 mod outcome;
 mod policy;
@@ -78,7 +79,9 @@ pub use idempotency::{
     RESULTS_UNRECORDED_TOTAL, STORE_CALL_DURATION_SECONDS,
 };
 #[doc(inline)]
-pub use key::{parse_key, ClientKey, KeyError, KeySource, IDEMPOTENCY_KEY, MAX_KEY_LEN};
+pub use key::{ClientKey, KeySource};
+#[doc(inline)]
+pub use key_header::{parse_key, KeyError, IDEMPOTENCY_KEY, MAX_KEY_LEN};
 #[doc(inline)]
 pub use once::{OnceError, Ran, RunOnce};
 #[doc(inline)]

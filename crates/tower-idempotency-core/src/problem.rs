@@ -5,7 +5,7 @@ use std::{borrow::Cow, time::Duration};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::{fingerprint::FingerprintError, key::KeyError};
+use crate::{fingerprint::FingerprintError, key_header::KeyError};
 
 /// Media type of every rejection body.
 pub const PROBLEM_JSON: &str = "application/problem+json";

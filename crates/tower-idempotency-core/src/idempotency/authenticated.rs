@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{request::Parts, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
-use super::{claim::within, layer::Config, metrics};
+use super::{claim::within, config::Config, metrics};
 use crate::{
     authenticator::Authenticator,
     outcome::Outcome,
@@ -115,7 +115,15 @@ pub(crate) async fn claim(
         Err(error) => Err(error.clone()),
     };
     if matches!(verdict, Ok(true)) {
-        return go_on(config, store_key, fingerprint, claim, seen, Held { record, token }).await;
+        return go_on(
+            config,
+            store_key,
+            fingerprint,
+            claim,
+            seen,
+            Held { record, token },
+        )
+        .await;
     }
     if let Ok(ClaimOutcome::Claimed { token }) = &claim {
         release_key(config, store_key, *token).await;

@@ -4,7 +4,11 @@ use std::{future::Future, pin::pin, sync::Arc, task::Poll, time::Duration};
 
 use tracing::{Instrument, Span};
 
-use super::{layer::Config, metrics};
+use super::{
+    config::Config,
+    metrics,
+    wait::{Mark, Waiters, Waiting},
+};
 use crate::store::{ClaimOutcome, FencingToken, Fingerprint, Ownership};
 
 /// Claims `key` with a fresh token within the store timeout. A claim that failed, timed out or
@@ -96,4 +100,31 @@ pub(super) async fn within<F: Future>(limit: Duration, future: F) -> Option<F::O
         return Some(output);
     }
     tokio::time::timeout(limit, future).await.ok()
+}
+
+/// With `wait_for_result` (see `wait.rs`): waits while `claimed` finds the key in flight for this very request (same fingerprint),
+/// claiming it again after each wait; answers the last claim, which is still in flight when
+/// the wait ended or the bound on waiters was reached. `mark` was taken before the first claim.
+pub(super) async fn until_settled(
+    config: &Arc<Config>,
+    waiters: &Arc<Waiters>,
+    mark: Mark,
+    key: &str,
+    fingerprint: &Fingerprint,
+    mut claimed: Result<ClaimOutcome, String>,
+) -> Result<ClaimOutcome, String> {
+    let mut waiting = Waiting::new(waiters, mark);
+    while let Ok(ClaimOutcome::InFlight {
+        fingerprint: holder,
+        lease_remaining,
+        ..
+    }) = &claimed
+    {
+        if holder != fingerprint || !waiting.wait(key, *lease_remaining).await {
+            break;
+        }
+        waiting.before_claim();
+        claimed = claim(config, key, fingerprint).await;
+    }
+    claimed
 }

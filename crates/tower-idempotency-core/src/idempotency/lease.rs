@@ -4,7 +4,7 @@ use std::{future::Future, pin::Pin, task::Poll};
 
 use tokio::time::Instant;
 
-use super::{layer::Config, metrics};
+use super::{config::Config, metrics};
 use crate::store::{FencingToken, Ownership};
 
 /// Runs `work` while renewing the lease every third of its length, up to the renewal ceiling;

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use super::layer::Config;
+use super::config::Config;
 #[cfg(feature = "metrics")]
 use crate::outcome::Outcome;
 

@@ -1,9 +1,11 @@
 //! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`] (what they do
 //! with a request is told in the crate documentation).
 
+mod answer;
 mod authenticated;
 mod body;
 mod claim;
+mod config;
 mod detach;
 mod future;
 mod layer;

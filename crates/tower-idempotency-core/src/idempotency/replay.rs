@@ -3,8 +3,8 @@
 use http::{HeaderValue, Response};
 
 use super::{
-    layer::Config,
-    service::{reject, with_outcome},
+    answer::{reject, with_outcome},
+    config::Config,
     ResponseBody,
 };
 use crate::{

@@ -9,8 +9,8 @@ use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::{
-    layer::Config,
-    service::{reject, Early},
+    answer::{reject, Early},
+    config::Config,
 };
 use crate::{outcome::Outcome, problem::Rejection};
 

@@ -18,16 +18,17 @@ use tower_service::Service;
 use tracing::{field, Instrument, Span};
 
 use super::{
+    answer::{reject, with_outcome, Answer, Early},
     authenticated::{self, Checked, Held},
-    claim::claim,
+    claim::{self, claim},
+    config::Config,
     detach::DetachOnDrop,
-    layer::Config,
     metrics, replay, request_body, settle, transactional, wait, ResponseBody, ResponseFuture,
 };
 use crate::{
     authenticator::Authenticator,
     outcome::Outcome,
-    problem::{Problem, Rejection},
+    problem::Rejection,
     store::{BoxError, ClaimOutcome, FencingToken, Fingerprint},
 };
 
@@ -96,8 +97,6 @@ where
     }
 }
 
-pub(super) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
-
 /// The body the inner service receives.
 type InnerBody = axum::body::Body;
 
@@ -112,24 +111,6 @@ where
     let response = inner.call(request).await?;
     Ok(with_outcome(response.map(ResponseBody::inner), outcome))
 }
-
-pub(super) fn with_outcome<B>(mut response: Response<B>, outcome: Outcome) -> Response<B> {
-    Span::current().record("outcome", outcome.as_str());
-    tracing::debug!(outcome = outcome.as_str(), "idempotency outcome");
-    response.extensions_mut().insert(outcome);
-    response
-}
-
-pub(super) fn reject<B>(
-    problem: impl Into<Problem>,
-    outcome: Outcome,
-) -> Response<ResponseBody<B>> {
-    with_outcome(problem.into().into_response(), outcome)
-}
-
-/// The answer to a request that stops before its handler runs; boxed, so that the steps' results
-/// stay small on the path that goes on.
-pub(super) type Early<B> = Box<Response<ResponseBody<B>>>;
 
 async fn guard<S, ReqBody, ResBody>(
     config: Arc<Config>,
@@ -282,7 +263,7 @@ async fn claim_key<B>(
         // Only a key in flight is waited on; boxed, so that the wait's state does not set the
         // size of every request's.
         (Some(waiters), Some(mark)) if matches!(claim, Ok(ClaimOutcome::InFlight { .. })) => {
-            Box::pin(wait::settle(
+            Box::pin(claim::until_settled(
                 config,
                 waiters,
                 mark,

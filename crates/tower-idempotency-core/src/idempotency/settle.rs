@@ -12,12 +12,12 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::{
+    answer::{reject, with_outcome, Answer},
     claim::within,
-    layer::Config,
+    config::Config,
     lease::renewing_lease,
     metrics,
     request_body::{read_body, Capped},
-    service::{reject, with_outcome, Answer},
     ResponseBody,
 };
 use crate::{

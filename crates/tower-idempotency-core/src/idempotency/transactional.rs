@@ -27,11 +27,11 @@ use tower_service::Service;
 use tracing::Span;
 
 use super::{
+    answer::{reject, with_outcome, Answer},
     claim::within,
-    layer::Config,
+    config::Config,
     lease::renewing_lease,
     metrics,
-    service::{reject, with_outcome, Answer},
     settle::{produce, release, Produced},
     ResponseBody,
 };

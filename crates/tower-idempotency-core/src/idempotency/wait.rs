@@ -18,41 +18,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{claim, layer::Config};
-use crate::store::{
-    ClaimOutcome, Fingerprint, KeySignal, KeySignals, Settlement, Settlements, Store,
-};
+use crate::store::{KeySignal, KeySignals, Settlement, Settlements, Store};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
-
-/// Waits while `claimed` finds the key in flight for this very request (same fingerprint),
-/// claiming it again after each wait; answers the last claim, which is still in flight when
-/// the wait ended or the bound on waiters was reached. `mark` was taken before the first claim.
-pub(super) async fn settle(
-    config: &Arc<Config>,
-    waiters: &Arc<Waiters>,
-    mark: Mark,
-    key: &str,
-    fingerprint: &Fingerprint,
-    mut claimed: Result<ClaimOutcome, String>,
-) -> Result<ClaimOutcome, String> {
-    let mut waiting = Waiting::new(waiters, mark);
-    while let Ok(ClaimOutcome::InFlight {
-        fingerprint: holder,
-        lease_remaining,
-        ..
-    }) = &claimed
-    {
-        if holder != fingerprint || !waiting.wait(key, *lease_remaining).await {
-            break;
-        }
-        waiting.before_claim();
-        claimed = claim::claim(config, key, fingerprint).await;
-    }
-    claimed
-}
 
 /// The first interval between a waiter's re-claims when no notices reach it; it doubles after
 /// each.
@@ -192,7 +162,7 @@ async fn watched(notices: &Settlements, key: &str, deadline: Instant) -> Option<
 }
 
 /// One duplicate's wait: until `max_wait` after it began.
-struct Waiting {
+pub(super) struct Waiting {
     waiters: Arc<Waiters>,
     mark: Mark,
     deadline: Instant,
@@ -201,7 +171,7 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn new(waiters: &Arc<Waiters>, mark: Mark) -> Self {
+    pub(super) fn new(waiters: &Arc<Waiters>, mark: Mark) -> Self {
         Self {
             waiters: waiters.clone(),
             mark,
@@ -217,7 +187,7 @@ impl Waiting {
     /// poll interval (never past that lease). `true` then, and the caller claims the key again
     /// (call [`before_claim`](Self::before_claim) first). `false` at once when the duplicate is
     /// to be answered as in flight: the wait is over, or the bound on waiters is reached.
-    async fn wait(&mut self, key: &str, lease_remaining: Duration) -> bool {
+    pub(super) async fn wait(&mut self, key: &str, lease_remaining: Duration) -> bool {
         let now = Instant::now();
         if now >= self.deadline {
             return false;
@@ -266,7 +236,7 @@ impl Waiting {
 
     /// Marks the key's signals so far as seen, so that one sent while the next claim runs
     /// still ends the next wait.
-    fn before_claim(&mut self) {
+    pub(super) fn before_claim(&mut self) {
         if let Some(registration) = &mut self.registration {
             registration.local.mark_seen();
             if let Some(settlement) = &mut registration.store {
