@@ -16,8 +16,9 @@ use tracing::{Instrument, Span};
 /// its result is still recorded.
 ///
 /// Spawning every handler up front gives the same guarantee, but costs a task allocation, a
-/// scheduler round and a cross-task wake-up on every request; measured by the load harness, that
-/// was the largest fixed cost of a first request. Only requests whose caller gives up pay it here.
+/// scheduler round and a cross-task wake-up on every request, the largest fixed cost of a first
+/// request (the load harness in `bench/loadtest` shows it). Only requests whose caller gives up
+/// pay it here.
 pub(crate) struct DetachOnDrop<F>
 where
     F: Future + Unpin + Send + 'static,
