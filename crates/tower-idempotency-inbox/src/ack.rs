@@ -151,6 +151,7 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             body: body.to_vec(),
             authenticator: webhook.authenticator().map(|a| a.as_bytes().to_vec()),
             received_at: unix_ms(self.clock.now()),
+            order: self.inbox.ordering.as_ref().and_then(|o| o.position(&body)),
         };
         match DB::insert(&self.inbox.pool, &self.inbox.sql, &event).await {
             Ok(inserted) => {

@@ -11,7 +11,10 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use crate::event::{EventKey, EventSummary, StateCounts};
+use crate::{
+    event::{EventKey, EventSummary, StateCounts},
+    ordering::OrderedSql,
+};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -24,6 +27,8 @@ pub struct NewEvent {
     pub body: Vec<u8>,
     pub authenticator: Option<Vec<u8>>,
     pub received_at: i64,
+    /// Its [`OrderPosition`](crate::OrderPosition) under the inbox's ordering.
+    pub order: Option<crate::OrderPosition>,
 }
 
 /// A claimed event's row.
@@ -40,6 +45,8 @@ pub struct ClaimedRow {
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Sql {
+    /// The statements of ordered events.
+    pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
     insert: String,
     claim: String,
@@ -77,15 +84,16 @@ pub(crate) const SPENT: &str =
     "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
 
 impl Sql {
-    fn new(table: &str, schema: String, claim: String) -> Self {
+    fn new(table: &str, schema: String, claim: String, postgres: bool) -> Self {
         Self {
+            ordered: OrderedSql::new(table, DUE, postgres),
             schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
             insert: format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
-                 received_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $6) \
-                 ON CONFLICT DO NOTHING"
+                 received_at, available_at, order_key, event_time) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8) ON CONFLICT DO NOTHING"
             ),
             claim,
             complete: format!(
@@ -150,9 +158,12 @@ impl Sql {
              lease_until bigint,\n\
              finished_at bigint,\n\
              last_error text,\n\
+             order_key text COLLATE \"C\",\n\
+             event_time bigint,\n\
              PRIMARY KEY (provider, event_id));\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
-             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n"
+             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n\
+             CREATE INDEX IF NOT EXISTS {table}_order_idx ON {table} (provider, order_key, state);\n"
         );
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
@@ -161,7 +172,7 @@ impl Sql {
              FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim)
+        Self::new(table, schema, claim, true)
     }
 
     /// The SQLite statements. The database has one writer at a time, so the claim needs no
@@ -183,16 +194,19 @@ impl Sql {
              lease_until INTEGER,\n\
              finished_at INTEGER,\n\
              last_error TEXT,\n\
+             order_key TEXT,\n\
+             event_time INTEGER,\n\
              PRIMARY KEY (provider, event_id)) WITHOUT ROWID;\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
-             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n"
+             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n\
+             CREATE INDEX IF NOT EXISTS {table}_order_idx ON {table} (provider, order_key, state);\n"
         );
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
              WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim)
+        Self::new(table, schema, claim, false)
     }
 }
 
@@ -319,10 +333,70 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Sql,
     ) -> BoxFuture<'a, sqlx::Result<StateCounts>>;
+
+    /// Claims like [`claim`](Self::claim) under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
+    /// only when no other pending event of its ordering key is earlier or running.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn claim_in_order<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+        token: i64,
+        lease_until: i64,
+        max_attempts: i32,
+    ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
+
+    /// Locks the event's ordering key for the rest of `conn`'s transaction (Postgres; on
+    /// SQLite the transaction's write lock does it), then answers the event id of a processed
+    /// event of that key strictly newer than it, if any.
+    #[doc(hidden)]
+    fn newer_processed<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        key: &'a EventKey,
+    ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
+
+    /// Marks the claimed event skipped with `reason`, fenced by `token`.
+    #[doc(hidden)]
+    fn skip<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        key: &'a EventKey,
+        now: i64,
+        token: i64,
+        reason: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// The earliest pending event of the event's ordering key, other than the event.
+    #[doc(hidden)]
+    fn next_in_order<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a EventKey,
+    ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
 }
 
 mod sealed {
     pub trait Sealed {}
+}
+
+/// A claim's `RETURNING headers, body, received_at, attempts`.
+fn claimed_row<R: sqlx::Row>(row: &R) -> sqlx::Result<ClaimedRow>
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(ClaimedRow {
+        headers: row.try_get(0)?,
+        body: row.try_get(1)?,
+        received_at: row.try_get(2)?,
+        attempts: row.try_get(3)?,
+    })
 }
 
 fn summary<R: sqlx::Row>(row: &R) -> sqlx::Result<EventSummary>
@@ -398,7 +472,9 @@ macro_rules! backend {
                             .bind(&event.headers)
                             .bind(&event.body)
                             .bind(&event.authenticator)
-                            .bind(event.received_at);
+                            .bind(event.received_at)
+                            .bind(event.order.as_ref().map(|o| o.key.as_str()))
+                            .bind(event.order.as_ref().map(|o| o.time));
                         one_row(query, pool).await
                     })
                 }
@@ -414,7 +490,6 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                     Box::pin(async move {
                         sql.sent();
-                        use sqlx::Row;
                         let row = sqlx::query(&sql.claim)
                             .bind(now)
                             .bind(&key.provider)
@@ -424,15 +499,7 @@ macro_rules! backend {
                             .bind(max_attempts)
                             .fetch_optional(pool)
                             .await?;
-                        row.map(|row| {
-                            Ok(ClaimedRow {
-                                headers: row.try_get(0)?,
-                                body: row.try_get(1)?,
-                                received_at: row.try_get(2)?,
-                                attempts: row.try_get(3)?,
-                            })
-                        })
-                        .transpose()
+                        row.map(|row| claimed_row(&row)).transpose()
                     })
                 }
 
@@ -589,9 +656,100 @@ macro_rules! backend {
                                 crate::EventState::Pending => counts.pending = count,
                                 crate::EventState::Processed => counts.processed = count,
                                 crate::EventState::Failed => counts.failed = count,
+                                crate::EventState::Skipped => counts.skipped = count,
                             }
                         }
                         Ok(counts)
+                    })
+                }
+
+                fn claim_in_order<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                    token: i64,
+                    lease_until: i64,
+                    max_attempts: i32,
+                ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
+                    Box::pin(async move {
+                        let claim = |conn| {
+                            sql.sent();
+                            sqlx::query(&sql.ordered.claim)
+                                .bind(now)
+                                .bind(&key.provider)
+                                .bind(&key.event_id)
+                                .bind(token)
+                                .bind(lease_until)
+                                .bind(max_attempts)
+                                .fetch_optional(conn)
+                        };
+                        let row = match &sql.ordered.lock {
+                            // The lock's statement and the claim's are two, so the claim reads
+                            // what the key's previous holder committed before it let go.
+                            Some(lock) => {
+                                let mut tx = pool.begin().await?;
+                                keyed(sql, lock, key).fetch_all(&mut *tx).await?;
+                                let row = claim(&mut *tx).await?;
+                                tx.commit().await?;
+                                row
+                            }
+                            None => {
+                                let mut conn = pool.acquire().await?;
+                                claim(&mut *conn).await?
+                            }
+                        };
+                        row.map(|row| claimed_row(&row)).transpose()
+                    })
+                }
+
+                fn newer_processed<'a>(
+                    conn: &'a mut Self::Connection,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                ) -> BoxFuture<'a, sqlx::Result<Option<String>>> {
+                    Box::pin(async move {
+                        if let Some(lock) = &sql.ordered.lock {
+                            keyed(sql, lock, key).fetch_all(&mut *conn).await?;
+                        }
+                        sql.sent();
+                        sqlx::query_scalar(&sql.ordered.newer)
+                            .bind(&key.provider)
+                            .bind(&key.event_id)
+                            .fetch_optional(&mut *conn)
+                            .await
+                    })
+                }
+
+                fn skip<'a>(
+                    conn: &'a mut Self::Connection,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    now: i64,
+                    token: i64,
+                    reason: &'a str,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let query = keyed(sql, &sql.ordered.skip, key)
+                            .bind(now)
+                            .bind(token)
+                            .bind(reason);
+                        one_row(query, conn).await
+                    })
+                }
+
+                fn next_in_order<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                ) -> BoxFuture<'a, sqlx::Result<Option<String>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        sqlx::query_scalar(&sql.ordered.next)
+                            .bind(&key.provider)
+                            .bind(&key.event_id)
+                            .fetch_optional(pool)
+                            .await
                     })
                 }
             }

@@ -35,6 +35,10 @@ pub enum EventState {
     Processed,
     /// Every attempt failed; kept with its last error until retried or purged.
     Failed,
+    /// Older than the newest processed event of its ordering key under
+    /// [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale): never handed to the
+    /// handler. Its last error says which event made it stale.
+    Skipped,
 }
 
 impl EventState {
@@ -43,6 +47,7 @@ impl EventState {
             Self::Pending => 0,
             Self::Processed => 1,
             Self::Failed => 2,
+            Self::Skipped => 3,
         }
     }
 
@@ -50,6 +55,7 @@ impl EventState {
         match code {
             1 => Self::Processed,
             2 => Self::Failed,
+            3 => Self::Skipped,
             _ => Self::Pending,
         }
     }
@@ -60,6 +66,7 @@ impl EventState {
             Self::Pending => "pending",
             Self::Processed => "processed",
             Self::Failed => "failed",
+            Self::Skipped => "skipped",
         }
     }
 }
@@ -131,6 +138,8 @@ pub struct StateCounts {
     pub processed: u64,
     /// [`EventState::Failed`].
     pub failed: u64,
+    /// [`EventState::Skipped`].
+    pub skipped: u64,
 }
 
 /// Unix milliseconds of `time` (0 before the epoch, saturating far in the future).

@@ -11,6 +11,7 @@ use tower_idempotency_sqlx::{validate_table_name, ConfigError};
 use crate::{
     backend::{InboxDatabase, Sql},
     event::EventKey,
+    ordering::Ordering,
 };
 
 /// The table name [`Inbox::new`] is usually given.
@@ -44,6 +45,8 @@ pub struct Inbox<DB: InboxDatabase> {
     pub(crate) pool: sqlx::Pool<DB>,
     pub(crate) sql: Arc<Sql>,
     table: Arc<str>,
+    /// How events of one object are ordered, when they are.
+    pub(crate) ordering: Option<Ordering>,
     /// The running worker's queue, fed at acknowledgement; `None` without a worker.
     queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
 }
@@ -54,6 +57,7 @@ impl<DB: InboxDatabase> Clone for Inbox<DB> {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
             table: self.table.clone(),
+            ordering: self.ordering.clone(),
             queue: self.queue.clone(),
         }
     }
@@ -78,8 +82,17 @@ impl<DB: InboxDatabase> Inbox<DB> {
             pool,
             sql: Arc::new(DB::statements(table)),
             table: table.into(),
+            ordering: None,
             queue: Arc::default(),
         })
+    }
+
+    /// Orders the events of one object (see [`Ordering`]): their positions are stored at
+    /// acknowledgement, and the worker applies the policy. Set it on the inbox that
+    /// acknowledges and on the one whose worker runs (the same value on every instance).
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = Some(ordering);
+        self
     }
 
     /// Creates the table and its indexes when missing; safe to call at every start, from

@@ -65,6 +65,7 @@ mod event;
 mod handler;
 mod inbox;
 mod metrics;
+mod ordering;
 mod retry;
 mod worker;
 
@@ -76,6 +77,7 @@ pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
     describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
 };
+pub use ordering::{OrderPosition, Ordering, OrderingPolicy};
 pub use retry::Backoff;
 pub use worker::{
     InboxWorker, WorkerBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,

@@ -21,6 +21,7 @@ use tracing::Instrument;
 use crate::{
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
     handler::{error_text, panic_text, Permanent},
+    ordering::OrderingPolicy,
     Backoff, Inbox, InboxDatabase, InboxHandler,
 };
 
@@ -344,6 +345,8 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
 /// How an attempt ended.
 enum Ended {
     Processed,
+    /// Older than the newest processed event of its ordering key; marked skipped.
+    Skipped,
     /// The lease was lost to another attempt before the commit; nothing was written.
     Stale,
 }
@@ -376,7 +379,13 @@ async fn attempt<DB: InboxDatabase>(
     let (inbox, token, now) = (&shared.inbox, fastrand::i64(0..i64::MAX), now_ms());
     let lease_until = now.saturating_add(duration_ms(shared.lease));
     let max = shared.max_attempts();
-    let claimed = DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await;
+    let sequential =
+        inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential);
+    let claimed = if sequential {
+        DB::claim_in_order(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await
+    } else {
+        DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await
+    };
     let row = match claimed {
         Ok(Some(row)) => row,
         Ok(None) => return,
@@ -402,11 +411,16 @@ async fn attempt<DB: InboxDatabase>(
         attempt,
     };
     let ended = async {
-        match shared.run(event, token).await {
+        let outcome = match shared.run(event, token).await {
             Ok(Ended::Processed) => Some("processed"),
+            Ok(Ended::Skipped) => Some("skipped"),
             Ok(Ended::Stale) => Some("lease_lost"),
             Err(failure) => shared.failed(&key, token, attempt, &failure).await,
+        };
+        if inbox.ordering.is_some() {
+            shared.hand_on(&key).await;
         }
+        outcome
     };
     if let Some(outcome) = ended.instrument(span.clone()).await {
         let elapsed = started.elapsed();
@@ -466,12 +480,23 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// this returns, so SQLite's write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
-        let transaction = self
+        let mut transaction = self
             .inbox
             .pool
             .begin_with(DB::BEGIN)
             .await
             .map_err(|e| error_text(&e))?;
+        if self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale) {
+            match self.skip_if_stale(&mut transaction, &key, token).await? {
+                Some(Ended::Skipped) => {
+                    transaction.commit().await.map_err(|e| error_text(&e))?;
+                    return Ok(Ended::Skipped);
+                }
+                // Dropped: rolled back.
+                Some(ended) => return Ok(ended),
+                None => {}
+            }
+        }
         let handle = TxHandle::new(transaction);
         let tx = handle.lock().expect("a new transaction is free");
         let handler = self.handler.clone();
@@ -520,6 +545,45 @@ impl<DB: InboxDatabase> Shared<DB> {
         // commit, the failure record (fenced by the token the commit cleared) changes nothing.
         transaction.commit().await.map_err(|e| error_text(&e))?;
         Ok(Ended::Processed)
+    }
+
+    /// Under [`OrderingPolicy::SkipStale`]: locks the event's ordering key for `transaction`
+    /// and, when a processed event of that key is newer, marks this one skipped (`Some`: the
+    /// caller commits); `None` to run the handler in the same transaction, still holding the
+    /// lock.
+    async fn skip_if_stale(
+        &self,
+        transaction: &mut sqlx::Transaction<'static, DB>,
+        key: &EventKey,
+        token: i64,
+    ) -> Result<Option<Ended>, Failure> {
+        let sql = &self.inbox.sql;
+        let newer = DB::newer_processed(&mut **transaction, sql, key)
+            .await
+            .map_err(|e| error_text(&e))?;
+        let Some(newer) = newer else {
+            return Ok(None);
+        };
+        let reason = format!("skipped: older than the processed event {newer}");
+        let current = DB::skip(&mut **transaction, sql, key, now_ms(), token, &reason)
+            .await
+            .map_err(|e| error_text(&e))?;
+        if !current {
+            return Ok(Some(Ended::Stale));
+        }
+        Ok(Some(Ended::Skipped))
+    }
+
+    /// Hands the next pending event of `key`'s ordering key to the worker, so an event held back
+    /// by this one does not wait for the sweeper.
+    async fn hand_on(&self, key: &EventKey) {
+        match DB::next_in_order(&self.inbox.pool, &self.inbox.sql, key).await {
+            Ok(Some(next)) => self.inbox.notify(EventKey::new(key.provider.clone(), next)),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, "finding the next event in order failed; the sweeper finds it")
+            }
+        }
     }
 
     /// Records a failed attempt: pending again after the backoff, or failed after the last (or
