@@ -49,6 +49,15 @@ pub struct InboxSettings {
     pub lease: Option<Duration>,
     pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
+    /// `INBOX_ORDERING`: Stripe events ordered by `data.object.id` and `created`.
+    pub ordering: Option<InboxOrdering>,
+}
+
+/// `INBOX_ORDERING=sequential|skip-stale`.
+#[derive(Clone, Copy, Debug)]
+pub enum InboxOrdering {
+    Sequential,
+    SkipStale,
 }
 
 pub struct Config {
@@ -112,6 +121,17 @@ impl Config {
                 attempt_timeout: parsed("INBOX_ATTEMPT_TIMEOUT_MS", millis)?
                     .map(Duration::from_millis),
                 sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
+                ordering: match var("INBOX_ORDERING").as_deref() {
+                    None => None,
+                    Some("sequential") => Some(InboxOrdering::Sequential),
+                    Some("skip-stale") => Some(InboxOrdering::SkipStale),
+                    Some(_) => {
+                        return Err(StartError::Invalid {
+                            name: "INBOX_ORDERING",
+                            expected: "sequential or skip-stale",
+                        })
+                    }
+                },
             },
         })
     }

@@ -28,18 +28,36 @@ impl Effects {
     }
 }
 
-/// The in-process counts, with the `payments` and `inbox_effects` rows read from the database.
-pub async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64>>, StatusCode> {
+/// The in-process counts, with the `payments` and `inbox_effects` rows read from the database,
+/// and, per Stripe object the inbox handled, its event ids in handling order
+/// (`"order:<object id>": [..]`).
+pub async fn effects(
+    State(app): State<App>,
+) -> Result<Json<BTreeMap<String, serde_json::Value>>, StatusCode> {
     let mut effects = app.effects.snapshot();
     if let Some(payments) = &app.payments {
         let rows = payments.rows().await;
         add_rows(&mut effects, "payments", rows)?;
     }
-    if let Some(inbox) = &app.inbox_effects {
-        let rows = inbox.rows().await;
-        add_rows(&mut effects, "inbox", rows)?;
+    let order = match &app.inbox_effects {
+        Some(inbox) => {
+            let rows = inbox.rows().await;
+            add_rows(&mut effects, "inbox", rows)?;
+            inbox.order().await.map_err(|error| {
+                tracing::error!(%error, "reading the inbox's handling order failed");
+                StatusCode::SERVICE_UNAVAILABLE
+            })?
+        }
+        None => BTreeMap::new(),
+    };
+    let mut answer: BTreeMap<String, serde_json::Value> = effects
+        .into_iter()
+        .map(|(name, count)| (name, count.into()))
+        .collect();
+    for (object, events) in order {
+        answer.insert(format!("order:{object}"), events.into());
     }
-    Ok(Json(effects))
+    Ok(Json(answer))
 }
 
 /// Adds a table's counts as `<route>:<name>`; a table that cannot be read makes the answer `503`.

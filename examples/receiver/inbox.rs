@@ -3,9 +3,12 @@
 //! processes each event by waiting `HANDLER_DELAY_MS` and inserting one row into
 //! `inbox_effects` inside the event's transaction. Events of type `test.poison` always fail,
 //! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first. `GET /inbox/failed` lists the failed event ids,
-//! `POST /inbox/failed/{event_id}/retry` re-queues one.
+//! `POST /inbox/failed/{event_id}/retry` re-queues one. `INBOX_ORDERING=sequential|skip-stale`
+//! orders Stripe events by `data.object.id` and `created`; the handler records, per object, the
+//! order in which it committed the object's events and when each run started and ended
+//! (`inbox_order`; `"order:<object id>"` in `GET /effects`).
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use axum::{
     extract::{Path, State},
@@ -16,14 +19,14 @@ use axum::{
 use tower_idempotency::{
     inbox::{
         permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
-        InboxEvent, InboxWorker, DEFAULT_TABLE,
+        InboxEvent, InboxWorker, Ordering, OrderingPolicy, DEFAULT_TABLE,
     },
     sqlx,
     webhooks::stripe::StripeVerifier,
 };
 
 use crate::{
-    config::InboxSettings as Settings,
+    config::{InboxOrdering, InboxSettings as Settings},
     sql::{Pool, Table},
     BoxError,
 };
@@ -46,10 +49,16 @@ pub struct Effects(Pool);
 
 const TABLE: Table = Table {
     #[cfg(feature = "sqlite")]
-    sqlite: "CREATE TABLE IF NOT EXISTS inbox_effects (event_id TEXT NOT NULL)",
+    sqlite: "CREATE TABLE IF NOT EXISTS inbox_effects (event_id TEXT NOT NULL);\
+             CREATE TABLE IF NOT EXISTS inbox_order (seq INTEGER PRIMARY KEY AUTOINCREMENT, \
+             object_id TEXT NOT NULL, event_id TEXT NOT NULL, started_ms INTEGER NOT NULL, \
+             ended_ms INTEGER NOT NULL)",
     #[cfg(feature = "postgres")]
     postgres: "SELECT pg_advisory_xact_lock(hashtext('receiver:inbox_effects'));\
-               CREATE TABLE IF NOT EXISTS inbox_effects (event_id text NOT NULL)",
+               CREATE TABLE IF NOT EXISTS inbox_effects (event_id text NOT NULL);\
+               CREATE TABLE IF NOT EXISTS inbox_order (seq bigserial PRIMARY KEY, \
+               object_id text NOT NULL, event_id text NOT NULL, started_ms bigint NOT NULL, \
+               ended_ms bigint NOT NULL)",
 };
 
 impl Effects {
@@ -57,6 +66,16 @@ impl Effects {
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         let sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
         self.0.counts(sql).await
+    }
+
+    /// Per object id, the event ids in the order the handler committed them.
+    pub async fn order(&self) -> Result<BTreeMap<String, Vec<String>>, BoxError> {
+        let sql = "SELECT object_id, event_id FROM inbox_order ORDER BY seq";
+        let mut order = BTreeMap::<String, Vec<String>>::new();
+        for (object, event) in self.0.pairs(sql).await? {
+            order.entry(object).or_default().push(event);
+        }
+        Ok(order)
     }
 }
 
@@ -73,6 +92,18 @@ fn refusal(event: &InboxEvent) -> Option<HandlerError> {
     }
 }
 
+/// Now, in Unix milliseconds (the handler's run times in `inbox_order`).
+fn unix_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The Stripe object the event is about (`data.object.id`), when it names one.
+fn object_id(event: &InboxEvent) -> Option<String> {
+    let json = event.json().ok()?;
+    Some(json.pointer("/data/object/id")?.as_str()?.to_owned())
+}
+
 /// The processing handler on one database: waits, writes one row, then fails on purpose or not.
 macro_rules! handler {
     ($name:ident, $db:ty) => {
@@ -81,11 +112,24 @@ macro_rules! handler {
             event: InboxEvent,
             mut tx: IdempotentTx<$db>,
         ) -> Result<(), HandlerError> {
+            let started = unix_ms();
             tokio::time::sleep(delay).await;
             sqlx::query("INSERT INTO inbox_effects (event_id) VALUES ($1)")
                 .bind(&event.key.event_id)
                 .execute(&mut *tx)
                 .await?;
+            if let Some(object) = object_id(&event) {
+                sqlx::query(
+                    "INSERT INTO inbox_order (object_id, event_id, started_ms, ended_ms) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(object)
+                .bind(&event.key.event_id)
+                .bind(started)
+                .bind(unix_ms())
+                .execute(&mut *tx)
+                .await?;
+            }
             match refusal(&event) {
                 Some(reason) => Err(reason),
                 None => Ok(()),
@@ -113,13 +157,13 @@ pub async fn start(
     let (router, worker) = match &pool {
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(pool) => {
-            let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
+            let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let handler = move |event, tx| handle_sqlite(delay, event, tx);
             mount(inbox, verifier, handler, settings).await?
         }
         #[cfg(feature = "postgres")]
         Pool::Postgres(pool) => {
-            let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
+            let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let handler = move |event, tx| handle_postgres(delay, event, tx);
             mount(inbox, verifier, handler, settings).await?
         }
@@ -129,6 +173,16 @@ pub async fn start(
         worker,
         effects: Effects(pool),
     }))
+}
+
+/// The inbox with `INBOX_ORDERING` applied: Stripe events by `data.object.id` and `created`.
+fn ordered<DB: InboxDatabase>(inbox: Inbox<DB>, settings: &Settings) -> Inbox<DB> {
+    let policy = match settings.ordering {
+        None => return inbox,
+        Some(InboxOrdering::Sequential) => OrderingPolicy::Sequential,
+        Some(InboxOrdering::SkipStale) => OrderingPolicy::SkipStale,
+    };
+    inbox.ordering(Ordering::stripe(policy))
 }
 
 async fn mount<DB: InboxDatabase>(

@@ -1,7 +1,7 @@
 //! The reference receiver without the `inbox` feature: no `POST /inbox/stripe`, the same
 //! interface as `inbox.rs` with nothing behind it.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use axum::Router;
 
@@ -12,6 +12,10 @@ pub enum Effects {}
 
 impl Effects {
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+        match *self {}
+    }
+
+    pub async fn order(&self) -> Result<BTreeMap<String, Vec<String>>, BoxError> {
         match *self {}
     }
 }
@@ -34,7 +38,8 @@ pub async fn start(
         settings.max_attempts,
         settings.backoff,
     );
-    let _ = (settings.lease, settings.sweep);
+    let _ = (settings.lease, settings.sweep, settings.ordering);
+    let _ = settings.attempt_timeout;
     Ok(None)
 }
 

@@ -78,4 +78,15 @@ impl Pool {
             .map(|(name, n)| (name, n.max(0) as u64))
             .collect())
     }
+
+    /// The rows of `sql`, a `SELECT <a>, <b> ... ORDER BY ...`, as pairs in that order.
+    #[cfg(feature = "inbox")]
+    pub async fn pairs(&self, sql: &'static str) -> Result<Vec<(String, String)>, BoxError> {
+        Ok(match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+        })
+    }
 }
