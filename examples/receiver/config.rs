@@ -49,6 +49,8 @@ pub struct InboxSettings {
     pub lease: Option<Duration>,
     pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
+    /// `OUTBOX_TARGET_URL`: where `test.outbox` events send their outbox message.
+    pub outbox_target: Option<String>,
 }
 
 pub struct Config {
@@ -112,6 +114,7 @@ impl Config {
                 attempt_timeout: parsed("INBOX_ATTEMPT_TIMEOUT_MS", millis)?
                     .map(Duration::from_millis),
                 sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
+                outbox_target: var("OUTBOX_TARGET_URL"),
             },
         })
     }

@@ -28,7 +28,8 @@ impl Effects {
     }
 }
 
-/// The in-process counts, with the `payments` and `inbox_effects` rows read from the database.
+/// The in-process counts, with the `payments` and `inbox_effects` rows and the delivered outbox
+/// messages read from the database.
 pub async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64>>, StatusCode> {
     let mut effects = app.effects.snapshot();
     if let Some(payments) = &app.payments {
@@ -38,6 +39,8 @@ pub async fn effects(State(app): State<App>) -> Result<Json<BTreeMap<String, u64
     if let Some(inbox) = &app.inbox_effects {
         let rows = inbox.rows().await;
         add_rows(&mut effects, "inbox", rows)?;
+        let rows = inbox.outbox_rows().await;
+        add_rows(&mut effects, "outbox", rows)?;
     }
     Ok(Json(effects))
 }

@@ -14,6 +14,10 @@ impl Effects {
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         match *self {}
     }
+
+    pub async fn outbox_rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+        match *self {}
+    }
 }
 
 pub enum Worker {}
@@ -34,7 +38,7 @@ pub async fn start(
         settings.max_attempts,
         settings.backoff,
     );
-    let _ = (settings.lease, settings.sweep);
+    let _ = (settings.lease, settings.sweep, &settings.outbox_target);
     Ok(None)
 }
 
