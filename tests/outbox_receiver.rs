@@ -87,16 +87,18 @@ async fn interrupted(store: &str, event_id: &str) -> bool {
     scalars(store, sql, event_id).await[0] == 1
 }
 
-/// `rounds` times: six `test.outbox` events acknowledged by an upstream receiver, which is
-/// SIGKILLed at a random point of the next 600 ms (while handlers run, messages wait or
-/// deliveries are in flight); deliveries cut short are counted. A last upstream then finishes
-/// everything; the downstream ran each order once.
+/// At least `rounds` times, and until kills have cut at least two deliveries short (at most 20
+/// rounds): six `test.outbox` events acknowledged by an upstream receiver, which is SIGKILLed at
+/// a random point of the next 600 ms (while handlers run, messages wait or deliveries are in
+/// flight); deliveries cut short are counted. A last upstream then finishes everything; the
+/// downstream ran each order once.
 async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     let client = reqwest::Client::new();
     let target = downstream();
     let mut ids = Vec::new();
     let mut cut_short = 0;
-    for round in 0..rounds {
+    let mut round = 0;
+    while round < rounds || (cut_short < 2 && round < 20) {
         let round_ids: Vec<String> = (0..EVENTS_PER_ROUND)
             .map(|n| format!("evt_{}_{round}_{n}", random_suffix()))
             .collect();
@@ -116,6 +118,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
             }
         }
         ids.extend(round_ids);
+        round += 1;
     }
 
     let last = upstream(store, &target.base);
@@ -150,7 +153,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
         "{label}: no kill cut a delivery short; the test proved nothing"
     );
     eprintln!(
-        "{label}: {rounds} kills cut short the deliveries of {cut_short} of {} messages",
+        "{label}: {round} kills cut short the deliveries of {cut_short} of {} messages",
         ids.len()
     );
 }
