@@ -146,7 +146,11 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
         .collect();
     assert_eq!(ran.len(), ids.len(), "{label}: {orders}");
     for id in &ids {
-        assert_eq!(orders[format!("orders:{id}/0")], 1, "{label}: {id}: {orders}");
+        assert_eq!(
+            orders[format!("orders:{id}/0")],
+            1,
+            "{label}: {id}: {orders}"
+        );
     }
     assert!(
         cut_short > 0,

@@ -18,6 +18,8 @@ use axum::{
     routing::{get, post, post_service},
     Json, Router,
 };
+#[cfg(feature = "outbox")]
+use tower_idempotency::outbox::{self, Message, Outbox, OutboxDatabase, RelayHandle};
 use tower_idempotency::{
     inbox::{
         permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
@@ -26,8 +28,6 @@ use tower_idempotency::{
     sqlx,
     webhooks::stripe::StripeVerifier,
 };
-#[cfg(feature = "outbox")]
-use tower_idempotency::outbox::{self, Message, Outbox, OutboxDatabase, RelayHandle};
 
 use crate::{
     config::InboxSettings as Settings,

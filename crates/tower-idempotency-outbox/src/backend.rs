@@ -487,10 +487,7 @@ macro_rules! backend {
                     key: &'a str,
                 ) -> BoxFuture<'a, sqlx::Result<Option<MessageSummary>>> {
                     Box::pin(async move {
-                        let row = sqlx::query(&sql.get)
-                            .bind(key)
-                            .fetch_optional(pool)
-                            .await?;
+                        let row = sqlx::query(&sql.get).bind(key).fetch_optional(pool).await?;
                         row.as_ref().map(summary).transpose()
                     })
                 }

@@ -154,11 +154,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         let key = match (message.key, scope) {
             (Some(key), _) => key,
             (None, Some((scope, n))) => format!("{scope}/{n}"),
-            (None, None) => format!(
-                "msg_{:016x}{:016x}",
-                fastrand::u64(..),
-                fastrand::u64(..)
-            ),
+            (None, None) => format!("msg_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
         };
         if !valid_key(&key) {
             return Err(OutboxError::InvalidKey);

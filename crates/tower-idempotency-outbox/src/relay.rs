@@ -377,8 +377,12 @@ impl<DB: OutboxDatabase> Relay<DB> {
         let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
         match (row.method, row.url, row.topic) {
             (Some(method), Some(url), _) => {
-                let method = http::Method::from_bytes(method.as_bytes())
-                    .map_err(|_| (None, DispatchError::permanent("the stored method is invalid")))?;
+                let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| {
+                    (
+                        None,
+                        DispatchError::permanent("the stored method is invalid"),
+                    )
+                })?;
                 let mut request = self.http.request(method, url);
                 for (name, value) in headers {
                     if !name.eq_ignore_ascii_case(IDEMPOTENCY_KEY.as_str()) {

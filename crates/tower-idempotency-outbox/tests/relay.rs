@@ -351,7 +351,10 @@ async fn failed_messages_are_operated<DB: Fixture>() {
     let (state, attempts, ..) = env.state("to-broken").await;
     assert_eq!((state, attempts), (MessageState::Pending, 0));
     assert_eq!(json("discard", "to-refusing").await.unwrap().status(), 200);
-    assert_eq!(json("discard", "never-enqueued").await.unwrap().status(), 404);
+    assert_eq!(
+        json("discard", "never-enqueued").await.unwrap().status(),
+        404
+    );
     assert_eq!(env.state("to-refusing").await.0, MessageState::Discarded);
     // Discarded: never attempted again.
     relay.run_once().await.unwrap();
@@ -414,11 +417,15 @@ async fn a_spawned_relay_delivers<DB: Fixture>() {
     let seen = Seen::default();
     let base = receiver(seen.clone(), 0, StatusCode::OK).await;
     // Polls rarely: the wake starts the round.
-    let relay = fast(&env.outbox).poll_every(Duration::from_secs(3600)).spawn();
-    env.commit(vec![
-        Message::http(http::Method::POST, format!("{base}/hook")).key("woken")
-    ])
-    .await;
+    let relay = fast(&env.outbox)
+        .poll_every(Duration::from_secs(3600))
+        .spawn();
+    env.commit(vec![Message::http(
+        http::Method::POST,
+        format!("{base}/hook"),
+    )
+    .key("woken")])
+        .await;
     env.outbox.wake();
     let deadline = Instant::now() + Duration::from_secs(10);
     while env.state("woken").await.0 != MessageState::Delivered {
