@@ -377,7 +377,9 @@ async fn failed_messages_are_operated<DB: Fixture>() {
 /// permanent error fails the message at once.
 async fn dispatched_messages_reach_the_dispatcher<DB: Fixture>() {
     let env = Env::<DB>::new().await;
-    let got: Arc<Mutex<Vec<(String, String, Vec<u8>)>>> = Arc::default();
+    /// Key, topic and payload of each dispatched message.
+    type Dispatched = Vec<(String, String, Vec<u8>)>;
+    let got: Arc<Mutex<Dispatched>> = Arc::default();
     let dispatcher = {
         let got = got.clone();
         move |message: Dispatch| {
