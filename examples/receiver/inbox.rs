@@ -72,7 +72,7 @@ pub struct Effects {
 #[cfg(feature = "outbox")]
 type Outgoing<DB> = Option<(Outbox<DB>, std::sync::Arc<str>)>;
 #[cfg(not(feature = "outbox"))]
-type Outgoing<DB> = Option<std::marker::PhantomData<DB>>;
+type Outgoing<DB> = Option<(std::marker::PhantomData<DB>, std::sync::Arc<str>)>;
 
 const TABLE: Table = Table {
     #[cfg(feature = "sqlite")]
