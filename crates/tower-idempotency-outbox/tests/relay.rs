@@ -24,7 +24,7 @@ use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_outbox::{
     admin, Backoff, Dispatch, DispatchError, Message, MessageState, Outbox, OutboxDatabase,
 };
-use tower_idempotency_sqlx::sqlx;
+use tower_idempotency_sqlx::{sqlx, IdempotentTx, PostgresStore, SqliteStore};
 use tower_idempotency_testkit::{database_url, random_suffix, serve};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -33,6 +33,12 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 trait Fixture: OutboxDatabase + Sized {
     /// A pool, a table name of this test's own, and a directory to remove at the end.
     fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)>;
+
+    /// A transactional client-key layer on a store of this database, in `table`.
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer>;
 
     /// Drops the test's table from a shared database.
     fn drop_table<'a>(_pool: &'a sqlx::Pool<Self>, _table: &'a str) -> BoxFuture<'a, ()> {
@@ -59,6 +65,17 @@ impl Fixture for sqlx::Sqlite {
             (pool, "outbox".to_owned(), Some(dir))
         })
     }
+
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer> {
+        Box::pin(async move {
+            let store = SqliteStore::new(pool.clone(), table).unwrap();
+            store.migrate().await.unwrap();
+            IdempotencyLayer::client_keys(store).transactional()
+        })
+    }
 }
 
 impl Fixture for sqlx::Postgres {
@@ -70,6 +87,17 @@ impl Fixture for sqlx::Postgres {
                 .await
                 .expect("Postgres at DATABASE_URL");
             (pool, format!("outbox_{}", random_suffix()), None)
+        })
+    }
+
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer> {
+        Box::pin(async move {
+            let store = PostgresStore::new(pool.clone(), table).unwrap();
+            store.migrate().await.unwrap();
+            IdempotencyLayer::client_keys(store).transactional()
         })
     }
 
@@ -439,6 +467,57 @@ async fn a_spawned_relay_delivers<DB: Fixture>() {
     env.finish().await;
 }
 
+/// A transactional route's handler enqueues through its `IdempotentTx`, scoped by the request's
+/// idempotency key: an answer the layer commits keeps the message, one it rolls back (a `422`)
+/// leaves none, and a replay of the committed request enqueues nothing more.
+async fn enqueued_from_a_transactional_route<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let keys_table = format!("{}_keys", env.outbox.table());
+    let layer = DB::transactional(env.outbox.pool(), &keys_table).await;
+    async fn pay<DB: Fixture>(
+        State(outbox): State<Outbox<DB>>,
+        headers: HeaderMap,
+        mut tx: IdempotentTx<DB>,
+        body: String,
+    ) -> StatusCode {
+        let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+        let message = Message::dispatch("ledger", body.clone());
+        outbox
+            .scope(format!("pay-{key}"))
+            .enqueue(&mut *tx, message)
+            .await
+            .unwrap();
+        if body == "refuse" {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::CREATED
+        }
+    }
+    let app = Router::new()
+        .route("/pay", post(pay::<DB>))
+        .route_layer(layer)
+        .with_state(env.outbox.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |key: &str, body: &str| {
+        client
+            .post(format!("{base}/pay"))
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+            .send()
+    };
+    assert_eq!(send("k1", "ok").await.unwrap().status(), 201);
+    assert_eq!(send("k2", "refuse").await.unwrap().status(), 422);
+    let replay = send("k1", "ok").await.unwrap();
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let pending = env.outbox.list(MessageState::Pending, 10).await.unwrap();
+    let keys: Vec<&str> = pending.iter().map(|m| m.key.as_str()).collect();
+    assert_eq!(keys, ["pay-k1/0"]);
+    DB::drop_table(env.outbox.pool(), &keys_table).await;
+    env.finish().await;
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -462,6 +541,7 @@ macro_rules! on_both {
 
 on_both!(
     enqueued_exactly_when_committed,
+    enqueued_from_a_transactional_route,
     retries_a_failing_receiver_with_the_same_key,
     failed_messages_are_operated,
     dispatched_messages_reach_the_dispatcher,
