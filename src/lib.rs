@@ -35,6 +35,7 @@
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
+//! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records, and with `inbox` `inbox list` and `inbox retry` ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
@@ -126,6 +127,9 @@ pub use tower_idempotency_redis::redis;
 
 #[cfg(feature = "inbox")]
 pub use tower_idempotency_inbox as inbox;
+
+#[cfg(feature = "outbox")]
+pub use tower_idempotency_outbox as outbox;
 
 mod connect;
 pub use connect::{connect_store, ConnectStoreError};

@@ -49,6 +49,8 @@ pub struct InboxSettings {
     pub lease: Option<Duration>,
     pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
+    /// `OUTBOX_TARGET_URL`: where `test.outbox` events send their outbox message.
+    pub outbox_target: Option<String>,
     /// `INBOX_ORDERING`: Stripe events ordered by `data.object.id` and `created`.
     pub ordering: Option<InboxOrdering>,
 }
@@ -132,6 +134,7 @@ impl Config {
                         })
                     }
                 },
+                outbox_target: var("OUTBOX_TARGET_URL"),
             },
         })
     }

@@ -28,7 +28,8 @@ impl Effects {
     }
 }
 
-/// The in-process counts, with the `payments` and `inbox_effects` rows read from the database,
+/// The in-process counts, with the `payments` and `inbox_effects` rows and the delivered outbox
+/// messages read from the database,
 /// and, per Stripe object the inbox handled, its event ids in handling order
 /// (`"order:<object id>": [..]`).
 pub async fn effects(
@@ -43,6 +44,8 @@ pub async fn effects(
         Some(inbox) => {
             let rows = inbox.rows().await;
             add_rows(&mut effects, "inbox", rows)?;
+            let rows = inbox.outbox_rows().await;
+            add_rows(&mut effects, "outbox", rows)?;
             inbox.order().await.map_err(|error| {
                 tracing::error!(%error, "reading the inbox's handling order failed");
                 StatusCode::SERVICE_UNAVAILABLE

@@ -7,6 +7,11 @@
 //! orders Stripe events by `data.object.id` and `created`; the handler records, per object, the
 //! order in which it committed the object's events and when each run started and ended
 //! (`inbox_order`; `"order:<object id>"` in `GET /effects`).
+//!
+//! With the `outbox` feature and `OUTBOX_TARGET_URL` set, a `test.outbox` event also enqueues,
+//! in its transaction, one `POST {OUTBOX_TARGET_URL}` with the body `{"event": "<event id>"}`
+//! (key `<event id>/0`, sent as its `Idempotency-Key`); a relay with the inbox's lease, backoff,
+//! attempts and sweep interval delivers it.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -16,6 +21,8 @@ use axum::{
     routing::{get, post, post_service},
     Json, Router,
 };
+#[cfg(feature = "outbox")]
+use tower_idempotency::outbox::{self, Message, Outbox, OutboxDatabase, RelayHandle};
 use tower_idempotency::{
     inbox::{
         permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
@@ -31,21 +38,44 @@ use crate::{
     BoxError,
 };
 
-/// The running inbox: its routes, its worker, and the `inbox_effects` rows for `GET /effects`.
+/// The running inbox: its routes, its worker (and relay), and the `inbox_effects` rows for
+/// `GET /effects`.
 pub struct Running {
     pub router: Router,
-    pub worker: InboxWorker,
+    pub worker: Worker,
     pub effects: Effects,
 }
 
-/// Stops the worker taking events and waits for the running handlers up to `deadline`.
-pub async fn drain(worker: InboxWorker, deadline: Duration) -> bool {
-    worker.drain(deadline).await
+/// The inbox's worker, and the outbox's relay when `OUTBOX_TARGET_URL` is set.
+pub struct Worker {
+    inbox: InboxWorker,
+    #[cfg(feature = "outbox")]
+    relay: Option<RelayHandle>,
 }
 
-/// Reads `inbox_effects`.
+/// Stops the worker taking events and waits for the running handlers up to `deadline`, then
+/// for the relay's running deliveries.
+pub async fn drain(worker: Worker, deadline: Duration) -> bool {
+    let drained = worker.inbox.drain(deadline).await;
+    #[cfg(feature = "outbox")]
+    if let Some(relay) = worker.relay {
+        return relay.drain(deadline).await && drained;
+    }
+    drained
+}
+
+/// Reads `inbox_effects`, and the outbox's delivered messages when it has one.
 #[derive(Clone)]
-pub struct Effects(Pool);
+pub struct Effects {
+    pool: Pool,
+    outbox: bool,
+}
+
+/// Where `test.outbox` events send their message: the outbox and `OUTBOX_TARGET_URL`.
+#[cfg(feature = "outbox")]
+type Outgoing<DB> = Option<(Outbox<DB>, std::sync::Arc<str>)>;
+#[cfg(not(feature = "outbox"))]
+type Outgoing<DB> = Option<(std::marker::PhantomData<DB>, std::sync::Arc<str>)>;
 
 const TABLE: Table = Table {
     #[cfg(feature = "sqlite")]
@@ -65,14 +95,25 @@ impl Effects {
     /// Rows of `inbox_effects` per event id.
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         let sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
-        self.0.counts(sql).await
+        self.pool.counts(sql).await
+    }
+
+    /// Delivered (acknowledged) outbox messages per event id (their scope); none without an
+    /// outbox.
+    pub async fn outbox_rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+        if !self.outbox {
+            return Ok(Vec::new());
+        }
+        let sql = "SELECT scope, count(*) FROM outbox WHERE state = 1 AND scope IS NOT NULL \
+                   GROUP BY scope";
+        self.pool.counts(sql).await
     }
 
     /// Per object id, the event ids in the order the handler committed them.
     pub async fn order(&self) -> Result<BTreeMap<String, Vec<String>>, BoxError> {
         let sql = "SELECT object_id, event_id FROM inbox_order ORDER BY seq";
         let mut order = BTreeMap::<String, Vec<String>>::new();
-        for (object, event) in self.0.pairs(sql).await? {
+        for (object, event) in self.pool.pairs(sql).await? {
             order.entry(object).or_default().push(event);
         }
         Ok(order)
@@ -104,11 +145,13 @@ fn object_id(event: &InboxEvent) -> Option<String> {
     Some(json.pointer("/data/object/id")?.as_str()?.to_owned())
 }
 
-/// The processing handler on one database: waits, writes one row, then fails on purpose or not.
+/// The processing handler on one database: waits, writes one row (and for a `test.outbox` event
+/// enqueues its message), then fails on purpose or not.
 macro_rules! handler {
     ($name:ident, $db:ty) => {
         async fn $name(
             delay: Duration,
+            outgoing: Outgoing<$db>,
             event: InboxEvent,
             mut tx: IdempotentTx<$db>,
         ) -> Result<(), HandlerError> {
@@ -130,6 +173,19 @@ macro_rules! handler {
                 .execute(&mut *tx)
                 .await?;
             }
+            #[cfg(feature = "outbox")]
+            if let Some((outbox, target)) = &outgoing {
+                let kind = event.json().ok().and_then(|json| json["type"].as_str().map(str::to_owned));
+                if kind.as_deref() == Some("test.outbox") {
+                    let body = serde_json::json!({ "event": event.key.event_id });
+                    outbox
+                        .scope(event.key.event_id.clone())
+                        .enqueue(&mut *tx, Message::post_json(&**target, &body))
+                        .await?;
+                }
+            }
+            #[cfg(not(feature = "outbox"))]
+            let _ = outgoing;
             match refusal(&event) {
                 Some(reason) => Err(reason),
                 None => Ok(()),
@@ -158,20 +214,25 @@ pub async fn start(
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
-            let handler = move |event, tx| handle_sqlite(delay, event, tx);
-            mount(inbox, verifier, handler, settings).await?
+            let (outgoing, relay) = start_outbox(pool, settings).await?;
+            let handler = move |event, tx| handle_sqlite(delay, outgoing.clone(), event, tx);
+            mount(inbox, verifier, handler, settings, relay).await?
         }
         #[cfg(feature = "postgres")]
         Pool::Postgres(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
-            let handler = move |event, tx| handle_postgres(delay, event, tx);
-            mount(inbox, verifier, handler, settings).await?
+            let (outgoing, relay) = start_outbox(pool, settings).await?;
+            let handler = move |event, tx| handle_postgres(delay, outgoing.clone(), event, tx);
+            mount(inbox, verifier, handler, settings, relay).await?
         }
     };
     Ok(Some(Running {
         router,
         worker,
-        effects: Effects(pool),
+        effects: Effects {
+            pool,
+            outbox: cfg!(feature = "outbox") && settings.outbox_target.is_some(),
+        },
     }))
 }
 
@@ -185,12 +246,61 @@ fn ordered<DB: InboxDatabase>(inbox: Inbox<DB>, settings: &Settings) -> Inbox<DB
     inbox.ordering(Ordering::stripe(policy))
 }
 
+/// The outbox and its running relay when `OUTBOX_TARGET_URL` is set (feature `outbox`).
+#[cfg(feature = "outbox")]
+async fn start_outbox<DB: InboxDatabase + OutboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    settings: &Settings,
+) -> Result<(Outgoing<DB>, Option<RelayHandle>), BoxError> {
+    let Some(target) = settings.outbox_target.clone() else {
+        return Ok((None, None));
+    };
+    let outbox = Outbox::new(pool.clone(), outbox::DEFAULT_TABLE)?;
+    outbox.migrate().await?;
+    let lease = settings.lease.unwrap_or(outbox::DEFAULT_LEASE);
+    let timeout = settings
+        .attempt_timeout
+        .unwrap_or(outbox::DEFAULT_ATTEMPT_TIMEOUT)
+        .min(lease / 2);
+    let mut relay = outbox
+        .relay()
+        .max_attempts(settings.max_attempts)
+        .backoff(Backoff::exponential(
+            settings.backoff,
+            Duration::from_secs(3600),
+        ))
+        .lease(lease)
+        .attempt_timeout(timeout);
+    if let Some(sweep) = settings.sweep {
+        relay = relay.poll_every(sweep);
+    }
+    tracing::info!("outbox relay started");
+    Ok((Some((outbox, target.into())), Some(relay.spawn())))
+}
+
+#[cfg(not(feature = "outbox"))]
+async fn start_outbox<DB>(
+    _pool: &sqlx::Pool<DB>,
+    _settings: &Settings,
+) -> Result<(Outgoing<DB>, Option<std::convert::Infallible>), BoxError>
+where
+    DB: sqlx::Database,
+{
+    Ok((None, None))
+}
+
+#[cfg(feature = "outbox")]
+type Relay = RelayHandle;
+#[cfg(not(feature = "outbox"))]
+type Relay = std::convert::Infallible;
+
 async fn mount<DB: InboxDatabase>(
     inbox: Inbox<DB>,
     verifier: StripeVerifier,
     handler: impl tower_idempotency::inbox::InboxHandler<DB>,
     settings: &Settings,
-) -> Result<(Router, InboxWorker), BoxError> {
+    relay: Option<Relay>,
+) -> Result<(Router, Worker), BoxError> {
     inbox.migrate().await?;
     let mut worker = inbox
         .worker(handler)
@@ -213,7 +323,14 @@ async fn mount<DB: InboxDatabase>(
         .route("/inbox/failed", get(failed::<DB>))
         .route("/inbox/failed/{event_id}/retry", post(retry::<DB>))
         .with_state(inbox);
-    Ok((router, worker.spawn()))
+    #[cfg(not(feature = "outbox"))]
+    let _ = relay;
+    let worker = Worker {
+        inbox: worker.spawn(),
+        #[cfg(feature = "outbox")]
+        relay,
+    };
+    Ok((router, worker))
 }
 
 async fn failed<DB: InboxDatabase>(

@@ -20,6 +20,7 @@
 //! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `INBOX_ORDERING` | `POST /inbox/stripe`: `sequential` or `skip-stale` orders Stripe events by `data.object.id` and `created` (unset: no ordering) |
+//! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one `POST` of `{"event": "<event id>"}` here, with `Idempotency-Key: <event id>/0`, relayed after its transaction commits (unset: no outbox) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
@@ -57,7 +58,9 @@
 //! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
 //! (failed at once, whatever attempts remain). `GET /inbox/failed` answers the failed event ids
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
-//! not failed).
+//! not failed). Built with the `outbox` feature and with `OUTBOX_TARGET_URL` set, a `test.outbox`
+//! event also enqueues one message in the outbox table `outbox` (docs/outbox.md), which a relay
+//! with the inbox's lease, backoff, attempts and sweep interval sends to that URL.
 //!
 //! Built with the `metrics` feature (`--features metrics`), it also serves `GET /metrics`: the
 //! layer's metrics in the Prometheus text format (docs/observability.md).
@@ -65,8 +68,9 @@
 //! `GET /effects` counts how many times each handler ran per key, named `<route>:<event key>`.
 //! The counts live in this process's memory: they count the executions of this process only and
 //! start from zero after a restart (persisting them would make them survive one; out of scope).
-//! The exceptions are `payments:<key>` and `inbox:<event id>`: the rows of `payments` for that
-//! key and of `inbox_effects` for that event, read from the database, so they survive restarts.
+//! The exceptions are `payments:<key>`, `inbox:<event id>` and `outbox:<event id>`: the rows of
+//! `payments` for that key, of `inbox_effects` for that event, and the event's outbox messages
+//! the target acknowledged, read from the database, so they survive restarts.
 //!
 //! Modules by job: `config` (variables), `webhook` (providers), `orders`, `payments`
 //! (transactional), `inbox`, `effects`, `log` (request log), `metrics`, `app` (the router).

@@ -18,6 +18,10 @@ impl Effects {
     pub async fn order(&self) -> Result<BTreeMap<String, Vec<String>>, BoxError> {
         match *self {}
     }
+
+    pub async fn outbox_rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
+        match *self {}
+    }
 }
 
 pub enum Worker {}
@@ -38,8 +42,8 @@ pub async fn start(
         settings.max_attempts,
         settings.backoff,
     );
-    let _ = (settings.lease, settings.sweep, settings.ordering);
-    let _ = settings.attempt_timeout;
+    let _ = (settings.lease, settings.sweep, &settings.outbox_target);
+    let _ = (settings.attempt_timeout, settings.ordering);
     Ok(None)
 }
 

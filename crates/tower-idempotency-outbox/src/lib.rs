@@ -1,0 +1,92 @@
+//! A transactional outbox for [tower-idempotency](https://docs.rs/tower-idempotency): a
+//! handler enqueues its outgoing work (an HTTP request to another service, or a message for a
+//! [`Dispatcher`] of yours) in the same database transaction as its other writes, and a
+//! [`Relay`] delivers it afterwards, at least once, with a stable `Idempotency-Key`.
+//!
+//! - [`Outbox::enqueue`] (or [`Scope::enqueue`]) inserts a [`Message`] through the caller's
+//!   connection: the inbox's or a transactional route's [`IdempotentTx`] (`&mut *tx`), or any
+//!   `sqlx::Transaction`. The message exists if and only if the transaction commits, so a
+//!   handler that is rolled back and retried never leaves a message behind, and one that
+//!   commits never loses its message.
+//! - Each message has a key: the one it was given, `{scope}/{n}` for the `n`-th message of a
+//!   [`Scope`] (an inbox event's id, a request's idempotency key), or a random one. The relay
+//!   sends it as the `Idempotency-Key` of every attempt, so a receiver that honours the header
+//!   (this project's client-key layer, Stripe's API) runs the message once however often it is
+//!   delivered.
+//! - [`Relay`] (from [`Outbox::relay`]) claims due messages under a lease (`FOR UPDATE SKIP
+//!   LOCKED` on Postgres, so several relays share the work), delivers them concurrently,
+//!   retries failures with the inbox's [`Backoff`], and marks a message
+//!   [`Failed`](MessageState::Failed) after its last attempt.
+//! - [`Outbox::list`], [`Outbox::retry`], [`Outbox::discard`] and
+//!   [`Outbox::purge_finished`] operate it; [`admin::router`] serves them over HTTP.
+//!
+//! ```no_run
+//! use tower_idempotency_inbox::{HandlerError, IdempotentTx, Inbox, InboxEvent};
+//! use tower_idempotency_outbox::{Message, Outbox};
+//! use tower_idempotency_sqlx::sqlx::{self, Postgres};
+//!
+//! async fn on_event(
+//!     outbox: Outbox<Postgres>,
+//!     event: InboxEvent,
+//!     mut tx: IdempotentTx<Postgres>,
+//! ) -> Result<(), HandlerError> {
+//!     sqlx::query("UPDATE orders SET paid = true WHERE event_id = $1")
+//!         .bind(&event.key.event_id)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     // Stored with the update, or not at all; delivered after the commit.
+//!     let notice = serde_json::json!({ "event": event.key.event_id });
+//!     let mut scope = outbox.scope(event.key.event_id.clone());
+//!     scope
+//!         .enqueue(&mut tx, Message::post_json("http://shipping.internal/shipments", &notice))
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+//! let outbox = Outbox::new(pool.clone(), "outbox")?;
+//! outbox.migrate().await?;
+//! let inbox = Inbox::new(pool, "webhook_inbox")?;
+//! inbox.migrate().await?;
+//! let handler = {
+//!     let outbox = outbox.clone();
+//!     move |event, tx| on_event(outbox.clone(), event, tx)
+//! };
+//! let worker = inbox.worker(handler).spawn();
+//! let relay = outbox.relay().spawn();
+//! // ... serve the inbox's route; on shutdown:
+//! worker.drain(std::time::Duration::from_secs(30)).await;
+//! relay.drain(std::time::Duration::from_secs(30)).await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Where exactly-once ends: the handler's writes and the enqueue commit once; the delivery is
+//! at least once; the receiver's deduplication on the key makes its effect once. A receiver
+//! that ignores `Idempotency-Key` may act more than once. See
+//! [docs/outbox.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/outbox.md).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` feature");
+
+pub mod admin;
+#[doc(hidden)]
+pub mod backend;
+mod message;
+mod outbox;
+mod relay;
+
+pub use backend::OutboxDatabase;
+pub use message::{Message, MessageState, MessageSummary, StateCounts};
+pub use outbox::{Outbox, OutboxError, Scope, DEFAULT_TABLE};
+pub use relay::{
+    Dispatch, DispatchError, Dispatcher, Relay, RelayHandle, Round, DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_BATCH, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY, MAX_ERROR_LEN,
+};
+
+pub use tower_idempotency_inbox::Backoff;
+pub use tower_idempotency_sqlx::IdempotentTx;

@@ -1,0 +1,172 @@
+//! What the outbox holds: the messages a handler enqueues, and the summaries operators list.
+
+use bytes::Bytes;
+use http::Method;
+use serde::Serialize;
+
+/// One piece of outgoing work: an HTTP request to another service, or a payload for your own
+/// [`Dispatcher`](crate::Dispatcher) (a queue, an email API). Build it, then hand it to
+/// [`Outbox::enqueue`](crate::Outbox::enqueue) inside the transaction of the writes it belongs to.
+///
+/// Its key names it for good: the relay sends it as the `Idempotency-Key` of every attempt, and
+/// enqueuing a second message under a key the outbox already holds does nothing. Without
+/// [`key`](Self::key), [`Scope::enqueue`](crate::Scope::enqueue) numbers it within its scope,
+/// and [`Outbox::enqueue`](crate::Outbox::enqueue) draws a random one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) key: Option<String>,
+    pub(crate) target: Target,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Bytes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    Http { method: Method, url: String },
+    Dispatch { topic: String },
+}
+
+impl Message {
+    /// An HTTP request: `method` to `url` (absolute), no headers, an empty body.
+    pub fn http(method: Method, url: impl Into<String>) -> Self {
+        Self {
+            key: None,
+            target: Target::Http {
+                method,
+                url: url.into(),
+            },
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// A `POST` of `body` as JSON (`Content-Type: application/json`) to `url`.
+    pub fn post_json(url: impl Into<String>, body: &serde_json::Value) -> Self {
+        Self::http(Method::POST, url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    }
+
+    /// A payload for the relay's [`Dispatcher`](crate::Dispatcher), under `topic` (which the
+    /// dispatcher reads to route it).
+    pub fn dispatch(topic: impl Into<String>, payload: impl Into<Bytes>) -> Self {
+        Self {
+            key: None,
+            target: Target::Dispatch {
+                topic: topic.into(),
+            },
+            headers: Vec::new(),
+            body: payload.into(),
+        }
+    }
+
+    /// The message's key: visible ASCII, 1 to 255 bytes (the `Idempotency-Key` rule), checked
+    /// at [`enqueue`](crate::Outbox::enqueue). Derive it from what the message is about
+    /// (`refund-for-ch_123`) so that running the same work twice enqueues it once.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a request header (an HTTP message) or a header the dispatcher receives. The relay
+    /// sets `Idempotency-Key` itself; a header of that name given here is replaced.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The request body (an HTTP message) or the payload (a dispatched one).
+    pub fn body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self
+    }
+}
+
+/// Where a message is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Waiting for its first or next attempt, or being delivered under a lease.
+    Pending,
+    /// The receiver acknowledged it (a `2xx`, or the dispatcher's `Ok`).
+    Delivered,
+    /// Every attempt failed, or one failed permanently; kept until retried or discarded.
+    Failed,
+    /// An operator gave it up; kept (so its key is not enqueued again) until purged.
+    Discarded,
+}
+
+impl MessageState {
+    pub(crate) fn code(self) -> i16 {
+        match self {
+            Self::Pending => 0,
+            Self::Delivered => 1,
+            Self::Failed => 2,
+            Self::Discarded => 3,
+        }
+    }
+
+    pub(crate) fn from_code(code: i16) -> Self {
+        match code {
+            1 => Self::Delivered,
+            2 => Self::Failed,
+            3 => Self::Discarded,
+            _ => Self::Pending,
+        }
+    }
+
+    /// The lowercase name (`pending`, `delivered`, `failed`, `discarded`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Failed => "failed",
+            Self::Discarded => "discarded",
+        }
+    }
+}
+
+/// A message as operators see it: where it goes and how its delivery went, without its headers
+/// or body (they may carry credentials or personal data).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MessageSummary {
+    /// The message's key, sent as its `Idempotency-Key`.
+    pub key: String,
+    /// The scope it was enqueued in ([`Outbox::scope`](crate::Outbox::scope)), if any.
+    pub scope: Option<String>,
+    /// An HTTP message's method.
+    pub method: Option<String>,
+    /// An HTTP message's URL.
+    pub url: Option<String>,
+    /// A dispatched message's topic.
+    pub topic: Option<String>,
+    /// Its state.
+    pub state: MessageState,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// When it was enqueued, unix milliseconds.
+    pub created_at_ms: i64,
+    /// When its next attempt is due, unix milliseconds.
+    pub available_at_ms: i64,
+    /// When it was delivered, failed or discarded, unix milliseconds.
+    pub finished_at_ms: Option<i64>,
+    /// The HTTP status of its last attempt, when one answered.
+    pub last_status: Option<u16>,
+    /// Its last attempt's error.
+    pub last_error: Option<String>,
+}
+
+/// How many messages are in each state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StateCounts {
+    /// Pending messages.
+    pub pending: u64,
+    /// Delivered messages (until purged).
+    pub delivered: u64,
+    /// Failed messages.
+    pub failed: u64,
+    /// Discarded messages (until purged).
+    pub discarded: u64,
+}

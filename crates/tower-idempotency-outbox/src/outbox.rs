@@ -1,0 +1,250 @@
+//! [`Outbox`]: one outbox table on one database pool, and enqueuing into it.
+
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::sync::Notify;
+use tower_idempotency_core::MAX_KEY_LEN;
+use tower_idempotency_sqlx::{validate_table_name, ConfigError};
+
+use crate::{
+    backend::{NewRow, OutboxDatabase, Sql},
+    message::{Message, Target},
+};
+
+/// The table name [`Outbox::new`] is usually given.
+pub const DEFAULT_TABLE: &str = "outbox";
+
+/// Why an outbox call failed. Messages never carry a message's body, headers or key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The table name was refused before any SQL ran.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A message's key is empty, longer than 255 bytes or not visible ASCII, so it cannot be
+    /// sent as an `Idempotency-Key`.
+    #[error("the message key is not a valid Idempotency-Key (visible ASCII, 1 to 255 bytes)")]
+    InvalidKey,
+    /// An HTTP message's URL is not an absolute `http` or `https` URL.
+    #[error("the message URL is not an absolute http(s) URL")]
+    InvalidUrl,
+    /// The database failed or could not be reached.
+    #[error("the outbox database failed")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for OutboxError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Database(error)
+    }
+}
+
+/// A transactional outbox: one table on a sqlx pool of Postgres or SQLite. Cheap to clone;
+/// clones share the table and wake the same relays.
+///
+/// A handler enqueues messages with [`enqueue`](Self::enqueue) on its own transaction (the
+/// inbox's or a transactional route's [`IdempotentTx`](tower_idempotency_sqlx::IdempotentTx), or
+/// any `sqlx::Transaction`): they are stored if and only if the handler's other writes commit. A
+/// [`Relay`](crate::Relay) then delivers them.
+pub struct Outbox<DB: OutboxDatabase> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) sql: Arc<Sql>,
+    table: Arc<str>,
+    pub(crate) wake: Arc<Notify>,
+}
+
+impl<DB: OutboxDatabase> Clone for Outbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            table: self.table.clone(),
+            wake: self.wake.clone(),
+        }
+    }
+}
+
+impl<DB: OutboxDatabase> fmt::Debug for Outbox<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("database", &DB::NAME)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: OutboxDatabase> Outbox<DB> {
+    /// An outbox in `table` (a plain SQL identifier, see [`validate_table_name`]) on `pool`.
+    /// Nothing runs until [`migrate`](Self::migrate) or the first call.
+    pub fn new(pool: sqlx::Pool<DB>, table: &str) -> Result<Self, OutboxError> {
+        validate_table_name(table)?;
+        Ok(Self {
+            pool,
+            sql: Arc::new(DB::statements(table)),
+            table: table.into(),
+            wake: Arc::default(),
+        })
+    }
+
+    /// Creates the table and its index when missing; safe to call at every start, from several
+    /// instances at once.
+    pub async fn migrate(&self) -> Result<(), OutboxError> {
+        DB::migrate(&self.pool, &self.sql).await?;
+        Ok(())
+    }
+
+    /// The DDL [`migrate`](Self::migrate) runs, for teams that run their own migrations.
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.schema
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// Inserts `message` through `conn`, the caller's open transaction (`&mut *tx`), so it is
+    /// stored exactly when the transaction commits. Answers the message's key: the one it was
+    /// given, or a random one. A key the outbox already holds is left as it is (the message is
+    /// not enqueued twice).
+    ///
+    /// Relays poll for new messages; call [`wake`](Self::wake) after the commit to start the
+    /// delivery at once.
+    pub async fn enqueue(
+        &self,
+        conn: &mut DB::Connection,
+        message: Message,
+    ) -> Result<String, OutboxError> {
+        self.insert(conn, None, message).await
+    }
+
+    /// A scope that numbers the messages enqueued through it: the `n`-th message without a key
+    /// of its own gets the key `{scope}/{n}` (from 0). Name the scope after what the
+    /// transaction processes (the inbox event's id, the request's idempotency key): a retry of
+    /// the same work, after a rollback, enqueues the same keys, so the receiver sees the same
+    /// `Idempotency-Key` whichever attempt committed.
+    pub fn scope(&self, scope: impl Into<String>) -> Scope<DB> {
+        Scope {
+            outbox: self.clone(),
+            scope: scope.into(),
+            next: 0,
+        }
+    }
+
+    /// Wakes the relays waiting for their next poll, for messages just committed.
+    pub fn wake(&self) {
+        self.wake.notify_waiters();
+    }
+
+    async fn insert(
+        &self,
+        conn: &mut DB::Connection,
+        scope: Option<(&str, u32)>,
+        message: Message,
+    ) -> Result<String, OutboxError> {
+        let key = match (message.key, scope) {
+            (Some(key), _) => key,
+            (None, Some((scope, n))) => format!("{scope}/{n}"),
+            (None, None) => format!("msg_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+        };
+        if !valid_key(&key) {
+            return Err(OutboxError::InvalidKey);
+        }
+        let (method, url, topic) = match message.target {
+            Target::Http { method, url } => {
+                if !(url.starts_with("http://") || url.starts_with("https://"))
+                    || url.parse::<http::Uri>().is_err()
+                {
+                    return Err(OutboxError::InvalidUrl);
+                }
+                (Some(method.as_str().to_owned()), Some(url), None)
+            }
+            Target::Dispatch { topic } => (None, None, Some(topic)),
+        };
+        let headers = serde_json::to_string(&message.headers).expect("strings serialize");
+        let row = NewRow {
+            key,
+            scope: scope.map(|(scope, _)| scope.to_owned()),
+            method,
+            url,
+            topic,
+            headers,
+            body: message.body.to_vec(),
+            created_at: now_ms(),
+        };
+        DB::insert(conn, &self.sql, &row).await?;
+        Ok(row.key)
+    }
+}
+
+/// Enqueues messages numbered within one scope; from [`Outbox::scope`].
+pub struct Scope<DB: OutboxDatabase> {
+    outbox: Outbox<DB>,
+    scope: String,
+    next: u32,
+}
+
+impl<DB: OutboxDatabase> fmt::Debug for Scope<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("outbox", &self.outbox)
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: OutboxDatabase> Scope<DB> {
+    /// Inserts `message` through `conn` (the caller's transaction), keyed `{scope}/{n}` for the
+    /// `n`-th message enqueued through this scope unless it has a key of its own; answers the
+    /// key. See [`Outbox::enqueue`].
+    pub async fn enqueue(
+        &mut self,
+        conn: &mut DB::Connection,
+        message: Message,
+    ) -> Result<String, OutboxError> {
+        let n = self.next;
+        self.next = self.next.saturating_add(1);
+        self.outbox
+            .insert(conn, Some((&self.scope, n)), message)
+            .await
+    }
+}
+
+/// The `Idempotency-Key` rule: visible ASCII, 1 to 255 bytes.
+fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+pub(crate) fn now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_idempotency_key_rule() {
+        assert!(valid_key("evt_1/0"));
+        assert!(!valid_key(""));
+        assert!(!valid_key("has space"));
+        assert!(!valid_key(&"k".repeat(MAX_KEY_LEN + 1)));
+        assert!(valid_key(&"k".repeat(MAX_KEY_LEN)));
+    }
+}

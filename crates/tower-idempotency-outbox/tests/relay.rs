@@ -1,0 +1,657 @@
+//! The outbox on the real SQLite file and the shared Postgres, each test with a table of its
+//! own, delivering over real HTTP to loopback servers: messages exist exactly when their
+//! transaction commits, failed deliveries are retried with the same `Idempotency-Key`, spent
+//! ones are failed and operated through the admin router, and several relays on Postgres
+//! deliver each message at least once while the receiver's client-key layer runs it once.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    path::PathBuf,
+    pin::Pin,
+    str::FromStr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    routing::post,
+    Router,
+};
+use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_outbox::{
+    admin, Backoff, Dispatch, DispatchError, Message, MessageState, Outbox, OutboxDatabase,
+};
+use tower_idempotency_sqlx::{sqlx, IdempotentTx, PostgresStore, SqliteStore};
+use tower_idempotency_testkit::{database_url, random_suffix, serve};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A database the tests run on.
+trait Fixture: OutboxDatabase + Sized {
+    /// A pool, a table name of this test's own, and a directory to remove at the end.
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)>;
+
+    /// A transactional client-key layer on a store of this database, in `table`.
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer>;
+
+    /// Drops the test's table from a shared database.
+    fn drop_table<'a>(_pool: &'a sqlx::Pool<Self>, _table: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+impl Fixture for sqlx::Sqlite {
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let dir = std::env::temp_dir().join(format!("tidem-outbox-{}", random_suffix()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let url = format!("sqlite://{}/outbox.db", dir.display());
+            let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                .unwrap()
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(5));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options)
+                .await
+                .unwrap();
+            (pool, "outbox".to_owned(), Some(dir))
+        })
+    }
+
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer> {
+        Box::pin(async move {
+            let store = SqliteStore::new(pool.clone(), table).unwrap();
+            store.migrate().await.unwrap();
+            IdempotencyLayer::client_keys(store).transactional()
+        })
+    }
+}
+
+impl Fixture for sqlx::Postgres {
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(16)
+                .connect(&database_url())
+                .await
+                .expect("Postgres at DATABASE_URL");
+            (pool, format!("outbox_{}", random_suffix()), None)
+        })
+    }
+
+    fn transactional<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, IdempotencyLayer> {
+        Box::pin(async move {
+            let store = PostgresStore::new(pool.clone(), table).unwrap();
+            store.migrate().await.unwrap();
+            IdempotencyLayer::client_keys(store).transactional()
+        })
+    }
+
+    fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let drop = format!("DROP TABLE IF EXISTS {table}");
+            sqlx::raw_sql(&drop).execute(pool).await.unwrap();
+        })
+    }
+}
+
+/// An outbox on a fresh table; dropped (or its directory removed) by [`Env::finish`].
+struct Env<DB: Fixture> {
+    outbox: Outbox<DB>,
+    dir: Option<PathBuf>,
+}
+
+impl<DB: Fixture> Env<DB> {
+    async fn new() -> Self {
+        let (pool, table, dir) = DB::open().await;
+        let outbox = Outbox::new(pool, &table).unwrap();
+        outbox.migrate().await.unwrap();
+        Self { outbox, dir }
+    }
+
+    /// Enqueues `messages` in one committed transaction; answers their keys.
+    async fn commit(&self, messages: Vec<Message>) -> Vec<String> {
+        let mut tx = self.outbox.pool().begin().await.unwrap();
+        let mut keys = Vec::new();
+        for message in messages {
+            keys.push(self.outbox.enqueue(&mut *tx, message).await.unwrap());
+        }
+        tx.commit().await.unwrap();
+        keys
+    }
+
+    async fn state(&self, key: &str) -> (MessageState, u32, Option<u16>, Option<String>) {
+        let summary = self.outbox.get(key).await.unwrap().expect("the message");
+        (
+            summary.state,
+            summary.attempts,
+            summary.last_status,
+            summary.last_error,
+        )
+    }
+
+    async fn finish(self) {
+        DB::drop_table(self.outbox.pool(), self.outbox.table()).await;
+        self.outbox.pool().close().await;
+        if let Some(dir) = self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// What a test receiver saw: the `Idempotency-Key` of every request, in order.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<String>>>);
+
+impl Seen {
+    fn record(&self, headers: &HeaderMap) -> usize {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let mut seen = self.0.lock().unwrap();
+        seen.push(key.clone());
+        seen.iter().filter(|k| **k == key).count()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A receiver at `/hook` answering `503` to the first `failures` requests of each key, then
+/// `status`.
+async fn receiver(seen: Seen, failures: usize, status: StatusCode) -> String {
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(
+                move |State(seen): State<Seen>, headers: HeaderMap| async move {
+                    let n = seen.record(&headers);
+                    if n <= failures {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        status
+                    }
+                },
+            ),
+        )
+        .with_state(seen);
+    serve(app).await
+}
+
+/// Runs relay rounds until `done` holds for the message `key`, failing after 20 s.
+async fn rounds_until<DB: Fixture>(
+    env: &Env<DB>,
+    relay: &tower_idempotency_outbox::Relay<DB>,
+    key: &str,
+    done: impl Fn(MessageState) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        relay.run_once().await.unwrap();
+        let (state, ..) = env.state(key).await;
+        if done(state) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{key} stayed {state:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn fast<DB: Fixture>(outbox: &Outbox<DB>) -> tower_idempotency_outbox::Relay<DB> {
+    outbox
+        .relay()
+        .backoff(Backoff::exponential(
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+        ))
+        .attempt_timeout(Duration::from_secs(5))
+        .lease(Duration::from_secs(10))
+}
+
+/// A rolled-back transaction leaves no message; a committed one leaves each, keyed by its
+/// scope and index or its own key, and a key enqueued again is kept once.
+async fn enqueued_exactly_when_committed<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let outbox = &env.outbox;
+    let url = "http://127.0.0.1:9/hook";
+
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let mut scope = outbox.scope("evt_rolled_back");
+    scope
+        .enqueue(&mut *tx, Message::post_json(url, &serde_json::json!({})))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(outbox.get("evt_rolled_back/0").await.unwrap(), None);
+
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let mut scope = outbox.scope("evt_1");
+    let first = scope
+        .enqueue(&mut *tx, Message::http(http::Method::POST, url))
+        .await
+        .unwrap();
+    let second = scope
+        .enqueue(&mut *tx, Message::dispatch("mail", "hello"))
+        .await
+        .unwrap();
+    let own = scope
+        .enqueue(&mut *tx, Message::dispatch("mail", "x").key("refund-ch_1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((first.as_str(), second.as_str()), ("evt_1/0", "evt_1/1"));
+    assert_eq!(own, "refund-ch_1");
+    let summary = outbox.get("evt_1/0").await.unwrap().unwrap();
+    assert_eq!(summary.scope.as_deref(), Some("evt_1"));
+    assert_eq!(summary.url.as_deref(), Some(url));
+    assert_eq!(summary.state, MessageState::Pending);
+
+    // The same work committed again (a retried handler whose first commit's outcome was
+    // unknown) enqueues nothing new.
+    let keys = env
+        .commit(vec![Message::dispatch("mail", "again").key("refund-ch_1")])
+        .await;
+    assert_eq!(keys, ["refund-ch_1"]);
+    assert_eq!(outbox.counts().await.unwrap().pending, 3);
+
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let bad_key = Message::dispatch("mail", "x").key("has space");
+    assert!(matches!(
+        outbox.enqueue(&mut *tx, bad_key).await,
+        Err(tower_idempotency_outbox::OutboxError::InvalidKey)
+    ));
+    let bad_url = Message::http(http::Method::POST, "/relative");
+    assert!(matches!(
+        outbox.enqueue(&mut *tx, bad_url).await,
+        Err(tower_idempotency_outbox::OutboxError::InvalidUrl)
+    ));
+    drop(tx);
+    env.finish().await;
+}
+
+/// A receiver that answers `503` twice gets the message a third time, with the same
+/// `Idempotency-Key` each time; the message is then delivered with its status.
+async fn retries_a_failing_receiver_with_the_same_key<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let seen = Seen::default();
+    let base = receiver(seen.clone(), 2, StatusCode::CREATED).await;
+    let message = Message::post_json(format!("{base}/hook"), &serde_json::json!({"n": 1}));
+    let mut tx = env.outbox.pool().begin().await.unwrap();
+    let key = env
+        .outbox
+        .scope("evt_flaky")
+        .enqueue(&mut *tx, message)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = fast(&env.outbox).max_attempts(5);
+    rounds_until(&env, &relay, &key, |s| s == MessageState::Delivered).await;
+    let (_, attempts, status, error) = env.state(&key).await;
+    assert_eq!((attempts, status, error), (3, Some(201), None));
+    assert_eq!(seen.keys(), ["evt_flaky/0"; 3]);
+    env.finish().await;
+}
+
+/// A receiver that always answers `500` fails the message after its attempts; one that answers
+/// `400` fails it at once. The admin router lists them, refuses a form-encoded retry, retries
+/// one with a JSON body and discards the other.
+async fn failed_messages_are_operated<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let (seen, refused) = (Seen::default(), Seen::default());
+    let broken = receiver(seen.clone(), 0, StatusCode::INTERNAL_SERVER_ERROR).await;
+    let refusing = receiver(refused.clone(), 0, StatusCode::BAD_REQUEST).await;
+    let keys = env
+        .commit(vec![
+            Message::http(http::Method::POST, format!("{broken}/hook")).key("to-broken"),
+            Message::http(http::Method::POST, format!("{refusing}/hook")).key("to-refusing"),
+        ])
+        .await;
+    let relay = fast(&env.outbox).max_attempts(2);
+    rounds_until(&env, &relay, &keys[0], |s| s == MessageState::Failed).await;
+    rounds_until(&env, &relay, &keys[1], |s| s == MessageState::Failed).await;
+    let (_, attempts, status, error) = env.state("to-broken").await;
+    assert_eq!(attempts, 2);
+    assert_eq!(status, Some(500));
+    assert_eq!(error.as_deref(), Some("the receiver answered 500"));
+    let (_, attempts, status, _) = env.state("to-refusing").await;
+    assert_eq!((attempts, status), (1, Some(400)));
+    assert_eq!(seen.keys().len(), 2);
+    assert_eq!(refused.keys().len(), 1);
+
+    let admin = serve(admin::router(env.outbox.clone())).await;
+    let client = reqwest::Client::new();
+    let get_json = |path: &str| {
+        let request = client.get(format!("{admin}/{path}")).send();
+        async move {
+            let bytes = request.await.unwrap().bytes().await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    let failed = get_json("failed").await;
+    let listed: Vec<&str> = failed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["to-broken", "to-refusing"]);
+    assert!(failed[0].get("body").is_none() && failed[0].get("headers").is_none());
+
+    // What a cross-site form can send: refused, and nothing changes.
+    let form = client
+        .post(format!("{admin}/retry"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("key=to-broken")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 415);
+    assert_eq!(env.state("to-broken").await.0, MessageState::Failed);
+
+    let post_json = |path: &str, body: serde_json::Value| {
+        client
+            .post(format!("{admin}/{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let json = |path: &str, key: &str| post_json(path, serde_json::json!({ "key": key }));
+    assert_eq!(json("retry", "to-broken").await.unwrap().status(), 202);
+    assert_eq!(json("retry", "to-broken").await.unwrap().status(), 404);
+    let (state, attempts, ..) = env.state("to-broken").await;
+    assert_eq!((state, attempts), (MessageState::Pending, 0));
+    assert_eq!(json("discard", "to-refusing").await.unwrap().status(), 200);
+    assert_eq!(
+        json("discard", "never-enqueued").await.unwrap().status(),
+        404
+    );
+    assert_eq!(env.state("to-refusing").await.0, MessageState::Discarded);
+    // Discarded: never attempted again.
+    relay.run_once().await.unwrap();
+    assert_eq!(refused.keys().len(), 1);
+    let counts = get_json("counts").await;
+    assert_eq!(counts["discarded"], 1);
+    // Finished in an earlier millisecond than the purge's cut-off.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let purge = post_json("purge", serde_json::json!({ "older_than_secs": 0 }))
+        .await
+        .unwrap();
+    assert_eq!(purge.status(), 200);
+    let purged: serde_json::Value = serde_json::from_slice(&purge.bytes().await.unwrap()).unwrap();
+    assert_eq!(purged["purged"], 1);
+    assert_eq!(env.outbox.get("to-refusing").await.unwrap(), None);
+    env.finish().await;
+}
+
+/// Dispatched messages reach the dispatcher with their key and payload; a dispatcher's
+/// permanent error fails the message at once.
+async fn dispatched_messages_reach_the_dispatcher<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    /// Key, topic and payload of each dispatched message.
+    type Dispatched = Vec<(String, String, Vec<u8>)>;
+    let got: Arc<Mutex<Dispatched>> = Arc::default();
+    let dispatcher = {
+        let got = got.clone();
+        move |message: Dispatch| {
+            let got = got.clone();
+            async move {
+                if message.topic == "refused" {
+                    return Err(DispatchError::permanent("no such mailbox"));
+                }
+                got.lock()
+                    .unwrap()
+                    .push((message.key, message.topic, message.payload.to_vec()));
+                Ok(())
+            }
+        }
+    };
+    env.commit(vec![
+        Message::dispatch("mail", "hello").key("mail-1"),
+        Message::dispatch("refused", "x").key("mail-2"),
+    ])
+    .await;
+    let relay = fast(&env.outbox).dispatcher(dispatcher);
+    rounds_until(&env, &relay, "mail-1", |s| s == MessageState::Delivered).await;
+    rounds_until(&env, &relay, "mail-2", |s| s == MessageState::Failed).await;
+    assert_eq!(
+        *got.lock().unwrap(),
+        [("mail-1".to_owned(), "mail".to_owned(), b"hello".to_vec())]
+    );
+    let (_, attempts, _, error) = env.state("mail-2").await;
+    assert_eq!((attempts, error.as_deref()), (1, Some("no such mailbox")));
+    env.finish().await;
+}
+
+/// A spawned relay delivers what a committed transaction enqueued, woken by `Outbox::wake`,
+/// and drains.
+async fn a_spawned_relay_delivers<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let seen = Seen::default();
+    let base = receiver(seen.clone(), 0, StatusCode::OK).await;
+    // Polls rarely: the wake starts the round.
+    let relay = fast(&env.outbox)
+        .poll_every(Duration::from_secs(3600))
+        .spawn();
+    env.commit(vec![Message::http(
+        http::Method::POST,
+        format!("{base}/hook"),
+    )
+    .key("woken")])
+        .await;
+    env.outbox.wake();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.state("woken").await.0 != MessageState::Delivered {
+        assert!(Instant::now() < deadline, "the wake did not start a round");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(relay.drain(Duration::from_secs(5)).await);
+    assert_eq!(seen.keys(), ["woken"]);
+    env.finish().await;
+}
+
+/// A transactional route's handler enqueues through its `IdempotentTx`, scoped by the request's
+/// idempotency key: an answer the layer commits keeps the message, one it rolls back (a `422`)
+/// leaves none, and a replay of the committed request enqueues nothing more.
+async fn enqueued_from_a_transactional_route<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let keys_table = format!("{}_keys", env.outbox.table());
+    let layer = DB::transactional(env.outbox.pool(), &keys_table).await;
+    async fn pay<DB: Fixture>(
+        State(outbox): State<Outbox<DB>>,
+        headers: HeaderMap,
+        mut tx: IdempotentTx<DB>,
+        body: String,
+    ) -> StatusCode {
+        let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+        let message = Message::dispatch("ledger", body.clone());
+        outbox
+            .scope(format!("pay-{key}"))
+            .enqueue(&mut *tx, message)
+            .await
+            .unwrap();
+        if body == "refuse" {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::CREATED
+        }
+    }
+    let app = Router::new()
+        .route("/pay", post(pay::<DB>))
+        .route_layer(layer)
+        .with_state(env.outbox.clone());
+    let base = serve(app).await;
+    let client = reqwest::Client::new();
+    let send = |key: &str, body: &str| {
+        client
+            .post(format!("{base}/pay"))
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+            .send()
+    };
+    assert_eq!(send("k1", "ok").await.unwrap().status(), 201);
+    assert_eq!(send("k2", "refuse").await.unwrap().status(), 422);
+    let replay = send("k1", "ok").await.unwrap();
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let pending = env.outbox.list(MessageState::Pending, 10).await.unwrap();
+    let keys: Vec<&str> = pending.iter().map(|m| m.key.as_str()).collect();
+    assert_eq!(keys, ["pay-k1/0"]);
+    DB::drop_table(env.outbox.pool(), &keys_table).await;
+    env.finish().await;
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name::<super::sqlx::Sqlite>().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name::<super::sqlx::Postgres>().await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    enqueued_exactly_when_committed,
+    enqueued_from_a_transactional_route,
+    retries_a_failing_receiver_with_the_same_key,
+    failed_messages_are_operated,
+    dispatched_messages_reach_the_dispatcher,
+    a_spawned_relay_delivers,
+);
+
+/// Executions per `Idempotency-Key` behind the client-key layer, and requests received.
+#[derive(Clone, Default)]
+struct Orders {
+    executions: Arc<Mutex<HashMap<String, usize>>>,
+    requests: Arc<Mutex<usize>>,
+}
+
+/// Four relays share one Postgres outbox of 60 messages, with a lease shorter than the
+/// receiver's handler for ten of them: their leases lapse mid-delivery and other relays deliver
+/// them again (each relay's batches are disjoint only while their leases last). The receiver's
+/// client-key layer runs each order once, and every message ends delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_on_postgres_deliver_each_message_once_at_the_receiver() {
+    let requests = four_relays_deliver_60_messages(Duration::from_millis(60)).await;
+    assert!(
+        requests > 60,
+        "no message was delivered twice ({requests} requests): the test proved nothing"
+    );
+    eprintln!("60 messages, {requests} requests, each order run once");
+}
+
+/// With leases longer than any delivery, four relays' batches are disjoint (`FOR UPDATE SKIP
+/// LOCKED`): the receiver gets exactly one request per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_on_postgres_claim_disjoint_batches() {
+    let requests = four_relays_deliver_60_messages(Duration::from_secs(30)).await;
+    assert_eq!(requests, 60);
+}
+
+/// Four spawned relays with `lease` deliver 60 messages to a client-key route whose first ten
+/// orders take 600 ms and the others 20 ms; each order runs once. Answers the requests the
+/// route received.
+async fn four_relays_deliver_60_messages(lease: Duration) -> usize {
+    let env = Env::<sqlx::Postgres>::new().await;
+    let orders = Orders::default();
+    let counted = orders.clone();
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(move |headers: HeaderMap| {
+                let orders = counted.clone();
+                async move {
+                    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                    // The first orders are slow: their leases lapse while they run, and the
+                    // relays that finished their own batches claim them again.
+                    let slow = key.len() == "order-0".len();
+                    *orders.executions.lock().unwrap().entry(key).or_default() += 1;
+                    let millis = if slow { 600 } else { 20 };
+                    tokio::time::sleep(Duration::from_millis(millis)).await;
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .route_layer(IdempotencyLayer::client_keys(MemoryStore::new()))
+        .layer(axum::middleware::map_request({
+            let orders = orders.clone();
+            move |request: axum::extract::Request| {
+                let orders = orders.clone();
+                async move {
+                    *orders.requests.lock().unwrap() += 1;
+                    request
+                }
+            }
+        }));
+    let base = serve(app).await;
+    let messages = 60;
+    let body = serde_json::json!({ "sku": "x" });
+    env.commit(
+        (0..messages)
+            .map(|n| Message::post_json(format!("{base}/orders"), &body).key(format!("order-{n}")))
+            .collect(),
+    )
+    .await;
+
+    let relays: Vec<_> = (0..4)
+        .map(|_| {
+            fast(&env.outbox)
+                .lease(lease)
+                .attempt_timeout(Duration::from_secs(2))
+                .max_attempts(1000)
+                .batch(8)
+                .poll_every(Duration::from_millis(10))
+                .spawn()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = env.outbox.counts().await.unwrap();
+        if counts.delivered == messages {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all delivered: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for relay in relays {
+        relay.drain(Duration::from_secs(5)).await;
+    }
+    let executions = orders.executions.lock().unwrap().clone();
+    assert_eq!(executions.len(), messages as usize);
+    assert!(
+        executions.values().all(|&n| n == 1),
+        "an order ran twice: {executions:?}"
+    );
+    let requests = *orders.requests.lock().unwrap();
+    env.finish().await;
+    requests
+}

@@ -1,0 +1,178 @@
+//! The reference receiver's outbox as two child processes, on SQLite and on Postgres: an
+//! upstream receiver whose `test.outbox` events each enqueue one `POST /orders` to a downstream
+//! receiver (`OUTBOX_TARGET_URL`), SIGKILLed at random points while it processes the events and
+//! relays their messages, restarted, until every message is delivered: the downstream's
+//! client-key route ran each order exactly once, and the upstream reports each delivery.
+#![cfg(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "webhooks",
+    feature = "inbox",
+    feature = "outbox",
+    unix
+))]
+
+mod receiver_process;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use receiver_process::{random_below, scalars, Database, Receiver};
+use serde_json::Value;
+use support::*;
+use tower_idempotency::webhooks::stripe;
+use tower_idempotency_testkit::unix_now;
+
+const SECRET: &str = "whsec_outbox_receiver_test";
+/// The downstream's `POST /orders` takes this long, so kills land mid-delivery.
+const DOWNSTREAM_DELAY_MS: u64 = 150;
+const EVENTS_PER_ROUND: usize = 6;
+
+fn upstream(store: &str, target: &str) -> Receiver {
+    Receiver::start(&[
+        ("IDEMPOTENCY_STORE", store.to_owned()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("HANDLER_DELAY_MS", "50".to_owned()),
+        ("INBOX_LEASE_MS", "1500".to_owned()),
+        ("INBOX_SWEEP_MS", "20".to_owned()),
+        ("INBOX_BACKOFF_MS", "10".to_owned()),
+        ("INBOX_MAX_ATTEMPTS", "1000".to_owned()),
+        ("OUTBOX_TARGET_URL", format!("{target}/orders")),
+    ])
+}
+
+fn downstream() -> Receiver {
+    Receiver::start(&[
+        ("IDEMPOTENCY_STORE", "memory".to_owned()),
+        ("HANDLER_DELAY_MS", DOWNSTREAM_DELAY_MS.to_string()),
+    ])
+}
+
+fn body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","object":"event","type":"test.outbox","data":{{"object":{{}}}}}}"#)
+}
+
+async fn deliver(client: &reqwest::Client, base: &str, body: &str) -> u16 {
+    client
+        .post(format!("{base}/inbox/stripe"))
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(SECRET, unix_now(), body.as_bytes()),
+        )
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("deliver")
+        .status()
+        .as_u16()
+}
+
+async fn effects(client: &reqwest::Client, base: &str) -> Value {
+    let bytes = client
+        .get(format!("{base}/effects"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// Whether `event_id`'s message was claimed by a delivery that did not finish: pending with an
+/// attempt counted (the claim commits before the request is sent, its outcome after the answer).
+async fn interrupted(store: &str, event_id: &str) -> bool {
+    let sql = "SELECT count(*) FROM outbox WHERE scope = $1 AND state = 0 AND attempts > 0";
+    scalars(store, sql, event_id).await[0] == 1
+}
+
+/// At least `rounds` times, and until kills have cut at least two deliveries short (at most 20
+/// rounds): six `test.outbox` events acknowledged by an upstream receiver, which is SIGKILLed at
+/// a random point of the next 600 ms (while handlers run, messages wait or deliveries are in
+/// flight); deliveries cut short are counted. A last upstream then finishes everything; the
+/// downstream ran each order once.
+async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
+    let client = reqwest::Client::new();
+    let target = downstream();
+    let mut ids = Vec::new();
+    let mut cut_short = 0;
+    let mut round = 0;
+    while round < rounds || (cut_short < 2 && round < 20) {
+        let round_ids: Vec<String> = (0..EVENTS_PER_ROUND)
+            .map(|n| format!("evt_{}_{round}_{n}", random_suffix()))
+            .collect();
+        let mut receiver = upstream(store, &target.base);
+        let statuses = join_all(round_ids.iter().map(|id| {
+            let (client, base, body) = (client.clone(), receiver.base.clone(), body(id));
+            async move { deliver(&client, &base, &body).await }
+        }))
+        .await;
+        assert!(statuses.iter().all(|&s| s == 200), "{label}: {statuses:?}");
+        // The point of the crash is the point of this test: a random moment after the acks.
+        tokio::time::sleep(Duration::from_millis(random_below(600))).await;
+        receiver.kill();
+        for id in &round_ids {
+            if interrupted(store, id).await {
+                cut_short += 1;
+            }
+        }
+        ids.extend(round_ids);
+        round += 1;
+    }
+
+    let last = upstream(store, &target.base);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let upstream_effects = loop {
+        let effects = effects(&client, &last.base).await;
+        if ids.iter().all(|id| effects[format!("outbox:{id}")] == 1) {
+            break effects;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{label}: not every message was delivered: {effects}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    for id in &ids {
+        assert_eq!(upstream_effects[format!("inbox:{id}")], 1, "{label}: {id}");
+    }
+    let orders = effects(&client, &target.base).await;
+    let ran: Vec<(&String, &Value)> = orders
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.starts_with("orders:"))
+        .collect();
+    assert_eq!(ran.len(), ids.len(), "{label}: {orders}");
+    for id in &ids {
+        assert_eq!(
+            orders[format!("orders:{id}/0")],
+            1,
+            "{label}: {id}: {orders}"
+        );
+    }
+    assert!(
+        cut_short > 0,
+        "{label}: no kill cut a delivery short; the test proved nothing"
+    );
+    eprintln!(
+        "{label}: {round} kills cut short the deliveries of {cut_short} of {} messages",
+        ids.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_survives_sigkill_exactly_once_downstream_sqlite() {
+    let dir = std::env::temp_dir().join(format!("tidem-outbox-crash-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}/receiver.db", dir.display());
+    killed_while_relaying(&store, "sqlite", 5).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_survives_sigkill_exactly_once_downstream_postgres() {
+    let database = Database::create(format!("tidem_outbox_{}", random_suffix())).await;
+    killed_while_relaying(&database.url(), "postgres", 5).await;
+}
