@@ -153,16 +153,22 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             received_at: unix_ms(self.clock.now()),
             order: self.inbox.ordering.as_ref().and_then(|o| o.position(&body)),
         };
-        match DB::insert(&self.inbox.pool, &self.inbox.sql, &event).await {
+        let key = event.key.clone();
+        let inserted = self
+            .inbox
+            .acks
+            .insert(&self.inbox.pool, &self.inbox.sql, event);
+        match inserted.await {
             Ok(inserted) => {
-                crate::metrics::acknowledged(&event.key.provider, inserted);
+                crate::metrics::acknowledged(&key.provider, inserted);
+                let answer = Json(serde_json::json!({ "received": key.event_id }));
                 if inserted {
-                    self.inbox.notify(event.key.clone());
+                    self.inbox.notify(key);
                 }
-                Json(serde_json::json!({ "received": event.key.event_id })).into_response()
+                answer.into_response()
             }
             Err(error) => {
-                tracing::warn!(provider = %event.key.provider, error = %error, "inbox insert failed");
+                tracing::warn!(provider = %key.provider, error = %error, "inbox insert failed");
                 Problem::from(Rejection::StoreUnavailable {
                     retry_after: RETRY_AFTER,
                 })

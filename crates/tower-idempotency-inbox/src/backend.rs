@@ -6,6 +6,7 @@
 //! must agree on the time to well within the lease.
 
 use std::{
+    collections::HashSet,
     future::Future,
     pin::Pin,
     sync::atomic::{AtomicU64, Ordering},
@@ -45,6 +46,8 @@ pub struct ClaimedRow {
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Sql {
+    /// Postgres: the acknowledgement of many deliveries in one statement (see `acks.rs`).
+    insert_many: String,
     /// The statements of ordered events.
     pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
@@ -86,6 +89,13 @@ pub(crate) const SPENT: &str =
 impl Sql {
     fn new(table: &str, schema: String, claim: String, postgres: bool) -> Self {
         Self {
+            insert_many: format!(
+                "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
+                 received_at, available_at, order_key, event_time) \
+                 SELECT p, e, h, b, a, r, r, k, t FROM unnest($1::text[], $2::text[], \
+                 $3::text[], $4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::int8[]) \
+                 AS u(p, e, h, b, a, r, k, t) ON CONFLICT DO NOTHING RETURNING provider, event_id"
+            ),
             ordered: OrderedSql::new(table, DUE, postgres),
             schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
@@ -334,6 +344,15 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         sql: &'a Sql,
     ) -> BoxFuture<'a, sqlx::Result<StateCounts>>;
 
+    /// Inserts `events` (distinct keys) in one commit; answers the keys of the rows inserted
+    /// (the others were duplicates).
+    #[doc(hidden)]
+    fn insert_many<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        events: &'a [&'a NewEvent],
+    ) -> BoxFuture<'a, sqlx::Result<HashSet<EventKey>>>;
+
     /// Claims like [`claim`](Self::claim) under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
     /// only when no other pending event of its ordering key is earlier or running.
     #[doc(hidden)]
@@ -421,7 +440,7 @@ where
 
 /// The typed calls, the same for each database.
 macro_rules! backend {
-    ($db:ty, $feature:literal, $statements:path, $begin:literal) => {
+    ($db:ty, $feature:literal, $statements:path, $begin:literal, $insert_many:path) => {
         #[cfg(feature = $feature)]
         const _: () = {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
@@ -663,6 +682,14 @@ macro_rules! backend {
                     })
                 }
 
+                fn insert_many<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    events: &'a [&'a NewEvent],
+                ) -> BoxFuture<'a, sqlx::Result<HashSet<EventKey>>> {
+                    Box::pin($insert_many(pool, sql, events))
+                }
+
                 fn claim_in_order<'a>(
                     pool: &'a sqlx::Pool<Self>,
                     sql: &'a Sql,
@@ -757,7 +784,91 @@ macro_rules! backend {
     };
 }
 
-backend!(sqlx::Postgres, "postgres", Sql::postgres, "BEGIN");
+backend!(
+    sqlx::Postgres,
+    "postgres",
+    Sql::postgres,
+    "BEGIN",
+    insert_many_postgres
+);
 // The write lock from the start: a deferred transaction that read first could not upgrade to a
 // write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
-backend!(sqlx::Sqlite, "sqlite", Sql::sqlite, "BEGIN IMMEDIATE");
+backend!(
+    sqlx::Sqlite,
+    "sqlite",
+    Sql::sqlite,
+    "BEGIN IMMEDIATE",
+    insert_many_sqlite
+);
+
+/// Postgres: one statement over arrays, whatever the batch's size (one prepared statement).
+#[cfg(feature = "postgres")]
+async fn insert_many_postgres(
+    pool: &sqlx::PgPool,
+    sql: &Sql,
+    events: &[&NewEvent],
+) -> sqlx::Result<HashSet<EventKey>> {
+    let column = |f: &dyn Fn(&NewEvent) -> String| events.iter().map(|e| f(e)).collect::<Vec<_>>();
+    sql.sent();
+    let rows: Vec<(String, String)> = sqlx::query_as(&sql.insert_many)
+        .bind(column(&|e| e.key.provider.clone()))
+        .bind(column(&|e| e.key.event_id.clone()))
+        .bind(column(&|e| e.headers.clone()))
+        .bind(events.iter().map(|e| e.body.clone()).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.authenticator.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|e| e.received_at).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.order.as_ref().map(|o| o.key.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.order.as_ref().map(|o| o.time))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(provider, event_id)| EventKey { provider, event_id })
+        .collect())
+}
+
+/// SQLite: the rows one by one in one `BEGIN IMMEDIATE` transaction, so one commit (and one
+/// wait for the write lock) for all of them.
+#[cfg(feature = "sqlite")]
+async fn insert_many_sqlite(
+    pool: &sqlx::SqlitePool,
+    sql: &Sql,
+    events: &[&NewEvent],
+) -> sqlx::Result<HashSet<EventKey>> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let mut inserted = HashSet::new();
+    for event in events {
+        sql.sent();
+        let done = sqlx::query(&sql.insert)
+            .bind(&event.key.provider)
+            .bind(&event.key.event_id)
+            .bind(&event.headers)
+            .bind(&event.body)
+            .bind(&event.authenticator)
+            .bind(event.received_at)
+            .bind(event.order.as_ref().map(|o| o.key.as_str()))
+            .bind(event.order.as_ref().map(|o| o.time))
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 1 {
+            inserted.insert(event.key.clone());
+        }
+    }
+    tx.commit().await?;
+    Ok(inserted)
+}

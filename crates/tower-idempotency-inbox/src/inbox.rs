@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tower_idempotency_sqlx::{validate_table_name, ConfigError};
 
 use crate::{
+    acks::Acks,
     backend::{InboxDatabase, Sql},
     event::EventKey,
     ordering::Ordering,
@@ -47,6 +48,8 @@ pub struct Inbox<DB: InboxDatabase> {
     table: Arc<str>,
     /// How events of one object are ordered, when they are.
     pub(crate) ordering: Option<Ordering>,
+    /// The acknowledgements' writer, which commits deliveries that arrive together at once.
+    pub(crate) acks: Arc<Acks>,
     /// The running worker's queue, fed at acknowledgement; `None` without a worker.
     queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
 }
@@ -58,6 +61,7 @@ impl<DB: InboxDatabase> Clone for Inbox<DB> {
             sql: self.sql.clone(),
             table: self.table.clone(),
             ordering: self.ordering.clone(),
+            acks: self.acks.clone(),
             queue: self.queue.clone(),
         }
     }
@@ -83,6 +87,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             sql: Arc::new(DB::statements(table)),
             table: table.into(),
             ordering: None,
+            acks: Arc::default(),
             queue: Arc::default(),
         })
     }
@@ -118,7 +123,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
     }
 
     /// How many statements this inbox (and its clones, acknowledgements and workers) sent to
-    /// the database, `migrate` aside: one per acknowledged delivery, duplicates included.
+    /// the database, `migrate` aside: one per acknowledged delivery on SQLite, one per batch of
+    /// deliveries acknowledged together on Postgres (see [`MAX_ACK_BATCH`](crate::MAX_ACK_BATCH)).
     pub fn statements_executed(&self) -> u64 {
         self.sql.executed()
     }

@@ -58,6 +58,7 @@
 compile_error!("tower-idempotency-inbox needs its `sqlite` or `postgres` feature");
 
 mod ack;
+mod acks;
 pub mod admin;
 #[doc(hidden)]
 pub mod backend;
@@ -70,6 +71,7 @@ mod retry;
 mod worker;
 
 pub use ack::Ack;
+pub use acks::MAX_BATCH as MAX_ACK_BATCH;
 pub use backend::InboxDatabase;
 pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
 pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LEN};

@@ -1,0 +1,129 @@
+//! Acknowledgements committed together: deliveries that arrive while an insert is in flight are
+//! inserted by the next one, in one statement (Postgres: `INSERT .. SELECT FROM unnest(..) ..
+//! RETURNING`) or one transaction (SQLite), and each is answered once its row is committed.
+//!
+//! One flush runs at a time per inbox, on a task of its own (so a sender that goes away does not
+//! strand the others): it takes up to [`MAX_BATCH`] queued deliveries, inserts them, answers each
+//! (inserted, or a duplicate: its key or its authenticator was already stored), and goes on while
+//! deliveries are queued. When a batch fails, its deliveries are inserted one by one, so a
+//! delivery that would have succeeded alone is not failed by another's row.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::oneshot;
+
+use crate::backend::{InboxDatabase, NewEvent, Sql};
+
+/// The most deliveries one batch inserts.
+pub const MAX_BATCH: usize = 256;
+
+/// A delivery waiting for its batch, and where its answer goes.
+struct Waiting {
+    event: NewEvent,
+    answer: oneshot::Sender<sqlx::Result<bool>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiting>,
+    flushing: bool,
+}
+
+/// The inbox's acknowledgement writer; shared by an inbox's clones.
+#[derive(Default)]
+pub(crate) struct Acks {
+    queue: Mutex<Queue>,
+}
+
+impl Acks {
+    /// Inserts `event` with the deliveries queued beside it; `true` when its row was inserted,
+    /// `false` for a duplicate.
+    pub(crate) async fn insert<DB: InboxDatabase>(
+        self: &Arc<Self>,
+        pool: &sqlx::Pool<DB>,
+        sql: &Arc<Sql>,
+        event: NewEvent,
+    ) -> sqlx::Result<bool> {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            queue.waiting.push(Waiting { event, answer });
+            !std::mem::replace(&mut queue.flushing, true)
+        };
+        if start {
+            let (acks, pool, sql) = (self.clone(), pool.clone(), sql.clone());
+            tokio::spawn(async move { acks.flush(&pool, &sql).await });
+        }
+        answered
+            .await
+            .unwrap_or_else(|_| Err(sqlx::Error::WorkerCrashed))
+    }
+
+    /// Inserts what is queued, batch after batch, until the queue is empty.
+    async fn flush<DB: InboxDatabase>(&self, pool: &sqlx::Pool<DB>, sql: &Sql) {
+        let _flushing = Flushing(self);
+        loop {
+            let batch = {
+                let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                if queue.waiting.is_empty() {
+                    queue.flushing = false;
+                    return;
+                }
+                let take = queue.waiting.len().min(MAX_BATCH);
+                queue.waiting.drain(..take).collect::<Vec<_>>()
+            };
+            insert_batch(pool, sql, batch).await;
+        }
+    }
+}
+
+/// Ends a flush that stopped early (its task was dropped with its runtime, or panicked): the
+/// deliveries still queued are answered with an error (`503`: the provider retries), and the
+/// next delivery starts a flush again. A flush that ran to its end finds the queue empty.
+struct Flushing<'a>(&'a Acks);
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        let mut queue = self.0.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.flushing = false;
+        for waiting in queue.waiting.drain(..) {
+            let _ = waiting.answer.send(Err(sqlx::Error::WorkerCrashed));
+        }
+    }
+}
+
+/// Inserts `batch` (a key's later copies in it are duplicates of its first) and answers each.
+async fn insert_batch<DB: InboxDatabase>(pool: &sqlx::Pool<DB>, sql: &Sql, batch: Vec<Waiting>) {
+    let mut seen = HashSet::new();
+    let (first, copies): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .partition(|w| seen.insert(w.event.key.clone()));
+    for copy in copies {
+        let _ = copy.answer.send(Ok(false));
+    }
+    if let [one] = &first[..] {
+        let inserted = DB::insert(pool, sql, &one.event).await;
+        let one = first.into_iter().next().expect("one");
+        let _ = one.answer.send(inserted);
+        return;
+    }
+    let events: Vec<&NewEvent> = first.iter().map(|w| &w.event).collect();
+    match DB::insert_many(pool, sql, &events).await {
+        Ok(inserted) => {
+            for waiting in first {
+                let stored = inserted.contains(&waiting.event.key);
+                let _ = waiting.answer.send(Ok(stored));
+            }
+        }
+        Err(error) => {
+            tracing::debug!(%error, rows = first.len(), "a batch of acknowledgements failed; inserting them one by one");
+            for waiting in first {
+                let inserted = DB::insert(pool, sql, &waiting.event).await;
+                let _ = waiting.answer.send(inserted);
+            }
+        }
+    }
+}
