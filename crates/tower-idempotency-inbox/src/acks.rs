@@ -3,7 +3,7 @@
 //! RETURNING`) or one transaction (SQLite), and each is answered once its row is committed.
 //!
 //! One flush runs at a time per inbox, on a task of its own (so a sender that goes away does not
-//! strand the others): it takes up to [`MAX_BATCH`] queued deliveries, inserts them, answers each
+//! strand the others): it takes up to [`MAX_BATCH`] (or the configured bound) queued deliveries, inserts them, answers each
 //! (inserted, or a duplicate: its key or its authenticator was already stored), and goes on while
 //! deliveries are queued. When a batch fails, its deliveries are inserted one by one, so a
 //! delivery that would have succeeded alone is not failed by another's row.
@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 
 use crate::backend::{InboxDatabase, NewEvent, Sql};
 
-/// The most deliveries one batch inserts.
+/// The most deliveries one batch inserts, unless configured otherwise
+/// ([`Inbox::max_ack_batch`](crate::Inbox::max_ack_batch)).
 pub const MAX_BATCH: usize = 256;
 
 /// A delivery waiting for its batch, and where its answer goes.
@@ -33,12 +34,25 @@ struct Queue {
 }
 
 /// The inbox's acknowledgement writer; shared by an inbox's clones.
-#[derive(Default)]
 pub(crate) struct Acks {
     queue: Mutex<Queue>,
+    max_batch: usize,
+}
+
+impl Default for Acks {
+    fn default() -> Self {
+        Self::new(MAX_BATCH)
+    }
 }
 
 impl Acks {
+    pub(crate) fn new(max_batch: usize) -> Self {
+        Self {
+            queue: Mutex::default(),
+            max_batch: max_batch.max(1),
+        }
+    }
+
     /// Inserts `event` with the deliveries queued beside it; `true` when its row was inserted,
     /// `false` for a duplicate.
     pub(crate) async fn insert<DB: InboxDatabase>(
@@ -72,7 +86,7 @@ impl Acks {
                     queue.flushing = false;
                     return;
                 }
-                let take = queue.waiting.len().min(MAX_BATCH);
+                let take = queue.waiting.len().min(self.max_batch);
                 queue.waiting.drain(..take).collect::<Vec<_>>()
             };
             insert_batch(pool, sql, batch).await;

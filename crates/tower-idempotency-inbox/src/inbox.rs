@@ -92,6 +92,15 @@ impl<DB: InboxDatabase> Inbox<DB> {
         })
     }
 
+    /// Bounds how many deliveries one acknowledgement commit takes (default
+    /// [`MAX_ACK_BATCH`](crate::MAX_ACK_BATCH); `1` commits each on its own). Deliveries that
+    /// arrive while a commit is in flight are inserted together by the next one, and each is
+    /// answered once its row is committed.
+    pub fn max_ack_batch(mut self, max: usize) -> Self {
+        self.acks = Arc::new(Acks::new(max));
+        self
+    }
+
     /// Orders the events of one object (see [`Ordering`]): their positions are stored at
     /// acknowledgement, and the worker applies the policy. Set it on the inbox that
     /// acknowledges and on the one whose worker runs (the same value on every instance).

@@ -4,7 +4,8 @@
 //!
 //! - `sync`: `IdempotencyLayer::stripe(..)`; the handler inserts its row before answering;
 //! - `inbox`: `Inbox::ack(StripeVerifier)`; the answer comes once the event is stored, and a
-//!   worker (4 handlers) inserts the row in the event's transaction afterwards.
+//!   worker (4 handlers) inserts the row in the event's transaction afterwards;
+//! - `inbox, batch of 1`: the same with `max_ack_batch(1)`: each acknowledgement commits alone.
 //!
 //! For each route and 1, 16 and 64 concurrent senders it prints the answers per second and their
 //! p50/p99; for the inbox also the processing rate: events processed per second from the start
@@ -139,13 +140,15 @@ async fn measure<DB: InboxDatabase>(label: &str, base: &str, inbox: &Inbox<DB>, 
     for clients in [1, 16, 64] {
         let sync = send_events(format!("{base}/sync"), clients, seconds).await;
         row(label, "sync", clients, &sync, None);
-        let started = Instant::now();
-        let acked = send_events(format!("{base}/inbox"), clients, seconds).await;
-        while inbox.counts().await.expect("counts").pending > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        for (path, route) in [("inbox", "inbox"), ("inbox-alone", "inbox, batch of 1")] {
+            let started = Instant::now();
+            let acked = send_events(format!("{base}/{path}"), clients, seconds).await;
+            while inbox.counts().await.expect("counts").pending > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
+            row(label, route, clients, &acked, Some(processing));
         }
-        let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
-        row(label, "inbox", clients, &acked, Some(processing));
     }
 }
 
@@ -169,6 +172,16 @@ where
         .route(
             "/inbox",
             post_service(inbox.ack(StripeVerifier::new([SECRET]))),
+        )
+        // The same table, each acknowledgement committed on its own.
+        .route(
+            "/inbox-alone",
+            post_service(
+                inbox
+                    .clone()
+                    .max_ack_batch(1)
+                    .ack(StripeVerifier::new([SECRET])),
+            ),
         )
 }
 
