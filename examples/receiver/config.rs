@@ -49,6 +49,10 @@ pub struct InboxSettings {
     pub lease: Option<Duration>,
     pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
+    /// `INBOX_ADMIN=1`: the operator's page and JSON routes at `/admin/inbox`.
+    pub admin: bool,
+    /// `INBOX_HEAL_FILE`: while this file exists, `test.permanent` events succeed.
+    pub heal_file: Option<std::path::PathBuf>,
 }
 
 pub struct Config {
@@ -112,6 +116,8 @@ impl Config {
                 attempt_timeout: parsed("INBOX_ATTEMPT_TIMEOUT_MS", millis)?
                     .map(Duration::from_millis),
                 sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
+                admin: parsed::<u8>("INBOX_ADMIN", "0 or 1")?.is_some_and(|admin| admin == 1),
+                heal_file: var("INBOX_HEAL_FILE").map(Into::into),
             },
         })
     }

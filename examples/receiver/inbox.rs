@@ -2,21 +2,24 @@
 //! `STRIPE_WEBHOOK_SECRET`): `POST /inbox/stripe` acknowledges through the inbox; a worker
 //! processes each event by waiting `HANDLER_DELAY_MS` and inserting one row into
 //! `inbox_effects` inside the event's transaction. Events of type `test.poison` always fail,
-//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first. `GET /inbox/failed` lists the failed event ids,
-//! `POST /inbox/failed/{event_id}/retry` re-queues one.
+//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
+//! (unless the file `INBOX_HEAL_FILE` names exists). `GET /inbox/failed` lists the failed event
+//! ids, `GET /inbox/events` lists events by filters with a cursor,
+//! `POST /inbox/failed/{event_id}/retry` re-queues one. With `INBOX_ADMIN=1` the operator's page
+//! and the admin routes are mounted at `/admin/inbox`.
 
 use std::time::Duration;
 
 use axum::{
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::StatusCode,
     routing::{get, post, post_service},
     Json, Router,
 };
 use tower_idempotency::{
     inbox::{
-        permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
-        InboxEvent, InboxWorker, DEFAULT_TABLE,
+        admin, permanent, Backoff, EventFilter, EventKey, EventPage, EventState, HandlerError,
+        IdempotentTx, Inbox, InboxDatabase, InboxError, InboxEvent, InboxWorker, DEFAULT_TABLE,
     },
     sqlx,
     webhooks::stripe::StripeVerifier,
@@ -60,9 +63,13 @@ impl Effects {
     }
 }
 
-/// Whether the attempt fails on purpose, by the event's `type`.
-fn refusal(event: &InboxEvent) -> Option<HandlerError> {
+/// Whether the attempt fails on purpose, by the event's `type`; `test.permanent` events pass
+/// while `heal_file` exists.
+fn refusal(event: &InboxEvent, heal_file: Option<&std::path::Path>) -> Option<HandlerError> {
     let json = event.json().ok()?;
+    if json["type"] == "test.permanent" && heal_file.is_some_and(std::path::Path::exists) {
+        return None;
+    }
     match json["type"].as_str()? {
         "test.poison" => Some("test.poison always fails".into()),
         "test.flaky" if event.attempt <= 2 => {
@@ -78,6 +85,7 @@ macro_rules! handler {
     ($name:ident, $db:ty) => {
         async fn $name(
             delay: Duration,
+            heal_file: Option<std::sync::Arc<std::path::Path>>,
             event: InboxEvent,
             mut tx: IdempotentTx<$db>,
         ) -> Result<(), HandlerError> {
@@ -86,7 +94,7 @@ macro_rules! handler {
                 .bind(&event.key.event_id)
                 .execute(&mut *tx)
                 .await?;
-            match refusal(&event) {
+            match refusal(&event, heal_file.as_deref()) {
                 Some(reason) => Err(reason),
                 None => Ok(()),
             }
@@ -110,17 +118,19 @@ pub async fn start(
     };
     let verifier = StripeVerifier::new(secrets);
     let delay = settings.handler_delay;
+    let heal: Option<std::sync::Arc<std::path::Path>> =
+        settings.heal_file.as_deref().map(Into::into);
     let (router, worker) = match &pool {
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(pool) => {
             let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
-            let handler = move |event, tx| handle_sqlite(delay, event, tx);
+            let handler = move |event, tx| handle_sqlite(delay, heal.clone(), event, tx);
             mount(inbox, verifier, handler, settings).await?
         }
         #[cfg(feature = "postgres")]
         Pool::Postgres(pool) => {
             let inbox = Inbox::new(pool.clone(), DEFAULT_TABLE)?;
-            let handler = move |event, tx| handle_postgres(delay, event, tx);
+            let handler = move |event, tx| handle_postgres(delay, heal.clone(), event, tx);
             mount(inbox, verifier, handler, settings).await?
         }
     };
@@ -154,11 +164,17 @@ async fn mount<DB: InboxDatabase>(
     if let Some(sweep) = settings.sweep {
         worker = worker.sweep_every(sweep);
     }
-    let router = Router::new()
+    let mut router = Router::new()
         .route("/inbox/stripe", post_service(inbox.ack(verifier)))
         .route("/inbox/failed", get(failed::<DB>))
+        .route("/inbox/events", get(events::<DB>))
         .route("/inbox/failed/{event_id}/retry", post(retry::<DB>))
-        .with_state(inbox);
+        .with_state(inbox.clone());
+    if settings.admin {
+        // The receiver is a test and demo fixture: a real deployment puts its authentication
+        // layer on this router (docs/inbox.md).
+        router = router.nest("/admin/inbox", admin::router(inbox));
+    }
     Ok((router, worker.spawn()))
 }
 
@@ -187,6 +203,30 @@ async fn retry<DB: InboxDatabase>(
         Err(error) => {
             tracing::error!(%error, "retrying an inbox event failed");
             StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
+/// The paging part of `GET /inbox/events`.
+#[derive(serde::Deserialize)]
+struct Paging {
+    cursor: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn events<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Query(filter): Query<EventFilter>,
+    Query(paging): Query<Paging>,
+) -> Result<Json<EventPage>, StatusCode> {
+    let cursor = paging.cursor.as_deref().filter(|cursor| !cursor.is_empty());
+    let limit = paging.limit.unwrap_or(100);
+    match inbox.events(&filter, cursor, limit).await {
+        Ok(page) => Ok(Json(page)),
+        Err(InboxError::InvalidCursor) => Err(StatusCode::BAD_REQUEST),
+        Err(error) => {
+            tracing::error!(%error, "listing inbox events failed");
+            Err(StatusCode::SERVICE_UNAVAILABLE)
         }
     }
 }

@@ -65,6 +65,10 @@ mod event;
 mod handler;
 mod inbox;
 mod metrics;
+mod ops;
+#[doc(hidden)]
+pub mod ops_sql;
+mod page;
 mod retry;
 mod worker;
 
@@ -75,6 +79,10 @@ pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LE
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
     describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
+};
+pub use ops::{
+    parse_rfc3339, rfc3339, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventPage,
+    EventRecord, ProviderCounts, MAX_PAGE, REDACTED,
 };
 pub use retry::Backoff;
 pub use worker::{
