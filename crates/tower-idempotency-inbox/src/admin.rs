@@ -282,12 +282,45 @@ async fn discard<DB: InboxDatabase>(
     })
 }
 
+/// The filter of `POST /retry`: an [`EventFilter`] whose unknown fields are refused (a
+/// misspelt field must not widen a bulk retry to every failed event).
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StrictFilter {
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::state")]
+    state: Option<EventState>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::text")]
+    provider: Option<String>,
+    #[serde(
+        default,
+        rename = "type",
+        deserialize_with = "crate::ops::filter_fields::text"
+    )]
+    event_type: Option<String>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::time")]
+    received_after: Option<std::time::SystemTime>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::time")]
+    received_before: Option<std::time::SystemTime>,
+}
+
+impl From<StrictFilter> for EventFilter {
+    fn from(strict: StrictFilter) -> Self {
+        Self {
+            state: strict.state,
+            provider: strict.provider,
+            event_type: strict.event_type,
+            received_after: strict.received_after,
+            received_before: strict.received_before,
+        }
+    }
+}
+
 /// The body of `POST /retry`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BulkRetryRequest {
     #[serde(default)]
-    filter: EventFilter,
+    filter: StrictFilter,
     #[serde(default)]
     dry_run: bool,
     #[serde(default)]
@@ -302,7 +335,7 @@ async fn retry_matching<DB: InboxDatabase>(
     Ok(Json(
         inbox
             .retry_matching(
-                &request.filter,
+                &request.filter.into(),
                 BulkRetryOptions {
                     dry_run: request.dry_run,
                     per_second: request.per_second,

@@ -163,7 +163,7 @@ pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
 }
 
 /// The filter's fields from text: empty is `None`.
-mod filter_fields {
+pub(crate) mod filter_fields {
     use std::time::SystemTime;
 
     use serde::{de::Error, Deserialize, Deserializer};
