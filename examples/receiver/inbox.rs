@@ -3,7 +3,7 @@
 //! processes each event by waiting `HANDLER_DELAY_MS` and inserting one row into
 //! `inbox_effects` inside the event's transaction. Events of type `test.poison` always fail,
 //! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
-//! (unless the file `INBOX_HEAL_FILE` names exists). `GET /inbox/failed` lists the failed event
+//! (both `test.poison` and `test.permanent` pass while the file `INBOX_HEAL_FILE` names exists). `GET /inbox/failed` lists the failed event
 //! ids, `GET /inbox/events` lists events by filters with a cursor,
 //! `POST /inbox/failed/{event_id}/retry` re-queues one. With `INBOX_ADMIN=1` the operator's page
 //! and the admin routes are mounted at `/admin/inbox`.
@@ -63,11 +63,12 @@ impl Effects {
     }
 }
 
-/// Whether the attempt fails on purpose, by the event's `type`; `test.permanent` events pass
-/// while `heal_file` exists.
+/// Whether the attempt fails on purpose, by the event's `type`; `test.poison` and
+/// `test.permanent` events pass while `heal_file` exists.
 fn refusal(event: &InboxEvent, heal_file: Option<&std::path::Path>) -> Option<HandlerError> {
     let json = event.json().ok()?;
-    if json["type"] == "test.permanent" && heal_file.is_some_and(std::path::Path::exists) {
+    let healable = json["type"] == "test.permanent" || json["type"] == "test.poison";
+    if healable && heal_file.is_some_and(std::path::Path::exists) {
         return None;
     }
     match json["type"].as_str()? {
