@@ -1,4 +1,4 @@
-//! The operator's statements ([`crate::ops`]): filtered keyset listing, one event's detail,
+//! The operator's statements (the `ops` module's calls): filtered keyset listing, one event's detail,
 //! discarding, counts per provider and the oldest pending event. Each statement is the same text
 //! on both databases; the `ops_backend!` macro writes the typed calls once for each.
 
