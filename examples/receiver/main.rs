@@ -19,6 +19,8 @@
 //! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts unless renewed (a running attempt renews it); a crashed attempt is retried after it (default 60000) |
 //! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
+//! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, without authentication (a fixture) |
+//! | `INBOX_HEAL_FILE` | a path; while that file exists, `test.poison` and `test.permanent` events succeed |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
@@ -54,7 +56,8 @@
 //! event is stored; a worker then waits `HANDLER_DELAY_MS` and inserts one row into the table
 //! `inbox_effects` in the event's transaction. Events whose `type` is `test.poison` always fail,
 //! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
-//! (failed at once, whatever attempts remain). `GET /inbox/failed` answers the failed event ids
+//! (failed at once, whatever attempts remain). `GET /inbox/events` lists events by filters with
+//! a cursor (RFC 3339 times). `GET /inbox/failed` answers the failed event ids
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
 //! not failed).
 //!
