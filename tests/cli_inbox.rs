@@ -113,6 +113,45 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     assert_eq!(events[0]["state"], "failed");
     assert_eq!(events[0]["attempts"], 1);
 
+    // `inbox events`: newest first, one a page, the cursor to the next.
+    let first = stdout(
+        &cli(&args(&[
+            "--json", "inbox", "events", "--state", "failed", "--limit", "1",
+        ]))
+        .await,
+    );
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(
+        first["events"][0]["event_id"],
+        ids[1].as_str(),
+        "{label}: {first}"
+    );
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = cli(&args(&[
+        "--json", "inbox", "events", "--limit", "1", "--cursor", &cursor,
+    ]))
+    .await;
+    let second: Value = serde_json::from_str(&stdout(&second)).unwrap();
+    assert_eq!(
+        second["events"][0]["event_id"],
+        ids[0].as_str(),
+        "{label}: {second}"
+    );
+    assert_eq!(second["next_cursor"], Value::Null);
+    let none = cli(&args(&[
+        "--json",
+        "inbox",
+        "events",
+        "--provider",
+        "github",
+    ]))
+    .await;
+    let none: Value = serde_json::from_str(&stdout(&none)).unwrap();
+    assert_eq!(none["events"], serde_json::json!([]), "{label}");
+
     let counts = stdout(&cli(&args(&["--json", "inbox", "counts"])).await);
     let counts: Value = serde_json::from_str(&counts).unwrap();
     assert_eq!(counts["failed"], 2, "{label}: {counts}");

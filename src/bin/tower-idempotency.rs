@@ -7,6 +7,7 @@
 //! tower-idempotency --store URL [--json] inbox list [--state failed|pending|processed] [--limit N]
 //! tower-idempotency --store URL [--json] inbox retry PROVIDER EVENT_ID
 //! tower-idempotency --store URL [--json] inbox retry [--dry-run] [--per-second N] [--from-provider P] [--type T] [--received-after TIME] [--received-before TIME]
+//! tower-idempotency --store URL [--json] inbox events [--state S] [--provider P] [--type T] [--received-after TIME] [--received-before TIME] [--cursor C] [--limit N]
 //! tower-idempotency --store URL [--json] inbox counts | show PROVIDER EVENT_ID | discard PROVIDER EVENT_ID | purge --older-than-secs N
 //! ```
 //!
@@ -131,6 +132,9 @@ enum CliError {
     #[cfg(feature = "inbox")]
     #[error("no event with this provider and event id")]
     NoEvent,
+    #[cfg(feature = "inbox")]
+    #[error("the cursor is not one the inbox made")]
+    BadCursor,
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.

@@ -90,6 +90,40 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// body, and is refused `403` without: neither can come from another site's form, so a browser
 /// carrying the operator's cookies cannot be made to send one. A database failure is a `503`
 /// problem.
+///
+/// The page and the routes behind your authentication check:
+///
+/// ```no_run
+/// use axum::{
+///     extract::Request,
+///     http::{HeaderMap, StatusCode},
+///     middleware::{self, Next},
+///     response::Response,
+///     Router,
+/// };
+/// use tower_idempotency_inbox::{admin, Inbox};
+/// use tower_idempotency_sqlx::sqlx::Postgres;
+///
+/// /// Your own check: a session, a client certificate, or (as here) the identity header of an
+/// /// SSO proxy in front of the application that strips it from clients' requests.
+/// fn is_operator(headers: &HeaderMap) -> bool {
+///     headers.contains_key("x-sso-operator")
+/// }
+///
+/// async fn operators_only(request: Request, next: Next) -> Result<Response, StatusCode> {
+///     if is_operator(request.headers()) {
+///         Ok(next.run(request).await)
+///     } else {
+///         Err(StatusCode::UNAUTHORIZED)
+///     }
+/// }
+///
+/// fn app(inbox: Inbox<Postgres>) -> Router {
+///     let admin = admin::router(inbox).layer(middleware::from_fn(operators_only));
+///     // The operator's page is then at /admin/inbox/page.
+///     Router::new().nest("/admin/inbox", admin)
+/// }
+/// ```
 pub fn router<DB: InboxDatabase>(inbox: Inbox<DB>) -> Router {
     Router::new()
         .route("/failed", get(list_failed::<DB>))

@@ -6,8 +6,8 @@ use std::{num::NonZeroU32, time::Duration};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 use tower_idempotency::inbox::{
-    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventState, EventSummary,
-    Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts, DEFAULT_TABLE,
+    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
+    EventSummary, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts, DEFAULT_TABLE,
 };
 
 use crate::{describe, CliError};
@@ -16,6 +16,8 @@ use crate::{describe, CliError};
 pub enum InboxCommand {
     /// List the inbox's events in one state, oldest first.
     List(ListArgs),
+    /// List events by filters, newest first, a page at a time (`--cursor` from the last line).
+    Events(EventsArgs),
     /// How many events are in each state, overall and per provider, and the age of the
     /// oldest pending one.
     Counts(TableArg),
@@ -28,6 +30,34 @@ pub enum InboxCommand {
     Discard(KeyArgs),
     /// Delete the events processed more than `--older-than-secs` ago.
     Purge(PurgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events in this state.
+    #[arg(long, value_enum)]
+    state: Option<State>,
+    /// Only events from this provider.
+    #[arg(long)]
+    provider: Option<String>,
+    /// Only events of this type (the body's top-level `type`).
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    /// Only events acknowledged at or after this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339)]
+    received_after: Option<std::time::SystemTime>,
+    /// Only events acknowledged before this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339)]
+    received_before: Option<std::time::SystemTime>,
+    /// The previous page's next cursor.
+    #[arg(long)]
+    cursor: Option<String>,
+    /// At most this many (up to 500).
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +157,7 @@ fn rfc3339(text: &str) -> Result<std::time::SystemTime, String> {
 /// What an inbox command answers.
 pub enum Answer {
     Events(Vec<EventSummary>),
+    Page(EventPage),
     Retried(EventKey),
     Counts {
         states: StateCounts,
@@ -150,6 +181,31 @@ impl Answer {
                 println!("{}", serde_json::to_value(events).unwrap_or(Value::Null));
             }
             Self::Events(events) => print_table(events),
+            Self::Page(page) if as_json => {
+                println!("{}", serde_json::to_value(page).unwrap_or(Value::Null));
+            }
+            Self::Page(page) => {
+                println!("PROVIDER  EVENT_ID  TYPE  STATE  ATTEMPTS  RECEIVED_AT  LAST_ERROR");
+                for event in &page.events {
+                    println!(
+                        "{}  {}  {}  {}  {}  {}  {}",
+                        event.provider,
+                        event.event_id,
+                        event.event_type.as_deref().unwrap_or("-"),
+                        event.state.as_str(),
+                        event.attempts,
+                        event.received_at,
+                        event
+                            .last_error
+                            .as_deref()
+                            .unwrap_or("-")
+                            .replace(['\n', '\r'], " ")
+                    );
+                }
+                if let Some(cursor) = &page.next_cursor {
+                    println!("next page: --cursor {cursor}");
+                }
+            }
             Self::Counts {
                 states,
                 providers,
@@ -286,6 +342,7 @@ impl InboxCommand {
     fn table(&self) -> &str {
         match self {
             Self::List(args) => &args.inbox_table,
+            Self::Events(args) => &args.inbox_table,
             Self::Retry(args) => &args.inbox_table,
             Self::Counts(args) => &args.inbox_table,
             Self::Show(args) | Self::Discard(args) => &args.inbox_table,
@@ -336,6 +393,23 @@ async fn execute<DB: InboxDatabase>(
         InboxCommand::List(args) => Ok(Answer::Events(
             inbox.list(args.state.into(), args.limit).await?,
         )),
+        InboxCommand::Events(args) => {
+            let filter = EventFilter {
+                state: args.state.map(Into::into),
+                provider: args.provider.clone(),
+                event_type: args.event_type.clone(),
+                received_after: args.received_after,
+                received_before: args.received_before,
+            };
+            match inbox
+                .events(&filter, args.cursor.as_deref(), args.limit)
+                .await
+            {
+                Ok(page) => Ok(Answer::Page(page)),
+                Err(InboxError::InvalidCursor) => Err(CliError::BadCursor),
+                Err(error) => return Err(error),
+            }
+        }
         InboxCommand::Retry(RetryArgs {
             provider: Some(provider),
             event_id: Some(event_id),
