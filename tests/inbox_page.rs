@@ -1,6 +1,6 @@
 //! The operator's page in a real browser: headless Chromium, driven through chromedriver
 //! (WebDriver), against the reference receiver as a child process with `INBOX_ADMIN=1`, on
-//! SQLite. Failing events are listed; one event's detail shows its error; "Retry" puts it back
+//! SQLite and on Postgres. Failing events are listed; one event's detail shows its error; "Retry" puts it back
 //! and the worker processes it once; the bulk retry of a type filter shows its count, asks to
 //! confirm and retries exactly the matching events. The test writes the page's screenshot to
 //! `target/tmp/inbox-page.png` (docs/inbox-page.png is a copy).
@@ -24,7 +24,7 @@ use std::{
 };
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use receiver_process::{scalars, Receiver};
+use receiver_process::{scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
 use tower_idempotency::webhooks::stripe;
@@ -191,8 +191,8 @@ async fn event_ids_listed(browser: &Client) -> Vec<String> {
     ids
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_page_lists_shows_and_retries_in_chromium() {
+/// Whether Chromium and chromedriver are installed; under `CI=true` their absence fails.
+fn browser_installed() -> bool {
     let installed = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
     if !installed {
         assert!(
@@ -203,11 +203,37 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium() {
             "the operator page's browser test",
             "chromium is not installed",
         );
+    }
+    installed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_page_lists_shows_and_retries_in_chromium_sqlite() {
+    if !browser_installed() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = format!("sqlite://{}", dir.join("receiver.db").display());
+    operator_page(&store, &dir, true).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_page_lists_shows_and_retries_in_chromium_postgres() {
+    if !browser_installed() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let database = Database::create(format!("tidem_page_{}", random_suffix())).await;
+    operator_page(&database.url(), &dir, false).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The page against a receiver on `store`; `dir` holds the heal file; `screenshot`: write it.
+async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
+    let store = store.to_owned();
     let heal = dir.join("heal");
     let receiver = Receiver::start(&[
         ("IDEMPOTENCY_STORE", store.clone()),
@@ -262,8 +288,10 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium() {
         counts.push(cell.text().await.unwrap());
     }
     assert_eq!(counts, ["0", "1", "4"]);
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("inbox-page.png");
-    std::fs::write(&target, browser.screenshot().await.unwrap()).unwrap();
+    if screenshot {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("inbox-page.png");
+        std::fs::write(&target, browser.screenshot().await.unwrap()).unwrap();
+    }
 
     // The detail of the single event, reached by its link (its id is text, not markup).
     browser
@@ -351,5 +379,4 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium() {
     browser.close().await.unwrap();
     drop(driver);
     drop(receiver);
-    let _ = std::fs::remove_dir_all(&dir);
 }
