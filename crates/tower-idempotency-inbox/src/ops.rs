@@ -245,33 +245,27 @@ fn redact(name: &str, value: String) -> String {
 }
 
 impl<DB: InboxDatabase> Inbox<DB> {
-    fn scan_params(
+    /// Calls `take` with every event matching `filter` after `after`, newest first, reading
+    /// `batch` rows a statement, until it answers `false` (then answers `false`) or the events
+    /// run out (`true`).
+    async fn scan(
         &self,
         filter: &EventFilter,
         after: Option<(i64, String, String)>,
-    ) -> ScanParams {
-        ScanParams {
+        batch: i64,
+        mut take: impl FnMut(EventSummary, &[u8]) -> bool,
+    ) -> Result<bool, InboxError> {
+        let mut params = ScanParams {
             state: filter.state.map(EventState::code),
             provider: filter.provider.clone(),
             from: filter.received_after.map(unix_ms),
             until: filter.received_before.map(unix_ms),
             after,
-            limit: SCAN_BATCH,
-        }
-    }
-
-    /// Calls `take` with every event matching `filter` after `after`, newest first, until it
-    /// answers `false`; answers the position of the last event it was given.
-    async fn scan(
-        &self,
-        filter: &EventFilter,
-        after: Option<(i64, String, String)>,
-        mut take: impl FnMut(EventSummary, &[u8]) -> bool,
-    ) -> Result<bool, InboxError> {
-        let mut params = self.scan_params(filter, after);
+            limit: batch.clamp(1, SCAN_BATCH),
+        };
         loop {
             let rows = <DB as OpsDatabase>::scan(&self.pool, self.table(), &params).await?;
-            let exhausted = rows.len() < usize::try_from(SCAN_BATCH).unwrap_or(usize::MAX);
+            let exhausted = rows.len() < usize::try_from(params.limit).unwrap_or(usize::MAX);
             for row in rows {
                 let position = (
                     row.summary.received_at_ms,
@@ -303,11 +297,17 @@ impl<DB: InboxDatabase> Inbox<DB> {
         limit: u32,
     ) -> Result<EventPage, InboxError> {
         let after = cursor.map(decode_cursor).transpose()?;
-        let limit = usize::try_from(limit.clamp(1, MAX_PAGE)).unwrap_or(1);
+        let limit = limit.clamp(1, MAX_PAGE);
+        // Without a type to match, one row past the page tells whether another page follows.
+        let batch = match filter.event_type {
+            None => i64::from(limit) + 1,
+            Some(_) => SCAN_BATCH,
+        };
+        let limit = usize::try_from(limit).unwrap_or(1);
         let mut events = Vec::new();
         let mut last = None;
         let mut more = false;
-        self.scan(filter, after, |summary, body| {
+        self.scan(filter, after, batch, |summary, body| {
             if events.len() == limit {
                 more = true;
                 return false;
@@ -375,7 +375,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             ..filter.clone()
         };
         let mut keys = Vec::new();
-        self.scan(&filter, None, |summary, _| {
+        self.scan(&filter, None, SCAN_BATCH, |summary, _| {
             keys.push(EventKey::new(summary.provider, summary.event_id));
             true
         })

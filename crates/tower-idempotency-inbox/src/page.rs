@@ -70,6 +70,13 @@ fn html_response(markup: Markup) -> Response {
         [
             (header::CACHE_CONTROL, "no-store"),
             (header::X_FRAME_OPTIONS, "DENY"),
+            // The page's own inline script and style, requests to its own origin only.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self'; form-action 'self'; \
+                 frame-ancestors 'none'; base-uri 'none'",
+            ),
         ],
         Html(markup.into_string()),
     )
