@@ -264,7 +264,9 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let driver = Driver::start();
     let browser = driver.session().await;
     let page = format!("{base}/admin/inbox/page");
-    browser.goto(&page).await.unwrap();
+    // The mount path leads to the page.
+    browser.goto(&format!("{base}/admin/inbox")).await.unwrap();
+    assert_eq!(browser.current_url().await.unwrap().as_str(), page);
     // Turned off so that no reload replaces the elements under the test.
     let refresh = browser.find(Locator::Id("refresh")).await.unwrap();
     refresh.click().await.unwrap();

@@ -75,6 +75,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
 ///
 /// | route | answer |
 /// |---|---|
+/// | `GET /page` | the operator's page (`GET /` redirects to it; docs/inbox.md) |
+/// | `GET /detail?provider=..&event_id=..` | one event's page |
 /// | `GET /failed?limit=N` | `200`, an array of [`EventSummary`] (default limit 100), oldest first |
 /// | `GET /pending?limit=N` | the same for pending events |
 /// | `GET /counts` | `200` [`StateCounts`] |

@@ -1,14 +1,14 @@
 //! The operator's page: server-rendered HTML (maud escapes every value), one small script and
 //! style shipped in this file, nothing fetched from another host. Served by
-//! [`admin::router`](crate::admin::router) at `GET /page` (the overview) and `GET /detail` (one
-//! event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
+//! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
+//! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
 
 use std::time::Duration;
 
 use axum::{
-    extract::{Query, State},
+    extract::{OriginalUri, Query, State},
     http::{header, StatusCode},
-    response::{Html, IntoResponse, Response},
+    response::{Html, IntoResponse, Redirect, Response},
     routing::get,
     Router,
 };
@@ -37,8 +37,14 @@ fn encode(text: &str) -> String {
 
 pub(crate) fn routes<DB: InboxDatabase>(_inbox: Inbox<DB>) -> Router<Inbox<DB>> {
     Router::new()
+        .route("/", get(to_page))
         .route("/page", get(overview::<DB>))
         .route("/detail", get(detail::<DB>))
+}
+
+/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
+async fn to_page(OriginalUri(uri): OriginalUri) -> Redirect {
+    Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
 }
 
 /// The overview's query: the filters (state `failed` when absent, any when empty) and the cursor.
