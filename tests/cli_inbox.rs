@@ -113,6 +113,104 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     assert_eq!(events[0]["state"], "failed");
     assert_eq!(events[0]["attempts"], 1);
 
+    // `inbox events`: newest first, one a page, the cursor to the next.
+    let first = stdout(
+        &cli(&args(&[
+            "--json", "inbox", "events", "--state", "failed", "--limit", "1",
+        ]))
+        .await,
+    );
+    let first: Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(
+        first["events"][0]["event_id"],
+        ids[1].as_str(),
+        "{label}: {first}"
+    );
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = cli(&args(&[
+        "--json", "inbox", "events", "--limit", "1", "--cursor", &cursor,
+    ]))
+    .await;
+    let second: Value = serde_json::from_str(&stdout(&second)).unwrap();
+    assert_eq!(
+        second["events"][0]["event_id"],
+        ids[0].as_str(),
+        "{label}: {second}"
+    );
+    assert_eq!(second["next_cursor"], Value::Null);
+    let none = cli(&args(&[
+        "--json",
+        "inbox",
+        "events",
+        "--provider",
+        "github",
+    ]))
+    .await;
+    let none: Value = serde_json::from_str(&stdout(&none)).unwrap();
+    assert_eq!(none["events"], serde_json::json!([]), "{label}");
+
+    let counts = stdout(&cli(&args(&["--json", "inbox", "counts"])).await);
+    let counts: Value = serde_json::from_str(&counts).unwrap();
+    assert_eq!(counts["failed"], 2, "{label}: {counts}");
+    assert_eq!(counts["pending"], 0);
+    assert_eq!(counts["providers"][0]["provider"], "stripe");
+    assert_eq!(counts["providers"][0]["failed"], 2);
+    assert_eq!(counts["oldest_pending_age_secs"], Value::Null);
+
+    let shown = stdout(&cli(&args(&["--json", "inbox", "show", "stripe", &ids[1]])).await);
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["event_id"], ids[1].as_str(), "{label}: {shown}");
+    assert_eq!(shown["type"], "charge.succeeded");
+    assert_eq!(shown["last_error"], "refused by the test handler");
+    assert!(shown["body"].as_str().unwrap().contains(ids[1].as_str()));
+    let missing = cli(&args(&["inbox", "show", "stripe", "evt_absent"])).await;
+    assert!(!missing.status.success());
+
+    let dry = cli(&args(&[
+        "--json",
+        "inbox",
+        "retry",
+        "--dry-run",
+        "--type",
+        "charge.succeeded",
+    ]))
+    .await;
+    let dry: Value = serde_json::from_str(&stdout(&dry)).unwrap();
+    assert_eq!(dry["matched"], 2, "{label}: {dry}");
+    assert_eq!(dry["retried"], 0);
+    let other = cli(&args(&[
+        "--json",
+        "inbox",
+        "retry",
+        "--dry-run",
+        "--type",
+        "invoice.paid",
+    ]))
+    .await;
+    let other: Value = serde_json::from_str(&stdout(&other)).unwrap();
+    assert_eq!(other["matched"], 0, "{label}: {other}");
+    assert_eq!(
+        inbox.counts().await.unwrap().failed,
+        2,
+        "a dry run changes nothing"
+    );
+
+    let purged = stdout(
+        &cli(&args(&[
+            "--json",
+            "inbox",
+            "purge",
+            "--older-than-secs",
+            "0",
+        ]))
+        .await,
+    );
+    let purged: Value = serde_json::from_str(&purged).unwrap();
+    assert_eq!(purged["purged"], 0, "{label}: nothing was processed");
+
     let retried = cli(&args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
     let retried: Value = serde_json::from_str(&stdout(&retried)).unwrap();
     assert_eq!(retried["retried"]["event_id"], ids[0].as_str());

@@ -218,6 +218,41 @@ async fn routes(store: &str, label: &str) {
                        AND attempts = 1 AND last_error = 'test.permanent fails permanently'";
     until_scalar(store, permanently, &permanent, 1).await;
     assert_eq!(rows(store, &permanent).await, 0, "{label}");
+    // `GET /inbox/events` lists by state and type, newest first, with RFC 3339 times.
+    let failed = get_json(&client, format!("{base}/inbox/events?state=failed")).await;
+    let listed: Vec<&str> = failed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [permanent.as_str(), poison.as_str()],
+        "{label}: {failed}"
+    );
+    assert!(failed["events"][0]["received_at"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    let by_type = format!("{base}/inbox/events?state=failed&type=test.permanent&limit=1");
+    let by_type = get_json(&client, by_type).await;
+    assert_eq!(
+        by_type["events"][0]["event_id"],
+        permanent.as_str(),
+        "{label}"
+    );
+    assert_eq!(
+        by_type["events"][0]["last_error"],
+        "test.permanent fails permanently"
+    );
+    assert_eq!(by_type["next_cursor"], Value::Null);
+    let processed = get_json(&client, format!("{base}/inbox/events?state=processed")).await;
+    assert_eq!(
+        processed["events"][0]["event_id"],
+        flaky.as_str(),
+        "{label}"
+    );
     let retry = |id: &str| {
         client
             .post(format!("{base}/inbox/failed/{id}/retry"))

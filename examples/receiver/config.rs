@@ -53,6 +53,10 @@ pub struct InboxSettings {
     pub outbox_target: Option<String>,
     /// `INBOX_ORDERING`: Stripe events ordered by `data.object.id` and `created`.
     pub ordering: Option<InboxOrdering>,
+    /// `INBOX_ADMIN=1`: the operator's page and JSON routes at `/admin/inbox`.
+    pub admin: bool,
+    /// `INBOX_HEAL_FILE`: while this file exists, `test.permanent` events succeed.
+    pub heal_file: Option<std::path::PathBuf>,
 }
 
 /// `INBOX_ORDERING=sequential|skip-stale`.
@@ -135,6 +139,8 @@ impl Config {
                     }
                 },
                 outbox_target: var("OUTBOX_TARGET_URL"),
+                admin: parsed::<u8>("INBOX_ADMIN", "0 or 1")?.is_some_and(|admin| admin == 1),
+                heal_file: var("INBOX_HEAL_FILE").map(Into::into),
             },
         })
     }

@@ -2,8 +2,11 @@
 //! `STRIPE_WEBHOOK_SECRET`): `POST /inbox/stripe` acknowledges through the inbox; a worker
 //! processes each event by waiting `HANDLER_DELAY_MS` and inserting one row into
 //! `inbox_effects` inside the event's transaction. Events of type `test.poison` always fail,
-//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first. `GET /inbox/failed` lists the failed event ids,
-//! `POST /inbox/failed/{event_id}/retry` re-queues one. `INBOX_ORDERING=sequential|skip-stale`
+//! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
+//! (both `test.poison` and `test.permanent` pass while the file `INBOX_HEAL_FILE` names exists).
+//! `GET /inbox/failed` lists the failed event ids, `GET /inbox/events` lists events by filters
+//! with a cursor, `POST /inbox/failed/{event_id}/retry` re-queues one. With `INBOX_ADMIN=1` the
+//! operator's page and the admin routes are mounted at `/admin/inbox`. `INBOX_ORDERING=sequential|skip-stale`
 //! orders Stripe events by `data.object.id` and `created`; the handler records, per object, the
 //! order in which it committed the object's events and when each run started and ended
 //! (`inbox_order`; `"order:<object id>"` in `GET /effects`).
@@ -16,7 +19,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use axum::{
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::StatusCode,
     routing::{get, post, post_service},
     Json, Router,
@@ -25,8 +28,9 @@ use axum::{
 use tower_idempotency::outbox::{self, Message, Outbox, OutboxDatabase, RelayHandle};
 use tower_idempotency::{
     inbox::{
-        permanent, Backoff, EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase,
-        InboxEvent, InboxWorker, Ordering, OrderingPolicy, DEFAULT_TABLE,
+        admin, permanent, Backoff, EventFilter, EventKey, EventPage, EventState, HandlerError,
+        IdempotentTx, Inbox, InboxDatabase, InboxError, InboxEvent, InboxWorker, Ordering,
+        OrderingPolicy, DEFAULT_TABLE,
     },
     sqlx,
     webhooks::stripe::StripeVerifier,
@@ -120,9 +124,14 @@ impl Effects {
     }
 }
 
-/// Whether the attempt fails on purpose, by the event's `type`.
-fn refusal(event: &InboxEvent) -> Option<HandlerError> {
+/// Whether the attempt fails on purpose, by the event's `type`; `test.poison` and
+/// `test.permanent` events pass while `heal_file` exists.
+fn refusal(event: &InboxEvent, heal_file: Option<&std::path::Path>) -> Option<HandlerError> {
     let json = event.json().ok()?;
+    let healable = json["type"] == "test.permanent" || json["type"] == "test.poison";
+    if healable && heal_file.is_some_and(std::path::Path::exists) {
+        return None;
+    }
     match json["type"].as_str()? {
         "test.poison" => Some("test.poison always fails".into()),
         "test.flaky" if event.attempt <= 2 => {
@@ -152,6 +161,7 @@ macro_rules! handler {
         async fn $name(
             delay: Duration,
             outgoing: Outgoing<$db>,
+            heal_file: Option<std::sync::Arc<std::path::Path>>,
             event: InboxEvent,
             mut tx: IdempotentTx<$db>,
         ) -> Result<(), HandlerError> {
@@ -186,7 +196,7 @@ macro_rules! handler {
             }
             #[cfg(not(feature = "outbox"))]
             let _ = outgoing;
-            match refusal(&event) {
+            match refusal(&event, heal_file.as_deref()) {
                 Some(reason) => Err(reason),
                 None => Ok(()),
             }
@@ -210,19 +220,23 @@ pub async fn start(
     };
     let verifier = StripeVerifier::new(secrets);
     let delay = settings.handler_delay;
+    let heal: Option<std::sync::Arc<std::path::Path>> =
+        settings.heal_file.as_deref().map(Into::into);
     let (router, worker) = match &pool {
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let (outgoing, relay) = start_outbox(pool, settings).await?;
-            let handler = move |event, tx| handle_sqlite(delay, outgoing.clone(), event, tx);
+            let handler =
+                move |event, tx| handle_sqlite(delay, outgoing.clone(), heal.clone(), event, tx);
             mount(inbox, verifier, handler, settings, relay).await?
         }
         #[cfg(feature = "postgres")]
         Pool::Postgres(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let (outgoing, relay) = start_outbox(pool, settings).await?;
-            let handler = move |event, tx| handle_postgres(delay, outgoing.clone(), event, tx);
+            let handler =
+                move |event, tx| handle_postgres(delay, outgoing.clone(), heal.clone(), event, tx);
             mount(inbox, verifier, handler, settings, relay).await?
         }
     };
@@ -318,11 +332,17 @@ async fn mount<DB: InboxDatabase>(
     if let Some(sweep) = settings.sweep {
         worker = worker.sweep_every(sweep);
     }
-    let router = Router::new()
+    let mut router = Router::new()
         .route("/inbox/stripe", post_service(inbox.ack(verifier)))
         .route("/inbox/failed", get(failed::<DB>))
+        .route("/inbox/events", get(events::<DB>))
         .route("/inbox/failed/{event_id}/retry", post(retry::<DB>))
-        .with_state(inbox);
+        .with_state(inbox.clone());
+    if settings.admin {
+        // The receiver is a test and demo fixture: a real deployment puts its authentication
+        // layer on this router (docs/inbox.md).
+        router = router.nest("/admin/inbox", admin::router(inbox));
+    }
     #[cfg(not(feature = "outbox"))]
     let _ = relay;
     let worker = Worker {
@@ -358,6 +378,30 @@ async fn retry<DB: InboxDatabase>(
         Err(error) => {
             tracing::error!(%error, "retrying an inbox event failed");
             StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
+/// The paging part of `GET /inbox/events`.
+#[derive(serde::Deserialize)]
+struct Paging {
+    cursor: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn events<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Query(filter): Query<EventFilter>,
+    Query(paging): Query<Paging>,
+) -> Result<Json<EventPage>, StatusCode> {
+    let cursor = paging.cursor.as_deref().filter(|cursor| !cursor.is_empty());
+    let limit = paging.limit.unwrap_or(100);
+    match inbox.events(&filter, cursor, limit).await {
+        Ok(page) => Ok(Json(page)),
+        Err(InboxError::InvalidCursor) => Err(StatusCode::BAD_REQUEST),
+        Err(error) => {
+            tracing::error!(%error, "listing inbox events failed");
+            Err(StatusCode::SERVICE_UNAVAILABLE)
         }
     }
 }

@@ -21,6 +21,8 @@
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `INBOX_ORDERING` | `POST /inbox/stripe`: `sequential` or `skip-stale` orders Stripe events by `data.object.id` and `created` (unset: no ordering) |
 //! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one `POST` of `{"event": "<event id>"}` here, with `Idempotency-Key: <event id>/0`, relayed after its transaction commits (unset: no outbox) |
+//! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, without authentication (a fixture) |
+//! | `INBOX_HEAL_FILE` | a path; while that file exists, `test.poison` and `test.permanent` events succeed |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
@@ -56,7 +58,8 @@
 //! event is stored; a worker then waits `HANDLER_DELAY_MS` and inserts one row into the table
 //! `inbox_effects` in the event's transaction. Events whose `type` is `test.poison` always fail,
 //! `test.flaky` fails its first two attempts, `test.permanent` fails permanently on its first
-//! (failed at once, whatever attempts remain). `GET /inbox/failed` answers the failed event ids
+//! (failed at once, whatever attempts remain). `GET /inbox/events` lists events by filters with
+//! a cursor (RFC 3339 times). `GET /inbox/failed` answers the failed event ids
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
 //! not failed). Built with the `outbox` feature and with `OUTBOX_TARGET_URL` set, a `test.outbox`
 //! event also enqueues one message in the outbox table `outbox` (docs/outbox.md), which a relay

@@ -6,6 +6,9 @@
 //! tower-idempotency --store URL [--json] purge-expired
 //! tower-idempotency --store URL [--json] inbox list [--state failed|pending|processed] [--limit N]
 //! tower-idempotency --store URL [--json] inbox retry PROVIDER EVENT_ID
+//! tower-idempotency --store URL [--json] inbox retry [--dry-run] [--per-second N] [--from-provider P] [--type T] [--received-after TIME] [--received-before TIME]
+//! tower-idempotency --store URL [--json] inbox events [--state S] [--provider P] [--type T] [--received-after TIME] [--received-before TIME] [--cursor C] [--limit N]
+//! tower-idempotency --store URL [--json] inbox counts | show PROVIDER EVENT_ID | discard PROVIDER EVENT_ID | purge --older-than-secs N
 //! ```
 //!
 //! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
@@ -64,7 +67,8 @@ enum Command {
     Forget(KeyArgs),
     /// Delete every expired record (SQLite, Postgres; Redis expires records by itself).
     PurgeExpired,
-    /// The webhook inbox's events (SQLite, Postgres): list them, retry a failed one.
+    /// The webhook inbox's events (SQLite, Postgres): list, count, show, retry (one or in bulk),
+    /// discard, purge.
     #[cfg(feature = "inbox")]
     #[command(subcommand)]
     Inbox(inbox::InboxCommand),
@@ -125,6 +129,12 @@ enum CliError {
     #[cfg(feature = "inbox")]
     #[error("no failed event with this provider and event id")]
     NotFailed,
+    #[cfg(feature = "inbox")]
+    #[error("no event with this provider and event id")]
+    NoEvent,
+    #[cfg(feature = "inbox")]
+    #[error("the cursor is not one the inbox made")]
+    BadCursor,
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.

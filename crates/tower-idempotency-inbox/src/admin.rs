@@ -1,11 +1,12 @@
-//! Operating an inbox: list pending and failed events, retry a failed one, purge old processed
-//! ones; as [`Inbox`] methods and as an axum [`router`] to mount behind your own auth.
+//! Operating an inbox: list events by filters, show one, retry or discard a failed one, retry
+//! failed events in bulk, purge old processed ones; as [`Inbox`] methods and as an axum
+//! [`router`] to mount behind your own auth.
 
 use std::time::Duration;
 
 use axum::{
-    extract::{Path, Query, State},
-    http::StatusCode,
+    extract::{FromRequestParts, Path, Query, State},
+    http::{header, request::Parts, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -15,8 +16,14 @@ use tower_idempotency_core::{Problem, Rejection};
 
 use crate::{
     event::{duration_ms, now_ms},
-    EventKey, EventState, EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
+    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
+    EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
 };
+
+/// The request header the state-changing routes accept instead of a JSON body: a browser
+/// sends it only from a script of the page's own origin (another site's would need a CORS
+/// preflight the router does not answer), never from a cross-site form.
+pub const ADMIN_HEADER: &str = "x-inbox-admin";
 
 /// The most events one listing returns.
 pub const MAX_LIST: u32 = 1000;
@@ -63,30 +70,105 @@ impl<DB: InboxDatabase> Inbox<DB> {
 }
 
 /// The inbox's operations over HTTP, JSON in and out. Mount it behind your own authentication
-/// (`Router::nest("/admin/inbox", admin::router(inbox).layer(auth))`): it lists events and
-/// changes their state.
+/// (`Router::nest("/admin/inbox", admin::router(inbox).layer(auth))`, see docs/inbox.md): it
+/// lists events and changes their state.
 ///
 /// | route | answer |
 /// |---|---|
-/// | `GET /failed?limit=N` | `200`, an array of [`EventSummary`] (default limit 100) |
+/// | `GET /page` | the operator's page (`GET /` redirects to it; docs/inbox.md) |
+/// | `GET /detail?provider=..&event_id=..` | one event's page |
+/// | `GET /failed?limit=N` | `200`, an array of [`EventSummary`] (default limit 100), oldest first |
 /// | `GET /pending?limit=N` | the same for pending events |
 /// | `GET /counts` | `200` [`StateCounts`] |
+/// | `GET /events?state=&provider=&type=&received_after=&received_before=&cursor=&limit=` | `200` [`EventPage`], newest first; times RFC 3339; `400` a bad filter or cursor |
+/// | `GET /events/{provider}/{event_id}` | `200` [`EventDetail`], `404` |
 /// | `POST /failed/{provider}/{event_id}/retry` | `202` re-queued, `404` no such failed event |
+/// | `POST /events/{provider}/{event_id}/retry` | the same |
+/// | `POST /events/{provider}/{event_id}/discard` | `204` deleted, `404` no such failed event |
+/// | `POST /retry` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkRetry`] (the filter's fields as [`EventFilter`]) |
 /// | `POST /purge?older_than_secs=N` | `200 {"purged": n}` |
 ///
-/// A database failure is a `503` problem.
+/// Every `POST` needs the [`ADMIN_HEADER`] header or a `Content-Type: application/json`
+/// body, and is refused `403` without: neither can come from another site's form, so a browser
+/// carrying the operator's cookies cannot be made to send one. A database failure is a `503`
+/// problem.
+///
+/// The page and the routes behind your authentication check:
+///
+/// ```no_run
+/// use axum::{
+///     extract::Request,
+///     http::{HeaderMap, StatusCode},
+///     middleware::{self, Next},
+///     response::Response,
+///     Router,
+/// };
+/// use tower_idempotency_inbox::{admin, Inbox};
+/// use tower_idempotency_sqlx::sqlx::Postgres;
+///
+/// /// Your own check: a session, a client certificate, or (as here) the identity header of an
+/// /// SSO proxy in front of the application that strips it from clients' requests.
+/// fn is_operator(headers: &HeaderMap) -> bool {
+///     headers.contains_key("x-sso-operator")
+/// }
+///
+/// async fn operators_only(request: Request, next: Next) -> Result<Response, StatusCode> {
+///     if is_operator(request.headers()) {
+///         Ok(next.run(request).await)
+///     } else {
+///         Err(StatusCode::UNAUTHORIZED)
+///     }
+/// }
+///
+/// fn app(inbox: Inbox<Postgres>) -> Router {
+///     let admin = admin::router(inbox).layer(middleware::from_fn(operators_only));
+///     // The operator's page is then at /admin/inbox/page.
+///     Router::new().nest("/admin/inbox", admin)
+/// }
+/// ```
 pub fn router<DB: InboxDatabase>(inbox: Inbox<DB>) -> Router {
     Router::new()
         .route("/failed", get(list_failed::<DB>))
         .route("/pending", get(list_pending::<DB>))
         .route("/counts", get(counts::<DB>))
+        .route("/events", get(events::<DB>))
+        .route("/events/{provider}/{event_id}", get(event::<DB>))
         .route("/failed/{provider}/{event_id}/retry", post(retry::<DB>))
+        .route("/events/{provider}/{event_id}/retry", post(retry::<DB>))
+        .route("/events/{provider}/{event_id}/discard", post(discard::<DB>))
+        .route("/retry", post(retry_matching::<DB>))
         .route("/purge", post(purge::<DB>))
+        .merge(crate::page::routes(inbox.clone()))
         .with_state(inbox)
 }
 
+/// A state-changing request that a cross-site form could not have sent: it carries
+/// [`ADMIN_HEADER`] or a JSON content type.
+struct SameSite;
+
+impl<S: Send + Sync> FromRequestParts<S> for SameSite {
+    type Rejection = (StatusCode, &'static str);
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let json = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split(';').next())
+            .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
+        if json || parts.headers.contains_key(ADMIN_HEADER) {
+            Ok(Self)
+        } else {
+            Err((
+                StatusCode::FORBIDDEN,
+                "send the x-inbox-admin header or a JSON body",
+            ))
+        }
+    }
+}
+
 /// A database failure, answered without its details.
-struct Unavailable;
+pub(crate) struct Unavailable;
 
 impl From<InboxError> for Unavailable {
     fn from(error: InboxError) -> Self {
@@ -134,6 +216,7 @@ async fn counts<DB: InboxDatabase>(
 }
 
 async fn retry<DB: InboxDatabase>(
+    _: SameSite,
     State(inbox): State<Inbox<DB>>,
     Path((provider, event_id)): Path<(String, String)>,
 ) -> Result<StatusCode, Unavailable> {
@@ -151,10 +234,149 @@ struct Purge {
 }
 
 async fn purge<DB: InboxDatabase>(
+    _: SameSite,
     State(inbox): State<Inbox<DB>>,
     Query(purge): Query<Purge>,
 ) -> Result<Json<serde_json::Value>, Unavailable> {
     let older_than = Duration::from_secs(purge.older_than_secs);
     let purged = inbox.purge_processed(older_than).await?;
     Ok(Json(serde_json::json!({ "purged": purged })))
+}
+
+/// The paging part of `GET /events`' query.
+#[derive(Deserialize)]
+pub(crate) struct Paging {
+    pub(crate) cursor: Option<String>,
+    pub(crate) limit: Option<u32>,
+}
+
+impl Paging {
+    pub(crate) fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref().filter(|cursor| !cursor.is_empty())
+    }
+}
+
+/// A failed listing: a cursor the inbox did not make (`400`) or the database (`503`).
+pub(crate) enum ListFailure {
+    BadCursor,
+    Unavailable(Unavailable),
+}
+
+impl From<InboxError> for ListFailure {
+    fn from(error: InboxError) -> Self {
+        match error {
+            InboxError::InvalidCursor => Self::BadCursor,
+            error => Self::Unavailable(error.into()),
+        }
+    }
+}
+
+impl IntoResponse for ListFailure {
+    fn into_response(self) -> Response {
+        match self {
+            Self::BadCursor => (
+                StatusCode::BAD_REQUEST,
+                "the cursor is not one the inbox made",
+            )
+                .into_response(),
+            Self::Unavailable(unavailable) => unavailable.into_response(),
+        }
+    }
+}
+
+async fn events<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Query(filter): Query<EventFilter>,
+    Query(paging): Query<Paging>,
+) -> Result<Json<EventPage>, ListFailure> {
+    let limit = paging.limit.unwrap_or(100);
+    Ok(Json(inbox.events(&filter, paging.cursor(), limit).await?))
+}
+
+async fn event<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Path((provider, event_id)): Path<(String, String)>,
+) -> Result<Response, Unavailable> {
+    Ok(
+        match inbox.event(&EventKey::new(provider, event_id)).await? {
+            Some(detail) => Json::<EventDetail>(detail).into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        },
+    )
+}
+
+async fn discard<DB: InboxDatabase>(
+    _: SameSite,
+    State(inbox): State<Inbox<DB>>,
+    Path((provider, event_id)): Path<(String, String)>,
+) -> Result<StatusCode, Unavailable> {
+    let discarded = inbox.discard(&EventKey::new(provider, event_id)).await?;
+    Ok(if discarded {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::NOT_FOUND
+    })
+}
+
+/// The filter of `POST /retry`: an [`EventFilter`] whose unknown fields are refused (a
+/// misspelt field must not widen a bulk retry to every failed event).
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StrictFilter {
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::state")]
+    state: Option<EventState>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::text")]
+    provider: Option<String>,
+    #[serde(
+        default,
+        rename = "type",
+        deserialize_with = "crate::ops::filter_fields::text"
+    )]
+    event_type: Option<String>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::time")]
+    received_after: Option<std::time::SystemTime>,
+    #[serde(default, deserialize_with = "crate::ops::filter_fields::time")]
+    received_before: Option<std::time::SystemTime>,
+}
+
+impl From<StrictFilter> for EventFilter {
+    fn from(strict: StrictFilter) -> Self {
+        Self {
+            state: strict.state,
+            provider: strict.provider,
+            event_type: strict.event_type,
+            received_after: strict.received_after,
+            received_before: strict.received_before,
+        }
+    }
+}
+
+/// The body of `POST /retry`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkRetryRequest {
+    #[serde(default)]
+    filter: StrictFilter,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    per_second: Option<std::num::NonZeroU32>,
+}
+
+async fn retry_matching<DB: InboxDatabase>(
+    _: SameSite,
+    State(inbox): State<Inbox<DB>>,
+    Json(request): Json<BulkRetryRequest>,
+) -> Result<Json<BulkRetry>, Unavailable> {
+    Ok(Json(
+        inbox
+            .retry_matching(
+                &request.filter.into(),
+                BulkRetryOptions {
+                    dry_run: request.dry_run,
+                    per_second: request.per_second,
+                },
+            )
+            .await?,
+    ))
 }

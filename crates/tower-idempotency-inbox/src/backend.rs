@@ -222,7 +222,7 @@ impl Sql {
 
 /// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
 /// (feature `sqlite`). Sealed; its methods are the inbox's statements and not a public API.
-pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
+pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDatabase {
     /// How an event's transaction starts.
     #[doc(hidden)]
     const BEGIN: &'static str;

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Names one event: the provider that sent it and the provider's event id. The inbox's primary
 /// key, so a provider's retry of an event is the same row.
@@ -26,7 +26,7 @@ impl EventKey {
 }
 
 /// Where an event is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventState {
     /// Waiting for its first or next attempt, or being processed under a lease.

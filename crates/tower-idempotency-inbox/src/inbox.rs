@@ -28,6 +28,9 @@ pub enum InboxError {
     /// The database failed or could not be reached.
     #[error("the inbox database failed")]
     Database(#[source] sqlx::Error),
+    /// A listing's cursor is not one the inbox made.
+    #[error("the cursor is not one the inbox made")]
+    InvalidCursor,
 }
 
 impl From<sqlx::Error> for InboxError {

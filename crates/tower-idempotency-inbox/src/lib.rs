@@ -66,7 +66,11 @@ mod event;
 mod handler;
 mod inbox;
 mod metrics;
+mod ops;
+#[doc(hidden)]
+pub mod ops_sql;
 mod ordering;
+mod page;
 mod retry;
 mod worker;
 
@@ -78,6 +82,10 @@ pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LE
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
     describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
+};
+pub use ops::{
+    parse_rfc3339, rfc3339, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventPage,
+    EventRecord, ProviderCounts, MAX_PAGE, REDACTED,
 };
 pub use ordering::{OrderPosition, Ordering, OrderingPolicy};
 pub use retry::Backoff;

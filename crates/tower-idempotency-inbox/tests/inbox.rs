@@ -284,8 +284,9 @@ async fn admin_router<DB: Fixture>() {
     assert_eq!(failed[0]["state"], "failed");
     assert_eq!(failed[0]["attempts"], 4);
     let retry = format!("{admin_url}/failed/stripe/evt_admin/retry");
-    assert_eq!(client.post(&retry).send().await.unwrap().status(), 202);
-    assert_eq!(client.post(&retry).send().await.unwrap().status(), 404);
+    let post = |url: &str| client.post(url).header("x-inbox-admin", "1").send();
+    assert_eq!(post(&retry).await.unwrap().status(), 202);
+    assert_eq!(post(&retry).await.unwrap().status(), 404);
     let pending: serde_json::Value = json(get("/pending").await.unwrap()).await;
     assert_eq!(pending[0]["event_id"], "evt_admin", "{pending}");
     assert_eq!(pending[0]["attempts"], 0);
@@ -295,12 +296,12 @@ async fn admin_router<DB: Fixture>() {
         serde_json::json!({"pending": 1, "processed": 1, "failed": 0, "skipped": 0})
     );
     let purge = format!("{admin_url}/purge?older_than_secs=3600");
-    let kept: serde_json::Value = json(client.post(&purge).send().await.unwrap()).await;
+    let kept: serde_json::Value = json(post(&purge).await.unwrap()).await;
     assert_eq!(kept["purged"], 0);
     // Processed at least a millisecond ago by now: the drain above waited for it.
     tokio::time::sleep(Duration::from_millis(2)).await;
     let purge = format!("{admin_url}/purge?older_than_secs=0");
-    let purged: serde_json::Value = json(client.post(&purge).send().await.unwrap()).await;
+    let purged: serde_json::Value = json(post(&purge).await.unwrap()).await;
     assert_eq!(purged["purged"], 1);
     assert_eq!(
         setup

@@ -1,10 +1,13 @@
-//! `tower-idempotency inbox list|retry`: the webhook inbox's failed and pending events, from the
-//! command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
+//! `tower-idempotency inbox list|counts|show|retry|discard|purge`: the webhook inbox's events,
+//! from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
+
+use std::{num::NonZeroU32, time::Duration};
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 use tower_idempotency::inbox::{
-    EventKey, EventState, EventSummary, Inbox, InboxDatabase, InboxError, DEFAULT_TABLE,
+    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
+    EventSummary, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts, DEFAULT_TABLE,
 };
 
 use crate::{describe, CliError};
@@ -13,9 +16,77 @@ use crate::{describe, CliError};
 pub enum InboxCommand {
     /// List the inbox's events in one state, oldest first.
     List(ListArgs),
-    /// Put a failed event back to pending, with a fresh count of attempts; a running worker
-    /// picks it up at its next sweep.
+    /// List events by filters, newest first, a page at a time (`--cursor` from the last line).
+    Events(EventsArgs),
+    /// How many events are in each state, overall and per provider, and the age of the
+    /// oldest pending one.
+    Counts(TableArg),
+    /// One event in full: kept headers (credentials redacted), body, attempts, last error.
+    Show(KeyArgs),
+    /// Put a failed event back to pending, with a fresh count of attempts; or, without an
+    /// event, every failed event matching the filters (`--dry-run` only counts them).
     Retry(RetryArgs),
+    /// Delete a failed event.
+    Discard(KeyArgs),
+    /// Delete the events processed more than `--older-than-secs` ago.
+    Purge(PurgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events in this state.
+    #[arg(long, value_enum)]
+    state: Option<State>,
+    /// Only events from this provider.
+    #[arg(long)]
+    provider: Option<String>,
+    /// Only events of this type (the body's top-level `type`).
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    /// Only events acknowledged at or after this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339)]
+    received_after: Option<std::time::SystemTime>,
+    /// Only events acknowledged before this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339)]
+    received_before: Option<std::time::SystemTime>,
+    /// The previous page's next cursor.
+    #[arg(long)]
+    cursor: Option<String>,
+    /// At most this many (up to 500).
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TableArg {
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The provider's name (`stripe`, `github`, ...).
+    provider: String,
+    /// The provider's event id.
+    event_id: String,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Purge the events processed longer ago than this many seconds; keep them longer than
+    /// the providers' retry schedule.
+    #[arg(long)]
+    older_than_secs: u64,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -33,10 +104,29 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct RetryArgs {
-    /// The provider's name (`stripe`, `github`, ...).
-    provider: String,
+    /// The provider's name (`stripe`, `github`, ...) of the one event to retry.
+    #[arg(requires = "event_id")]
+    provider: Option<String>,
     /// The provider's event id.
-    event_id: String,
+    event_id: Option<String>,
+    /// Without an event: only count the failed events the filters match.
+    #[arg(long, conflicts_with = "provider")]
+    dry_run: bool,
+    /// Without an event: release the retried events at this many per second.
+    #[arg(long, conflicts_with = "provider")]
+    per_second: Option<NonZeroU32>,
+    /// Only failed events from this provider.
+    #[arg(long = "from-provider", conflicts_with = "provider")]
+    from_provider: Option<String>,
+    /// Only failed events of this type (the body's top-level `type`).
+    #[arg(long = "type", conflicts_with = "provider")]
+    event_type: Option<String>,
+    /// Only failed events acknowledged at or after this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339, conflicts_with = "provider")]
+    received_after: Option<std::time::SystemTime>,
+    /// Only failed events acknowledged before this RFC 3339 time.
+    #[arg(long, value_parser = rfc3339, conflicts_with = "provider")]
+    received_before: Option<std::time::SystemTime>,
     /// The inbox table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     inbox_table: String,
@@ -59,10 +149,25 @@ impl From<State> for EventState {
     }
 }
 
+fn rfc3339(text: &str) -> Result<std::time::SystemTime, String> {
+    tower_idempotency::inbox::parse_rfc3339(text)
+        .ok_or_else(|| "not an RFC 3339 time (2026-01-02T03:04:05Z)".to_owned())
+}
+
 /// What an inbox command answers.
 pub enum Answer {
     Events(Vec<EventSummary>),
+    Page(EventPage),
     Retried(EventKey),
+    Counts {
+        states: StateCounts,
+        providers: Vec<ProviderCounts>,
+        oldest_pending_age: Option<Duration>,
+    },
+    Detail(Box<EventDetail>),
+    Bulk(BulkRetry),
+    Discarded(EventKey),
+    Purged(u64),
 }
 
 impl Answer {
@@ -76,6 +181,111 @@ impl Answer {
                 println!("{}", serde_json::to_value(events).unwrap_or(Value::Null));
             }
             Self::Events(events) => print_table(events),
+            Self::Page(page) if as_json => {
+                println!("{}", serde_json::to_value(page).unwrap_or(Value::Null));
+            }
+            Self::Page(page) => {
+                println!("PROVIDER  EVENT_ID  TYPE  STATE  ATTEMPTS  RECEIVED_AT  LAST_ERROR");
+                for event in &page.events {
+                    println!(
+                        "{}  {}  {}  {}  {}  {}  {}",
+                        event.provider,
+                        event.event_id,
+                        event.event_type.as_deref().unwrap_or("-"),
+                        event.state.as_str(),
+                        event.attempts,
+                        event.received_at,
+                        event
+                            .last_error
+                            .as_deref()
+                            .unwrap_or("-")
+                            .replace(['\n', '\r'], " ")
+                    );
+                }
+                if let Some(cursor) = &page.next_cursor {
+                    println!("next page: --cursor {cursor}");
+                }
+            }
+            Self::Counts {
+                states,
+                providers,
+                oldest_pending_age,
+            } => {
+                let age = oldest_pending_age.map(|age| age.as_secs_f64());
+                if as_json {
+                    let json = serde_json::json!({
+                        "pending": states.pending,
+                        "processed": states.processed,
+                        "failed": states.failed,
+                        "providers": providers,
+                        "oldest_pending_age_secs": age,
+                    });
+                    println!("{json}");
+                } else {
+                    println!("PROVIDER  PENDING  PROCESSED  FAILED");
+                    for p in providers {
+                        println!(
+                            "{}  {}  {}  {}",
+                            p.provider, p.pending, p.processed, p.failed
+                        );
+                    }
+                    println!(
+                        "total  {}  {}  {}",
+                        states.pending, states.processed, states.failed
+                    );
+                    match age {
+                        Some(age) => println!("oldest pending: {age:.3} s"),
+                        None => println!("oldest pending: none"),
+                    }
+                }
+            }
+            Self::Detail(detail) if as_json => {
+                println!("{}", serde_json::to_value(detail).unwrap_or(Value::Null));
+            }
+            Self::Detail(detail) => {
+                let record = &detail.record;
+                println!("provider: {}", record.provider);
+                println!("event_id: {}", record.event_id);
+                println!("type: {}", record.event_type.as_deref().unwrap_or("-"));
+                println!("state: {}", record.state.as_str());
+                println!("attempts: {}", record.attempts);
+                println!("received_at: {}", record.received_at);
+                println!("available_at: {}", record.available_at);
+                println!(
+                    "finished_at: {}",
+                    record.finished_at.as_deref().unwrap_or("-")
+                );
+                println!(
+                    "last_error: {}",
+                    record.last_error.as_deref().unwrap_or("-")
+                );
+                for (name, value) in &detail.headers {
+                    println!("header: {name}: {value}");
+                }
+                println!();
+                println!("{}", detail.body_pretty.as_deref().unwrap_or(&detail.body));
+            }
+            Self::Bulk(bulk) if as_json => {
+                println!("{}", serde_json::to_value(bulk).unwrap_or(Value::Null));
+            }
+            Self::Bulk(bulk) if bulk.dry_run => {
+                println!("would retry {} failed events", bulk.matched);
+            }
+            Self::Bulk(bulk) => match &bulk.last_due_at {
+                Some(last) => println!(
+                    "retried {} of {} failed events, the last due at {last}",
+                    bulk.retried, bulk.matched
+                ),
+                None => println!("retried {} of {} failed events", bulk.retried, bulk.matched),
+            },
+            Self::Discarded(key) if as_json => {
+                println!("{}", serde_json::json!({ "discarded": key }));
+            }
+            Self::Discarded(key) => println!("discarded {} {}", key.provider, key.event_id),
+            Self::Purged(purged) if as_json => {
+                println!("{}", serde_json::json!({ "purged": purged }));
+            }
+            Self::Purged(purged) => println!("purged {purged} processed events"),
         }
     }
 }
@@ -132,7 +342,11 @@ impl InboxCommand {
     fn table(&self) -> &str {
         match self {
             Self::List(args) => &args.inbox_table,
+            Self::Events(args) => &args.inbox_table,
             Self::Retry(args) => &args.inbox_table,
+            Self::Counts(args) => &args.inbox_table,
+            Self::Show(args) | Self::Discard(args) => &args.inbox_table,
+            Self::Purge(args) => &args.inbox_table,
         }
     }
 }
@@ -179,13 +393,73 @@ async fn execute<DB: InboxDatabase>(
         InboxCommand::List(args) => Ok(Answer::Events(
             inbox.list(args.state.into(), args.limit).await?,
         )),
-        InboxCommand::Retry(args) => {
-            let key = EventKey::new(args.provider.as_str(), args.event_id.as_str());
+        InboxCommand::Events(args) => {
+            let filter = EventFilter {
+                state: args.state.map(Into::into),
+                provider: args.provider.clone(),
+                event_type: args.event_type.clone(),
+                received_after: args.received_after,
+                received_before: args.received_before,
+            };
+            match inbox
+                .events(&filter, args.cursor.as_deref(), args.limit)
+                .await
+            {
+                Ok(page) => Ok(Answer::Page(page)),
+                Err(InboxError::InvalidCursor) => Err(CliError::BadCursor),
+                Err(error) => return Err(error),
+            }
+        }
+        InboxCommand::Retry(RetryArgs {
+            provider: Some(provider),
+            event_id: Some(event_id),
+            ..
+        }) => {
+            let key = EventKey::new(provider.as_str(), event_id.as_str());
             if inbox.retry(&key).await? {
                 Ok(Answer::Retried(key))
             } else {
                 Err(CliError::NotFailed)
             }
         }
+        InboxCommand::Retry(args) => {
+            let filter = EventFilter {
+                state: Some(EventState::Failed),
+                provider: args.from_provider.clone(),
+                event_type: args.event_type.clone(),
+                received_after: args.received_after,
+                received_before: args.received_before,
+            };
+            let options = BulkRetryOptions {
+                dry_run: args.dry_run,
+                per_second: args.per_second,
+            };
+            Ok(Answer::Bulk(inbox.retry_matching(&filter, options).await?))
+        }
+        InboxCommand::Counts(_) => Ok(Answer::Counts {
+            states: inbox.counts().await?,
+            providers: inbox.counts_by_provider().await?,
+            oldest_pending_age: inbox.oldest_pending_age().await?,
+        }),
+        InboxCommand::Show(args) => {
+            let key = EventKey::new(args.provider.as_str(), args.event_id.as_str());
+            match inbox.event(&key).await? {
+                Some(detail) => Ok(Answer::Detail(Box::new(detail))),
+                None => Err(CliError::NoEvent),
+            }
+        }
+        InboxCommand::Discard(args) => {
+            let key = EventKey::new(args.provider.as_str(), args.event_id.as_str());
+            if inbox.discard(&key).await? {
+                Ok(Answer::Discarded(key))
+            } else {
+                Err(CliError::NotFailed)
+            }
+        }
+        InboxCommand::Purge(args) => Ok(Answer::Purged(
+            inbox
+                .purge_processed(Duration::from_secs(args.older_than_secs))
+                .await?,
+        )),
     })
 }

@@ -1,0 +1,591 @@
+//! The operator's page: server-rendered HTML (maud escapes every value), one small script and
+//! style shipped in this file, nothing fetched from another host. Served by
+//! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
+//! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
+
+use std::time::Duration;
+
+use axum::{
+    extract::{OriginalUri, Query, State},
+    http::{header, StatusCode},
+    response::{Html, IntoResponse, Redirect, Response},
+    routing::get,
+    Router,
+};
+use maud::{html, Markup, PreEscaped, DOCTYPE};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::Deserialize;
+
+use crate::{
+    admin::Unavailable, event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord,
+    EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
+};
+
+/// Events per page of the overview.
+const PAGE_SIZE: u32 = 50;
+
+/// What a path segment or query value keeps unencoded: RFC 3986's unreserved characters.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+fn encode(text: &str) -> String {
+    utf8_percent_encode(text, COMPONENT).to_string()
+}
+
+pub(crate) fn routes<DB: InboxDatabase>(_inbox: Inbox<DB>) -> Router<Inbox<DB>> {
+    Router::new()
+        .route("/", get(to_page))
+        .route("/page", get(overview::<DB>))
+        .route("/detail", get(detail::<DB>))
+}
+
+/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
+async fn to_page(OriginalUri(uri): OriginalUri) -> Redirect {
+    Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
+}
+
+/// The overview's query: the filters (state `failed` when absent, any when empty) and the cursor.
+#[derive(Debug, Default, Deserialize)]
+struct PageQuery {
+    state: Option<String>,
+    provider: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    cursor: Option<String>,
+}
+
+/// The overview as it is rendered.
+#[derive(Debug)]
+pub(crate) struct Overview {
+    pub(crate) states: StateCounts,
+    pub(crate) providers: Vec<ProviderCounts>,
+    pub(crate) lag: Option<Duration>,
+    /// The state filter's value: `failed`, `pending`, `processed`, `skipped` or empty (any).
+    pub(crate) state: String,
+    pub(crate) provider: String,
+    pub(crate) event_type: String,
+    pub(crate) page: EventPage,
+    pub(crate) now_ms: i64,
+}
+
+fn html_response(markup: Markup) -> Response {
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            // The page's own inline script and style, requests to its own origin only.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self'; form-action 'self'; \
+                 frame-ancestors 'none'; base-uri 'none'",
+            ),
+        ],
+        Html(markup.into_string()),
+    )
+        .into_response()
+}
+
+fn bad_request(message: &'static str) -> Response {
+    (StatusCode::BAD_REQUEST, message).into_response()
+}
+
+async fn overview<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Query(query): Query<PageQuery>,
+) -> Result<Response, Unavailable> {
+    let state = query.state.unwrap_or_else(|| "failed".to_owned());
+    let parsed = match state.as_str() {
+        "" => None,
+        "pending" => Some(EventState::Pending),
+        "processed" => Some(EventState::Processed),
+        "failed" => Some(EventState::Failed),
+        "skipped" => Some(EventState::Skipped),
+        _ => {
+            return Ok(bad_request(
+                "the state is pending, processed, failed or skipped",
+            ))
+        }
+    };
+    let text = |value: Option<String>| value.filter(|value| !value.is_empty());
+    let filter = EventFilter {
+        state: parsed,
+        provider: text(query.provider),
+        event_type: text(query.event_type),
+        ..EventFilter::default()
+    };
+    let cursor = query.cursor.as_deref().filter(|cursor| !cursor.is_empty());
+    let page = match inbox.events(&filter, cursor, PAGE_SIZE).await {
+        Err(InboxError::InvalidCursor) => {
+            return Ok(bad_request("the cursor is not one the inbox made"))
+        }
+        page => page?,
+    };
+    let view = Overview {
+        states: inbox.counts().await?,
+        providers: inbox.counts_by_provider().await?,
+        lag: inbox.oldest_pending_age().await?,
+        state,
+        provider: filter.provider.unwrap_or_default(),
+        event_type: filter.event_type.unwrap_or_default(),
+        page,
+        now_ms: now_ms(),
+    };
+    Ok(html_response(render_overview(&view)))
+}
+
+#[derive(Debug, Deserialize)]
+struct DetailQuery {
+    provider: String,
+    event_id: String,
+}
+
+async fn detail<DB: InboxDatabase>(
+    State(inbox): State<Inbox<DB>>,
+    Query(query): Query<DetailQuery>,
+) -> Result<Response, Unavailable> {
+    let key = EventKey::new(query.provider, query.event_id);
+    Ok(match inbox.event(&key).await? {
+        Some(event) => html_response(render_detail(&event, now_ms())),
+        None => (
+            StatusCode::NOT_FOUND,
+            html_response(layout(
+                "Event not found",
+                html! {
+                    p { "The inbox holds no event " code { (key.provider) " " (key.event_id) } "." }
+                    p { a href="page" { "Back to the inbox" } }
+                },
+            )),
+        )
+            .into_response(),
+    })
+}
+
+/// A duration in its largest whole unit: `5 s`, `3 min`, `2 h`, `4 d`.
+fn amount(millis: u64) -> String {
+    let seconds = millis / 1000;
+    match seconds {
+        0..60 => format!("{seconds} s"),
+        60..3600 => format!("{} min", seconds / 60),
+        3600..86_400 => format!("{} h", seconds / 3600),
+        _ => format!("{} d", seconds / 86_400),
+    }
+}
+
+/// `ms` relative to `now`: `5 s ago`, `3 min ago`, `in 2 h`.
+pub(crate) fn relative(now: i64, ms: i64) -> String {
+    let delta = now.saturating_sub(ms);
+    let amount = amount(delta.unsigned_abs());
+    if delta >= 0 {
+        format!("{amount} ago")
+    } else {
+        format!("in {amount}")
+    }
+}
+
+/// A time as RFC 3339 and relative to now.
+fn time(now: i64, rfc3339: &str) -> Markup {
+    let relative = crate::parse_rfc3339(rfc3339)
+        .map(|time| relative(now, crate::event::unix_ms(time)))
+        .unwrap_or_default();
+    html! {
+        time datetime=(rfc3339) { (rfc3339) }
+        " " span.rel { "(" (relative) ")" }
+    }
+}
+
+fn detail_link(event: &EventRecord) -> String {
+    format!(
+        "detail?provider={}&event_id={}",
+        encode(&event.provider),
+        encode(&event.event_id)
+    )
+}
+
+fn action_path(event: &EventRecord, action: &str) -> String {
+    format!(
+        "events/{}/{}/{action}",
+        encode(&event.provider),
+        encode(&event.event_id)
+    )
+}
+
+const STYLE: &str = "
+body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
+header,main{padding:0 1.5rem}header{background:#20304a;color:#fff;padding:.8rem 1.5rem}
+header a{color:#fff}h1{font-size:1.3rem;margin:0}h2{font-size:1.1rem;margin:1.4rem 0 .5rem}
+table{border-collapse:collapse;background:#fff;margin:.3rem 0}
+th,td{border:1px solid #ccd;padding:.3rem .6rem;text-align:left;vertical-align:top}
+th{background:#eef1f6}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
+.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
+form.filters div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
+button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
+#status{min-height:1.5em;font-weight:600;color:#0b5a1a}pre{background:#fff;border:1px solid #ccd;
+padding:.8rem;overflow:auto;max-height:32rem}.actions{display:flex;gap:.6rem;margin:.6rem 0}
+:focus-visible{outline:3px solid #f0a500;outline-offset:2px}
+";
+
+/// The page's own script: posts actions with the admin header, runs the bulk retry's count and
+/// confirmation, and refreshes the overview unless the operator turned it off.
+const SCRIPT: &str = r#"
+(function () {
+  var status = document.getElementById('status');
+  function say(text) { status.textContent = text; }
+  function post(url, body) {
+    var init = { method: 'POST', credentials: 'same-origin', headers: { 'x-inbox-admin': '1' } };
+    if (body !== undefined) {
+      init.headers['content-type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    return fetch(url, init);
+  }
+  document.querySelectorAll('button[data-post]').forEach(function (button) {
+    button.addEventListener('click', function () {
+      button.disabled = true;
+      post(button.getAttribute('data-post')).then(function (response) {
+        if (response.ok) { say(button.getAttribute('data-done')); }
+        else if (response.status === 404) { say('Nothing done: the event is no longer failed.'); }
+        else { say('Failed: HTTP ' + response.status); }
+        button.disabled = false;
+      }, function () { say('Failed: the inbox did not answer.'); button.disabled = false; });
+    });
+  });
+  var count = document.getElementById('bulk-count');
+  if (count) {
+    var filter = JSON.parse(count.getAttribute('data-filter'));
+    var confirmBox = document.getElementById('bulk-confirm');
+    var text = document.getElementById('bulk-text');
+    var go = document.getElementById('bulk-go');
+    count.addEventListener('click', function () {
+      post('retry', { filter: filter, dry_run: true }).then(function (r) { return r.json(); })
+        .then(function (answer) {
+          go.setAttribute('data-matched', answer.matched);
+          text.textContent = answer.matched + ' failed events match this filter. Retry them?';
+          confirmBox.hidden = false;
+          go.disabled = answer.matched === 0;
+          (answer.matched === 0 ? document.getElementById('bulk-cancel') : go).focus();
+        }, function () { say('Failed: the inbox did not answer.'); });
+    });
+    go.addEventListener('click', function () {
+      var rate = document.getElementById('bulk-rate').value;
+      var body = { filter: filter, dry_run: false };
+      if (rate) { body.per_second = parseInt(rate, 10); }
+      post('retry', body).then(function (r) { return r.json(); }).then(function (answer) {
+        confirmBox.hidden = true;
+        say('Retried ' + answer.retried + ' of ' + answer.matched + ' failed events.');
+      }, function () { say('Failed: the inbox did not answer.'); });
+    });
+    document.getElementById('bulk-cancel').addEventListener('click', function () {
+      confirmBox.hidden = true;
+      count.focus();
+    });
+  }
+  var refresh = document.getElementById('refresh');
+  if (refresh) {
+    refresh.checked = localStorage.getItem('inbox-refresh') !== 'off';
+    refresh.addEventListener('change', function () {
+      localStorage.setItem('inbox-refresh', refresh.checked ? 'on' : 'off');
+    });
+    setInterval(function () {
+      var busy = document.getElementById('bulk-confirm');
+      if (refresh.checked && (!busy || busy.hidden) && !status.textContent) { location.reload(); }
+    }, 10000);
+  }
+})();
+"#;
+
+fn layout(title: &str, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · webhook inbox" }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header { h1 { a href="page" { "Webhook inbox" } " · " (title) } }
+                main {
+                    p #status role="status" aria-live="polite" {}
+                    (content)
+                }
+                script { (PreEscaped(SCRIPT)) }
+            }
+        }
+    }
+}
+
+fn counts_table(view: &Overview) -> Markup {
+    html! {
+        table #counts {
+            caption { "Events per state" }
+            thead { tr { th scope="col" { "provider" } th scope="col" { "pending" }
+                th scope="col" { "processed" } th scope="col" { "failed" }
+                th scope="col" { "skipped" } } }
+            tbody {
+                @for p in &view.providers {
+                    tr { th scope="row" { (p.provider) } td.num { (p.pending) }
+                        td.num { (p.processed) } td.num { (p.failed) } td.num { (p.skipped) } }
+                }
+                tr { th scope="row" { "all" } td.num { (view.states.pending) }
+                    td.num { (view.states.processed) } td.num { (view.states.failed) }
+                    td.num { (view.states.skipped) } }
+            }
+        }
+        p #lag {
+            "Oldest pending event: "
+            @match view.lag {
+                Some(lag) => { strong { (amount(u64::try_from(lag.as_millis()).unwrap_or(u64::MAX))) } " old" }
+                None => { "none pending" }
+            }
+        }
+    }
+}
+
+/// The overview: counts, lag, the filter form, the events and the bulk retry.
+pub(crate) fn render_overview(view: &Overview) -> Markup {
+    let filter = serde_json::json!({
+        "state": "failed",
+        "provider": view.provider,
+        "type": view.event_type,
+    });
+    let next = view.page.next_cursor.as_ref().map(|cursor| {
+        format!(
+            "page?state={}&provider={}&type={}&cursor={}",
+            encode(&view.state),
+            encode(&view.provider),
+            encode(&view.event_type),
+            encode(cursor)
+        )
+    });
+    let state_name = if view.state.is_empty() {
+        "all"
+    } else {
+        view.state.as_str()
+    };
+    layout(
+        "events",
+        html! {
+            p {
+                input #refresh type="checkbox" checked;
+                " " label for="refresh" { "Refresh every 10 s" }
+                " · " a href="" { "Refresh now" }
+            }
+            (counts_table(view))
+            h2 { "Filter" }
+            form.filters method="get" action="page" {
+                div {
+                    label for="f-state" { "State" }
+                    select #f-state name="state" {
+                        @for (value, label) in [("failed", "failed"), ("pending", "pending"), ("processed", "processed"), ("skipped", "skipped"), ("", "any")] {
+                            option value=(value) selected[view.state == value] { (label) }
+                        }
+                    }
+                }
+                div {
+                    label for="f-provider" { "Provider" }
+                    input #f-provider name="provider" value=(view.provider) placeholder="stripe";
+                }
+                div {
+                    label for="f-type" { "Event type" }
+                    input #f-type name="type" value=(view.event_type) placeholder="charge.failed";
+                }
+                button type="submit" { "Apply" }
+            }
+            h2 #events-heading { "Events: " (state_name) ", newest first" }
+            @if view.page.events.is_empty() {
+                p #no-events { "No event matches." }
+            } @else {
+                table #events aria-labelledby="events-heading" {
+                    thead { tr {
+                        th scope="col" { "provider" } th scope="col" { "event id" }
+                        th scope="col" { "type" } th scope="col" { "state" }
+                        th scope="col" { "attempts" } th scope="col" { "last error" }
+                        th scope="col" { "received" } th scope="col" { "finished" }
+                    } }
+                    tbody {
+                        @for event in &view.page.events {
+                            tr data-event-id=(event.event_id) {
+                                td { (event.provider) }
+                                td { a href=(detail_link(event)) { (event.event_id) } }
+                                td { (event.event_type.as_deref().unwrap_or("")) }
+                                td { (event.state.as_str()) }
+                                td.num { (event.attempts) }
+                                td.err { (event.last_error.as_deref().unwrap_or("")) }
+                                td { (time(view.now_ms, &event.received_at)) }
+                                td { @if let Some(finished) = &event.finished_at { (time(view.now_ms, finished)) } }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(next) = next {
+                p { a #next-page href=(next) { "Next page" } }
+            }
+            h2 { "Retry all failed events matching the filter" }
+            p { "Provider and event type as filtered above; pending and processed events are never retried." }
+            p {
+                label for="bulk-rate" { "Release at most this many per second (empty: all at once)" }
+                " " input #bulk-rate type="number" min="1" step="1";
+            }
+            p { button #bulk-count type="button" data-filter=(filter.to_string()) { "Count matching failed events" } }
+            div #bulk-confirm hidden role="group" aria-labelledby="bulk-text" {
+                p #bulk-text {}
+                div.actions {
+                    button #bulk-go type="button" { "Retry them" }
+                    button #bulk-cancel type="button" { "Cancel" }
+                }
+            }
+        },
+    )
+}
+
+/// One event: its fields, kept headers, pretty body, and the retry and discard actions.
+pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
+    let event = &detail.record;
+    let failed = event.state == EventState::Failed;
+    layout(
+        "event",
+        html! {
+            p { a href="page" { "← All failed events" } }
+            h2 { "Event " code #event-id { (event.event_id) } }
+            table #fields {
+                tbody {
+                    tr { th scope="row" { "provider" } td { (event.provider) } }
+                    tr { th scope="row" { "type" } td { (event.event_type.as_deref().unwrap_or("")) } }
+                    tr { th scope="row" { "state" } td #state { (event.state.as_str()) } }
+                    tr { th scope="row" { "attempts" } td { (event.attempts) " (the inbox keeps the count of attempts and the last one's error)" } }
+                    tr { th scope="row" { "last error" } td.err #last-error { (event.last_error.as_deref().unwrap_or("")) } }
+                    tr { th scope="row" { "received" } td { (time(now, &event.received_at)) } }
+                    tr { th scope="row" { "due" } td { (time(now, &event.available_at)) } }
+                    tr { th scope="row" { "finished" } td { @if let Some(finished) = &event.finished_at { (time(now, finished)) } } }
+                }
+            }
+            @if failed {
+                div.actions {
+                    button #retry type="button" data-post=(action_path(event, "retry"))
+                        data-done="Retried: the event is pending and the worker takes it." { "Retry" }
+                    button #discard type="button" data-post=(action_path(event, "discard"))
+                        data-done="Discarded: the event is deleted." { "Discard" }
+                }
+            }
+            h2 { "Kept headers" }
+            @if detail.headers.is_empty() {
+                p { "None kept." }
+            } @else {
+                table #headers {
+                    thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
+                    tbody {
+                        @for (name, value) in &detail.headers {
+                            tr { td { (name) } td { (value) } }
+                        }
+                    }
+                }
+            }
+            h2 { "Body" }
+            pre #body { (detail.body_pretty.as_deref().unwrap_or(&detail.body)) }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVIL: &str = "<script>alert(1)</script>";
+
+    fn record(event_id: &str) -> EventRecord {
+        EventRecord {
+            provider: "stripe".into(),
+            event_id: event_id.into(),
+            event_type: Some(EVIL.into()),
+            state: EventState::Failed,
+            attempts: 3,
+            received_at: "2026-01-02T03:04:05.000Z".into(),
+            available_at: "2026-01-02T03:04:05.000Z".into(),
+            finished_at: Some("2026-01-02T03:05:05.000Z".into()),
+            last_error: Some(format!("boom {EVIL}")),
+        }
+    }
+
+    fn overview(events: Vec<EventRecord>) -> Overview {
+        Overview {
+            states: StateCounts {
+                pending: 1,
+                processed: 2,
+                failed: 3,
+                skipped: 4,
+            },
+            providers: vec![ProviderCounts {
+                provider: "stripe".into(),
+                pending: 1,
+                processed: 2,
+                failed: 3,
+                skipped: 4,
+            }],
+            lag: Some(Duration::from_secs(90)),
+            state: "failed".into(),
+            provider: "\"><script>".into(),
+            event_type: String::new(),
+            page: EventPage {
+                events,
+                next_cursor: Some("ab&cd".into()),
+            },
+            now_ms: 1_767_323_105_000,
+        }
+    }
+
+    /// The page's own script is the only `<script>` element.
+    fn scripts(html: &str) -> usize {
+        html.matches("<script>").count()
+    }
+
+    #[test]
+    fn an_event_id_type_and_error_render_as_text() {
+        let html = render_overview(&overview(vec![record(EVIL)])).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("boom &lt;script&gt;"));
+        // The link percent-encodes the id; the filter value stays inside its attribute.
+        assert!(html.contains("detail?provider=stripe&amp;event_id=%3Cscript%3Ealert%281%29"));
+        assert!(
+            html.contains(r#"value="&quot;&gt;&lt;script&gt;""#),
+            "{html}"
+        );
+        assert!(html.contains("cursor=ab%26cd"));
+        assert!(
+            html.contains("<strong>1 min</strong> old"),
+            "the lag: {html}"
+        );
+        assert!(html.contains("(1 min ago)"), "relative time: {html}");
+    }
+
+    #[test]
+    fn a_header_and_body_render_as_text() {
+        let detail = EventDetail {
+            record: record("evt_1"),
+            headers: vec![("x-note".into(), EVIL.into()), (EVIL.into(), "v".into())],
+            body: format!(r#"{{"note":"{EVIL}"}}"#),
+            body_pretty: Some(format!("{{\n  \"note\": \"{EVIL}\"\n}}")),
+        };
+        let html = render_detail(&detail, 0).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("\n  &quot;note&quot;") || html.contains("\n  \"note\""));
+        assert!(
+            html.contains(r#"data-post="events/stripe/evt_1/retry""#),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn relative_times_read_naturally() {
+        assert_eq!(relative(10_000, 5_000), "5 s ago");
+        assert_eq!(relative(0, 180_000), "in 3 min");
+        assert_eq!(relative(7_200_000, 0), "2 h ago");
+    }
+}
