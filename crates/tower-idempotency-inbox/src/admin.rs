@@ -12,10 +12,10 @@ use axum::{
     Json, Router,
 };
 use serde::Deserialize;
-use tower_idempotency_core::{Problem, Rejection};
 
 use crate::{
     event::{duration_ms, now_ms},
+    unavailable::Unavailable,
     BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
     EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
 };
@@ -164,23 +164,6 @@ impl<S: Send + Sync> FromRequestParts<S> for SameSite {
                 "send the x-inbox-admin header or a JSON body",
             ))
         }
-    }
-}
-
-/// A database failure, answered without its details.
-pub(crate) struct Unavailable;
-
-impl From<InboxError> for Unavailable {
-    fn from(error: InboxError) -> Self {
-        tracing::warn!(%error, "inbox admin call failed");
-        Self
-    }
-}
-
-impl IntoResponse for Unavailable {
-    fn into_response(self) -> Response {
-        let retry_after = Duration::from_secs(5);
-        Problem::from(Rejection::StoreUnavailable { retry_after }).into_response()
     }
 }
 

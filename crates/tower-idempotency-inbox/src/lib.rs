@@ -72,6 +72,7 @@ pub mod ops_sql;
 mod ordering;
 mod page;
 mod retry;
+mod unavailable;
 mod worker;
 
 pub use ack::Ack;

@@ -2,10 +2,9 @@
 //! discarding, counts per provider and the oldest pending event. Each statement is the same text
 //! on both databases; the `ops_backend!` macro writes the typed calls once for each.
 
-use crate::{
-    backend::BoxFuture,
-    event::{EventKey, EventSummary},
-};
+use futures_util::future::BoxFuture;
+
+use crate::event::{EventKey, EventSummary};
 
 /// The columns of an [`EventSummary`], in its decoding order.
 const SUMMARY: &str =

@@ -17,8 +17,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
 
 use crate::{
-    admin::Unavailable, event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord,
-    EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
+    event::now_ms, unavailable::Unavailable, EventDetail, EventFilter, EventKey, EventPage,
+    EventRecord, EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
 };
 
 /// Events per page of the overview.
