@@ -16,11 +16,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use receiver_process::{scalars, Database, Receiver};
-use serde_json::Value;
+use receiver_process::{deliver_stripe, get_json, scalars, sqlite_store, Database, Receiver};
 use support::*;
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::unix_now;
 
 const SECRET: &str = "whsec_inbox_ordering_test";
 
@@ -38,29 +35,13 @@ async fn send(base: &str, id: &str, object: &str, created: i64) {
     let body = format!(
         r#"{{"id":"{id}","object":"event","type":"payment_intent.updated","created":{created},"data":{{"object":{{"id":"{object}"}}}}}}"#
     );
-    let status = reqwest::Client::new()
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(SECRET, unix_now(), body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .expect("deliver")
-        .status();
+    let status = deliver_stripe(&reqwest::Client::new(), base, SECRET, &body).await;
     assert_eq!(status, 200, "{id}");
 }
 
 /// The event ids `GET /effects` lists for `object`, in handling order.
 async fn order(base: &str, object: &str) -> Vec<String> {
-    let bytes = reqwest::get(format!("{base}/effects"))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    let effects: Value = serde_json::from_slice(&bytes).expect("JSON");
+    let effects = get_json(&reqwest::Client::new(), format!("{base}/effects")).await;
     effects[format!("order:{object}")]
         .as_array()
         .map(|ids| {
@@ -167,13 +148,6 @@ async fn skip_stale(store: &str, bases: &[&str], label: &str) {
         let want = if handled.contains(&id) { 1 } else { 3 };
         assert_eq!(state(store, &id).await, want, "{label}: {id}");
     }
-}
-
-fn sqlite_store(name: &str) -> (std::path::PathBuf, String) {
-    let dir = std::env::temp_dir().join(format!("tidem-{name}-{}", random_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}/receiver.db", dir.display());
-    (dir, store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,13 +14,13 @@ mod receiver_process;
 mod support;
 
 use std::time::{Duration, Instant};
-use tower_idempotency_testkit::unix_now;
 
 use futures_util::future::join_all;
-use receiver_process::{random_below, scalars, Database, Receiver};
+use receiver_process::{
+    deliver_stripe, get_json, random_below, scalars, sqlite_store, stripe_event, Database, Receiver,
+};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::webhooks::stripe;
 
 const SECRET: &str = "whsec_inbox_receiver_test";
 const HANDLER_DELAY_MS: u64 = 300;
@@ -38,31 +38,6 @@ fn start(store: &str, handler_delay_ms: u64, max_attempts: u32) -> Receiver {
         ("INBOX_BACKOFF_MS", "10".to_owned()),
         ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
     ])
-}
-
-fn body(id: &str, kind: &str) -> String {
-    format!(r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{}}}}}}"#)
-}
-
-async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
-    let now = unix_now();
-    client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(secret, now, body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status()
-        .as_u16()
-}
-
-async fn get_json(client: &reqwest::Client, url: String) -> Value {
-    let bytes = client.get(url).send().await.unwrap().bytes().await.unwrap();
-    serde_json::from_slice(&bytes).expect("JSON")
 }
 
 /// Polls `GET /effects` until `done` holds for it, failing after 20 s.
@@ -120,9 +95,9 @@ async fn killed_mid_handler(store: &str, label: &str, rounds: usize) {
             .collect();
         let mut first = start(store, HANDLER_DELAY_MS, 10);
         let statuses = join_all(ids.iter().map(|id| {
-            let body = body(id, "charge.succeeded");
+            let body = stripe_event(id, "charge.succeeded");
             let (client, base) = (client.clone(), first.base.clone());
-            async move { deliver(&client, &base, SECRET, &body).await }
+            async move { deliver_stripe(&client, &base, SECRET, &body).await }
         }))
         .await;
         assert!(statuses.iter().all(|&s| s == 200), "{label}: {statuses:?}");
@@ -169,21 +144,33 @@ async fn routes(store: &str, label: &str) {
         format!("evt_poison_{}", random_suffix()),
     );
     assert_eq!(
-        deliver(&client, &base, SECRET, &body(&flaky, "test.flaky")).await,
+        deliver_stripe(&client, &base, SECRET, &stripe_event(&flaky, "test.flaky")).await,
         200
     );
     assert_eq!(
-        deliver(&client, &base, SECRET, &body(&poison, "test.poison")).await,
+        deliver_stripe(
+            &client,
+            &base,
+            SECRET,
+            &stripe_event(&poison, "test.poison")
+        )
+        .await,
         200
     );
     let permanent = format!("evt_permanent_{}", random_suffix());
     assert_eq!(
-        deliver(&client, &base, SECRET, &body(&permanent, "test.permanent")).await,
+        deliver_stripe(
+            &client,
+            &base,
+            SECRET,
+            &stripe_event(&permanent, "test.permanent")
+        )
+        .await,
         200
     );
-    let forged = body("evt_forged", "charge.succeeded");
+    let forged = stripe_event("evt_forged", "charge.succeeded");
     assert_eq!(
-        deliver(&client, &base, "whsec_not_the_secret", &forged).await,
+        deliver_stripe(&client, &base, "whsec_not_the_secret", &forged).await,
         401
     );
 
@@ -304,7 +291,13 @@ async fn attempts_spent_by_kills(store: &str, label: &str) {
     let id = format!("evt_killed_{}", random_suffix());
     let attempts = "SELECT CAST(attempts AS bigint) FROM webhook_inbox WHERE event_id = $1";
     let mut first = spawn(60_000);
-    let status = deliver(&client, &first.base, SECRET, &body(&id, "charge.succeeded")).await;
+    let status = deliver_stripe(
+        &client,
+        &first.base,
+        SECRET,
+        &stripe_event(&id, "charge.succeeded"),
+    )
+    .await;
     assert_eq!(status, 200, "{label}");
     until_scalar(store, attempts, &id, 1).await;
     first.kill();
@@ -339,13 +332,6 @@ async fn attempts_spent_by_kills(store: &str, label: &str) {
     })
     .await;
     assert_eq!(rows(store, &id).await, 1, "{label}: {id}");
-}
-
-fn sqlite_store(name: &str) -> (std::path::PathBuf, String) {
-    let dir = std::env::temp_dir().join(format!("tidem-{name}-{}", random_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}/receiver.db", dir.display());
-    (dir, store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,11 +18,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use receiver_process::{random_below, scalars, Database, Receiver};
+use receiver_process::{
+    deliver_stripe, get_json, random_below, scalars, sqlite_store, stripe_event, Database, Receiver,
+};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::unix_now;
 
 const SECRET: &str = "whsec_outbox_receiver_test";
 /// The downstream's `POST /orders` takes this long, so kills land mid-delivery.
@@ -49,37 +49,6 @@ fn downstream() -> Receiver {
     ])
 }
 
-fn body(id: &str) -> String {
-    format!(r#"{{"id":"{id}","object":"event","type":"test.outbox","data":{{"object":{{}}}}}}"#)
-}
-
-async fn deliver(client: &reqwest::Client, base: &str, body: &str) -> u16 {
-    client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(SECRET, unix_now(), body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status()
-        .as_u16()
-}
-
-async fn effects(client: &reqwest::Client, base: &str) -> Value {
-    let bytes = client
-        .get(format!("{base}/effects"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&bytes).expect("JSON")
-}
-
 /// Whether `event_id`'s message was claimed by a delivery that did not finish: pending with an
 /// attempt counted (the claim commits before the request is sent, its outcome after the answer).
 async fn interrupted(store: &str, event_id: &str) -> bool {
@@ -104,8 +73,12 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
             .collect();
         let mut receiver = upstream(store, &target.base);
         let statuses = join_all(round_ids.iter().map(|id| {
-            let (client, base, body) = (client.clone(), receiver.base.clone(), body(id));
-            async move { deliver(&client, &base, &body).await }
+            let (client, base, body) = (
+                client.clone(),
+                receiver.base.clone(),
+                stripe_event(id, "test.outbox"),
+            );
+            async move { deliver_stripe(&client, &base, SECRET, &body).await }
         }))
         .await;
         assert!(statuses.iter().all(|&s| s == 200), "{label}: {statuses:?}");
@@ -124,7 +97,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     let last = upstream(store, &target.base);
     let deadline = Instant::now() + Duration::from_secs(30);
     let upstream_effects = loop {
-        let effects = effects(&client, &last.base).await;
+        let effects = get_json(&client, format!("{}/effects", &last.base)).await;
         if ids.iter().all(|id| effects[format!("outbox:{id}")] == 1) {
             break effects;
         }
@@ -137,7 +110,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     for id in &ids {
         assert_eq!(upstream_effects[format!("inbox:{id}")], 1, "{label}: {id}");
     }
-    let orders = effects(&client, &target.base).await;
+    let orders = get_json(&client, format!("{}/effects", &target.base)).await;
     let ran: Vec<(&String, &Value)> = orders
         .as_object()
         .unwrap()
@@ -164,9 +137,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_survives_sigkill_exactly_once_downstream_sqlite() {
-    let dir = std::env::temp_dir().join(format!("tidem-outbox-crash-{}", random_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}/receiver.db", dir.display());
+    let (dir, store) = sqlite_store("outbox-crash");
     killed_while_relaying(&store, "sqlite", 5).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

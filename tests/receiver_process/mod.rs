@@ -155,3 +155,41 @@ pub async fn scalars(store: &str, sql: &str, param: &str) -> Vec<i64> {
 pub fn random_below(bound: u64) -> u64 {
     tower_idempotency_testkit::random_u64() % bound
 }
+
+/// A Stripe event `{"id", "object": "event", "type": kind}` with an empty object.
+pub fn stripe_event(id: &str, kind: &str) -> String {
+    format!(r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{}}}}}}"#)
+}
+
+/// POSTs `body` to the receiver's `/inbox/stripe`, signed now with `secret`; answers the status.
+pub async fn deliver_stripe(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
+    use tower_idempotency::webhooks::stripe;
+    let now = tower_idempotency_testkit::unix_now();
+    client
+        .post(format!("{base}/inbox/stripe"))
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(secret, now, body.as_bytes()),
+        )
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("deliver")
+        .status()
+        .as_u16()
+}
+
+/// The JSON body of `GET url`.
+pub async fn get_json(client: &reqwest::Client, url: String) -> serde_json::Value {
+    let bytes = client.get(url).send().await.unwrap().bytes().await.unwrap();
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+/// A directory of the test's own and a SQLite store URL in it; remove the directory at the end.
+pub fn sqlite_store(name: &str) -> (PathBuf, String) {
+    let suffix = crate::support::random_suffix();
+    let dir = std::env::temp_dir().join(format!("tidem-{name}-{suffix}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}/receiver.db", dir.display());
+    (dir, store)
+}
