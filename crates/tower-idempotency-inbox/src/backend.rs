@@ -12,6 +12,7 @@ use std::{
 };
 
 use crate::event::{EventKey, EventSummary, StateCounts};
+pub use crate::retention::OpenGroup;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -24,6 +25,9 @@ pub struct NewEvent {
     pub body: Vec<u8>,
     pub authenticator: Option<Vec<u8>>,
     pub received_at: i64,
+    /// Unix ms until which a processed row carrying `authenticator` is kept (its provider's
+    /// retry horizon); `None` without an authenticator.
+    pub authenticator_until: Option<i64>,
 }
 
 /// A claimed event's row.
@@ -51,8 +55,9 @@ pub struct Sql {
     list: String,
     get: String,
     retry: String,
-    purge: String,
     counts: String,
+    /// The gauges' and the retention's statements ([`crate::retention`]).
+    pub(crate) queue: crate::retention::QueueSql,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
 }
@@ -77,15 +82,15 @@ pub(crate) const SPENT: &str =
     "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
 
 impl Sql {
-    fn new(table: &str, schema: String, claim: String) -> Self {
+    fn new(table: &str, schema: String, claim: String, queue: crate::retention::QueueSql) -> Self {
         Self {
-            schema,
+            schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
             insert: format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
-                 received_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $6) \
-                 ON CONFLICT DO NOTHING"
+                 received_at, available_at, authenticator_until) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7) ON CONFLICT DO NOTHING"
             ),
             claim,
             complete: format!(
@@ -124,8 +129,8 @@ impl Sql {
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND state = 2"
             ),
-            purge: format!("DELETE FROM {table} WHERE state = 1 AND finished_at < $1"),
             counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            queue,
             executed: AtomicU64::new(0),
         }
     }
@@ -142,6 +147,7 @@ impl Sql {
              headers text NOT NULL,\n\
              body bytea NOT NULL,\n\
              authenticator bytea,\n\
+             authenticator_until bigint,\n\
              received_at bigint NOT NULL,\n\
              state smallint NOT NULL DEFAULT 0,\n\
              attempts integer NOT NULL DEFAULT 0,\n\
@@ -161,7 +167,12 @@ impl Sql {
              FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim)
+        Self::new(
+            table,
+            schema,
+            claim,
+            crate::retention::QueueSql::postgres(table),
+        )
     }
 
     /// The SQLite statements. The database has one writer at a time, so the claim needs no
@@ -175,6 +186,7 @@ impl Sql {
              headers TEXT NOT NULL,\n\
              body BLOB NOT NULL,\n\
              authenticator BLOB,\n\
+             authenticator_until INTEGER,\n\
              received_at INTEGER NOT NULL,\n\
              state INTEGER NOT NULL DEFAULT 0,\n\
              attempts INTEGER NOT NULL DEFAULT 0,\n\
@@ -192,7 +204,12 @@ impl Sql {
              WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim)
+        Self::new(
+            table,
+            schema,
+            claim,
+            crate::retention::QueueSql::sqlite(table),
+        )
     }
 }
 
@@ -319,6 +336,25 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Sql,
     ) -> BoxFuture<'a, sqlx::Result<StateCounts>>;
+
+    /// The pending and failed events by state and provider, with each group's oldest
+    /// `received_at`, read from the index of non-processed rows.
+    #[doc(hidden)]
+    fn open_groups<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>>;
+
+    /// Deletes up to `limit` events processed before `before` whose authenticator horizon
+    /// ended by `now`, oldest first; answers how many.
+    #[doc(hidden)]
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
 }
 
 mod sealed {
@@ -398,7 +434,8 @@ macro_rules! backend {
                             .bind(&event.headers)
                             .bind(&event.body)
                             .bind(&event.authenticator)
-                            .bind(event.received_at);
+                            .bind(event.received_at)
+                            .bind(event.authenticator_until);
                         one_row(query, pool).await
                     })
                 }
@@ -567,10 +604,21 @@ macro_rules! backend {
                     sql: &'a Sql,
                     before: i64,
                 ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                    // In batches, each a statement of its own (see `purge_batch`).
                     Box::pin(async move {
-                        sql.sent();
-                        let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
-                        Ok(done.rows_affected())
+                        let (now, batch) = (
+                            crate::event::now_ms(),
+                            crate::retention::DEFAULT_PURGE_BATCH,
+                        );
+                        let mut purged = 0;
+                        loop {
+                            let done =
+                                Self::purge_batch(pool, sql, before, now, i64::from(batch)).await?;
+                            purged += done;
+                            if done < u64::from(batch) {
+                                return Ok(purged);
+                            }
+                        }
                     })
                 }
 
@@ -592,6 +640,47 @@ macro_rules! backend {
                             }
                         }
                         Ok(counts)
+                    })
+                }
+
+                fn open_groups<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows: Vec<(i16, String, i64, i64)> =
+                            sqlx::query_as(&sql.queue.open_groups)
+                                .fetch_all(pool)
+                                .await?;
+                        Ok(rows
+                            .into_iter()
+                            .map(|(state, provider, count, oldest)| OpenGroup {
+                                state: crate::EventState::from_code(state),
+                                provider,
+                                count: u64::try_from(count).unwrap_or(0),
+                                oldest_received_at: oldest,
+                            })
+                            .collect())
+                    })
+                }
+
+                fn purge_batch<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    before: i64,
+                    now: i64,
+                    limit: i64,
+                ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let done = sqlx::query(&sql.queue.purge_batch)
+                            .bind(before)
+                            .bind(now)
+                            .bind(limit)
+                            .execute(pool)
+                            .await?;
+                        Ok(done.rows_affected())
                     })
                 }
             }

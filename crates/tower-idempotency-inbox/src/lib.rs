@@ -15,6 +15,9 @@
 //! - A handler error or panic rolls the transaction back and schedules the next attempt with
 //!   exponential backoff and jitter ([`Backoff`]); after `max_attempts` the event is
 //!   [`Failed`](EventState::Failed) with its last error.
+//! - Processed events are purged in bounded batches after the retention
+//!   ([`WorkerBuilder::retention`], a week by default), except while their authenticator must
+//!   still refuse a captured delivery re-sent under a new id.
 //! - [`Inbox::list`], [`Inbox::retry`], [`Inbox::purge_processed`] operate it; [`admin::router`]
 //!   serves them over HTTP for you to mount behind your own auth.
 //!
@@ -65,6 +68,7 @@ mod event;
 mod handler;
 mod inbox;
 mod metrics;
+mod retention;
 mod retry;
 mod worker;
 
@@ -75,7 +79,9 @@ pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LE
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
     describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
+    LAG_SECONDS, PURGED_TOTAL,
 };
+pub use retention::{DEFAULT_PURGE_BATCH, DEFAULT_PURGE_EVERY, DEFAULT_RETENTION};
 pub use retry::Backoff;
 pub use worker::{
     InboxWorker, WorkerBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
