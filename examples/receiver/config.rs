@@ -49,6 +49,7 @@ pub struct InboxSettings {
     pub lease: Option<Duration>,
     pub attempt_timeout: Option<Duration>,
     pub sweep: Option<Duration>,
+    pub retention: Option<Duration>,
 }
 
 pub struct Config {
@@ -112,6 +113,8 @@ impl Config {
                 attempt_timeout: parsed("INBOX_ATTEMPT_TIMEOUT_MS", millis)?
                     .map(Duration::from_millis),
                 sweep: parsed("INBOX_SWEEP_MS", millis)?.map(Duration::from_millis),
+                retention: parsed("INBOX_RETENTION_SECS", "a whole number of seconds")?
+                    .map(Duration::from_secs),
             },
         })
     }

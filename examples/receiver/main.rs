@@ -19,6 +19,7 @@
 //! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts unless renewed (a running attempt renews it); a crashed attempt is retried after it (default 60000) |
 //! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
+//! | `INBOX_RETENTION_SECS` | `POST /inbox/stripe`: how long processed events are kept before the worker purges them, at its start and every minute (default 604800, a week) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated
