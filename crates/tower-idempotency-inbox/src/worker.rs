@@ -164,9 +164,10 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
     }
 
     /// How often the worker purges (default [`DEFAULT_PURGE_EVERY`](crate::DEFAULT_PURGE_EVERY),
-    /// a minute).
+    /// a minute; between 1 ms and a year), once at its start and then at this interval.
     pub fn purge_every(mut self, every: Duration) -> Self {
-        self.retention.every = every.max(Duration::from_millis(1));
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+        self.retention.every = every.clamp(Duration::from_millis(1), YEAR);
         self
     }
 
