@@ -334,6 +334,50 @@ async fn attempts_spent_by_kills(store: &str, label: &str) {
     assert_eq!(rows(store, &id).await, 1, "{label}: {id}");
 }
 
+/// `INBOX_RETENTION_SECS`: a receiver started with a retention of zero purges, at its start,
+/// the event an earlier one processed; the same delivery is then stored and processed again,
+/// which is what a retention shorter than the provider's retry schedule costs.
+async fn retention_purges_processed_events(store: &str, label: &str) {
+    let client = reqwest::Client::new();
+    let spawn = |retention: Option<&str>| {
+        let mut env = vec![
+            ("IDEMPOTENCY_STORE", store.to_owned()),
+            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+        ];
+        env.extend(retention.map(|secs| ("INBOX_RETENTION_SECS", secs.to_owned())));
+        Receiver::start(&env)
+    };
+    let id = format!("evt_retained_{}", random_suffix());
+    let event = stripe_event(&id, "charge.succeeded");
+    let processed = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 1";
+    let mut first = spawn(None);
+    assert_eq!(
+        deliver_stripe(&client, &first.base, SECRET, &event).await,
+        200
+    );
+    until_scalar(store, processed, &id, 1).await;
+    // Under the default retention (a week) a redelivery is a duplicate.
+    assert_eq!(
+        deliver_stripe(&client, &first.base, SECRET, &event).await,
+        200
+    );
+    first.kill();
+    assert_eq!(rows(store, &id).await, 1, "{label}: {id}");
+
+    let second = spawn(Some("0"));
+    let stored = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1";
+    until_scalar(store, stored, &id, 0).await;
+    assert_eq!(
+        deliver_stripe(&client, &second.base, SECRET, &event).await,
+        200
+    );
+    effects_until(&client, &second.base, |effects| {
+        effects[format!("inbox:{id}")] == 2
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_survives_sigkill_exactly_once_sqlite() {
     let (dir, store) = sqlite_store("inbox-crash");
@@ -347,6 +391,19 @@ async fn inbox_kills_spend_the_attempts_sqlite() {
     let (dir, store) = sqlite_store("inbox-spent");
     attempts_spent_by_kills(&store, "sqlite").await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_retention_purges_sqlite() {
+    let (dir, store) = sqlite_store("inbox-retention");
+    retention_purges_processed_events(&store, "sqlite").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_retention_purges_postgres() {
+    let database = Database::create(format!("tidem_retention_{}", random_suffix())).await;
+    retention_purges_processed_events(&database.url(), "postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,6 +57,8 @@ pub struct InboxSettings {
     pub admin: bool,
     /// `INBOX_HEAL_FILE`: while this file exists, `test.permanent` events succeed.
     pub heal_file: Option<std::path::PathBuf>,
+    /// `INBOX_RETENTION_SECS`: how long processed events are kept.
+    pub retention: Option<Duration>,
 }
 
 /// `INBOX_ORDERING=sequential|skip-stale`.
@@ -141,6 +143,8 @@ impl Config {
                 outbox_target: var("OUTBOX_TARGET_URL"),
                 admin: parsed::<u8>("INBOX_ADMIN", "0 or 1")?.is_some_and(|admin| admin == 1),
                 heal_file: var("INBOX_HEAL_FILE").map(Into::into),
+                retention: parsed("INBOX_RETENTION_SECS", "a whole number of seconds")?
+                    .map(Duration::from_secs),
             },
         })
     }

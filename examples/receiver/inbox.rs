@@ -332,6 +332,9 @@ async fn mount<DB: InboxDatabase>(
     if let Some(sweep) = settings.sweep {
         worker = worker.sweep_every(sweep);
     }
+    if let Some(retention) = settings.retention {
+        worker = worker.retention(retention);
+    }
     let mut router = Router::new()
         .route("/inbox/stripe", post_service(inbox.ack(verifier)))
         .route("/inbox/failed", get(failed::<DB>))

@@ -23,6 +23,7 @@
 //! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one `POST` of `{"event": "<event id>"}` here, with `Idempotency-Key: <event id>/0`, relayed after its transaction commits (unset: no outbox) |
 //! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, without authentication (a fixture) |
 //! | `INBOX_HEAL_FILE` | a path; while that file exists, `test.poison` and `test.permanent` events succeed |
+//! | `INBOX_RETENTION_SECS` | `POST /inbox/stripe`: how long processed events are kept before the worker purges them, at its start and every minute (default 604800, a week) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |
 //!
 //! A webhook route is mounted for each provider whose variable is set; several comma-separated

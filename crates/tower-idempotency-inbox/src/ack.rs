@@ -22,7 +22,7 @@ use tower_idempotency_webhooks::{verify_delivery, Clock, SystemClock, Verifier, 
 
 use crate::{
     backend::NewEvent,
-    event::{unix_ms, EventKey},
+    event::{duration_ms, unix_ms, EventKey},
     Inbox, InboxDatabase,
 };
 
@@ -51,6 +51,10 @@ struct Inner<V, DB: InboxDatabase> {
     clock: Arc<dyn Clock>,
     max_body: usize,
     keep_headers: Vec<HeaderName>,
+    /// How long a processed row carrying an authenticator is kept: the verifier's retry
+    /// horizon (its TTL, at least twice its replay window), as the webhook layer keeps its
+    /// authenticator records.
+    horizon: Duration,
 }
 
 impl<V, DB: InboxDatabase> Clone for Ack<V, DB> {
@@ -75,6 +79,10 @@ impl<V: fmt::Debug, DB: InboxDatabase> fmt::Debug for Ack<V, DB> {
 impl<DB: InboxDatabase> Inbox<DB> {
     /// The acknowledging service for deliveries that `verifier` checks.
     pub fn ack<V: Verifier>(&self, verifier: V) -> Ack<V, DB> {
+        let twice_window = verifier
+            .replay_window()
+            .map_or(Duration::ZERO, |window| window.saturating_mul(2));
+        let horizon = verifier.default_ttl().max(twice_window);
         Ack {
             inner: Arc::new(Inner {
                 inbox: self.clone(),
@@ -82,6 +90,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 clock: Arc::new(SystemClock),
                 max_body: DEFAULT_MAX_BODY,
                 keep_headers: vec![http::header::CONTENT_TYPE],
+                horizon,
             }),
         }
     }
@@ -145,12 +154,18 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             return challenge.to_response();
         }
         let event_id = webhook.event_id();
+        let received_at = unix_ms(self.clock.now());
+        let authenticator = webhook.authenticator().map(|a| a.as_bytes().to_vec());
+        let authenticator_until = authenticator
+            .as_ref()
+            .map(|_| received_at.saturating_add(duration_ms(self.horizon)));
         let event = NewEvent {
             key: EventKey::new(webhook.provider(), event_id),
             headers: self.kept_headers(&parts.headers),
             body: body.to_vec(),
-            authenticator: webhook.authenticator().map(|a| a.as_bytes().to_vec()),
-            received_at: unix_ms(self.clock.now()),
+            authenticator,
+            received_at,
+            authenticator_until,
             order: self.inbox.ordering.as_ref().and_then(|o| o.position(&body)),
         };
         let key = event.key.clone();

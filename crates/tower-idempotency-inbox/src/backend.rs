@@ -12,6 +12,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
+pub use crate::retention::OpenGroup;
 use crate::{
     event::{EventKey, EventSummary, StateCounts},
     ordering::OrderedSql,
@@ -30,6 +31,9 @@ pub struct NewEvent {
     pub received_at: i64,
     /// Its [`OrderPosition`](crate::OrderPosition) under the inbox's ordering.
     pub order: Option<crate::OrderPosition>,
+    /// Unix ms until which a processed row carrying `authenticator` is kept (its provider's
+    /// retry horizon); `None` without an authenticator.
+    pub authenticator_until: Option<i64>,
 }
 
 /// A claimed event's row.
@@ -61,8 +65,9 @@ pub struct Sql {
     list: String,
     get: String,
     retry: String,
-    purge: String,
     counts: String,
+    /// The gauges' and the retention's statements ([`crate::retention`]).
+    pub(crate) queue: crate::retention::QueueSql,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
 }
@@ -87,23 +92,30 @@ pub(crate) const SPENT: &str =
     "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
 
 impl Sql {
-    fn new(table: &str, schema: String, claim: String, postgres: bool) -> Self {
+    fn new(
+        table: &str,
+        schema: String,
+        claim: String,
+        postgres: bool,
+        queue: crate::retention::QueueSql,
+    ) -> Self {
         Self {
             insert_many: format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
-                 received_at, available_at, order_key, event_time) \
-                 SELECT p, e, h, b, a, r, r, k, t FROM unnest($1::text[], $2::text[], \
-                 $3::text[], $4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::int8[]) \
-                 AS u(p, e, h, b, a, r, k, t) ON CONFLICT DO NOTHING RETURNING provider, event_id"
+                 received_at, available_at, order_key, event_time, authenticator_until) \
+                 SELECT p, e, h, b, a, r, r, k, t, u FROM unnest($1::text[], $2::text[], \
+                 $3::text[], $4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::int8[], \
+                 $9::int8[]) AS x(p, e, h, b, a, r, k, t, u) \
+                 ON CONFLICT DO NOTHING RETURNING provider, event_id"
             ),
             ordered: OrderedSql::new(table, DUE, postgres),
-            schema,
+            schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
             insert: format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
-                 received_at, available_at, order_key, event_time) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8) ON CONFLICT DO NOTHING"
+                 received_at, available_at, order_key, event_time, authenticator_until) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
             ),
             claim,
             complete: format!(
@@ -142,8 +154,8 @@ impl Sql {
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND state = 2"
             ),
-            purge: format!("DELETE FROM {table} WHERE state = 1 AND finished_at < $1"),
             counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            queue,
             executed: AtomicU64::new(0),
         }
     }
@@ -160,6 +172,7 @@ impl Sql {
              headers text NOT NULL,\n\
              body bytea NOT NULL,\n\
              authenticator bytea,\n\
+             authenticator_until bigint,\n\
              received_at bigint NOT NULL,\n\
              state smallint NOT NULL DEFAULT 0,\n\
              attempts integer NOT NULL DEFAULT 0,\n\
@@ -182,7 +195,13 @@ impl Sql {
              FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim, true)
+        Self::new(
+            table,
+            schema,
+            claim,
+            true,
+            crate::retention::QueueSql::postgres(table),
+        )
     }
 
     /// The SQLite statements. The database has one writer at a time, so the claim needs no
@@ -196,6 +215,7 @@ impl Sql {
              headers TEXT NOT NULL,\n\
              body BLOB NOT NULL,\n\
              authenticator BLOB,\n\
+             authenticator_until INTEGER,\n\
              received_at INTEGER NOT NULL,\n\
              state INTEGER NOT NULL DEFAULT 0,\n\
              attempts INTEGER NOT NULL DEFAULT 0,\n\
@@ -216,7 +236,13 @@ impl Sql {
              WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(table, schema, claim, false)
+        Self::new(
+            table,
+            schema,
+            claim,
+            false,
+            crate::retention::QueueSql::sqlite(table),
+        )
     }
 }
 
@@ -367,6 +393,17 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
         max_attempts: i32,
     ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
 
+    /// The due events as [`due`](Self::due) under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
+    /// only those a claim would take now.
+    #[doc(hidden)]
+    fn due_in_order<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        now: i64,
+        limit: i64,
+        max_attempts: i32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
+
     /// Locks the event's ordering key for the rest of `conn`'s transaction (Postgres; on
     /// SQLite the transaction's write lock does it), then answers the event id of a processed
     /// event of that key strictly newer than it, if any.
@@ -395,6 +432,25 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
         sql: &'a Sql,
         key: &'a EventKey,
     ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
+
+    /// The pending and failed events by state and provider, with each group's oldest
+    /// `received_at`, read from the index of non-processed rows.
+    #[doc(hidden)]
+    fn open_groups<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>>;
+
+    /// Deletes up to `limit` events processed before `before` whose authenticator horizon
+    /// ended by `now`, oldest first; answers how many.
+    #[doc(hidden)]
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
 }
 
 mod sealed {
@@ -462,6 +518,30 @@ macro_rules! backend {
                 Ok(query.execute(executor).await?.rows_affected() == 1)
             }
 
+            /// The due events `statement` selects.
+            fn due_by<'a>(
+                pool: &'a sqlx::Pool<$db>,
+                sql: &'a Sql,
+                statement: &'a str,
+                now: i64,
+                limit: i64,
+                max_attempts: i32,
+            ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
+                Box::pin(async move {
+                    sql.sent();
+                    let rows: Vec<(String, String)> = sqlx::query_as(statement)
+                        .bind(now)
+                        .bind(limit)
+                        .bind(max_attempts)
+                        .fetch_all(pool)
+                        .await?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|(provider, event_id)| EventKey { provider, event_id })
+                        .collect())
+                })
+            }
+
             impl sealed::Sealed for $db {}
 
             impl InboxDatabase for $db {
@@ -493,7 +573,8 @@ macro_rules! backend {
                             .bind(&event.authenticator)
                             .bind(event.received_at)
                             .bind(event.order.as_ref().map(|o| o.key.as_str()))
-                            .bind(event.order.as_ref().map(|o| o.time));
+                            .bind(event.order.as_ref().map(|o| o.time))
+                            .bind(event.authenticator_until);
                         one_row(query, pool).await
                     })
                 }
@@ -593,19 +674,17 @@ macro_rules! backend {
                     limit: i64,
                     max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        let rows: Vec<(String, String)> = sqlx::query_as(&sql.due)
-                            .bind(now)
-                            .bind(limit)
-                            .bind(max_attempts)
-                            .fetch_all(pool)
-                            .await?;
-                        Ok(rows
-                            .into_iter()
-                            .map(|(provider, event_id)| EventKey { provider, event_id })
-                            .collect())
-                    })
+                    due_by(pool, sql, &sql.due, now, limit, max_attempts)
+                }
+
+                fn due_in_order<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    now: i64,
+                    limit: i64,
+                    max_attempts: i32,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
+                    due_by(pool, sql, &sql.ordered.due, now, limit, max_attempts)
                 }
 
                 fn list<'a>(
@@ -653,10 +732,21 @@ macro_rules! backend {
                     sql: &'a Sql,
                     before: i64,
                 ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                    // In batches, each a statement of its own (see `purge_batch`).
                     Box::pin(async move {
-                        sql.sent();
-                        let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
-                        Ok(done.rows_affected())
+                        let (now, batch) = (
+                            crate::event::now_ms(),
+                            crate::retention::DEFAULT_PURGE_BATCH,
+                        );
+                        let mut purged = 0;
+                        loop {
+                            let done =
+                                Self::purge_batch(pool, sql, before, now, i64::from(batch)).await?;
+                            purged += done;
+                            if done < u64::from(batch) {
+                                return Ok(purged);
+                            }
+                        }
                     })
                 }
 
@@ -779,6 +869,47 @@ macro_rules! backend {
                             .await
                     })
                 }
+
+                fn open_groups<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows: Vec<(i16, String, i64, i64)> =
+                            sqlx::query_as(&sql.queue.open_groups)
+                                .fetch_all(pool)
+                                .await?;
+                        Ok(rows
+                            .into_iter()
+                            .map(|(state, provider, count, oldest)| OpenGroup {
+                                state: crate::EventState::from_code(state),
+                                provider,
+                                count: u64::try_from(count).unwrap_or(0),
+                                oldest_received_at: oldest,
+                            })
+                            .collect())
+                    })
+                }
+
+                fn purge_batch<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    before: i64,
+                    now: i64,
+                    limit: i64,
+                ) -> BoxFuture<'a, sqlx::Result<u64>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let done = sqlx::query(&sql.queue.purge_batch)
+                            .bind(before)
+                            .bind(now)
+                            .bind(limit)
+                            .execute(pool)
+                            .await?;
+                        Ok(done.rows_affected())
+                    })
+                }
             }
         };
     };
@@ -834,6 +965,12 @@ async fn insert_many_postgres(
                 .map(|e| e.order.as_ref().map(|o| o.time))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.authenticator_until)
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(pool)
         .await?;
     Ok(rows
@@ -863,6 +1000,7 @@ async fn insert_many_sqlite(
             .bind(event.received_at)
             .bind(event.order.as_ref().map(|o| o.key.as_str()))
             .bind(event.order.as_ref().map(|o| o.time))
+            .bind(event.authenticator_until)
             .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 1 {

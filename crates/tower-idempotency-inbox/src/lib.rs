@@ -15,6 +15,9 @@
 //! - A handler error or panic rolls the transaction back and schedules the next attempt with
 //!   exponential backoff and jitter ([`Backoff`]); after `max_attempts` the event is
 //!   [`Failed`](EventState::Failed) with its last error.
+//! - Processed events are purged in bounded batches after the retention
+//!   ([`WorkerBuilder::retention`], a week by default), except while their authenticator must
+//!   still refuse a captured delivery re-sent under a new id.
 //! - [`Inbox::list`], [`Inbox::retry`], [`Inbox::purge_processed`] operate it; [`admin::router`]
 //!   serves them over HTTP for you to mount behind your own auth.
 //!
@@ -71,6 +74,7 @@ mod ops;
 pub mod ops_sql;
 mod ordering;
 mod page;
+mod retention;
 mod retry;
 mod unavailable;
 mod worker;
@@ -83,12 +87,14 @@ pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LE
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
     describe_metrics, ACKNOWLEDGED_TOTAL, ATTEMPTS_TOTAL, ATTEMPT_DURATION_SECONDS, EVENTS,
+    LAG_SECONDS, PURGED_TOTAL,
 };
 pub use ops::{
     parse_rfc3339, rfc3339, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventPage,
     EventRecord, ProviderCounts, MAX_PAGE, REDACTED,
 };
 pub use ordering::{OrderPosition, Ordering, OrderingPolicy};
+pub use retention::{DEFAULT_PURGE_BATCH, DEFAULT_PURGE_EVERY, DEFAULT_RETENTION};
 pub use retry::Backoff;
 pub use worker::{
     InboxWorker, WorkerBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,

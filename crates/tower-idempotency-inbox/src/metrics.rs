@@ -4,8 +4,14 @@
 
 use crate::{Inbox, InboxDatabase};
 
-/// Gauge: events in the inbox table by `state` (`pending`, `failed`), refreshed at each sweep.
+/// Gauge: events in the inbox table by `state` (`pending`, `failed`), refreshed at each sweep
+/// from an index of the rows that are not processed.
 pub const EVENTS: &str = "idempotency_inbox_events";
+/// Gauge: the age in seconds of the oldest pending event (from its acknowledgement), by
+/// `provider`, refreshed at each sweep; `0` once a provider has no pending event.
+pub const LAG_SECONDS: &str = "idempotency_inbox_lag_seconds";
+/// Counter: processed events deleted by a worker's retention.
+pub const PURGED_TOTAL: &str = "idempotency_inbox_purged_total";
 /// Counter: attempts that ended, by `provider` and `outcome` (`processed`, `retry`, `failed`,
 /// `lease_lost`).
 pub const ATTEMPTS_TOTAL: &str = "idempotency_inbox_attempts_total";
@@ -35,6 +41,16 @@ pub fn describe_metrics() {
             ATTEMPT_DURATION_SECONDS,
             Unit::Seconds,
             "How long inbox attempts took, by provider and outcome."
+        );
+        describe_gauge!(
+            LAG_SECONDS,
+            Unit::Seconds,
+            "Age of the oldest pending inbox event, by provider."
+        );
+        describe_counter!(
+            PURGED_TOTAL,
+            Unit::Count,
+            "Processed inbox events deleted by the retention."
         );
         describe_counter!(
             ACKNOWLEDGED_TOTAL,
@@ -84,16 +100,51 @@ pub(crate) fn attempt_duration(
     let _ = (provider, outcome, elapsed);
 }
 
-/// Sets the state gauges from the table (one `GROUP BY` query per sweep).
-pub(crate) async fn refresh<DB: InboxDatabase>(inbox: &Inbox<DB>) {
+pub(crate) fn purged(events: u64) {
     #[cfg(feature = "metrics")]
-    match inbox.counts().await {
-        Ok(counts) => {
-            ::metrics::gauge!(EVENTS, "state" => "pending").set(counts.pending as f64);
-            ::metrics::gauge!(EVENTS, "state" => "failed").set(counts.failed as f64);
+    ::metrics::counter!(PURGED_TOTAL).increment(events);
+    #[cfg(not(feature = "metrics"))]
+    let _ = events;
+}
+
+/// Sets the state and lag gauges from the index of the rows that are not processed (one query
+/// per sweep). `lagging` holds the providers whose lag gauge was last set above zero, so that
+/// one without pending events any more is set back to zero.
+pub(crate) async fn refresh<DB: InboxDatabase>(
+    inbox: &Inbox<DB>,
+    lagging: &mut std::collections::HashSet<String>,
+) {
+    #[cfg(feature = "metrics")]
+    match DB::open_groups(&inbox.pool, &inbox.sql).await {
+        Ok(groups) => {
+            use crate::EventState;
+            let now = crate::event::now_ms();
+            let (mut pending, mut failed) = (0, 0);
+            let mut lags = std::collections::HashMap::new();
+            for group in groups {
+                match group.state {
+                    EventState::Failed => failed += group.count,
+                    _ => {
+                        pending += group.count;
+                        let age = now.saturating_sub(group.oldest_received_at).max(0);
+                        lags.insert(group.provider, age as f64 / 1000.0);
+                    }
+                }
+            }
+            ::metrics::gauge!(EVENTS, "state" => "pending").set(pending as f64);
+            ::metrics::gauge!(EVENTS, "state" => "failed").set(failed as f64);
+            for provider in lagging.drain() {
+                if !lags.contains_key(&provider) {
+                    ::metrics::gauge!(LAG_SECONDS, "provider" => provider).set(0.0);
+                }
+            }
+            for (provider, lag) in lags {
+                ::metrics::gauge!(LAG_SECONDS, "provider" => provider.clone()).set(lag);
+                lagging.insert(provider);
+            }
         }
-        Err(error) => tracing::debug!(%error, "counting inbox events failed"),
+        Err(error) => tracing::debug!(%error, "reading the inbox gauges failed"),
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = inbox;
+    let _ = (inbox, lagging);
 }

@@ -130,6 +130,10 @@ pub struct OrderedSql {
     /// The claim under [`OrderingPolicy::Sequential`]: as the plain claim, and only when no
     /// other pending event of its key is earlier or running. Bound as the plain claim.
     pub(crate) claim: String,
+    /// The sweep under [`OrderingPolicy::Sequential`]: the due events a claim would take now
+    /// (no earlier pending or running event of their key), so a backlog of events waiting for
+    /// an earlier one never fills the sweep's batch. Bound as the plain sweep.
+    pub(crate) due: String,
     /// Whether a processed event of the event's key is strictly newer; answers its event id.
     pub(crate) newer: String,
     /// Marks a claimed event skipped (fenced by its token).
@@ -171,9 +175,15 @@ impl OrderedSql {
             );
             (None, claim)
         };
+        let due_now = format!(
+            "SELECT provider, event_id FROM {table} e WHERE {due} AND attempts < $3 AND {} \
+             ORDER BY attempts = 0, available_at LIMIT $2",
+            earlier_or_running("e")
+        );
         Self {
             lock,
             claim,
+            due: due_now,
             newer: format!(
                 "SELECT o.event_id FROM {table} e JOIN {table} o ON o.provider = e.provider \
                  AND o.order_key = e.order_key \

@@ -22,6 +22,7 @@ use crate::{
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
     handler::{error_text, panic_text, Permanent},
     ordering::OrderingPolicy,
+    retention::Retention,
     Backoff, Inbox, InboxDatabase, InboxHandler,
 };
 
@@ -51,6 +52,7 @@ pub struct WorkerBuilder<DB: InboxDatabase> {
     lease: Duration,
     attempt_timeout: Duration,
     sweep_every: Duration,
+    retention: Retention,
 }
 
 impl<DB: InboxDatabase> fmt::Debug for WorkerBuilder<DB> {
@@ -64,6 +66,7 @@ impl<DB: InboxDatabase> fmt::Debug for WorkerBuilder<DB> {
             .field("lease", &self.lease)
             .field("attempt_timeout", &self.attempt_timeout)
             .field("sweep_every", &self.sweep_every)
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }
@@ -82,6 +85,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             lease: DEFAULT_LEASE,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             sweep_every: DEFAULT_SWEEP_EVERY,
+            retention: Retention::default(),
         }
     }
 }
@@ -139,6 +143,35 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         self
     }
 
+    /// How long processed events are kept (default [`DEFAULT_RETENTION`](crate::DEFAULT_RETENTION),
+    /// a week): the worker deletes them once they were processed longer ago than this, in
+    /// batches of [`purge_batch`](Self::purge_batch) every [`purge_every`](Self::purge_every).
+    /// An event whose delivery carried an authenticator (GitHub, Shopify, Linear, Mailgun) is
+    /// kept until its provider's retry horizon has passed too, so a captured delivery re-sent
+    /// under a new id is still refused. Below the providers' retry schedule, a provider's late
+    /// retry of a purged event is stored and processed again. `Duration::MAX` keeps them all.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention.after = retention;
+        self
+    }
+
+    /// Events one purge statement deletes at most (default
+    /// [`DEFAULT_PURGE_BATCH`](crate::DEFAULT_PURGE_BATCH), at least 1). A purge runs batch
+    /// after batch until one is not full; between two, acknowledgements and claims take their
+    /// turn (on SQLite, the write lock).
+    pub fn purge_batch(mut self, n: u32) -> Self {
+        self.retention.batch = n.max(1);
+        self
+    }
+
+    /// How often the worker purges (default [`DEFAULT_PURGE_EVERY`](crate::DEFAULT_PURGE_EVERY),
+    /// a minute; between 1 ms and a year), once at its start and then at this interval.
+    pub fn purge_every(mut self, every: Duration) -> Self {
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+        self.retention.every = every.clamp(Duration::from_millis(1), YEAR);
+        self
+    }
+
     /// Starts the worker on the current Tokio runtime. From now on the inbox's
     /// acknowledgements feed its queue.
     pub fn spawn(self) -> InboxWorker {
@@ -160,6 +193,8 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             receiver,
             permits: Arc::new(Semaphore::new(self.concurrency)),
             sweep_every: self.sweep_every,
+            retention: self.retention,
+            lagging: HashSet::new(),
         };
         InboxWorker {
             stop: Some(stop),
@@ -248,10 +283,14 @@ struct Dispatcher<DB: InboxDatabase> {
     receiver: mpsc::Receiver<EventKey>,
     permits: Arc<Semaphore>,
     sweep_every: Duration,
+    retention: Retention,
+    /// The providers whose lag gauge is set ([`crate::metrics::refresh`]).
+    lagging: HashSet<String>,
 }
 
 impl<DB: InboxDatabase> Dispatcher<DB> {
     async fn run(mut self, mut stop: oneshot::Receiver<Duration>) -> bool {
+        let purging = tokio::spawn(self.retention.run(self.shared.inbox.clone()));
         let mut attempts = JoinSet::new();
         let mut sweep = tokio::time::interval(self.sweep_every);
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -296,6 +335,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             attempts.spawn(attempt(self.shared.clone(), key, permit));
         };
         self.shared.inbox.detach_queue(&self.sender);
+        purging.abort();
         let finished = tokio::time::timeout(deadline, async {
             while attempts.join_next().await.is_some() {}
         })
@@ -312,9 +352,9 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
     /// [`SWEEP_BATCH`] due events, retries and recovered events first (fresh ones are usually
     /// queued already; one both queued and swept is claimed once, the second claim finds it
     /// taken). Answers whether the batch was full.
-    async fn sweep(&self, swept: &mut VecDeque<EventKey>) -> bool {
+    async fn sweep(&mut self, swept: &mut VecDeque<EventKey>) -> bool {
         let inbox = &self.shared.inbox;
-        crate::metrics::refresh(inbox).await;
+        crate::metrics::refresh(inbox, &mut self.lagging).await;
         let (now, max) = (now_ms(), self.shared.max_attempts());
         match DB::exhaust(&inbox.pool, &inbox.sql, now, max).await {
             Ok(providers) => {
@@ -328,7 +368,13 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             }
         }
         let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
-        match DB::due(&inbox.pool, &inbox.sql, now, limit, max).await {
+        let due = if inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential)
+        {
+            DB::due_in_order(&inbox.pool, &inbox.sql, now, limit, max).await
+        } else {
+            DB::due(&inbox.pool, &inbox.sql, now, limit, max).await
+        };
+        match due {
             Ok(keys) => {
                 let full = keys.len() >= SWEEP_BATCH;
                 *swept = keys.into();

@@ -83,9 +83,16 @@ impl Recorder {
             .collect()
     }
 
-    /// Fails when two runs overlapped.
-    fn assert_one_at_a_time(&self, label: &str) {
-        let mut runs = self.runs.lock().unwrap().clone();
+    /// Fails when two runs of the events `of` selects overlapped.
+    fn assert_one_at_a_time(&self, label: &str, of: impl Fn(&str) -> bool) {
+        let mut runs: Vec<Run> = self
+            .runs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| of(&r.id))
+            .cloned()
+            .collect();
         runs.sort_by_key(|r| r.started);
         for pair in runs.windows(2) {
             assert!(
@@ -150,7 +157,7 @@ async fn sequential_runs_pending_events_of_an_object_in_time_order<DB: Fixture>(
         .filter(|id| id != "evt_other")
         .collect();
     assert_eq!(object_a, ["evt_1", "evt_2", "evt_3"], "{}", DB::LABEL);
-    recorder.assert_one_at_a_time(DB::LABEL);
+    recorder.assert_one_at_a_time(DB::LABEL, |id| id != "evt_other");
 
     for (id, created) in [("evt_c3", 3), ("evt_c1", 1), ("evt_c2", 2)] {
         send::<DB>(&url, id, "pi_c", created, "charge.updated").await;
@@ -162,6 +169,32 @@ async fn sequential_runs_pending_events_of_an_object_in_time_order<DB: Fixture>(
         .filter(|id| id.starts_with("evt_c"))
         .collect();
     assert_eq!(object_c, ["evt_c3", "evt_c1", "evt_c2"], "{}", DB::LABEL);
+    assert!(worker.drain(Duration::from_secs(30)).await);
+    setup.cleanup().await;
+}
+
+/// 300 events of one object acknowledged in reverse event-time order before the worker starts,
+/// more than one sweep takes (256): the earliest, acknowledged last, is found and runs first,
+/// and the rest follow in event-time order.
+async fn sequential_backlog_larger_than_a_sweep<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let inbox = ordered(&setup, OrderingPolicy::Sequential);
+    let recorder = Recorder::new(&setup.effects_table);
+    let url = serve(&inbox).await;
+    for created in (1..=300).rev() {
+        send::<DB>(
+            &url,
+            &format!("evt_{created}"),
+            "pi_a",
+            created,
+            "charge.updated",
+        )
+        .await;
+    }
+    let worker = spawn(&inbox, &recorder);
+    setup.wait_for("evt_300", EventState::Processed).await;
+    let expected: Vec<String> = (1..=300).map(|c| format!("evt_{c}")).collect();
+    assert_eq!(recorder.ids(), expected, "{}", DB::LABEL);
     assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
@@ -196,7 +229,7 @@ async fn sequential_holds_across_two_workers<DB: Fixture>() {
         assert_eq!(setup.effects(&id).await, 1, "{}: {id}", DB::LABEL);
     }
     assert_eq!(recorder.ids().len(), 12, "{}", DB::LABEL);
-    recorder.assert_one_at_a_time(DB::LABEL);
+    recorder.assert_one_at_a_time(DB::LABEL, |_| true);
     for worker in workers {
         assert!(worker.drain(Duration::from_secs(30)).await);
     }
@@ -297,6 +330,7 @@ async fn skip_stale_never_runs_an_older_event_after_a_newer_one<DB: Fixture>() {
 
 on_both!(
     sequential_runs_pending_events_of_an_object_in_time_order,
+    sequential_backlog_larger_than_a_sweep,
     sequential_holds_across_two_workers,
     skip_stale_skips_events_older_than_the_newest_processed,
     skip_stale_never_runs_an_older_event_after_a_newer_one,

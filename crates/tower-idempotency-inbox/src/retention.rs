@@ -1,0 +1,258 @@
+//! Retention: processed events are deleted in bounded batches once they are older than the
+//! retention, except while their authenticator still has to refuse a replay; and the statements
+//! behind the state and lag gauges, which read only the open (pending and failed) rows.
+//!
+//! An authenticator (what authenticated a delivery whose event id the signature does not cover:
+//! GitHub, Shopify, Linear, Mailgun) lives in the event's row, under the unique
+//! `(provider, authenticator)` index that refuses a captured delivery re-sent under a new id.
+//! The acknowledgement stores with it `authenticator_until`, the end of its provider's retry
+//! horizon (the verifier's [`default_ttl`](tower_idempotency_webhooks::Verifier::default_ttl),
+//! at least twice its replay window); a purge never deletes a row before that time, whatever
+//! the retention. The row stays whole rather than leaving its authenticator in a table of its
+//! own, so the refusal stays one unique index checked by the acknowledgement's single insert:
+//! a second table would need a second statement, or a check that a concurrent purge could
+//! pass between.
+
+use std::time::Duration;
+
+use crate::{
+    event::{duration_ms, now_ms},
+    EventState, Inbox, InboxDatabase, InboxError,
+};
+
+/// How long processed events are kept, unless configured otherwise: a week, longer than every
+/// built-in provider's retry horizon.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// Events one purge statement deletes at most, unless configured otherwise.
+pub const DEFAULT_PURGE_BATCH: u32 = 1000;
+/// How often a worker purges, unless configured otherwise.
+pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// One state's and provider's events that are open (pending or failed).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenGroup {
+    pub state: EventState,
+    pub provider: String,
+    pub count: u64,
+    /// The oldest `received_at` of the group, unix ms.
+    pub oldest_received_at: i64,
+}
+
+/// The statements of the gauges and the retention, and the indexes that serve them.
+#[derive(Debug)]
+pub(crate) struct QueueSql {
+    /// DDL appended to the table's.
+    pub(crate) schema: String,
+    pub(crate) open_groups: String,
+    pub(crate) purge_batch: String,
+}
+
+impl QueueSql {
+    fn new(table: &str, lock: &str) -> Self {
+        Self {
+            // The gauges read the first, which holds only open (pending and failed) rows, without
+            // the table; the purge walks the finished (processed and skipped) rows of the second.
+            schema: format!(
+                "CREATE INDEX IF NOT EXISTS {table}_open_idx ON {table} \
+                 (state, provider, received_at) WHERE state IN (0, 2);\n\
+                 CREATE INDEX IF NOT EXISTS {table}_finished_idx ON {table} (state, finished_at);\n"
+            ),
+            open_groups: format!(
+                "SELECT state, provider, count(*), min(received_at) FROM {table} \
+                 WHERE state IN (0, 2) GROUP BY state, provider"
+            ),
+            purge_batch: format!(
+                "DELETE FROM {table} WHERE (provider, event_id) IN (\
+                 SELECT provider, event_id FROM {table} \
+                 WHERE state IN (1, 3) AND finished_at < $1 \
+                 AND (authenticator_until IS NULL OR authenticator_until <= $2) \
+                 ORDER BY finished_at LIMIT $3{lock})"
+            ),
+        }
+    }
+
+    /// Several instances purge side by side: a batch skips the rows another one is deleting.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(table: &str) -> Self {
+        Self::new(table, " FOR UPDATE SKIP LOCKED")
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn sqlite(table: &str) -> Self {
+        Self::new(table, "")
+    }
+}
+
+impl<DB: InboxDatabase> Inbox<DB> {
+    /// Deletes up to `limit` events processed more than `retention` ago, oldest first, in one
+    /// statement; answers how many. A row carrying an authenticator is kept until its provider's
+    /// retry horizon has passed too (see [docs/inbox.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/inbox.md#retention)).
+    /// A running worker calls it in turn ([`WorkerBuilder::retention`](crate::WorkerBuilder::retention)).
+    pub async fn purge_batch(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
+        let now = now_ms();
+        let before = now.saturating_sub(duration_ms(retention));
+        Ok(DB::purge_batch(&self.pool, &self.sql, before, now, i64::from(limit)).await?)
+    }
+}
+
+/// A worker's retention settings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Retention {
+    pub(crate) after: Duration,
+    pub(crate) batch: u32,
+    pub(crate) every: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            after: DEFAULT_RETENTION,
+            batch: DEFAULT_PURGE_BATCH,
+            every: DEFAULT_PURGE_EVERY,
+        }
+    }
+}
+
+impl Retention {
+    /// Every `every`, purges batch after batch until one is not full; runs until dropped.
+    pub(crate) async fn run<DB: InboxDatabase>(self, inbox: Inbox<DB>) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                match inbox.purge_batch(self.after, self.batch).await {
+                    Ok(purged) => {
+                        crate::metrics::purged(purged);
+                        if purged < u64::from(self.batch) {
+                            break;
+                        }
+                        // Others (acknowledgements, claims) may take the database between
+                        // batches.
+                        tokio::task::yield_now().await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "purging processed inbox events failed; retrying at the next round");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The plans of the gauges' and the purge's statements on a table of many processed rows:
+    //! neither reads the table from end to end.
+
+    use super::*;
+
+    const PROCESSED: i64 = 20_000;
+
+    /// Fills `table` with [`PROCESSED`] processed rows and a few pending and failed ones.
+    fn fill(table: &str, body: &str) -> String {
+        format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {PROCESSED}) \
+             INSERT INTO {table} (provider, event_id, headers, body, received_at, state, \
+             available_at, finished_at) \
+             SELECT 'stripe', 'evt_' || i, '[]', {body}, i, CASE WHEN i % 5000 = 0 THEN 0 \
+             WHEN i % 5000 = 1 THEN 2 ELSE 1 END, i, i FROM n"
+        )
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_plans_use_the_indexes() {
+        use sqlx::Executor;
+        // One connection: each connection to `:memory:` is a database of its own.
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let inbox = Inbox::new(pool.clone(), "plans").unwrap();
+        inbox.migrate().await.unwrap();
+        pool.execute(fill("plans", "x'7b7d'").as_str())
+            .await
+            .unwrap();
+        let plan = |statement: String, binds: usize| {
+            let pool = pool.clone();
+            async move {
+                let explain = format!("EXPLAIN QUERY PLAN {statement}");
+                let mut query = sqlx::query_as(&explain);
+                for _ in 0..binds {
+                    query = query.bind(0_i64);
+                }
+                let rows: Vec<(i64, i64, i64, String)> = query.fetch_all(&pool).await.unwrap();
+                rows.into_iter()
+                    .map(|row| row.3)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        };
+        let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
+        assert!(
+            gauges.contains("USING COVERING INDEX plans_open_idx"),
+            "{gauges}"
+        );
+        assert!(
+            !gauges.contains("SCAN plans\n") && !gauges.ends_with("SCAN plans"),
+            "{gauges}"
+        );
+        let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
+        assert!(purge.contains("USING INDEX plans_finished_idx"), "{purge}");
+        let groups = <sqlx::Sqlite as InboxDatabase>::open_groups(&pool, &inbox.sql)
+            .await
+            .unwrap();
+        assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_plans_use_the_indexes() {
+        use sqlx::Executor;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = sqlx::PgPool::connect(&url).await.expect("Postgres");
+        let table = format!("plans_{:x}", fastrand::u64(..));
+        let inbox = Inbox::new(pool.clone(), &table).unwrap();
+        inbox.migrate().await.unwrap();
+        pool.execute(fill(&table, "'\\x7b7d'").as_str())
+            .await
+            .unwrap();
+        // As autovacuum does after such a load: the planner needs the table's statistics.
+        pool.execute(format!("ANALYZE {table}").as_str())
+            .await
+            .unwrap();
+        let plan = |statement: String, binds: usize| {
+            let pool = pool.clone();
+            async move {
+                let explain = format!("EXPLAIN {statement}");
+                let mut query = sqlx::query_scalar(&explain);
+                for _ in 0..binds {
+                    query = query.bind(0_i64);
+                }
+                let lines: Vec<String> = query.fetch_all(&pool).await.unwrap();
+                lines.join("\n")
+            }
+        };
+        let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
+        let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
+        let groups = <sqlx::Postgres as InboxDatabase>::open_groups(&pool, &inbox.sql)
+            .await
+            .unwrap();
+        pool.execute(format!("DROP TABLE {table}").as_str())
+            .await
+            .unwrap();
+        assert!(
+            gauges.contains(&format!("Index Only Scan using {table}_open_idx")),
+            "{gauges}"
+        );
+        assert!(!gauges.contains("Seq Scan"), "{gauges}");
+        assert!(purge.contains(&format!("{table}_finished_idx")), "{purge}");
+        assert!(!purge.contains("Seq Scan"), "{purge}");
+        assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
+    }
+}
