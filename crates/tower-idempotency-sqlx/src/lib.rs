@@ -125,7 +125,6 @@
 // `sqlite_reads` runs SQLite's one-row reads on the calling task; `sqlite_writer` runs SQLite's
 // writes on a thread of their own, several to a transaction.
 mod backend;
-mod clock;
 mod error;
 mod lanes;
 mod lease;
@@ -137,10 +136,6 @@ mod record;
 mod settlements;
 #[cfg(feature = "sqlite")]
 mod sqlite;
-#[cfg(feature = "sqlite")]
-mod sqlite_reads;
-#[cfg(feature = "sqlite")]
-mod sqlite_writer;
 mod store;
 pub mod transactional;
 

@@ -6,7 +6,7 @@ use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
 use tower_idempotency_core::Settlements;
 
 use crate::{
-    backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
+    backend::{sealed::Sealed, Backend, Engine, Params, Statement, Statements, PURGE_BATCH},
     record::RawRecord,
     settlements::{notify_each, PgNotices},
 };
@@ -168,6 +168,8 @@ SELECT done.*, {notify}"#
     }
 }
 
+impl Sealed for Postgres {}
+
 impl Backend for Postgres {
     const STORE_NAME: &'static str = "postgres";
     const BEGIN: &'static str = "BEGIN";
@@ -258,13 +260,17 @@ impl Backend for Postgres {
             .await
     }
 
-    type Notices = PgNotices;
+    /// Its notices of settled keys: every statement runs on the lanes, rows are dated by the
+    /// database.
+    type Engine = PgNotices;
 
-    fn notices(pool: &PgPool, table: &str) -> Option<PgNotices> {
-        Some(PgNotices::new(pool, table))
+    fn engine(pool: &PgPool, table: &str) -> PgNotices {
+        PgNotices::new(pool, table)
     }
+}
 
-    fn settlements(notices: &PgNotices) -> Settlements {
-        notices.settlements()
+impl Engine for PgNotices {
+    fn settlements(&self) -> Option<Settlements> {
+        Some(self.settlements())
     }
 }

@@ -16,19 +16,15 @@ use tower_idempotency_core::{
 };
 
 use crate::{
-    backend::{Backend, Params, Pick, Statement, Statements, PURGE_BATCH},
-    clock::StoreClock,
+    backend::{
+        Backend, Done, Engine, Params, Pick, Returns, Statement, Statements, Write, PURGE_BATCH,
+    },
     error, lanes,
     lanes::{Lanes, StoreLanes},
     lease,
     recent::RecentKeys,
     record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
-};
-#[cfg(feature = "sqlite")]
-use crate::{
-    sqlite_reads::{Inline, InlineReads},
-    sqlite_writer::SqliteWriter,
 };
 
 /// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
@@ -71,15 +67,10 @@ pub struct SqlStore<DB: Backend> {
     sql: Statements,
     max_record_bytes: usize,
     statements: AtomicU64,
-    pub(crate) clock: StoreClock,
-    notices: Option<DB::Notices>,
     recent: RecentKeys,
-    /// SQLite on a file: reads of one row run on the calling task (see `sqlite_reads.rs`).
-    #[cfg(feature = "sqlite")]
-    inline: Option<InlineReads>,
-    /// SQLite on a file: writes run on a thread of their own (see `sqlite_writer.rs`).
-    #[cfg(feature = "sqlite")]
-    writer: Option<SqliteWriter>,
+    /// What the store keeps besides its lanes: SQLite's clock, writer thread and inline reads,
+    /// Postgres's notices.
+    pub(crate) engine: DB::Engine,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -109,13 +100,8 @@ impl<DB: Backend> SqlStore<DB> {
             sql: DB::statements(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
-            clock: StoreClock::system(),
-            notices: DB::notices(&pool, table),
             recent: RecentKeys::default(),
-            #[cfg(feature = "sqlite")]
-            inline: sqlite_pool(&pool).and_then(|pool| InlineReads::for_pool(pool, table)),
-            #[cfg(feature = "sqlite")]
-            writer: sqlite_pool(&pool).and_then(|pool| SqliteWriter::for_pool(pool, table)),
+            engine: DB::engine(&pool, table),
         })
     }
 
@@ -157,11 +143,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// [`DEFAULT_WRITE_QUEUE_BYTES`](crate::DEFAULT_WRITE_QUEUE_BYTES). Stores without a writer
     /// thread (Postgres, SQLite pools not on a plain read-write file) ignore it.
     pub fn with_write_queue(mut self, jobs: usize, bytes: usize) -> Self {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &mut self.writer {
-            writer.bound(jobs, bytes);
-        }
-        let _ = (jobs, bytes);
+        self.engine.bound_writes(jobs, bytes);
         self
     }
 
@@ -263,7 +245,7 @@ impl<DB: Backend> SqlStore<DB> {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let token = claim_token(token)?;
-        let now = self.clock.now_ms();
+        let now = self.engine.now_ms();
         let claim = claim_params(key, fingerprint, token, lease);
         self.count();
         let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
@@ -318,7 +300,7 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     fn bind<'q>(&self, sql: &'q str, params: Params<'q>) -> Statement<'q, DB> {
-        DB::bind(sql, self.clock.now_ms(), params)
+        DB::bind(sql, self.engine.now_ms(), params)
     }
 
     /// Runs `statement` on a write lane (see [`crate::lanes`]).
@@ -375,28 +357,17 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     /// Runs a write that returns no rows, `pick`ed from the store's statements: how many rows it
-    /// changed. On SQLite's writer thread where the store has one, otherwise on a write lane.
+    /// changed.
     async fn write(
         &self,
         pick: Pick,
         params: Params<'_>,
         size: Option<usize>,
     ) -> Result<u64, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &self.writer {
-            self.count_open()?;
-            let now = self.clock.now_ms();
-            let limit = self.max_record_bytes;
-            return writer.execute(pick, now, params, size, limit).await;
+        match self.run_write(pick, params, Returns::Changes, size).await? {
+            Done::Changed(rows) => Ok(rows),
+            Done::Row(_) => unreachable!("a write without RETURNING reports changes"),
         }
-        self.on_lane(async |conn| {
-            self.count();
-            let done = DB::execute(conn, self.bind(pick(&self.sql), params))
-                .await
-                .map_err(|e| self.map_error(e, size))?;
-            Ok(DB::rows_affected(&done))
-        })
-        .await
     }
 
     /// Runs a write with a `RETURNING` clause (the claim statement, `forget`), like
@@ -406,30 +377,56 @@ impl<DB: Backend> SqlStore<DB> {
         pick: Pick,
         params: Params<'_>,
     ) -> Result<Option<RawRecord>, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &self.writer {
-            self.count_open()?;
-            let now = self.clock.now_ms();
-            return writer.fetch(pick, now, params, self.max_record_bytes).await;
-        }
-        match self
-            .fetch_on(self.lanes.writes(), pick(&self.sql), params)
-            .await?
-        {
-            Some((row, now)) => self.decode(&row, now).map(Some),
-            None => Ok(None),
+        match self.run_write(pick, params, Returns::Row, None).await? {
+            Done::Row(row) => Ok(row),
+            Done::Changed(_) => unreachable!("a write with RETURNING reports its row"),
         }
     }
 
-    /// Counts a statement the writer thread will run, if the pool is open: a closed pool
-    /// answers nothing, through any path.
-    #[cfg(feature = "sqlite")]
-    fn count_open(&self) -> Result<(), StoreError> {
-        if self.pool().is_closed() {
-            return Err(self.map_error(sqlx::Error::PoolClosed, None));
+    /// Runs a write where the engine runs it (SQLite's writer thread), otherwise on a write
+    /// lane. A closed pool answers nothing, through either path.
+    async fn run_write(
+        &self,
+        pick: Pick,
+        params: Params<'_>,
+        returns: Returns,
+        size: Option<usize>,
+    ) -> Result<Done, StoreError> {
+        let limit = self.max_record_bytes;
+        let write = Write {
+            pick,
+            params,
+            returns,
+            size,
+            limit,
+        };
+        let Write { params, .. } = match self.engine.write(write) {
+            Ok(running) => {
+                if self.pool().is_closed() {
+                    return Err(self.map_error(sqlx::Error::PoolClosed, None));
+                }
+                self.count();
+                return running.await;
+            }
+            Err(write) => write,
+        };
+        let sql = pick(&self.sql);
+        match returns {
+            Returns::Changes => {
+                self.on_lane(async |conn| {
+                    self.count();
+                    let done = DB::execute(conn, self.bind(sql, params))
+                        .await
+                        .map_err(|e| self.map_error(e, size))?;
+                    Ok(Done::Changed(DB::rows_affected(&done)))
+                })
+                .await
+            }
+            Returns::Row => match self.fetch_on(self.lanes.writes(), sql, params).await? {
+                Some((row, now)) => self.decode(&row, now).map(|row| Done::Row(Some(row))),
+                None => Ok(Done::Row(None)),
+            },
         }
-        self.count();
-        Ok(())
     }
 
     /// One renewal statement.
@@ -519,17 +516,13 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// The key's live row: read inline where the store can (SQLite on a file, see
-    /// `sqlite_reads.rs`), otherwise on a reader lane.
+    /// The key's live row: read by the engine where it can (SQLite's inline reads), otherwise
+    /// on a reader lane. A closed pool answers nothing, through either path.
     async fn read_record(&self, key: &str) -> Result<Option<RawRecord>, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(inline) = &self.inline {
-            // A closed pool answers nothing, through either path.
-            if !self.pool().is_closed() {
-                if let Inline::Read(record) = inline.get(key, self.clock.now_ms()) {
-                    self.count();
-                    return Ok(record);
-                }
+        if !self.pool().is_closed() {
+            if let Some(record) = self.engine.read(key) {
+                self.count();
+                return Ok(record);
             }
         }
         let get = Params::Get { key };
@@ -550,7 +543,7 @@ impl<DB: Backend> SqlStore<DB> {
         params: Params<'_>,
     ) -> Result<Option<(DB::Row, i64)>, StoreError> {
         self.on(lanes, async |conn| {
-            let now = self.clock.now_ms();
+            let now = self.engine.now_ms();
             self.count();
             let row = DB::fetch_optional(conn, DB::bind(sql, now, params))
                 .await
@@ -574,14 +567,6 @@ fn claim_params<'q>(
         token,
         lease_ms: millis(lease),
     }
-}
-
-/// `pool` when it is an SQLite pool, for the inline reads and the writer thread. A downcast
-/// rather than a [`Backend`] item, so the sealed public trait does not grow items for one
-/// backend's optimisations.
-#[cfg(feature = "sqlite")]
-fn sqlite_pool<DB: Backend>(pool: &Pool<DB>) -> Option<&sqlx::SqlitePool> {
-    (pool as &dyn std::any::Any).downcast_ref::<sqlx::SqlitePool>()
 }
 
 #[async_trait::async_trait]
@@ -679,6 +664,6 @@ impl<DB: Backend> Store for SqlStore<DB> {
     /// pool), opened on the first request through a waiting layer and reopened after a failure
     /// (100 ms, doubling up to 5 s, waiters poll meanwhile). SQLite: none, waiters poll.
     fn settlements(&self) -> Option<Settlements> {
-        self.notices.as_ref().map(DB::settlements)
+        self.engine.settlements()
     }
 }

@@ -28,7 +28,8 @@ use std::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sqlx::{ConnectOptions, SqlitePool};
 
-use crate::{record::RawRecord, sqlite::decode_rusqlite};
+use super::statements::decode_rusqlite;
+use crate::record::RawRecord;
 
 /// The largest body an inline read returns; a larger record is read on a reader lane, so that
 /// copying it does not hold the calling thread.

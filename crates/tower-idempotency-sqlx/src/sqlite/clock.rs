@@ -1,5 +1,5 @@
-//! The store's time for backends that date rows themselves (SQLite): the wall clock read once,
-//! advanced by the monotonic clock.
+//! The SQLite store's time (SQLite rows are dated by the store, not the database): the wall
+//! clock read once, advanced by the monotonic clock.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -67,7 +67,7 @@ impl std::fmt::Debug for StoreClock {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(test)]
 mod tests {
     use std::sync::{
         atomic::{AtomicI64, AtomicU64, Ordering},
@@ -114,7 +114,7 @@ mod tests {
             .await
             .expect("open");
         store.migrate().await.expect("migrate");
-        store.clock = clocks.store_clock();
+        store.engine.clock = clocks.store_clock();
         (store, guard)
     }
 
