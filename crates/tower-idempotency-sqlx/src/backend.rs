@@ -88,23 +88,6 @@ pub struct Statements {
 /// Which of a store's [`Statements`] a call runs.
 pub type Pick = fn(&Statements) -> &String;
 
-impl Statements {
-    /// Every statement's text passed through `f`.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn map(self, f: impl Fn(String) -> String) -> Self {
-        Self {
-            insert: f(self.insert),
-            claim: f(self.claim),
-            complete: f(self.complete),
-            renew: f(self.renew),
-            release: f(self.release),
-            get: f(self.get),
-            forget: f(self.forget),
-            purge: f(self.purge),
-        }
-    }
-}
-
 /// The parameters of one statement, which a backend binds in the order its SQL text expects.
 /// Durations are milliseconds; `now_ms` is the store's clock, for backends that date rows
 /// themselves (SQLite) rather than with the database's clock (Postgres).

@@ -132,8 +132,6 @@ mod lease;
 mod postgres;
 mod recent;
 mod record;
-#[cfg(feature = "postgres")]
-mod settlements;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
