@@ -13,7 +13,7 @@ use tower_idempotency_core::Settlements;
 pub use statements::schema_sql;
 
 use self::{notices::PgNotices, statements::statements};
-use crate::{
+use crate::store::{
     backend::{sealed::Sealed, Backend, Engine, Params, Statement, Statements},
     record::RawRecord,
 };

@@ -101,7 +101,7 @@ fn watch(pool: &PgPool, table: &str) -> impl Fn(&str) -> Marking + Send + Sync +
                 .bind(key)
                 .execute(&pool)
                 .await
-                .map_err(|e| crate::error::map_error(e, None, 0))?;
+                .map_err(|e| crate::store::error::map_error(e, None, 0))?;
             Ok(done.rows_affected() == 1)
         })
     }

@@ -1,7 +1,7 @@
 //! Postgres's SQL: the DDL and the statements.
 
 use super::notices::notify_each;
-use crate::backend::{Statements, PURGE_BATCH};
+use crate::store::backend::{Statements, PURGE_BATCH};
 
 /// The DDL [`PostgresStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their own migrations.
 ///
@@ -124,7 +124,7 @@ SELECT * FROM live UNION ALL SELECT * FROM ins"#
         // A completed live row of the same token is a resend of the completion that landed: it
         // counts as changed (`Current`) and keeps its values.
         // Completion, release and forget notify waiters in other instances (see
-        // `settlements.rs`) for the row they changed if a waiter marked it; the command tag
+        // `notices.rs`) for the row they changed if a waiter marked it; the command tag
         // still counts the rows changed, and forget still returns the row it deleted.
         complete: format!(
             r#"WITH done AS (

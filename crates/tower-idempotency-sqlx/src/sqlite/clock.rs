@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::record::millis;
+use crate::store::record::millis;
 
 fn wall_ms() -> i64 {
     // A clock before 1970 would be a broken host; treating it as the epoch keeps every record

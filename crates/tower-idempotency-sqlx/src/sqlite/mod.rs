@@ -23,7 +23,7 @@ use self::{
     statements::{narrow, statements, values, Value},
     writer::SqliteWriter,
 };
-use crate::{
+use crate::store::{
     backend::{sealed::Sealed, Backend, Done, Engine, Params, Statement, Statements, Write},
     record::RawRecord,
 };

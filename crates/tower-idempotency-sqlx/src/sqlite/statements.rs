@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use crate::{
+use crate::store::{
     backend::{Params, Statements, PURGE_BATCH},
     record::RawRecord,
 };

@@ -2,15 +2,12 @@
 //! the store, and runs the writes that queued up while it was busy in one transaction (group
 //! commit).
 //!
-//! Why: SQLite takes one writer at a time, so a store's writes queue on one connection anyway.
-//! Through sqlx each of them is a trip to that connection's worker thread and back, and each
-//! autocommit statement is a transaction of its own (a lock cycle and a WAL commit). This thread
-//! takes every write that waits when it is free, runs them between `BEGIN IMMEDIATE` and
-//! `COMMIT` (a write that waits alone runs as an autocommit), and answers each caller after the
-//! commit, so a caller hears of its write only once it is as durable as the pool's
-//! `synchronous` setting makes an autocommit. `scripts/statement-ceilings.py sqlite` shows what
-//! several writes per transaction save in SQLite itself; the load harness's `sqlite` new keys
-//! against `sqlite-floor-write` show it over HTTP ([docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)).
+//! It runs them between `BEGIN IMMEDIATE` and `COMMIT` (a write that waits alone runs as an
+//! autocommit) and answers each caller after the commit, so a caller hears of its write only
+//! once it is as durable as the pool's `synchronous` setting makes an autocommit. Why the store
+//! writes this way: docs/stores.md, "SQLite"; what it saves: `scripts/statement-ceilings.py
+//! sqlite` in SQLite itself, and the load harness's `sqlite` new keys against
+//! `sqlite-floor-write` over HTTP.
 //!
 //! Failures stay each caller's own: a statement that fails fails its caller, and SQLite undoes
 //! that statement alone, so the transaction goes on with the others. Where SQLite rolled the
@@ -50,7 +47,7 @@ use tokio::sync::oneshot;
 use tower_idempotency_core::StoreError;
 
 use super::statements::{self, decode_rusqlite, Value};
-use crate::{
+use crate::store::{
     backend::{Done, Params, Pick, Returns, Statements, Write},
     error,
 };

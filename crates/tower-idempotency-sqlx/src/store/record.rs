@@ -138,22 +138,6 @@ pub(crate) struct Completion<'a> {
 }
 
 impl<'a> Completion<'a> {
-    /// The completion statement's parameters for `key`.
-    pub fn params<'q>(self, key: &'q str) -> crate::backend::Params<'q>
-    where
-        'a: 'q,
-    {
-        crate::backend::Params::Complete {
-            key,
-            token: self.token,
-            status: self.response.status.as_u16(),
-            headers: self.headers,
-            body: &self.response.body[..],
-            body_omitted: self.response.body_omitted,
-            ttl_ms: self.ttl_ms,
-        }
-    }
-
     /// `Ok(None)` when the token can never be current; `RecordTooLarge` over `limit`.
     pub fn prepare(
         token: FencingToken,

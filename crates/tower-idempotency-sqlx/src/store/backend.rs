@@ -1,14 +1,14 @@
 //! What differs between the databases a [`SqlStore`](crate::SqlStore) runs on: the SQL text, the
 //! DDL, how parameters are bound and rows decoded, how a pool is opened, and what a store keeps
 //! besides its lanes ([`Engine`]). Everything else (lanes, lease rules, fencing, error
-//! mapping, statement counting) is written once in [`crate::store`].
+//! mapping, statement counting) is written once in [`SqlStore`](crate::SqlStore).
 
 use std::{fmt::Debug, future::Future, pin::Pin};
 
 use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
 use tower_idempotency_core::{Settlements, StoreError};
 
-use crate::record::RawRecord;
+use super::record::{Completion, RawRecord};
 
 /// A statement with its parameters bound, ready to run.
 pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments<'q>>;
@@ -124,6 +124,21 @@ pub enum Params<'q> {
     Forget { key: &'q str },
     /// [`Statements::purge`].
     Purge,
+}
+
+impl<'q> Params<'q> {
+    /// The completion statement's parameters: `completion` of `key`.
+    pub(crate) fn complete<'a: 'q>(key: &'q str, completion: Completion<'a>) -> Self {
+        Params::Complete {
+            key,
+            token: completion.token,
+            status: completion.response.status.as_u16(),
+            headers: completion.headers,
+            body: &completion.response.body[..],
+            body_omitted: completion.response.body_omitted,
+            ttl_ms: completion.ttl_ms,
+        }
+    }
 }
 
 /// Implemented next to each [`Backend`] implementation, and nowhere else.

@@ -1,5 +1,5 @@
-//! The store, written once over a [`Backend`]: [`SqlStore<Sqlite>`](crate::SqliteStore) and
-//! [`SqlStore<Postgres>`](crate::PostgresStore).
+//! [`SqlStore`], written once over a [`Backend`]: the claim's order of statements, fencing,
+//! lease rules, purging, the lanes' paths, and the calls on a caller's transaction.
 
 use std::{
     sync::{
@@ -15,7 +15,7 @@ use tower_idempotency_core::{
     Store, StoreError,
 };
 
-use crate::{
+use super::{
     backend::{
         Backend, Done, Engine, Params, Pick, Returns, Statement, Statements, Write, PURGE_BATCH,
     },
@@ -24,30 +24,20 @@ use crate::{
     lease,
     recent::RecentKeys,
     record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
+};
+use crate::{
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
 /// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
 /// ([`PostgresStore`](crate::PostgresStore)).
 ///
-/// Every call is a single statement (see the [crate documentation](crate) for the SQL shape and
-/// round-trip counts), run on one of the store's [lanes](Self::with_connection_lanes).
-///
-/// **Postgres**: several application instances sharing one database coordinate through the
-/// table, whose primary key decides every race. Times are taken from the database clock
-/// (`statement_timestamp()`), so application hosts need no synchronised clocks.
-///
-/// **SQLite**: durable across restarts, shared by every process on the host that opens the same
-/// file. A claim of a key the process has seen lately reads it first, so replays and in-flight
-/// duplicates are reads that run in parallel (a new key goes straight to a plain insert); the
-/// writes of one process run one at a time on the store's writer thread, several to a
-/// transaction when they queue up (across
-/// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
-/// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
-/// step of the system clock while the store runs does not expire live leases (or extend them).
-/// Processes sharing the file agree on the time up to any clock step taken between their
-/// starts; start them after the clock is synchronised (e.g. after systemd's
-/// `time-sync.target`).
+/// Every call is a single statement, run on one of the store's
+/// [lanes](Self::with_connection_lanes) or, on SQLite, on its writer thread or the calling
+/// task. A Postgres table coordinates every instance on the database, dated by the database's
+/// clock; an SQLite file every process of one host, dated by the store's own clock. What each
+/// call runs, and why:
+/// [docs/stores.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/stores.md).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -303,7 +293,7 @@ impl<DB: Backend> SqlStore<DB> {
         DB::bind(sql, self.engine.now_ms(), params)
     }
 
-    /// Runs `statement` on a write lane (see [`crate::lanes`]).
+    /// Runs `statement` on a write lane (see `lanes.rs`).
     async fn on_lane<T>(
         &self,
         statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
@@ -351,7 +341,7 @@ impl<DB: Backend> SqlStore<DB> {
         completion: Completion<'_>,
     ) -> Result<Ownership, StoreError> {
         let size = completion.size;
-        let params = completion.params(key);
+        let params = Params::complete(key, completion);
         self.fenced(conn, &self.sql.complete, params, Some(size))
             .await
     }
@@ -623,7 +613,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             return Ok(Ownership::Stale);
         };
         let size = completion.size;
-        let complete = completion.params(key);
+        let complete = Params::complete(key, completion);
         Ok(ownership(
             self.write(|s| &s.complete, complete, Some(size)).await?,
         ))
