@@ -14,8 +14,8 @@ pub use statements::schema_sql;
 
 use self::{notices::PgNotices, statements::statements};
 use crate::store::{
-    backend::{sealed::Sealed, Backend, Engine, Params, Statement, Statements},
-    record::RawRecord,
+    backend::{sealed::Sealed, Backend, Engine, Statement, Statements},
+    record::{Params, RawRecord},
 };
 
 impl Sealed for Postgres {}

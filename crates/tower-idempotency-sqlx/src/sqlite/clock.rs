@@ -3,7 +3,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::store::record::millis;
+/// `duration` in whole milliseconds (any duration a clock measures fits).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
 fn wall_ms() -> i64 {
     // A clock before 1970 would be a broken host; treating it as the epoch keeps every record

@@ -24,8 +24,8 @@ use self::{
     writer::SqliteWriter,
 };
 use crate::store::{
-    backend::{sealed::Sealed, Backend, Done, Engine, Params, Statement, Statements, Write},
-    record::RawRecord,
+    backend::{sealed::Sealed, Backend, Done, Engine, Statement, Statements, Write},
+    record::{Params, RawRecord},
 };
 
 /// How long a statement waits for another connection's write lock before failing with

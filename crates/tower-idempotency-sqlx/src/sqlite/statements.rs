@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use crate::store::{
-    backend::{Params, Statements, PURGE_BATCH},
-    record::RawRecord,
+    backend::{Statements, PURGE_BATCH},
+    record::{Params, RawRecord},
 };
 
 /// The DDL [`SqliteStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their
@@ -99,23 +99,12 @@ pub(crate) enum Value<'q> {
 
 impl Value<'_> {
     /// The value with its text or bytes copied, to outlive the parameters it came from.
-    pub(crate) fn into_owned(self) -> Value<'static> {
+    fn into_owned(self) -> Value<'static> {
         match self {
             Value::Int(value) => Value::Int(value),
             Value::Text(value) => Value::Text(Cow::Owned(value.into_owned())),
             Value::Blob(value) => Value::Blob(Cow::Owned(value.into_owned())),
         }
-    }
-}
-
-impl rusqlite::ToSql for Value<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::{ToSqlOutput, ValueRef};
-        Ok(match self {
-            Value::Int(value) => ToSqlOutput::from(*value),
-            Value::Text(value) => ToSqlOutput::Borrowed(ValueRef::Text(value.as_bytes())),
-            Value::Blob(value) => ToSqlOutput::Borrowed(ValueRef::Blob(value)),
-        })
     }
 }
 
@@ -165,6 +154,14 @@ pub(crate) fn values<'q>(now: i64, params: Params<'q>) -> Vec<Value<'q>> {
         Params::Forget { key } => vec![text(key)],
         Params::Purge => vec![Value::Int(now)],
     }
+}
+
+/// [`values`] copied, for the writer thread, which they must outlive the caller to reach.
+pub(crate) fn owned_values(now: i64, params: Params<'_>) -> Vec<Value<'static>> {
+    values(now, params)
+        .into_iter()
+        .map(Value::into_owned)
+        .collect()
 }
 
 /// A row of the [`RETURNED`] columns, in their order, as rusqlite reads it (the writer's claim

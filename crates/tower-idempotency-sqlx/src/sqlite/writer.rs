@@ -48,8 +48,9 @@ use tower_idempotency_core::StoreError;
 
 use super::statements::{self, decode_rusqlite, Value};
 use crate::store::{
-    backend::{Done, Params, Pick, Returns, Statements, Write},
+    backend::{Done, Pick, Returns, Statements, Write},
     error,
+    record::Params,
 };
 
 /// The most writes one transaction takes: a batch holds SQLite's write lock, and other
@@ -270,6 +271,17 @@ impl SqliteWriter {
     }
 }
 
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(match self {
+            Value::Int(value) => ToSqlOutput::from(*value),
+            Value::Text(value) => ToSqlOutput::Borrowed(ValueRef::Text(value.as_bytes())),
+            Value::Blob(value) => ToSqlOutput::Borrowed(ValueRef::Blob(value)),
+        })
+    }
+}
+
 fn unavailable(error: sqlx::Error) -> StoreError {
     StoreError::Unavailable(Box::new(error))
 }
@@ -294,10 +306,7 @@ impl Job {
         Self {
             patience,
             pick,
-            values: statements::values(now_ms, params)
-                .into_iter()
-                .map(Value::into_owned)
-                .collect(),
+            values: statements::owned_values(now_ms, params),
             now_ms,
             returns,
             size,
@@ -326,7 +335,7 @@ impl Job {
             // The caller gave up: nobody reads this answer, and the write is not made.
             return Ok(Done::Changed(0));
         }
-        let mut statement = connection.prepare_cached((self.pick)(statements))?;
+        let mut statement = connection.prepare_cached(statements.text(self.pick))?;
         let values = rusqlite::params_from_iter(&self.values);
         match self.returns {
             Returns::Changes => statement

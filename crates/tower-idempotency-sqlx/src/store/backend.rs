@@ -8,7 +8,7 @@ use std::{fmt::Debug, future::Future, pin::Pin};
 use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
 use tower_idempotency_core::{Settlements, StoreError};
 
-use super::record::{Completion, RawRecord};
+use super::record::{Params, RawRecord};
 
 /// A statement with its parameters bound, ready to run.
 pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments<'q>>;
@@ -86,57 +86,38 @@ pub struct Statements {
 }
 
 /// Which of a store's [`Statements`] a call runs.
-pub type Pick = fn(&Statements) -> &String;
-
-/// The parameters of one statement, which a backend binds in the order its SQL text expects.
-/// Durations are milliseconds; `now_ms` is the store's clock, for backends that date rows
-/// themselves (SQLite) rather than with the database's clock (Postgres).
-#[derive(Debug)]
-pub enum Params<'q> {
-    /// [`Statements::claim`] and [`Statements::insert`].
-    Claim {
-        key: &'q str,
-        fingerprint: &'q [u8],
-        token: i64,
-        lease_ms: i64,
-    },
+#[derive(Debug, Clone, Copy)]
+pub enum Pick {
+    /// [`Statements::insert`].
+    Insert,
+    /// [`Statements::claim`].
+    Claim,
     /// [`Statements::complete`].
-    Complete {
-        key: &'q str,
-        token: i64,
-        status: u16,
-        headers: Vec<u8>,
-        body: &'q [u8],
-        body_omitted: bool,
-        ttl_ms: i64,
-    },
+    Complete,
     /// [`Statements::renew`].
-    Renew {
-        key: &'q str,
-        token: i64,
-        lease_ms: i64,
-    },
+    Renew,
     /// [`Statements::release`].
-    Release { key: &'q str, token: i64 },
+    Release,
     /// [`Statements::get`].
-    Get { key: &'q str },
+    Get,
     /// [`Statements::forget`].
-    Forget { key: &'q str },
+    Forget,
     /// [`Statements::purge`].
     Purge,
 }
 
-impl<'q> Params<'q> {
-    /// The completion statement's parameters: `completion` of `key`.
-    pub(crate) fn complete<'a: 'q>(key: &'q str, completion: Completion<'a>) -> Self {
-        Params::Complete {
-            key,
-            token: completion.token,
-            status: completion.response.status.as_u16(),
-            headers: completion.headers,
-            body: &completion.response.body[..],
-            body_omitted: completion.response.body_omitted,
-            ttl_ms: completion.ttl_ms,
+impl Statements {
+    /// The text of the statement `pick` names.
+    pub(crate) fn text(&self, pick: Pick) -> &str {
+        match pick {
+            Pick::Insert => &self.insert,
+            Pick::Claim => &self.claim,
+            Pick::Complete => &self.complete,
+            Pick::Renew => &self.renew,
+            Pick::Release => &self.release,
+            Pick::Get => &self.get,
+            Pick::Forget => &self.forget,
+            Pick::Purge => &self.purge,
         }
     }
 }

@@ -7,7 +7,6 @@
 pub(crate) mod backend;
 pub(crate) mod error;
 pub(crate) mod lanes;
-pub(crate) mod lease;
 pub(crate) mod recent;
 pub(crate) mod record;
 mod sql_store;

@@ -6,7 +6,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use sqlx::Pool;
@@ -16,14 +16,11 @@ use tower_idempotency_core::{
 };
 
 use super::{
-    backend::{
-        Backend, Done, Engine, Params, Pick, Returns, Statement, Statements, Write, PURGE_BATCH,
-    },
+    backend::{Backend, Done, Engine, Pick, Returns, Statement, Statements, Write, PURGE_BATCH},
     error, lanes,
     lanes::{Lanes, StoreLanes},
-    lease,
     recent::RecentKeys,
-    record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
+    record::{claim_token, Params, RawRecord},
 };
 use crate::{
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
@@ -234,9 +231,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = claim_token(token)?;
+        let (token, claim) = Params::claim(key, fingerprint, token, lease)?;
         let now = self.engine.now_ms();
-        let claim = claim_params(key, fingerprint, token, lease);
         self.count();
         let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
             .await
@@ -254,10 +250,12 @@ impl<DB: Backend> SqlStore<DB> {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        match Completion::prepare(token, response, ttl, self.max_record_bytes)? {
-            Some(completion) => self.complete_with(conn, key, completion).await,
-            None => Ok(Ownership::Stale),
-        }
+        let complete = Params::complete(key, token, response, ttl, self.max_record_bytes)?;
+        let Some((complete, size)) = complete else {
+            return Ok(Ownership::Stale);
+        };
+        self.fenced(conn, &self.sql.complete, complete, Some(size))
+            .await
     }
 
     /// [`Store::release`] on a connection or transaction of the caller's.
@@ -267,10 +265,9 @@ impl<DB: Backend> SqlStore<DB> {
         key: &str,
         token: FencingToken,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(release) = Params::release(key, token) else {
             return Ok(Ownership::Stale);
         };
-        let release = Params::Release { key, token };
         self.fenced(conn, &self.sql.release, release, None).await
     }
 }
@@ -333,19 +330,6 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(ownership(DB::rows_affected(&done)))
     }
 
-    /// The completion's statement, on a record [`Completion::prepare`] checked.
-    async fn complete_with(
-        &self,
-        conn: &mut DB::Connection,
-        key: &str,
-        completion: Completion<'_>,
-    ) -> Result<Ownership, StoreError> {
-        let size = completion.size;
-        let params = Params::complete(key, completion);
-        self.fenced(conn, &self.sql.complete, params, Some(size))
-            .await
-    }
-
     /// Runs a write that returns no rows, `pick`ed from the store's statements: how many rows it
     /// changed.
     async fn write(
@@ -400,7 +384,7 @@ impl<DB: Backend> SqlStore<DB> {
             }
             Err(write) => write,
         };
-        let sql = pick(&self.sql);
+        let sql = self.sql.text(pick);
         match returns {
             Returns::Changes => {
                 self.on_lane(async |conn| {
@@ -426,15 +410,10 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(renew) = Params::renew(key, token, lease) else {
             return Ok(Ownership::Stale);
         };
-        let renew = Params::Renew {
-            key,
-            token,
-            lease_ms: millis(lease),
-        };
-        Ok(ownership(self.write(|s| &s.renew, renew, None).await?))
+        Ok(ownership(self.write(Pick::Renew, renew, None).await?))
     }
 
     /// One purge statement: with one writer, as every other write, so it waits its turn instead
@@ -442,7 +421,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// pool, so a purge of a large backlog does not hold up a lane.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
         if DB::ONE_WRITER {
-            return self.write(|s| &s.purge, Params::Purge, None).await;
+            return self.write(Pick::Purge, Params::Purge, None).await;
         }
         let mut conn = self
             .pool()
@@ -456,6 +435,27 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(DB::rows_affected(&done))
     }
 
+    /// One claim: a key this process has seen is read first (see `recent.rs`): its replays are
+    /// a plain read, beside the writer on SQLite. A key it has not seen is most likely new: a
+    /// plain insert claims it, the cheapest write there is; only if the key has a row (another
+    /// process's, or one from before a restart) does the claim statement run.
+    async fn claim_once(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if self.recent.seen(key) {
+            if let Some(live) = self.read_live(key, token).await? {
+                return Ok(live);
+            }
+        } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
+            return Ok(claimed);
+        }
+        self.claim_statement(key, fingerprint, token, lease).await
+    }
+
     /// A claim of a key that has no row, by inserting it; `None`: the key has a row (live or
     /// not), which only the claim statement may judge.
     async fn insert_new(
@@ -465,9 +465,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let token = claim_token(token)?;
-        let insert = claim_params(key, fingerprint, token, lease);
-        let inserted = ownership(self.write(|s| &s.insert, insert, None).await?);
+        let (token, insert) = Params::claim(key, fingerprint, token, lease)?;
+        let inserted = ownership(self.write(Pick::Insert, insert, None).await?);
         Ok(
             (inserted == Ownership::Current).then_some(ClaimOutcome::Claimed {
                 token: FencingToken(token as u64),
@@ -484,9 +483,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = claim_token(token)?;
-        let claim = claim_params(key, fingerprint, token, lease);
-        self.write_returning(|s| &s.claim, claim)
+        let (token, claim) = Params::claim(key, fingerprint, token, lease)?;
+        self.write_returning(Pick::Claim, claim)
             .await?
             .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?
             .into_claim_outcome(token)
@@ -544,19 +542,20 @@ impl<DB: Backend> SqlStore<DB> {
     }
 }
 
-/// The parameters of the claim statement and of the plain insert.
-fn claim_params<'q>(
-    key: &'q str,
-    fingerprint: &'q Fingerprint,
-    token: i64,
-    lease: Duration,
-) -> Params<'q> {
-    Params::Claim {
-        key,
-        fingerprint: &fingerprint.as_bytes()[..],
-        token,
-        lease_ms: millis(lease),
+/// Whether a fenced statement changed the caller's row.
+fn ownership(rows_affected: u64) -> Ownership {
+    if rows_affected == 1 {
+        Ownership::Current
+    } else {
+        Ownership::Stale
     }
+}
+
+/// Whether a claim or renewal that started at `started` took long enough (a quarter of the
+/// lease) that the lease it wrote, dated from before any wait (for a row lock, for SQLite's
+/// write lock), may be short or over.
+fn waited_too_long(started: Instant, lease: Duration) -> bool {
+    started.elapsed() > lease / 4
 }
 
 #[async_trait::async_trait]
@@ -573,22 +572,20 @@ impl<DB: Backend> Store for SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claim_once = || async {
-            // A key this process has seen is read first (see `recent.rs`): its replays are a
-            // plain read, beside the writer on SQLite. A key it has not seen is most likely new:
-            // a plain insert claims it, the cheapest write there is; only if the key has a row
-            // (another process's, or one from before a restart) does the claim statement run.
-            if self.recent.seen(key) {
-                if let Some(live) = self.read_live(key, token).await? {
-                    return Ok(live);
+        // A claim that waited long after dating its lease may hold a short lease, or one that
+        // is over: a granted claim is renewed before it is answered. If the lease is gone,
+        // someone else holds the key now: a second claim says who, instead of granting a dead
+        // claim.
+        let started = Instant::now();
+        match self.claim_once(key, fingerprint, token, lease).await? {
+            ClaimOutcome::Claimed { token: claimed } if waited_too_long(started, lease) => {
+                match self.renew(key, claimed, lease).await? {
+                    Ownership::Current => Ok(ClaimOutcome::Claimed { token: claimed }),
+                    Ownership::Stale => self.claim_once(key, fingerprint, token, lease).await,
                 }
-            } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
-                return Ok(claimed);
             }
-            self.claim_statement(key, fingerprint, token, lease).await
-        };
-        lease::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
-            .await
+            outcome => Ok(outcome),
+        }
     }
 
     async fn renew(
@@ -597,7 +594,17 @@ impl<DB: Backend> Store for SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        lease::renew_for_a_whole_lease(|| self.renew_once(key, token, lease), lease).await
+        // A renewal dates its lease before it waits, and the next one usually does not wait:
+        // up to three while they wait long.
+        let mut attempts = 0;
+        loop {
+            let started = Instant::now();
+            let renewed = self.renew_once(key, token, lease).await?;
+            attempts += 1;
+            if renewed == Ownership::Stale || !waited_too_long(started, lease) || attempts == 3 {
+                return Ok(renewed);
+            }
+        }
     }
 
     async fn complete(
@@ -608,23 +615,20 @@ impl<DB: Backend> Store for SqlStore<DB> {
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
         // Checked before a lane is taken: an oversized record never touches the database.
-        let Some(completion) = Completion::prepare(token, response, ttl, self.max_record_bytes)?
-        else {
+        let complete = Params::complete(key, token, response, ttl, self.max_record_bytes)?;
+        let Some((complete, size)) = complete else {
             return Ok(Ownership::Stale);
         };
-        let size = completion.size;
-        let complete = Params::complete(key, completion);
         Ok(ownership(
-            self.write(|s| &s.complete, complete, Some(size)).await?,
+            self.write(Pick::Complete, complete, Some(size)).await?,
         ))
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(release) = Params::release(key, token) else {
             return Ok(Ownership::Stale);
         };
-        let release = Params::Release { key, token };
-        Ok(ownership(self.write(|s| &s.release, release, None).await?))
+        Ok(ownership(self.write(Pick::Release, release, None).await?))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
@@ -638,7 +642,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let forget = Params::Forget { key };
         // A deleted record that had expired was absent already.
         Ok(self
-            .write_returning(|s| &s.forget, forget)
+            .write_returning(Pick::Forget, forget)
             .await?
             .is_some_and(|record| record.remaining_ms > 0))
     }
