@@ -83,10 +83,6 @@ impl<DB: Database> StoreLanes<DB> {
         self.reads.as_ref().unwrap_or(&self.writes)
     }
 
-    pub fn pool(&self) -> &Pool<DB> {
-        self.writes.pool()
-    }
-
     pub fn count(&self) -> usize {
         self.writes.count() + self.reads.as_ref().map_or(0, Lanes::count)
     }
@@ -163,10 +159,6 @@ impl<DB: Database> Lanes<DB> {
             watching: Arc::new(AtomicBool::new(false)),
             stop_watcher: std::sync::Mutex::new(None),
         }
-    }
-
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
     }
 
     pub fn count(&self) -> usize {

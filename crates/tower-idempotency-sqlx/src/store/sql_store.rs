@@ -49,6 +49,7 @@ use crate::{
 /// ```
 #[derive(Debug)]
 pub struct SqlStore<DB: Backend> {
+    pool: Pool<DB>,
     lanes: StoreLanes<DB>,
     table: String,
     sql: Statements,
@@ -78,6 +79,7 @@ impl<DB: Backend> SqlStore<DB> {
     pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
+            pool: pool.clone(),
             lanes: StoreLanes::new(
                 pool.clone(),
                 lanes::default_lane_count(&pool),
@@ -150,7 +152,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// failed or was cancelled goes back to the pool to be checked). Leave enough of the pool
     /// for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
-        self.lanes = StoreLanes::new(self.lanes.pool().clone(), lanes, DB::ONE_WRITER);
+        self.lanes = StoreLanes::new(self.pool.clone(), lanes, DB::ONE_WRITER);
         self
     }
 
@@ -162,7 +164,7 @@ impl<DB: Backend> SqlStore<DB> {
 
     /// The pool this store runs on.
     pub fn pool(&self) -> &Pool<DB> {
-        self.lanes.pool()
+        &self.pool
     }
 
     /// The table this store uses.
