@@ -2,7 +2,7 @@
 
 use sqlx::{Database, Pool};
 
-use crate::backend::BoxFuture;
+use crate::store::backend::BoxFuture;
 
 /// The SQL the suite runs for one database: the effects table's DDL, its insert and its count.
 /// Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`].

@@ -1,21 +1,11 @@
-//! SQLite's SQL for [`SqliteStore`](crate::SqliteStore).
+//! SQLite's SQL: the DDL, the statements, their parameters, and rows as rusqlite reads them.
 
-use std::{borrow::Cow, str::FromStr, time::Duration};
+use std::borrow::Cow;
 
-use sqlx::{
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-    Row, Sqlite, SqlitePool,
+use crate::store::{
+    backend::{Statements, PURGE_BATCH},
+    record::{Params, RawRecord},
 };
-use tower_idempotency_core::Settlements;
-
-use crate::{
-    backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
-    record::RawRecord,
-};
-
-/// How long a statement waits for another connection's write lock before failing with
-/// [`StoreError::Unavailable`](tower_idempotency_core::StoreError::Unavailable).
-pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The DDL [`SqliteStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their
 /// own migrations.
@@ -109,23 +99,12 @@ pub(crate) enum Value<'q> {
 
 impl Value<'_> {
     /// The value with its text or bytes copied, to outlive the parameters it came from.
-    pub(crate) fn into_owned(self) -> Value<'static> {
+    fn into_owned(self) -> Value<'static> {
         match self {
             Value::Int(value) => Value::Int(value),
             Value::Text(value) => Value::Text(Cow::Owned(value.into_owned())),
             Value::Blob(value) => Value::Blob(Cow::Owned(value.into_owned())),
         }
-    }
-}
-
-impl rusqlite::ToSql for Value<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::{ToSqlOutput, ValueRef};
-        Ok(match self {
-            Value::Int(value) => ToSqlOutput::from(*value),
-            Value::Text(value) => ToSqlOutput::Borrowed(ValueRef::Text(value.as_bytes())),
-            Value::Blob(value) => ToSqlOutput::Borrowed(ValueRef::Blob(value)),
-        })
     }
 }
 
@@ -177,6 +156,14 @@ pub(crate) fn values<'q>(now: i64, params: Params<'q>) -> Vec<Value<'q>> {
     }
 }
 
+/// [`values`] copied, for the writer thread, which they must outlive the caller to reach.
+pub(crate) fn owned_values(now: i64, params: Params<'_>) -> Vec<Value<'static>> {
+    values(now, params)
+        .into_iter()
+        .map(Value::into_owned)
+        .collect()
+}
+
 /// A row of the [`RETURNED`] columns, in their order, as rusqlite reads it (the writer's claim
 /// and forget, the inline reads); `now` is the time the statement was bound with.
 pub(crate) fn decode_rusqlite(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<RawRecord> {
@@ -192,78 +179,4 @@ pub(crate) fn decode_rusqlite(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Re
         body: row.get(6)?,
         body_omitted: row.get(7)?,
     })
-}
-
-impl Backend for Sqlite {
-    const STORE_NAME: &'static str = "sqlite";
-    // The write lock from the start: a deferred transaction that read first could not
-    // upgrade to a write after another connection's commit (`SQLITE_BUSY` at once).
-    const BEGIN: &'static str = "BEGIN IMMEDIATE";
-    const EXCLUSIVE: bool = true;
-    const ONE_WRITER: bool = true;
-
-    fn schema_sql(table: &str) -> String {
-        schema_sql(table)
-    }
-
-    fn statements(table: &str) -> Statements {
-        statements(table)
-    }
-
-    fn bind<'q>(sql: &'q str, now: i64, params: Params<'q>) -> Statement<'q, Self> {
-        values(now, params)
-            .into_iter()
-            .fold(sqlx::query(sql), |query, value| match value {
-                Value::Int(value) => query.bind(value),
-                Value::Text(value) => query.bind(value),
-                Value::Blob(Cow::Borrowed(value)) => query.bind(value),
-                Value::Blob(Cow::Owned(value)) => query.bind(value),
-            })
-    }
-
-    fn decode(row: &sqlx::sqlite::SqliteRow, now: i64) -> Result<RawRecord, sqlx::Error> {
-        let expires_at: i64 = row.try_get("expires_at")?;
-        let status: Option<i64> = row.try_get("status")?;
-        Ok(RawRecord {
-            token: row.try_get("token")?,
-            fingerprint: row.try_get("fingerprint")?,
-            state: narrow(row.try_get("state")?),
-            remaining_ms: expires_at.saturating_sub(now),
-            status: status.map(narrow),
-            headers: row.try_get("headers")?,
-            body: row.try_get("body")?,
-            body_omitted: row.try_get("body_omitted")?,
-        })
-    }
-
-    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    /// WAL mode with `synchronous = NORMAL` and a [`SQLITE_BUSY_TIMEOUT`] busy timeout, on a
-    /// pool of 8 connections.
-    async fn connect_pool(url: &str) -> Result<SqlitePool, sqlx::Error> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(SQLITE_BUSY_TIMEOUT);
-        SqlitePoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_with(options)
-            .await
-    }
-
-    /// None: SQLite has no notices, and its waiters are on one host, where the bounded poll
-    /// of a re-claim is a read beside the writer.
-    type Notices = std::convert::Infallible;
-
-    fn notices(_: &SqlitePool, _: &str) -> Option<Self::Notices> {
-        None
-    }
-
-    fn settlements(notices: &Self::Notices) -> Settlements {
-        match *notices {}
-    }
 }

@@ -1,15 +1,7 @@
-//! Postgres's SQL for [`PostgresStore`](crate::PostgresStore).
+//! Postgres's SQL: the DDL and the statements.
 
-use std::time::Duration;
-
-use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
-use tower_idempotency_core::Settlements;
-
-use crate::{
-    backend::{Backend, Params, Statement, Statements, PURGE_BATCH},
-    record::RawRecord,
-    settlements::{notify_each, PgNotices},
-};
+use super::notices::notify_each;
+use crate::store::backend::{Statements, PURGE_BATCH};
 
 /// The DDL [`PostgresStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their own migrations.
 ///
@@ -56,7 +48,8 @@ $$;
     )
 }
 
-/// Columns every statement that reads a row returns first, in [`Backend::decode`]'s order.
+/// Columns every statement that reads a row returns first, in
+/// [`Backend::decode`](crate::Backend::decode)'s order.
 const RETURNED: &str = "token, fingerprint, state, \
      GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - statement_timestamp())) * 1000))::bigint \
      AS remaining_ms, status, headers, body, body_omitted";
@@ -68,8 +61,18 @@ fn compact(sql: String) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn statements(table: &str) -> Statements {
-    readable_statements(table).map(compact)
+pub(crate) fn statements(table: &str) -> Statements {
+    let s = readable_statements(table);
+    Statements {
+        insert: compact(s.insert),
+        claim: compact(s.claim),
+        complete: compact(s.complete),
+        renew: compact(s.renew),
+        release: compact(s.release),
+        get: compact(s.get),
+        forget: compact(s.forget),
+        purge: compact(s.purge),
+    }
 }
 
 fn readable_statements(table: &str) -> Statements {
@@ -121,7 +124,7 @@ SELECT * FROM live UNION ALL SELECT * FROM ins"#
         // A completed live row of the same token is a resend of the completion that landed: it
         // counts as changed (`Current`) and keeps its values.
         // Completion, release and forget notify waiters in other instances (see
-        // `settlements.rs`) for the row they changed if a waiter marked it; the command tag
+        // `notices.rs`) for the row they changed if a waiter marked it; the command tag
         // still counts the rows changed, and forget still returns the row it deleted.
         complete: format!(
             r#"WITH done AS (
@@ -165,106 +168,5 @@ SELECT done.*, {notify}"#
     SELECT key FROM "{table}" WHERE expires_at <= statement_timestamp()
     LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED)"#
         ),
-    }
-}
-
-impl Backend for Postgres {
-    const STORE_NAME: &'static str = "postgres";
-    const BEGIN: &'static str = "BEGIN";
-    const EXCLUSIVE: bool = false;
-    const ONE_WRITER: bool = false;
-
-    fn schema_sql(table: &str) -> String {
-        schema_sql(table)
-    }
-
-    /// Safe to run from several instances at once: a multi-statement simple query runs as one
-    /// implicit transaction, so the advisory lock serialises concurrent
-    /// `CREATE .. IF NOT EXISTS`, which can otherwise race on the catalog.
-    fn migration_sql(table: &str) -> String {
-        format!(
-            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_sqlx:migrate'));\n{}",
-            schema_sql(table)
-        )
-    }
-
-    fn statements(table: &str) -> Statements {
-        statements(table)
-    }
-
-    fn bind<'q>(sql: &'q str, _now: i64, params: Params<'q>) -> Statement<'q, Self> {
-        // Rows are dated by the database's clock (`statement_timestamp()`), so application
-        // hosts need no synchronised clocks; the store's clock is not bound.
-        let query = sqlx::query(sql);
-        match params {
-            Params::Claim {
-                key,
-                fingerprint,
-                token,
-                lease_ms,
-            } => query.bind(key).bind(fingerprint).bind(lease_ms).bind(token),
-            Params::Complete {
-                key,
-                token,
-                status,
-                headers,
-                body,
-                body_omitted,
-                ttl_ms,
-            } => query
-                .bind(key)
-                .bind(token)
-                .bind(status as i16)
-                .bind(headers)
-                .bind(body)
-                .bind(body_omitted)
-                .bind(ttl_ms),
-            Params::Renew {
-                key,
-                token,
-                lease_ms,
-            } => query.bind(key).bind(token).bind(lease_ms),
-            Params::Release { key, token } => query.bind(key).bind(token),
-            Params::Get { key } | Params::Forget { key } => query.bind(key),
-            Params::Purge => query,
-        }
-    }
-
-    /// By position ([`RETURNED`] leads every row that is decoded): a column found by name is a
-    /// hash lookup per column per row.
-    fn decode(row: &sqlx::postgres::PgRow, _now: i64) -> Result<RawRecord, sqlx::Error> {
-        Ok(RawRecord {
-            token: row.try_get(0)?,
-            fingerprint: row.try_get(1)?,
-            state: row.try_get(2)?,
-            remaining_ms: row.try_get(3)?,
-            status: row.try_get(4)?,
-            headers: row.try_get(5)?,
-            body: row.try_get(6)?,
-            body_omitted: row.try_get(7)?,
-        })
-    }
-
-    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
-        done.rows_affected()
-    }
-
-    /// 10 connections, 5 s acquire timeout.
-    async fn connect_pool(url: &str) -> Result<PgPool, sqlx::Error> {
-        PgPoolOptions::new()
-            .max_connections(10)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await
-    }
-
-    type Notices = PgNotices;
-
-    fn notices(pool: &PgPool, table: &str) -> Option<PgNotices> {
-        Some(PgNotices::new(pool, table))
-    }
-
-    fn settlements(notices: &PgNotices) -> Settlements {
-        notices.settlements()
     }
 }

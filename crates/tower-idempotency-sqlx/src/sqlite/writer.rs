@@ -2,15 +2,12 @@
 //! the store, and runs the writes that queued up while it was busy in one transaction (group
 //! commit).
 //!
-//! Why: SQLite takes one writer at a time, so a store's writes queue on one connection anyway.
-//! Through sqlx each of them is a trip to that connection's worker thread and back, and each
-//! autocommit statement is a transaction of its own (a lock cycle and a WAL commit). This thread
-//! takes every write that waits when it is free, runs them between `BEGIN IMMEDIATE` and
-//! `COMMIT` (a write that waits alone runs as an autocommit), and answers each caller after the
-//! commit, so a caller hears of its write only once it is as durable as the pool's
-//! `synchronous` setting makes an autocommit. `scripts/statement-ceilings.py sqlite` shows what
-//! several writes per transaction save in SQLite itself; the load harness's `sqlite` new keys
-//! against `sqlite-floor-write` show it over HTTP ([docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)).
+//! It runs them between `BEGIN IMMEDIATE` and `COMMIT` (a write that waits alone runs as an
+//! autocommit) and answers each caller after the commit, so a caller hears of its write only
+//! once it is as durable as the pool's `synchronous` setting makes an autocommit. Why the store
+//! writes this way: docs/stores.md, "SQLite"; what it saves: `scripts/statement-ceilings.py
+//! sqlite` in SQLite itself, and the load harness's `sqlite` new keys against
+//! `sqlite-floor-write` over HTTP.
 //!
 //! Failures stay each caller's own: a statement that fails fails its caller, and SQLite undoes
 //! that statement alone, so the transaction goes on with the others. Where SQLite rolled the
@@ -49,11 +46,11 @@ use sqlx::{ConnectOptions, SqlitePool};
 use tokio::sync::oneshot;
 use tower_idempotency_core::StoreError;
 
-use crate::{
-    backend::{Params, Pick, Statements},
+use super::statements::{self, decode_rusqlite, Value};
+use crate::store::{
+    backend::{Done, Pick, Returns, Statements, Write},
     error,
-    record::RawRecord,
-    sqlite::{self, Value},
+    record::Params,
 };
 
 /// The most writes one transaction takes: a batch holds SQLite's write lock, and other
@@ -155,20 +152,6 @@ impl std::fmt::Debug for SqliteWriter {
     }
 }
 
-/// What a write returns.
-enum Returns {
-    /// How many rows it changed.
-    Changes,
-    /// The row its `RETURNING` clause returned.
-    Row,
-}
-
-/// What a write did.
-enum Done {
-    Changed(u64),
-    Row(Option<RawRecord>),
-}
-
 /// One caller's write, owned so that it can cross to the thread.
 struct Job {
     pick: Pick,
@@ -215,44 +198,11 @@ impl SqliteWriter {
         self.admission = Arc::new(Admission::new(jobs, bytes));
     }
 
-    /// Runs a statement that returns no rows: how many rows it changed.
-    pub(crate) async fn execute(
-        &self,
-        pick: Pick,
-        now_ms: i64,
-        params: Params<'_>,
-        size: Option<usize>,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        let job = |reply| Job::new(pick, now_ms, params, Returns::Changes, size, limit, reply);
-        match self.run(job).await? {
-            Done::Changed(rows) => Ok(rows),
-            Done::Row(_) => unreachable!("a write without RETURNING reports changes"),
-        }
-    }
-
-    /// Runs a statement with a `RETURNING` clause: the row it returned, decoded as of `now_ms`.
-    pub(crate) async fn fetch(
-        &self,
-        pick: Pick,
-        now_ms: i64,
-        params: Params<'_>,
-        limit: usize,
-    ) -> Result<Option<RawRecord>, StoreError> {
-        let job = |reply| Job::new(pick, now_ms, params, Returns::Row, None, limit, reply);
-        match self.run(job).await? {
-            Done::Row(row) => Ok(row),
-            Done::Changed(_) => unreachable!("a write with RETURNING reports its row"),
-        }
-    }
-
-    async fn run(
-        &self,
-        job: impl FnOnce(oneshot::Sender<Result<Done, StoreError>>) -> Job,
-    ) -> Result<Done, StoreError> {
+    /// Runs `write`, dated `now_ms`, once the writes queued before it ran.
+    pub(crate) async fn run(&self, now_ms: i64, write: Write<'_>) -> Result<Done, StoreError> {
         let queue = self.queue().await?;
         let (reply, answer) = oneshot::channel();
-        let mut job = job(reply);
+        let mut job = Job::new(now_ms, write, reply);
         let admitted = self
             .admission
             .admit(job.bytes())
@@ -281,7 +231,7 @@ impl SqliteWriter {
             return Ok(queue.clone());
         }
         let connection = self.open().await?;
-        let statements = sqlite::statements(&self.table);
+        let statements = statements::statements(&self.table);
         let (queue, jobs) = mpsc::channel();
         std::thread::Builder::new()
             .name("tower-idempotency-sqlite-writer".into())
@@ -317,7 +267,18 @@ impl SqliteWriter {
             connection.pragma_update(None, "synchronous", synchronous)?;
             Ok(connection)
         };
-        open().map_err(|e| error::map_rusqlite(&e, None, 0))
+        open().map_err(|e| map_rusqlite(&e, None, 0))
+    }
+}
+
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(match self {
+            Value::Int(value) => ToSqlOutput::from(*value),
+            Value::Text(value) => ToSqlOutput::Borrowed(ValueRef::Text(value.as_bytes())),
+            Value::Blob(value) => ToSqlOutput::Borrowed(ValueRef::Blob(value)),
+        })
     }
 }
 
@@ -327,14 +288,17 @@ fn unavailable(error: sqlx::Error) -> StoreError {
 
 impl Job {
     fn new(
-        pick: Pick,
         now_ms: i64,
-        params: Params<'_>,
-        returns: Returns,
-        size: Option<usize>,
-        limit: usize,
+        write: Write<'_>,
         reply: oneshot::Sender<Result<Done, StoreError>>,
     ) -> Self {
+        let Write {
+            pick,
+            params,
+            returns,
+            size,
+            limit,
+        } = write;
         let patience = match &params {
             Params::Complete { ttl_ms, .. } => Some(Duration::from_millis((*ttl_ms).max(0) as u64)),
             _ => None,
@@ -342,10 +306,7 @@ impl Job {
         Self {
             patience,
             pick,
-            values: sqlite::values(now_ms, params)
-                .into_iter()
-                .map(Value::into_owned)
-                .collect(),
+            values: statements::owned_values(now_ms, params),
             now_ms,
             returns,
             size,
@@ -374,21 +335,34 @@ impl Job {
             // The caller gave up: nobody reads this answer, and the write is not made.
             return Ok(Done::Changed(0));
         }
-        let mut statement = connection.prepare_cached((self.pick)(statements))?;
+        let mut statement = connection.prepare_cached(statements.text(self.pick))?;
         let values = rusqlite::params_from_iter(&self.values);
         match self.returns {
             Returns::Changes => statement
                 .execute(values)
                 .map(|rows| Done::Changed(rows as u64)),
             Returns::Row => statement
-                .query_row(values, |row| sqlite::decode_rusqlite(row, self.now_ms))
+                .query_row(values, |row| decode_rusqlite(row, self.now_ms))
                 .optional()
                 .map(Done::Row),
         }
     }
 
     fn error(&self, error: &rusqlite::Error) -> StoreError {
-        error::map_rusqlite(error, self.size, self.limit)
+        map_rusqlite(error, self.size, self.limit)
+    }
+}
+
+/// [`error::map_code`] for the errors of rusqlite.
+fn map_rusqlite(error: &rusqlite::Error, size: Option<usize>, limit: usize) -> StoreError {
+    match error {
+        rusqlite::Error::SqliteFailure(failure, message) => {
+            let message = message.as_deref().unwrap_or("SQLite error");
+            error::map_code(&failure.extended_code.to_string(), message, size, limit)
+        }
+        // Errors of binding or reading values, without a code (a `Backend` error); their text
+        // names columns and types, no values.
+        other => error::map_code("", &other.to_string(), size, limit),
     }
 }
 

@@ -57,7 +57,7 @@ use tower_idempotency_core::{
     TransactionalStore,
 };
 
-use crate::{Backend, SqlStore};
+use super::{Backend, SqlStore};
 
 type Shared<DB> = Arc<Mutex<Option<Transaction<'static, DB>>>>;
 
@@ -214,7 +214,7 @@ enum TransactionState {
 }
 
 fn map_error(error: sqlx::Error) -> StoreError {
-    crate::error::map_error(error, None, crate::DEFAULT_MAX_RECORD_BYTES)
+    super::error::map_error(error, None, crate::DEFAULT_MAX_RECORD_BYTES)
 }
 
 /// Whether a failed `COMMIT` lost its connection, so that the server may have committed.

@@ -1,11 +1,9 @@
 //! The SQLite store's inline reads: a replay's primary-key read run on the calling task, without
 //! a trip to a connection's worker thread.
 //!
-//! Why: sqlx runs every statement of an SQLite connection on that connection's own thread, so
-//! one read is a message to that thread and a wake-up back, which costs far more than the read
-//! itself (a primary-key lookup in a WAL database's page cache). The load harness shows the
-//! difference (`--stores sqlite` replays; [docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)). These reads use their own
-//! connections (through rusqlite, on the same bundled SQLite as sqlx) and never wait:
+//! Why the store reads this way: docs/stores.md, "SQLite"; what it saves: the load harness's
+//! `--stores sqlite` replays. These reads use their own connections (through rusqlite, on the
+//! same bundled SQLite as sqlx) and never wait:
 //!
 //! - a read takes a connection only if one is free (`try_lock`), with SQLite's busy timeout at
 //!   zero, and only in WAL mode, where a reader never waits for the writer;
@@ -28,7 +26,8 @@ use std::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use sqlx::{ConnectOptions, SqlitePool};
 
-use crate::{record::RawRecord, sqlite::decode_rusqlite};
+use super::statements::decode_rusqlite;
+use crate::store::record::RawRecord;
 
 /// The largest body an inline read returns; a larger record is read on a reader lane, so that
 /// copying it does not hold the calling thread.

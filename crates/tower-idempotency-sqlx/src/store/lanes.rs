@@ -1,12 +1,8 @@
 //! Connections a store keeps checked out of its pool, so that one store call is one round trip.
 //!
-//! Why not run each statement on `&pool`: sqlx 0.8's pool pings a connection when it hands it
-//! out (`test_before_acquire`, on by default) and again, unconditionally, when it takes it back
-//! (`PoolConnection`'s return to the pool), so a one-statement store call costs three round trips
-//! on the wire, not one, and each ping costs client CPU too. The load harness compares both
-//! (`cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest -- --store-lanes 0` runs every statement
-//! through the pool; [docs/benchmarks.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/benchmarks.md)). A lane holds one connection and runs one statement at a
-//! time on it.
+//! Why (sqlx's pool pings a connection when it hands it out and again when it takes it back):
+//! docs/stores.md, "Connection lanes"; the load harness's `--store-lanes 0` runs every statement
+//! through the pool instead. A lane holds one connection and runs one statement at a time on it.
 //!
 //! What the pool's pings protected is kept: a lane that sat idle longer than
 //! [`PING_AFTER_IDLE`] pings its connection before using it (and swaps a dead one for a fresh one
@@ -48,7 +44,7 @@ fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
 }
 
 /// A store's lanes. For a database that takes one writer at a time (SQLite), writes run on a
-/// lane of their own (where the store has no writer thread, see `sqlite_writer.rs`) and reads
+/// lane of their own (where the store has no writer thread, see the SQLite store's `writer.rs`) and reads
 /// on the others: the writer lane serialises writes in the process
 /// (a writer waits on an async lock, not in SQLite's busy handler, which sleeps and retries),
 /// and reads, which in WAL mode never wait for the writer, run in parallel beside it. For
@@ -85,10 +81,6 @@ impl<DB: Database> StoreLanes<DB> {
     /// The lanes of statements that only read.
     pub fn reads(&self) -> &Lanes<DB> {
         self.reads.as_ref().unwrap_or(&self.writes)
-    }
-
-    pub fn pool(&self) -> &Pool<DB> {
-        self.writes.pool()
     }
 
     pub fn count(&self) -> usize {
@@ -167,10 +159,6 @@ impl<DB: Database> Lanes<DB> {
             watching: Arc::new(AtomicBool::new(false)),
             stop_watcher: std::sync::Mutex::new(None),
         }
-    }
-
-    pub fn pool(&self) -> &Pool<DB> {
-        &self.pool
     }
 
     pub fn count(&self) -> usize {

@@ -56,7 +56,7 @@ WHERE key = $1 AND state = 0 AND expires_at > statement_timestamp()"#
 }
 
 /// A store's notices and the task holding its `LISTEN` connection, started on first use. Public
-/// only to be Postgres's [`Backend::Notices`](crate::Backend::Notices); this module is private.
+/// only to be Postgres's [`Backend::Engine`](crate::Backend::Engine); this module is private.
 #[derive(Debug)]
 pub struct PgNotices {
     subscriber: Subscriber,
@@ -101,7 +101,7 @@ fn watch(pool: &PgPool, table: &str) -> impl Fn(&str) -> Marking + Send + Sync +
                 .bind(key)
                 .execute(&pool)
                 .await
-                .map_err(|e| crate::error::map_error(e, None, 0))?;
+                .map_err(|e| crate::store::error::map_error(e, None, 0))?;
             Ok(done.rows_affected() == 1)
         })
     }

@@ -1,14 +1,14 @@
 //! What differs between the databases a [`SqlStore`](crate::SqlStore) runs on: the SQL text, the
-//! DDL, how parameters are bound and rows decoded, how a pool is opened, and whether waiters in
-//! other instances hear of settled keys. Everything else (lanes, lease rules, fencing, error
-//! mapping, statement counting) is written once in [`crate::store`].
+//! DDL, how parameters are bound and rows decoded, how a pool is opened, and what a store keeps
+//! besides its lanes ([`Engine`]). Everything else (lanes, lease rules, fencing, error
+//! mapping, statement counting) is written once in [`SqlStore`](crate::SqlStore).
 
 use std::{fmt::Debug, future::Future, pin::Pin};
 
 use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
-use tower_idempotency_core::Settlements;
+use tower_idempotency_core::{Settlements, StoreError};
 
-use crate::record::RawRecord;
+use super::record::{Params, RawRecord};
 
 /// A statement with its parameters bound, ready to run.
 pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments<'q>>;
@@ -86,69 +86,45 @@ pub struct Statements {
 }
 
 /// Which of a store's [`Statements`] a call runs.
-pub(crate) type Pick = fn(&Statements) -> &String;
-
-impl Statements {
-    /// Every statement's text passed through `f`.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn map(self, f: impl Fn(String) -> String) -> Self {
-        Self {
-            insert: f(self.insert),
-            claim: f(self.claim),
-            complete: f(self.complete),
-            renew: f(self.renew),
-            release: f(self.release),
-            get: f(self.get),
-            forget: f(self.forget),
-            purge: f(self.purge),
-        }
-    }
-}
-
-/// The parameters of one statement, which a backend binds in the order its SQL text expects.
-/// Durations are milliseconds; `now_ms` is the store's clock, for backends that date rows
-/// themselves (SQLite) rather than with the database's clock (Postgres).
-#[derive(Debug)]
-pub enum Params<'q> {
-    /// [`Statements::claim`] and [`Statements::insert`].
-    Claim {
-        key: &'q str,
-        fingerprint: &'q [u8],
-        token: i64,
-        lease_ms: i64,
-    },
+#[derive(Debug, Clone, Copy)]
+pub enum Pick {
+    /// [`Statements::insert`].
+    Insert,
+    /// [`Statements::claim`].
+    Claim,
     /// [`Statements::complete`].
-    Complete {
-        key: &'q str,
-        token: i64,
-        status: u16,
-        headers: Vec<u8>,
-        body: &'q [u8],
-        body_omitted: bool,
-        ttl_ms: i64,
-    },
+    Complete,
     /// [`Statements::renew`].
-    Renew {
-        key: &'q str,
-        token: i64,
-        lease_ms: i64,
-    },
+    Renew,
     /// [`Statements::release`].
-    Release { key: &'q str, token: i64 },
+    Release,
     /// [`Statements::get`].
-    Get { key: &'q str },
+    Get,
     /// [`Statements::forget`].
-    Forget { key: &'q str },
+    Forget,
     /// [`Statements::purge`].
     Purge,
 }
 
-mod sealed {
+impl Statements {
+    /// The text of the statement `pick` names.
+    pub(crate) fn text(&self, pick: Pick) -> &str {
+        match pick {
+            Pick::Insert => &self.insert,
+            Pick::Claim => &self.claim,
+            Pick::Complete => &self.complete,
+            Pick::Renew => &self.renew,
+            Pick::Release => &self.release,
+            Pick::Get => &self.get,
+            Pick::Forget => &self.forget,
+            Pick::Purge => &self.purge,
+        }
+    }
+}
+
+/// Implemented next to each [`Backend`] implementation, and nowhere else.
+pub(crate) mod sealed {
     pub trait Sealed {}
-    #[cfg(feature = "sqlite")]
-    impl Sealed for sqlx::Sqlite {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for sqlx::Postgres {}
 }
 
 /// A database a [`SqlStore`](crate::SqlStore) runs on: `sqlx::Sqlite` (feature `sqlite`) and
@@ -164,11 +140,8 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     /// Whether an open transaction alone keeps other claimers out (SQLite's write lock).
     #[doc(hidden)]
     const EXCLUSIVE: bool;
-    /// Whether the database takes one writer at a time (SQLite). The store then runs writes on
-    /// its writer thread (see `sqlite_writer.rs`) or one lane, and reads on the others (or inline, see `sqlite_reads.rs`), and a claim of a key
-    /// the process has seen first reads it, so a replay or an in-flight duplicate never takes
-    /// the write lock.
-    /// Otherwise the claim statement reads before it writes by itself.
+    /// Whether the database takes one writer at a time (SQLite): writes that are not the
+    /// [`Engine`]'s then run on one lane of their own, reads on the others.
     #[doc(hidden)]
     const ONE_WRITER: bool;
 
@@ -203,17 +176,80 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     #[doc(hidden)]
     fn connect_pool(url: &str) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
 
-    /// What a store keeps to tell its waiters of keys other instances settled.
+    /// What a store on this database keeps besides its lanes (see [`Engine`]).
     #[doc(hidden)]
-    type Notices: Debug + Send + Sync;
+    type Engine: Engine;
 
-    /// A store's notices on `table`, or `None` where the database sends none (its waiters
-    /// re-claim on their bounded poll). Opens no connection.
+    /// The engine of a store on `pool` and `table`. Opens no connection.
     #[doc(hidden)]
-    fn notices(pool: &Pool<Self>, table: &str) -> Option<Self::Notices>;
+    fn engine(pool: &Pool<Self>, table: &str) -> Self::Engine;
+}
 
-    /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns
-    /// for a store with `notices`.
-    #[doc(hidden)]
-    fn settlements(notices: &Self::Notices) -> Settlements;
+/// What a store on one database keeps besides its lanes, and the paths its statements take
+/// off them: SQLite's clock, writer thread and inline reads (`crate::sqlite`), Postgres's
+/// notices of settled keys. Every default is "none": statements run on the store's lanes,
+/// rows are dated by the database, and waiters poll.
+#[doc(hidden)]
+pub trait Engine: Debug + Send + Sync {
+    /// The time bound into statements (unix ms), for databases whose rows are dated by the
+    /// store's own clock; `0` where the database dates them.
+    fn now_ms(&self) -> i64 {
+        0
+    }
+
+    /// The live row of `key` (`Some(None)`: none), when it can be read off the lanes at once;
+    /// `None`: read it on a lane.
+    fn read(&self, _key: &str) -> Option<Option<RawRecord>> {
+        None
+    }
+
+    /// A future that runs `write` off the lanes, or `write` back to run on a write lane.
+    fn write<'a>(
+        &'a self,
+        write: Write<'a>,
+    ) -> Result<impl Future<Output = Result<Done, StoreError>> + Send + 'a, Write<'a>> {
+        Err::<std::future::Ready<_>, _>(write)
+    }
+
+    /// Bounds the queue of writes waiting to run off the lanes, where there is one.
+    fn bound_writes(&mut self, _jobs: usize, _bytes: usize) {}
+
+    /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns.
+    fn settlements(&self) -> Option<Settlements> {
+        None
+    }
+}
+
+/// A write a store runs: which statement, its parameters, what it returns, and for the error
+/// of a record that was too large, its size and the store's limit.
+#[derive(Debug)]
+pub struct Write<'q> {
+    /// The statement.
+    pub pick: Pick,
+    /// Its parameters.
+    pub params: Params<'q>,
+    /// What it returns.
+    pub returns: Returns,
+    /// The size of the record it writes, if it writes one.
+    pub size: Option<usize>,
+    /// The store's record limit.
+    pub limit: usize,
+}
+
+/// What a write returns.
+#[derive(Debug, Clone, Copy)]
+pub enum Returns {
+    /// How many rows it changed.
+    Changes,
+    /// The row its `RETURNING` clause returned.
+    Row,
+}
+
+/// What a write did.
+#[derive(Debug)]
+pub enum Done {
+    /// It changed this many rows.
+    Changed(u64),
+    /// It returned this row.
+    Row(Option<RawRecord>),
 }

@@ -1,5 +1,6 @@
-//! Rows as the store reads and writes them: decoding a row into the core's record types, and
-//! checking a completion before it is written.
+//! Rows as the store reads and writes them: the parameters of its statements, built from a
+//! call's arguments (a completion checked against the store's limit first), and the rows it
+//! reads, turned into the core's record types.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use tower_idempotency_core::{
     decode_headers, encode_headers, CachedResponse, ClaimOutcome, CodecError, CompletedRecord,
-    FencingToken, Fingerprint, Ownership, RecordState, StoreError, LONGEST_DURATION,
+    FencingToken, Fingerprint, RecordState, StoreError, LONGEST_DURATION,
 };
 
 pub(crate) const STATE_IN_FLIGHT: i16 = 0;
@@ -92,8 +93,111 @@ impl RawRecord {
     }
 }
 
+/// The parameters of one statement, which a backend binds in the order its SQL text expects.
+/// Durations are milliseconds; a backend whose rows are dated by the store's clock (SQLite)
+/// adds them to its `now_ms`.
+#[derive(Debug)]
+pub enum Params<'q> {
+    /// The claim statement and the plain insert.
+    Claim {
+        key: &'q str,
+        fingerprint: &'q [u8],
+        token: i64,
+        lease_ms: i64,
+    },
+    /// The completion.
+    Complete {
+        key: &'q str,
+        token: i64,
+        status: u16,
+        headers: Vec<u8>,
+        body: &'q [u8],
+        body_omitted: bool,
+        ttl_ms: i64,
+    },
+    /// The renewal.
+    Renew {
+        key: &'q str,
+        token: i64,
+        lease_ms: i64,
+    },
+    /// The release.
+    Release { key: &'q str, token: i64 },
+    /// The read of a live row.
+    Get { key: &'q str },
+    /// The deletion of a row whatever its state.
+    Forget { key: &'q str },
+    /// The purge of expired rows.
+    Purge,
+}
+
+impl<'q> Params<'q> {
+    /// A claim of `key`, and its token as stored ([`claim_token`]).
+    pub(crate) fn claim(
+        key: &'q str,
+        fingerprint: &'q Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<(i64, Self), StoreError> {
+        let token = claim_token(token)?;
+        let params = Params::Claim {
+            key,
+            fingerprint: &fingerprint.as_bytes()[..],
+            token,
+            lease_ms: millis(lease),
+        };
+        Ok((token, params))
+    }
+
+    /// A completion of `key` with `response`, and the record's size; `Ok(None)` when the token
+    /// can never be current; `RecordTooLarge` over `limit`, before any connection is taken.
+    pub(crate) fn complete(
+        key: &'q str,
+        token: FencingToken,
+        response: &'q CachedResponse,
+        ttl: Duration,
+        limit: usize,
+    ) -> Result<Option<(Self, usize)>, StoreError> {
+        let Some(token) = token_param(token) else {
+            return Ok(None);
+        };
+        let headers = encode_headers(&response.headers);
+        let size = 64 + headers.len() + response.body.len();
+        if size > limit {
+            return Err(StoreError::RecordTooLarge { size, limit });
+        }
+        let params = Params::Complete {
+            key,
+            token,
+            status: response.status.as_u16(),
+            headers,
+            body: &response.body[..],
+            body_omitted: response.body_omitted,
+            ttl_ms: millis(ttl),
+        };
+        Ok(Some((params, size)))
+    }
+
+    /// A renewal of `key`'s lease; `None` when the token can never be current.
+    pub(crate) fn renew(key: &'q str, token: FencingToken, lease: Duration) -> Option<Self> {
+        Some(Params::Renew {
+            key,
+            token: token_param(token)?,
+            lease_ms: millis(lease),
+        })
+    }
+
+    /// A release of `key`; `None` when the token can never be current.
+    pub(crate) fn release(key: &'q str, token: FencingToken) -> Option<Self> {
+        Some(Params::Release {
+            key,
+            token: token_param(token)?,
+        })
+    }
+}
+
 /// Milliseconds as the databases store them, saturating instead of wrapping for absurd durations.
-pub(crate) fn millis(duration: Duration) -> i64 {
+fn millis(duration: Duration) -> i64 {
     // Capped at a hundred years: Postgres's timestamps end in 294276 AD, so `now + i64::MAX ms`
     // would be "interval out of range" instead of "as long as possible".
     i64::try_from(duration.min(LONGEST_DURATION).as_millis()).unwrap_or(i64::MAX / 4)
@@ -101,7 +205,7 @@ pub(crate) fn millis(duration: Duration) -> i64 {
 
 /// Fencing tokens are stored as non-negative `i64`s (every value of `FencingToken::random`);
 /// anything else can never be current.
-pub(crate) fn token_param(token: FencingToken) -> Option<i64> {
+fn token_param(token: FencingToken) -> Option<i64> {
     i64::try_from(token.0).ok()
 }
 
@@ -116,68 +220,6 @@ pub(crate) fn claim_token(token: FencingToken) -> Result<i64, StoreError> {
 #[derive(Debug, thiserror::Error)]
 #[error("fencing token out of the stored range (above i64::MAX)")]
 pub(crate) struct TokenOutOfRange;
-
-/// Whether a fenced statement changed the caller's row.
-pub(crate) fn ownership(rows_affected: u64) -> Ownership {
-    if rows_affected == 1 {
-        Ownership::Current
-    } else {
-        Ownership::Stale
-    }
-}
-
-/// What a completion writes, checked before any connection is taken.
-#[derive(Debug)]
-pub(crate) struct Completion<'a> {
-    pub token: i64,
-    pub headers: Vec<u8>,
-    pub response: &'a CachedResponse,
-    pub ttl_ms: i64,
-    /// The record's size, as checked against the store's limit.
-    pub size: usize,
-}
-
-impl<'a> Completion<'a> {
-    /// The completion statement's parameters for `key`.
-    pub fn params<'q>(self, key: &'q str) -> crate::backend::Params<'q>
-    where
-        'a: 'q,
-    {
-        crate::backend::Params::Complete {
-            key,
-            token: self.token,
-            status: self.response.status.as_u16(),
-            headers: self.headers,
-            body: &self.response.body[..],
-            body_omitted: self.response.body_omitted,
-            ttl_ms: self.ttl_ms,
-        }
-    }
-
-    /// `Ok(None)` when the token can never be current; `RecordTooLarge` over `limit`.
-    pub fn prepare(
-        token: FencingToken,
-        response: &'a CachedResponse,
-        ttl: Duration,
-        limit: usize,
-    ) -> Result<Option<Self>, StoreError> {
-        let Some(token) = token_param(token) else {
-            return Ok(None);
-        };
-        let headers = encode_headers(&response.headers);
-        let size = 64 + headers.len() + response.body.len();
-        if size > limit {
-            return Err(StoreError::RecordTooLarge { size, limit });
-        }
-        Ok(Some(Self {
-            token,
-            headers,
-            response,
-            ttl_ms: millis(ttl),
-            size,
-        }))
-    }
-}
 
 #[cfg(test)]
 mod tests {

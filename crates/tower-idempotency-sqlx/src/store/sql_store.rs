@@ -1,12 +1,12 @@
-//! The store, written once over a [`Backend`]: [`SqlStore<Sqlite>`](crate::SqliteStore) and
-//! [`SqlStore<Postgres>`](crate::PostgresStore).
+//! [`SqlStore`], written once over a [`Backend`]: the claim's order of statements, fencing,
+//! lease rules, purging, the lanes' paths, and the calls on a caller's transaction.
 
 use std::{
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use sqlx::Pool;
@@ -15,43 +15,26 @@ use tower_idempotency_core::{
     Store, StoreError,
 };
 
-use crate::{
-    backend::{Backend, Params, Pick, Statement, Statements, PURGE_BATCH},
-    clock::StoreClock,
+use super::{
+    backend::{Backend, Done, Engine, Pick, Returns, Statement, Statements, Write, PURGE_BATCH},
     error, lanes,
     lanes::{Lanes, StoreLanes},
-    lease,
     recent::RecentKeys,
-    record::{claim_token, millis, ownership, token_param, Completion, RawRecord},
-    validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
+    record::{claim_token, Params, RawRecord},
 };
-#[cfg(feature = "sqlite")]
 use crate::{
-    sqlite_reads::{Inline, InlineReads},
-    sqlite_writer::SqliteWriter,
+    validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
 /// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
 /// ([`PostgresStore`](crate::PostgresStore)).
 ///
-/// Every call is a single statement (see the [crate documentation](crate) for the SQL shape and
-/// round-trip counts), run on one of the store's [lanes](Self::with_connection_lanes).
-///
-/// **Postgres**: several application instances sharing one database coordinate through the
-/// table, whose primary key decides every race. Times are taken from the database clock
-/// (`statement_timestamp()`), so application hosts need no synchronised clocks.
-///
-/// **SQLite**: durable across restarts, shared by every process on the host that opens the same
-/// file. A claim of a key the process has seen lately reads it first, so replays and in-flight
-/// duplicates are reads that run in parallel (a new key goes straight to a plain insert); the
-/// writes of one process run one at a time on the store's writer thread, several to a
-/// transaction when they queue up (across
-/// processes, SQLite's database lock serialises them). Times are unix milliseconds: the
-/// host's wall clock as it was when the store was made, advanced by the monotonic clock, so a
-/// step of the system clock while the store runs does not expire live leases (or extend them).
-/// Processes sharing the file agree on the time up to any clock step taken between their
-/// starts; start them after the clock is synchronised (e.g. after systemd's
-/// `time-sync.target`).
+/// Every call is a single statement, run on one of the store's
+/// [lanes](Self::with_connection_lanes) or, on SQLite, on its writer thread or the calling
+/// task. A Postgres table coordinates every instance on the database, dated by the database's
+/// clock; an SQLite file every process of one host, dated by the store's own clock. What each
+/// call runs, and why:
+/// [docs/stores.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/stores.md).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -66,20 +49,16 @@ use crate::{
 /// ```
 #[derive(Debug)]
 pub struct SqlStore<DB: Backend> {
+    pool: Pool<DB>,
     lanes: StoreLanes<DB>,
     table: String,
     sql: Statements,
     max_record_bytes: usize,
     statements: AtomicU64,
-    pub(crate) clock: StoreClock,
-    notices: Option<DB::Notices>,
     recent: RecentKeys,
-    /// SQLite on a file: reads of one row run on the calling task (see `sqlite_reads.rs`).
-    #[cfg(feature = "sqlite")]
-    inline: Option<InlineReads>,
-    /// SQLite on a file: writes run on a thread of their own (see `sqlite_writer.rs`).
-    #[cfg(feature = "sqlite")]
-    writer: Option<SqliteWriter>,
+    /// What the store keeps besides its lanes: SQLite's clock, writer thread and inline reads,
+    /// Postgres's notices.
+    pub(crate) engine: DB::Engine,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -100,6 +79,7 @@ impl<DB: Backend> SqlStore<DB> {
     pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
         Ok(Self {
+            pool: pool.clone(),
             lanes: StoreLanes::new(
                 pool.clone(),
                 lanes::default_lane_count(&pool),
@@ -109,13 +89,8 @@ impl<DB: Backend> SqlStore<DB> {
             sql: DB::statements(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
-            clock: StoreClock::system(),
-            notices: DB::notices(&pool, table),
             recent: RecentKeys::default(),
-            #[cfg(feature = "sqlite")]
-            inline: sqlite_pool(&pool).and_then(|pool| InlineReads::for_pool(pool, table)),
-            #[cfg(feature = "sqlite")]
-            writer: sqlite_pool(&pool).and_then(|pool| SqliteWriter::for_pool(pool, table)),
+            engine: DB::engine(&pool, table),
         })
     }
 
@@ -157,11 +132,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// [`DEFAULT_WRITE_QUEUE_BYTES`](crate::DEFAULT_WRITE_QUEUE_BYTES). Stores without a writer
     /// thread (Postgres, SQLite pools not on a plain read-write file) ignore it.
     pub fn with_write_queue(mut self, jobs: usize, bytes: usize) -> Self {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &mut self.writer {
-            writer.bound(jobs, bytes);
-        }
-        let _ = (jobs, bytes);
+        self.engine.bound_writes(jobs, bytes);
         self
     }
 
@@ -181,7 +152,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// failed or was cancelled goes back to the pool to be checked). Leave enough of the pool
     /// for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
-        self.lanes = StoreLanes::new(self.lanes.pool().clone(), lanes, DB::ONE_WRITER);
+        self.lanes = StoreLanes::new(self.pool.clone(), lanes, DB::ONE_WRITER);
         self
     }
 
@@ -193,7 +164,7 @@ impl<DB: Backend> SqlStore<DB> {
 
     /// The pool this store runs on.
     pub fn pool(&self) -> &Pool<DB> {
-        self.lanes.pool()
+        &self.pool
     }
 
     /// The table this store uses.
@@ -262,9 +233,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = claim_token(token)?;
-        let now = self.clock.now_ms();
-        let claim = claim_params(key, fingerprint, token, lease);
+        let (token, claim) = Params::claim(key, fingerprint, token, lease)?;
+        let now = self.engine.now_ms();
         self.count();
         let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
             .await
@@ -282,10 +252,12 @@ impl<DB: Backend> SqlStore<DB> {
         response: &CachedResponse,
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
-        match Completion::prepare(token, response, ttl, self.max_record_bytes)? {
-            Some(completion) => self.complete_with(conn, key, completion).await,
-            None => Ok(Ownership::Stale),
-        }
+        let complete = Params::complete(key, token, response, ttl, self.max_record_bytes)?;
+        let Some((complete, size)) = complete else {
+            return Ok(Ownership::Stale);
+        };
+        self.fenced(conn, &self.sql.complete, complete, Some(size))
+            .await
     }
 
     /// [`Store::release`] on a connection or transaction of the caller's.
@@ -295,10 +267,9 @@ impl<DB: Backend> SqlStore<DB> {
         key: &str,
         token: FencingToken,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(release) = Params::release(key, token) else {
             return Ok(Ownership::Stale);
         };
-        let release = Params::Release { key, token };
         self.fenced(conn, &self.sql.release, release, None).await
     }
 }
@@ -318,10 +289,10 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     fn bind<'q>(&self, sql: &'q str, params: Params<'q>) -> Statement<'q, DB> {
-        DB::bind(sql, self.clock.now_ms(), params)
+        DB::bind(sql, self.engine.now_ms(), params)
     }
 
-    /// Runs `statement` on a write lane (see [`crate::lanes`]).
+    /// Runs `statement` on a write lane (see `lanes.rs`).
     async fn on_lane<T>(
         &self,
         statement: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, StoreError>,
@@ -361,42 +332,18 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(ownership(DB::rows_affected(&done)))
     }
 
-    /// The completion's statement, on a record [`Completion::prepare`] checked.
-    async fn complete_with(
-        &self,
-        conn: &mut DB::Connection,
-        key: &str,
-        completion: Completion<'_>,
-    ) -> Result<Ownership, StoreError> {
-        let size = completion.size;
-        let params = completion.params(key);
-        self.fenced(conn, &self.sql.complete, params, Some(size))
-            .await
-    }
-
     /// Runs a write that returns no rows, `pick`ed from the store's statements: how many rows it
-    /// changed. On SQLite's writer thread where the store has one, otherwise on a write lane.
+    /// changed.
     async fn write(
         &self,
         pick: Pick,
         params: Params<'_>,
         size: Option<usize>,
     ) -> Result<u64, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &self.writer {
-            self.count_open()?;
-            let now = self.clock.now_ms();
-            let limit = self.max_record_bytes;
-            return writer.execute(pick, now, params, size, limit).await;
+        match self.run_write(pick, params, Returns::Changes, size).await? {
+            Done::Changed(rows) => Ok(rows),
+            Done::Row(_) => unreachable!("a write without RETURNING reports changes"),
         }
-        self.on_lane(async |conn| {
-            self.count();
-            let done = DB::execute(conn, self.bind(pick(&self.sql), params))
-                .await
-                .map_err(|e| self.map_error(e, size))?;
-            Ok(DB::rows_affected(&done))
-        })
-        .await
     }
 
     /// Runs a write with a `RETURNING` clause (the claim statement, `forget`), like
@@ -406,30 +353,56 @@ impl<DB: Backend> SqlStore<DB> {
         pick: Pick,
         params: Params<'_>,
     ) -> Result<Option<RawRecord>, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(writer) = &self.writer {
-            self.count_open()?;
-            let now = self.clock.now_ms();
-            return writer.fetch(pick, now, params, self.max_record_bytes).await;
-        }
-        match self
-            .fetch_on(self.lanes.writes(), pick(&self.sql), params)
-            .await?
-        {
-            Some((row, now)) => self.decode(&row, now).map(Some),
-            None => Ok(None),
+        match self.run_write(pick, params, Returns::Row, None).await? {
+            Done::Row(row) => Ok(row),
+            Done::Changed(_) => unreachable!("a write with RETURNING reports its row"),
         }
     }
 
-    /// Counts a statement the writer thread will run, if the pool is open: a closed pool
-    /// answers nothing, through any path.
-    #[cfg(feature = "sqlite")]
-    fn count_open(&self) -> Result<(), StoreError> {
-        if self.pool().is_closed() {
-            return Err(self.map_error(sqlx::Error::PoolClosed, None));
+    /// Runs a write where the engine runs it (SQLite's writer thread), otherwise on a write
+    /// lane. A closed pool answers nothing, through either path.
+    async fn run_write(
+        &self,
+        pick: Pick,
+        params: Params<'_>,
+        returns: Returns,
+        size: Option<usize>,
+    ) -> Result<Done, StoreError> {
+        let limit = self.max_record_bytes;
+        let write = Write {
+            pick,
+            params,
+            returns,
+            size,
+            limit,
+        };
+        let Write { params, .. } = match self.engine.write(write) {
+            Ok(running) => {
+                if self.pool().is_closed() {
+                    return Err(self.map_error(sqlx::Error::PoolClosed, None));
+                }
+                self.count();
+                return running.await;
+            }
+            Err(write) => write,
+        };
+        let sql = self.sql.text(pick);
+        match returns {
+            Returns::Changes => {
+                self.on_lane(async |conn| {
+                    self.count();
+                    let done = DB::execute(conn, self.bind(sql, params))
+                        .await
+                        .map_err(|e| self.map_error(e, size))?;
+                    Ok(Done::Changed(DB::rows_affected(&done)))
+                })
+                .await
+            }
+            Returns::Row => match self.fetch_on(self.lanes.writes(), sql, params).await? {
+                Some((row, now)) => self.decode(&row, now).map(|row| Done::Row(Some(row))),
+                None => Ok(Done::Row(None)),
+            },
         }
-        self.count();
-        Ok(())
     }
 
     /// One renewal statement.
@@ -439,15 +412,10 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(renew) = Params::renew(key, token, lease) else {
             return Ok(Ownership::Stale);
         };
-        let renew = Params::Renew {
-            key,
-            token,
-            lease_ms: millis(lease),
-        };
-        Ok(ownership(self.write(|s| &s.renew, renew, None).await?))
+        Ok(ownership(self.write(Pick::Renew, renew, None).await?))
     }
 
     /// One purge statement: with one writer, as every other write, so it waits its turn instead
@@ -455,7 +423,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// pool, so a purge of a large backlog does not hold up a lane.
     async fn purge_batch(&self) -> Result<u64, StoreError> {
         if DB::ONE_WRITER {
-            return self.write(|s| &s.purge, Params::Purge, None).await;
+            return self.write(Pick::Purge, Params::Purge, None).await;
         }
         let mut conn = self
             .pool()
@@ -469,6 +437,27 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(DB::rows_affected(&done))
     }
 
+    /// One claim: a key this process has seen is read first (see `recent.rs`): its replays are
+    /// a plain read, beside the writer on SQLite. A key it has not seen is most likely new: a
+    /// plain insert claims it, the cheapest write there is; only if the key has a row (another
+    /// process's, or one from before a restart) does the claim statement run.
+    async fn claim_once(
+        &self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if self.recent.seen(key) {
+            if let Some(live) = self.read_live(key, token).await? {
+                return Ok(live);
+            }
+        } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
+            return Ok(claimed);
+        }
+        self.claim_statement(key, fingerprint, token, lease).await
+    }
+
     /// A claim of a key that has no row, by inserting it; `None`: the key has a row (live or
     /// not), which only the claim statement may judge.
     async fn insert_new(
@@ -478,9 +467,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let token = claim_token(token)?;
-        let insert = claim_params(key, fingerprint, token, lease);
-        let inserted = ownership(self.write(|s| &s.insert, insert, None).await?);
+        let (token, insert) = Params::claim(key, fingerprint, token, lease)?;
+        let inserted = ownership(self.write(Pick::Insert, insert, None).await?);
         Ok(
             (inserted == Ownership::Current).then_some(ClaimOutcome::Claimed {
                 token: FencingToken(token as u64),
@@ -497,9 +485,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let token = claim_token(token)?;
-        let claim = claim_params(key, fingerprint, token, lease);
-        self.write_returning(|s| &s.claim, claim)
+        let (token, claim) = Params::claim(key, fingerprint, token, lease)?;
+        self.write_returning(Pick::Claim, claim)
             .await?
             .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?
             .into_claim_outcome(token)
@@ -519,17 +506,13 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// The key's live row: read inline where the store can (SQLite on a file, see
-    /// `sqlite_reads.rs`), otherwise on a reader lane.
+    /// The key's live row: read by the engine where it can (SQLite's inline reads), otherwise
+    /// on a reader lane. A closed pool answers nothing, through either path.
     async fn read_record(&self, key: &str) -> Result<Option<RawRecord>, StoreError> {
-        #[cfg(feature = "sqlite")]
-        if let Some(inline) = &self.inline {
-            // A closed pool answers nothing, through either path.
-            if !self.pool().is_closed() {
-                if let Inline::Read(record) = inline.get(key, self.clock.now_ms()) {
-                    self.count();
-                    return Ok(record);
-                }
+        if !self.pool().is_closed() {
+            if let Some(record) = self.engine.read(key) {
+                self.count();
+                return Ok(record);
             }
         }
         let get = Params::Get { key };
@@ -550,7 +533,7 @@ impl<DB: Backend> SqlStore<DB> {
         params: Params<'_>,
     ) -> Result<Option<(DB::Row, i64)>, StoreError> {
         self.on(lanes, async |conn| {
-            let now = self.clock.now_ms();
+            let now = self.engine.now_ms();
             self.count();
             let row = DB::fetch_optional(conn, DB::bind(sql, now, params))
                 .await
@@ -561,27 +544,20 @@ impl<DB: Backend> SqlStore<DB> {
     }
 }
 
-/// The parameters of the claim statement and of the plain insert.
-fn claim_params<'q>(
-    key: &'q str,
-    fingerprint: &'q Fingerprint,
-    token: i64,
-    lease: Duration,
-) -> Params<'q> {
-    Params::Claim {
-        key,
-        fingerprint: &fingerprint.as_bytes()[..],
-        token,
-        lease_ms: millis(lease),
+/// Whether a fenced statement changed the caller's row.
+fn ownership(rows_affected: u64) -> Ownership {
+    if rows_affected == 1 {
+        Ownership::Current
+    } else {
+        Ownership::Stale
     }
 }
 
-/// `pool` when it is an SQLite pool, for the inline reads and the writer thread. A downcast
-/// rather than a [`Backend`] item, so the sealed public trait does not grow items for one
-/// backend's optimisations.
-#[cfg(feature = "sqlite")]
-fn sqlite_pool<DB: Backend>(pool: &Pool<DB>) -> Option<&sqlx::SqlitePool> {
-    (pool as &dyn std::any::Any).downcast_ref::<sqlx::SqlitePool>()
+/// Whether a claim or renewal that started at `started` took long enough (a quarter of the
+/// lease) that the lease it wrote, dated from before any wait (for a row lock, for SQLite's
+/// write lock), may be short or over.
+fn waited_too_long(started: Instant, lease: Duration) -> bool {
+    started.elapsed() > lease / 4
 }
 
 #[async_trait::async_trait]
@@ -598,22 +574,20 @@ impl<DB: Backend> Store for SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let claim_once = || async {
-            // A key this process has seen is read first (see `recent.rs`): its replays are a
-            // plain read, beside the writer on SQLite. A key it has not seen is most likely new:
-            // a plain insert claims it, the cheapest write there is; only if the key has a row
-            // (another process's, or one from before a restart) does the claim statement run.
-            if self.recent.seen(key) {
-                if let Some(live) = self.read_live(key, token).await? {
-                    return Ok(live);
+        // A claim that waited long after dating its lease may hold a short lease, or one that
+        // is over: a granted claim is renewed before it is answered. If the lease is gone,
+        // someone else holds the key now: a second claim says who, instead of granting a dead
+        // claim.
+        let started = Instant::now();
+        match self.claim_once(key, fingerprint, token, lease).await? {
+            ClaimOutcome::Claimed { token: claimed } if waited_too_long(started, lease) => {
+                match self.renew(key, claimed, lease).await? {
+                    Ownership::Current => Ok(ClaimOutcome::Claimed { token: claimed }),
+                    Ownership::Stale => self.claim_once(key, fingerprint, token, lease).await,
                 }
-            } else if let Some(claimed) = self.insert_new(key, fingerprint, token, lease).await? {
-                return Ok(claimed);
             }
-            self.claim_statement(key, fingerprint, token, lease).await
-        };
-        lease::claim_with_a_whole_lease(claim_once, |token| self.renew(key, token, lease), lease)
-            .await
+            outcome => Ok(outcome),
+        }
     }
 
     async fn renew(
@@ -622,7 +596,17 @@ impl<DB: Backend> Store for SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        lease::renew_for_a_whole_lease(|| self.renew_once(key, token, lease), lease).await
+        // A renewal dates its lease before it waits, and the next one usually does not wait:
+        // up to three while they wait long.
+        let mut attempts = 0;
+        loop {
+            let started = Instant::now();
+            let renewed = self.renew_once(key, token, lease).await?;
+            attempts += 1;
+            if renewed == Ownership::Stale || !waited_too_long(started, lease) || attempts == 3 {
+                return Ok(renewed);
+            }
+        }
     }
 
     async fn complete(
@@ -633,23 +617,20 @@ impl<DB: Backend> Store for SqlStore<DB> {
         ttl: Duration,
     ) -> Result<Ownership, StoreError> {
         // Checked before a lane is taken: an oversized record never touches the database.
-        let Some(completion) = Completion::prepare(token, response, ttl, self.max_record_bytes)?
-        else {
+        let complete = Params::complete(key, token, response, ttl, self.max_record_bytes)?;
+        let Some((complete, size)) = complete else {
             return Ok(Ownership::Stale);
         };
-        let size = completion.size;
-        let complete = completion.params(key);
         Ok(ownership(
-            self.write(|s| &s.complete, complete, Some(size)).await?,
+            self.write(Pick::Complete, complete, Some(size)).await?,
         ))
     }
 
     async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        let Some(token) = token_param(token) else {
+        let Some(release) = Params::release(key, token) else {
             return Ok(Ownership::Stale);
         };
-        let release = Params::Release { key, token };
-        Ok(ownership(self.write(|s| &s.release, release, None).await?))
+        Ok(ownership(self.write(Pick::Release, release, None).await?))
     }
 
     async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
@@ -663,7 +644,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let forget = Params::Forget { key };
         // A deleted record that had expired was absent already.
         Ok(self
-            .write_returning(|s| &s.forget, forget)
+            .write_returning(Pick::Forget, forget)
             .await?
             .is_some_and(|record| record.remaining_ms > 0))
     }
@@ -679,6 +660,6 @@ impl<DB: Backend> Store for SqlStore<DB> {
     /// pool), opened on the first request through a waiting layer and reopened after a failure
     /// (100 ms, doubling up to 5 s, waiters poll meanwhile). SQLite: none, waiters poll.
     fn settlements(&self) -> Option<Settlements> {
-        self.notices.as_ref().map(DB::settlements)
+        self.engine.settlements()
     }
 }

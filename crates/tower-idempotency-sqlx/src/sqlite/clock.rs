@@ -1,9 +1,12 @@
-//! The store's time for backends that date rows themselves (SQLite): the wall clock read once,
-//! advanced by the monotonic clock.
+//! The SQLite store's time (SQLite rows are dated by the store, not the database): the wall
+//! clock read once, advanced by the monotonic clock.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::record::millis;
+/// `duration` in whole milliseconds (any duration a clock measures fits).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
 fn wall_ms() -> i64 {
     // A clock before 1970 would be a broken host; treating it as the epoch keeps every record
@@ -67,7 +70,7 @@ impl std::fmt::Debug for StoreClock {
     }
 }
 
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(test)]
 mod tests {
     use std::sync::{
         atomic::{AtomicI64, AtomicU64, Ordering},
@@ -114,7 +117,7 @@ mod tests {
             .await
             .expect("open");
         store.migrate().await.expect("migrate");
-        store.clock = clocks.store_clock();
+        store.engine.clock = clocks.store_clock();
         (store, guard)
     }
 

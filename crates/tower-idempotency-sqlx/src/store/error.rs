@@ -24,28 +24,8 @@ pub(crate) fn map_error(error: sqlx::Error, size: Option<usize>, limit: usize) -
     }
 }
 
-/// [`map_error`] for the errors of rusqlite, which runs the SQLite store's writer thread.
-#[cfg(feature = "sqlite")]
-pub(crate) fn map_rusqlite(
-    error: &rusqlite::Error,
-    size: Option<usize>,
-    limit: usize,
-) -> StoreError {
-    match error {
-        rusqlite::Error::SqliteFailure(failure, message) => {
-            let message = message.as_deref().unwrap_or("SQLite error");
-            map_code(&failure.extended_code.to_string(), message, size, limit)
-        }
-        // Errors of binding or reading values; their text names columns and types, no values.
-        other => StoreError::Backend(Box::new(DatabaseError {
-            code: String::new(),
-            message: other.to_string(),
-        })),
-    }
-}
-
 /// A database's error code and message as the store error the layer acts on.
-fn map_code(code: &str, message: &str, size: Option<usize>, limit: usize) -> StoreError {
+pub(crate) fn map_code(code: &str, message: &str, size: Option<usize>, limit: usize) -> StoreError {
     if is_too_big(code) {
         return StoreError::RecordTooLarge {
             size: size.unwrap_or(0),

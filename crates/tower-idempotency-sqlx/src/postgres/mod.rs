@@ -1,0 +1,126 @@
+//! The Postgres store, [`PostgresStore`](crate::PostgresStore): its SQL (`statements`) and its
+//! notices of settled keys to waiters in other instances (`notices`). Every statement runs on
+//! the store's lanes. Why it is built this way: docs/stores.md, "Postgres".
+
+mod notices;
+mod statements;
+
+use std::time::Duration;
+
+use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
+use tower_idempotency_core::Settlements;
+
+pub use statements::schema_sql;
+
+use self::{notices::PgNotices, statements::statements};
+use crate::store::{
+    backend::{sealed::Sealed, Backend, Engine, Statement, Statements},
+    record::{Params, RawRecord},
+};
+
+impl Sealed for Postgres {}
+
+impl Backend for Postgres {
+    const STORE_NAME: &'static str = "postgres";
+    const BEGIN: &'static str = "BEGIN";
+    const EXCLUSIVE: bool = false;
+    const ONE_WRITER: bool = false;
+
+    fn schema_sql(table: &str) -> String {
+        schema_sql(table)
+    }
+
+    /// Safe to run from several instances at once: a multi-statement simple query runs as one
+    /// implicit transaction, so the advisory lock serialises concurrent
+    /// `CREATE .. IF NOT EXISTS`, which can otherwise race on the catalog.
+    fn migration_sql(table: &str) -> String {
+        format!(
+            "SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_sqlx:migrate'));\n{}",
+            schema_sql(table)
+        )
+    }
+
+    fn statements(table: &str) -> Statements {
+        statements(table)
+    }
+
+    fn bind<'q>(sql: &'q str, _now: i64, params: Params<'q>) -> Statement<'q, Self> {
+        // Rows are dated by the database's clock (`statement_timestamp()`), so application
+        // hosts need no synchronised clocks; the store's clock is not bound.
+        let query = sqlx::query(sql);
+        match params {
+            Params::Claim {
+                key,
+                fingerprint,
+                token,
+                lease_ms,
+            } => query.bind(key).bind(fingerprint).bind(lease_ms).bind(token),
+            Params::Complete {
+                key,
+                token,
+                status,
+                headers,
+                body,
+                body_omitted,
+                ttl_ms,
+            } => query
+                .bind(key)
+                .bind(token)
+                .bind(status as i16)
+                .bind(headers)
+                .bind(body)
+                .bind(body_omitted)
+                .bind(ttl_ms),
+            Params::Renew {
+                key,
+                token,
+                lease_ms,
+            } => query.bind(key).bind(token).bind(lease_ms),
+            Params::Release { key, token } => query.bind(key).bind(token),
+            Params::Get { key } | Params::Forget { key } => query.bind(key),
+            Params::Purge => query,
+        }
+    }
+
+    /// By position (`RETURNED` in statements.rs leads every row that is decoded): a column found by name is a
+    /// hash lookup per column per row.
+    fn decode(row: &sqlx::postgres::PgRow, _now: i64) -> Result<RawRecord, sqlx::Error> {
+        Ok(RawRecord {
+            token: row.try_get(0)?,
+            fingerprint: row.try_get(1)?,
+            state: row.try_get(2)?,
+            remaining_ms: row.try_get(3)?,
+            status: row.try_get(4)?,
+            headers: row.try_get(5)?,
+            body: row.try_get(6)?,
+            body_omitted: row.try_get(7)?,
+        })
+    }
+
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    /// 10 connections, 5 s acquire timeout.
+    async fn connect_pool(url: &str) -> Result<PgPool, sqlx::Error> {
+        PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+    }
+
+    /// Its notices of settled keys: every statement runs on the lanes, rows are dated by the
+    /// database.
+    type Engine = PgNotices;
+
+    fn engine(pool: &PgPool, table: &str) -> PgNotices {
+        PgNotices::new(pool, table)
+    }
+}
+
+impl Engine for PgNotices {
+    fn settlements(&self) -> Option<Settlements> {
+        Some(self.settlements())
+    }
+}
