@@ -165,12 +165,13 @@ fn password_of(url: &str) -> Option<&str> {
     (!password.is_empty()).then_some(password)
 }
 
-/// An open store, with what `purge-expired` needs of its concrete type.
+/// An open store, with what `purge-expired` needs of its concrete type. The SQL stores are
+/// boxed: they are far larger than the Redis one.
 enum Opened {
     #[cfg(feature = "sqlite")]
-    Sqlite(tower_idempotency::SqliteStore),
+    Sqlite(Box<tower_idempotency::SqliteStore>),
     #[cfg(feature = "postgres")]
-    Postgres(tower_idempotency::PostgresStore),
+    Postgres(Box<tower_idempotency::PostgresStore>),
     #[cfg(feature = "redis")]
     Redis(tower_idempotency::RedisStore),
 }
@@ -190,9 +191,9 @@ impl Opened {
     fn store(&self) -> &dyn Store {
         match self {
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(store) => store,
+            Self::Sqlite(store) => store.as_ref(),
             #[cfg(feature = "postgres")]
-            Self::Postgres(store) => store,
+            Self::Postgres(store) => store.as_ref(),
             #[cfg(feature = "redis")]
             Self::Redis(store) => store,
         }
@@ -230,14 +231,14 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
             check_sqlite_file(url)?;
             tower_idempotency::SqliteStore::connect_with_table(url, &cli.table)
                 .await
-                .map(Opened::Sqlite)
+                .map(|store| Opened::Sqlite(Box::new(store)))
                 .map_err(|e| connect("sqlite")(&e))
         }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
             tower_idempotency::PostgresStore::connect_with_table(url, &cli.table)
                 .await
-                .map(Opened::Postgres)
+                .map(|store| Opened::Postgres(Box::new(store)))
                 .map_err(|e| connect("postgres")(&e))
         }
         #[cfg(feature = "redis")]
