@@ -1,47 +1,9 @@
-//! Ordering the events of one object: [`Ordering`] reads an ordering key and an event time from
-//! each event at acknowledgement, and its [`OrderingPolicy`] decides what the worker does with
-//! an event that arrives out of order.
-//!
-//! Providers do not promise order (Stripe's `payment_intent.succeeded` can arrive before its
-//! `payment_intent.processing`), so a handler that writes an object's latest status can write the
-//! wrong one. Two policies:
-//!
-//! - [`OrderingPolicy::Sequential`]: events of one key never run at once, and among the key's
-//!   pending events the earliest runs first. An event is claimed only when no other pending
-//!   event of its key is earlier and none is running; the next one is handed to the worker when
-//!   it ends. A later event waits while an earlier one waits for its retry; a failed (dead-lettered)
-//!   event no longer holds the others back. On Postgres the claim takes a transaction-scoped
-//!   advisory lock on the key, so instances sharing the table keep the order.
-//! - [`OrderingPolicy::SkipStale`]: an event older than the newest *processed* event of its key
-//!   is marked [`Skipped`](crate::EventState::Skipped) and never handed to the handler: its
-//!   news is already out of date, and a handler that cannot tell would overwrite newer state.
-//!   The check and the handler's writes commit in one transaction that holds the key's lock (an
-//!   advisory lock on Postgres, the write lock on SQLite), so two events of one key are decided
-//!   one after the other, never both against a stale view.
-//!
-//! **Ties.** Events are ordered by event time, then by when they were acknowledged, then by
-//! event id. Under `SkipStale` an event is stale only when a processed event of its key is
-//! strictly newer: two events of the same second (Stripe's `created` counts seconds; a charge
-//! and its refund can share one) are both handed to the handler, in the order they are claimed,
-//! since the provider's clock cannot tell which is newer. Make such handlers commutative (a
-//! refund applies whether or not its charge was seen).
-//!
-//! An event from which no key or time can be read is not ordered: it runs as without a policy.
-//!
-//! ```
-//! use tower_idempotency_inbox::{Ordering, OrderingPolicy};
-//!
-//! // Stripe: `data.object.id` and `created`.
-//! let ordering = Ordering::stripe(OrderingPolicy::SkipStale);
-//! // Any JSON webhook, by two JSON pointers (the time must be an integer).
-//! let ordering = Ordering::json("/object/id", "/occurred_at", OrderingPolicy::Sequential);
-//! # let _ = ordering;
-//! ```
+//! Ordering the events of one object: see [`Ordering`].
 
 use std::{fmt, sync::Arc};
 
-/// What the worker does with events of one ordering key that arrive out of order; see the
-/// [module documentation](self).
+/// What the worker does with events of one ordering key that arrive out of order; see
+/// [`Ordering`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OrderingPolicy {
     /// One at a time per key, earliest pending first.
@@ -64,7 +26,45 @@ type Extract = dyn Fn(&[u8]) -> Option<OrderPosition> + Send + Sync;
 
 /// How an inbox orders the events of one object: a function reading an [`OrderPosition`] from
 /// an event's body, and the [`OrderingPolicy`]. Set with
-/// [`Inbox::ordering`](crate::Inbox::ordering).
+/// [`Inbox::ordering`](crate::Inbox::ordering). The position is read and stored at
+/// acknowledgement; the policy decides what the worker does with an event that arrives out of
+/// order.
+///
+/// Providers do not promise order (Stripe's `payment_intent.succeeded` can arrive before its
+/// `payment_intent.processing`), so a handler that writes an object's latest status can write the
+/// wrong one. Two policies:
+///
+/// - [`OrderingPolicy::Sequential`]: events of one key never run at once, and among the key's
+///   pending events the earliest runs first. An event is claimed only when no other pending
+///   event of its key is earlier and none is running; the next one is handed to the worker when
+///   it ends. A later event waits while an earlier one waits for its retry; a failed (dead-lettered)
+///   event no longer holds the others back. On Postgres the claim takes a transaction-scoped
+///   advisory lock on the key, so instances sharing the table keep the order.
+/// - [`OrderingPolicy::SkipStale`]: an event older than the newest *processed* event of its key
+///   is marked [`Skipped`](crate::EventState::Skipped) and never handed to the handler: its
+///   news is already out of date, and a handler that cannot tell would overwrite newer state.
+///   The check and the handler's writes commit in one transaction that holds the key's lock (an
+///   advisory lock on Postgres, the write lock on SQLite), so two events of one key are decided
+///   one after the other, never both against a stale view.
+///
+/// **Ties.** Events are ordered by event time, then by when they were acknowledged, then by
+/// event id. Under `SkipStale` an event is stale only when a processed event of its key is
+/// strictly newer: two events of the same second (Stripe's `created` counts seconds; a charge
+/// and its refund can share one) are both handed to the handler, in the order they are claimed,
+/// since the provider's clock cannot tell which is newer. Make such handlers commutative (a
+/// refund applies whether or not its charge was seen).
+///
+/// An event from which no key or time can be read is not ordered: it runs as without a policy.
+///
+/// ```
+/// use tower_idempotency_inbox::{Ordering, OrderingPolicy};
+///
+/// // Stripe: `data.object.id` and `created`.
+/// let ordering = Ordering::stripe(OrderingPolicy::SkipStale);
+/// // Any JSON webhook, by two JSON pointers (the time must be an integer).
+/// let ordering = Ordering::json("/object/id", "/occurred_at", OrderingPolicy::Sequential);
+/// # let _ = ordering;
+/// ```
 #[derive(Clone)]
 pub struct Ordering {
     extract: Arc<Extract>,
