@@ -70,7 +70,8 @@ mod ops;
 #[doc(hidden)]
 pub mod ops_sql;
 mod ordering;
-mod page;
+#[doc(hidden)]
+pub mod page;
 mod retry;
 mod worker;
 
