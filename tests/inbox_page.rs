@@ -14,90 +14,24 @@
     unix
 ))]
 
+mod browser;
 mod receiver_process;
 mod support;
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use browser::{browser_installed, text_until, Driver};
+use fantoccini::{Client, Locator};
 use receiver_process::{scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
 use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::{unix_now, ReservedPort};
+use tower_idempotency_testkit::unix_now;
 
 const SECRET: &str = "whsec_inbox_page_test";
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-
-/// chromedriver on a reserved loopback port, killed on drop.
-struct Driver {
-    child: Child,
-    url: String,
-    _port: ReservedPort,
-}
-
-impl Driver {
-    fn start() -> Self {
-        let port = ReservedPort::new();
-        let child = Command::new(CHROMEDRIVER)
-            .arg(format!("--port={}", port.port()))
-            .arg("--allowed-ips=127.0.0.1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{}", port.port()),
-            _port: port,
-        }
-    }
-
-    /// A headless Chromium session, waiting for chromedriver to listen (20 s at most).
-    async fn session(&self) -> Client {
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".to_owned(),
-            serde_json::json!({
-                "binary": CHROMIUM,
-                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--disable-gpu", "--window-size=1280,1000"],
-            }),
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            match ClientBuilder::new(connector)
-                .capabilities(capabilities.clone())
-                .connect(&self.url)
-                .await
-            {
-                Ok(client) => return client,
-                Err(error) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "chromedriver never answered: {error}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn body(id: &str, kind: &str) -> String {
     format!(
         r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{"note":"<b>bold</b>"}}}}}}"#
@@ -159,25 +93,6 @@ async fn event_until(
     }
 }
 
-/// Waits until the element `css` has text containing `want` (20 s at most); answers the text.
-async fn text_until(browser: &Client, css: &str, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = match browser.find(Locator::Css(css)).await {
-            Ok(element) => element.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        if text.contains(want) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{css} never read {want:?}: {text:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn event_ids_listed(browser: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for row in browser
@@ -191,25 +106,9 @@ async fn event_ids_listed(browser: &Client) -> Vec<String> {
     ids
 }
 
-/// Whether Chromium and chromedriver are installed; under `CI=true` their absence fails.
-fn browser_installed() -> bool {
-    let installed = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
-    if !installed {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{CHROMIUM} and {CHROMEDRIVER} are needed (Debian: apt-get install chromium chromium-driver)"
-        );
-        skip(
-            "the operator page's browser test",
-            "chromium is not installed",
-        );
-    }
-    installed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_page_lists_shows_and_retries_in_chromium_sqlite() {
-    if !browser_installed() {
+    if !browser_installed("the operator page's browser test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
@@ -221,7 +120,7 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_page_lists_shows_and_retries_in_chromium_postgres() {
-    if !browser_installed() {
+    if !browser_installed("the operator page's browser test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
