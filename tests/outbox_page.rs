@@ -188,7 +188,11 @@ async fn outbox_page(store: &str, screenshot: bool) {
     {
         listed.push(row.attr("data-key").await.unwrap().unwrap());
     }
-    assert_eq!(listed, [key.clone()], "the page lists the failed message");
+    assert_eq!(
+        listed,
+        vec![key.clone()],
+        "the page lists the failed message"
+    );
     // pending, delivered, failed, discarded
     let mut counts = Vec::new();
     for cell in browser

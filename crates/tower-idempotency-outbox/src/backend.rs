@@ -38,6 +38,10 @@ pub struct ClaimedRow {
     pub attempts: i32,
 }
 
+/// A message with its stored headers (JSON text) and body.
+#[doc(hidden)]
+pub type DetailRow = (MessageSummary, String, Vec<u8>);
+
 /// The statements of one outbox table.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -278,7 +282,7 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Sql,
         key: &'a str,
-    ) -> BoxFuture<'a, sqlx::Result<Option<(MessageSummary, String, Vec<u8>)>>>;
+    ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>>;
 
     #[doc(hidden)]
     fn get<'a>(
@@ -531,8 +535,7 @@ macro_rules! backend {
                     pool: &'a sqlx::Pool<Self>,
                     sql: &'a Sql,
                     key: &'a str,
-                ) -> BoxFuture<'a, sqlx::Result<Option<(MessageSummary, String, Vec<u8>)>>>
-                {
+                ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>> {
                     Box::pin(async move {
                         use sqlx::Row;
                         let row = sqlx::query(&sql.detail)
