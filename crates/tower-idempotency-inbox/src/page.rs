@@ -3,7 +3,7 @@
 //! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
 //! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
 //!
-//! The outbox crate's page is built from the same parts: [`shell`], [`html_response`], [`redact`],
+//! The outbox crate's page is built from the same parts: [`shell`], [`headers_and_body`], [`html_response`], [`redact`],
 //! [`time_ms`], [`relative`] and [`encode`] (not a stable API).
 
 use std::time::Duration;
@@ -496,23 +496,35 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                         data-done="Discarded: the event is deleted." { "Discard" }
                 }
             }
-            h2 { "Kept headers" }
-            @if detail.headers.is_empty() {
-                p { "None kept." }
-            } @else {
-                table #headers {
-                    thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
-                    tbody {
-                        @for (name, value) in &detail.headers {
-                            tr { td { (name) } td { (value) } }
-                        }
+            (headers_and_body(
+                ("Kept headers", "None kept."),
+                &detail.headers,
+                detail.body_pretty.as_deref().unwrap_or(&detail.body),
+            ))
+        },
+    )
+}
+
+/// A detail page's headers (`#headers`, under the heading `titles.0`, or `titles.1` when there
+/// are none) and body (`#body`, as text).
+pub fn headers_and_body(titles: (&str, &str), headers: &[(String, String)], body: &str) -> Markup {
+    html! {
+        h2 { (titles.0) }
+        @if headers.is_empty() {
+            p { (titles.1) }
+        } @else {
+            table #headers {
+                thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
+                tbody {
+                    @for (name, value) in headers {
+                        tr { td { (name) } td { (value) } }
                     }
                 }
             }
-            h2 { "Body" }
-            pre #body { (detail.body_pretty.as_deref().unwrap_or(&detail.body)) }
-        },
-    )
+        }
+        h2 { "Body" }
+        pre #body { (body) }
+    }
 }
 
 #[cfg(test)]

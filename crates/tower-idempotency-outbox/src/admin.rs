@@ -11,9 +11,9 @@ use axum::{
     Json, Router,
 };
 use serde::Deserialize;
-use tower_idempotency_core::{Problem, Rejection};
 
 use crate::{
+    http::{state_filter, KeyQuery, Listing, Unavailable},
     outbox::{duration_ms, now_ms},
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
@@ -185,23 +185,6 @@ pub fn router<DB: OutboxDatabase>(outbox: Outbox<DB>) -> Router {
         .with_state(outbox)
 }
 
-/// A database failure, answered without its details.
-pub(crate) struct Unavailable;
-
-impl From<OutboxError> for Unavailable {
-    fn from(error: OutboxError) -> Self {
-        tracing::warn!(%error, "outbox admin call failed");
-        Self
-    }
-}
-
-impl IntoResponse for Unavailable {
-    fn into_response(self) -> Response {
-        let retry_after = Duration::from_secs(5);
-        Problem::from(Rejection::StoreUnavailable { retry_after }).into_response()
-    }
-}
-
 #[derive(Deserialize)]
 struct Limit {
     limit: Option<u32>,
@@ -223,26 +206,6 @@ async fn list<DB: OutboxDatabase>(
     Ok(Json(messages).into_response())
 }
 
-/// The listing's query: a state name (empty or absent: any), the cursor and the limit.
-#[derive(Debug, Default, Deserialize)]
-pub(crate) struct Listing {
-    pub(crate) state: Option<String>,
-    pub(crate) cursor: Option<String>,
-    pub(crate) limit: Option<u32>,
-}
-
-/// A state's name as a filter: `Ok(None)` is any state, `Err` a name that is none.
-pub(crate) fn state_filter(name: &str) -> Result<Option<MessageState>, ()> {
-    Ok(Some(match name {
-        "" => return Ok(None),
-        "pending" => MessageState::Pending,
-        "delivered" => MessageState::Delivered,
-        "failed" => MessageState::Failed,
-        "discarded" => MessageState::Discarded,
-        _ => return Err(()),
-    }))
-}
-
 async fn messages<DB: OutboxDatabase>(
     State(outbox): State<Outbox<DB>>,
     Query(listing): Query<Listing>,
@@ -262,11 +225,6 @@ async fn messages<DB: OutboxDatabase>(
         Err(OutboxError::InvalidCursor) => Ok(StatusCode::BAD_REQUEST.into_response()),
         Err(error) => Err(error.into()),
     }
-}
-
-#[derive(Deserialize)]
-pub(crate) struct KeyQuery {
-    pub(crate) key: String,
 }
 
 async fn message<DB: OutboxDatabase>(

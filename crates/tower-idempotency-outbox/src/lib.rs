@@ -78,6 +78,7 @@ compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` featur
 pub mod admin;
 #[doc(hidden)]
 pub mod backend;
+mod http;
 mod message;
 mod outbox;
 mod page;

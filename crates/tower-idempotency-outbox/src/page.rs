@@ -12,10 +12,10 @@ use axum::{
     Router,
 };
 use maud::{html, Markup};
-use tower_idempotency_inbox::page::{encode, html_response, shell, time_ms};
+use tower_idempotency_inbox::page::{encode, headers_and_body, html_response, shell, time_ms};
 
 use crate::{
-    admin::{state_filter, KeyQuery, Listing, Unavailable},
+    http::{state_filter, KeyQuery, Listing, Unavailable},
     outbox::now_ms,
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
@@ -281,21 +281,11 @@ pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
                         data-done="Discarded: the message is never attempted again." { "Discard" }
                 }
             }
-            h2 { "Headers" }
-            @if detail.headers.is_empty() {
-                p { "None." }
-            } @else {
-                table #headers {
-                    thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
-                    tbody {
-                        @for (name, value) in &detail.headers {
-                            tr { td { (name) } td { (value) } }
-                        }
-                    }
-                }
-            }
-            h2 { "Body" }
-            pre #body { (detail.body_pretty.as_deref().unwrap_or(&detail.body)) }
+            (headers_and_body(
+                ("Headers", "None."),
+                &detail.headers,
+                detail.body_pretty.as_deref().unwrap_or(&detail.body),
+            ))
         },
     )
 }
