@@ -23,35 +23,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use browser::{browser_installed, text_until, Driver};
+use browser::{browser_installed, deliver, text_until, Driver};
 use fantoccini::{Client, Locator};
 use receiver_process::{scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::unix_now;
 
 const SECRET: &str = "whsec_inbox_page_test";
 fn body(id: &str, kind: &str) -> String {
     format!(
         r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{"note":"<b>bold</b>"}}}}}}"#
     )
-}
-
-async fn deliver(client: &reqwest::Client, base: &str, body: &str) {
-    let now = unix_now();
-    let status = client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(SECRET, now, body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status();
-    assert_eq!(status, 200);
 }
 
 /// The event's `(state, attempts)` from the receiver's listing, once `done` holds (20 s at most).
@@ -150,12 +132,18 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let single = "evt_page_single<script>";
     let poisoned = ["evt_page_poison_a", "evt_page_poison_b"];
     let other = "evt_page_other";
-    deliver(&client, &base, &body(single, "test.permanent")).await;
+    deliver(&client, &base, SECRET, &body(single, "test.permanent")).await;
     for id in poisoned {
-        deliver(&client, &base, &body(id, "test.poison")).await;
+        deliver(&client, &base, SECRET, &body(id, "test.poison")).await;
     }
-    deliver(&client, &base, &body(other, "test.permanent")).await;
-    deliver(&client, &base, &body("evt_page_fine", "charge.succeeded")).await;
+    deliver(&client, &base, SECRET, &body(other, "test.permanent")).await;
+    deliver(
+        &client,
+        &base,
+        SECRET,
+        &body("evt_page_fine", "charge.succeeded"),
+    )
+    .await;
     for id in [single, poisoned[0], poisoned[1], other] {
         event_until(&client, &base, id, |state, _| state == "failed").await;
     }

@@ -31,13 +31,12 @@ use std::{
 };
 
 use axum::{extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
-use browser::{browser_installed, text_until, Driver};
+use browser::{browser_installed, deliver, text_until, Driver};
 use fantoccini::Locator;
 use receiver_process::{Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::{unix_now, Server};
+use tower_idempotency_testkit::Server;
 
 const SECRET: &str = "whsec_outbox_page_test";
 
@@ -73,21 +72,6 @@ async fn orders(State(target): State<Target>, headers: HeaderMap) -> StatusCode 
 
 fn body(id: &str) -> String {
     format!(r#"{{"id":"{id}","object":"event","type":"test.outbox","data":{{"object":{{}}}}}}"#)
-}
-
-async fn deliver(client: &reqwest::Client, base: &str, body: &str) {
-    let status = client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(SECRET, unix_now(), body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status();
-    assert_eq!(status, 200);
 }
 
 /// The message from the admin JSON route, once `done` holds (20 s at most).
@@ -165,7 +149,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
     // The event id (and so the message key) is text on the page, not markup.
     let event = "evt_outbox_page<script>";
     let key = format!("{event}/0");
-    deliver(&client, &base, &body(event)).await;
+    deliver(&client, &base, SECRET, &body(event)).await;
     let failed = message_until(&client, &base, &key, |m| m["state"] == "failed").await;
     assert_eq!(failed["attempts"], 1, "a 400 fails the message at once");
     assert_eq!(Target::count(&target.refused, &key), 1);

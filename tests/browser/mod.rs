@@ -1,5 +1,6 @@
 //! The browser tests' helpers: chromedriver on a reserved loopback port driving headless
-//! Chromium (fantoccini), and waiting for a page's text.
+//! Chromium (fantoccini), waiting for a page's text, and a signed Stripe delivery to the
+//! receiver under test.
 #![allow(dead_code)]
 
 use std::{
@@ -9,7 +10,8 @@ use std::{
 };
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use tower_idempotency_testkit::{skip, ReservedPort};
+use tower_idempotency::webhooks::stripe;
+use tower_idempotency_testkit::{skip, unix_now, ReservedPort};
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -108,4 +110,20 @@ pub fn browser_installed(test: &str) -> bool {
         skip(test, "chromium is not installed");
     }
     installed
+}
+
+/// Delivers `body` to the receiver's `POST /inbox/stripe`, signed with `secret`; expects `200`.
+pub async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) {
+    let status = client
+        .post(format!("{base}/inbox/stripe"))
+        .header(
+            stripe::SIGNATURE_HEADER,
+            stripe::sign(secret, unix_now(), body.as_bytes()),
+        )
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("deliver")
+        .status();
+    assert_eq!(status, 200);
 }
