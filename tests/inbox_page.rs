@@ -14,110 +14,26 @@
     unix
 ))]
 
+mod browser;
 mod receiver_process;
 mod support;
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use browser::{browser_installed, deliver, text_until, Driver};
+use fantoccini::{Client, Locator};
 use receiver_process::{scalars, Database, Receiver};
 use serde_json::Value;
 use support::*;
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::{unix_now, ReservedPort};
 
 const SECRET: &str = "whsec_inbox_page_test";
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-
-/// chromedriver on a reserved loopback port, killed on drop.
-struct Driver {
-    child: Child,
-    url: String,
-    _port: ReservedPort,
-}
-
-impl Driver {
-    fn start() -> Self {
-        let port = ReservedPort::new();
-        let child = Command::new(CHROMEDRIVER)
-            .arg(format!("--port={}", port.port()))
-            .arg("--allowed-ips=127.0.0.1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{}", port.port()),
-            _port: port,
-        }
-    }
-
-    /// A headless Chromium session, waiting for chromedriver to listen (20 s at most).
-    async fn session(&self) -> Client {
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert(
-            "goog:chromeOptions".to_owned(),
-            serde_json::json!({
-                "binary": CHROMIUM,
-                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--disable-gpu", "--window-size=1280,1000"],
-            }),
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            match ClientBuilder::new(connector)
-                .capabilities(capabilities.clone())
-                .connect(&self.url)
-                .await
-            {
-                Ok(client) => return client,
-                Err(error) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "chromedriver never answered: {error}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn body(id: &str, kind: &str) -> String {
     format!(
         r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{"note":"<b>bold</b>"}}}}}}"#
     )
-}
-
-async fn deliver(client: &reqwest::Client, base: &str, body: &str) {
-    let now = unix_now();
-    let status = client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(SECRET, now, body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status();
-    assert_eq!(status, 200);
 }
 
 /// The event's `(state, attempts)` from the receiver's listing, once `done` holds (20 s at most).
@@ -159,25 +75,6 @@ async fn event_until(
     }
 }
 
-/// Waits until the element `css` has text containing `want` (20 s at most); answers the text.
-async fn text_until(browser: &Client, css: &str, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = match browser.find(Locator::Css(css)).await {
-            Ok(element) => element.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        if text.contains(want) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{css} never read {want:?}: {text:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn event_ids_listed(browser: &Client) -> Vec<String> {
     let mut ids = Vec::new();
     for row in browser
@@ -191,25 +88,9 @@ async fn event_ids_listed(browser: &Client) -> Vec<String> {
     ids
 }
 
-/// Whether Chromium and chromedriver are installed; under `CI=true` their absence fails.
-fn browser_installed() -> bool {
-    let installed = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
-    if !installed {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{CHROMIUM} and {CHROMEDRIVER} are needed (Debian: apt-get install chromium chromium-driver)"
-        );
-        skip(
-            "the operator page's browser test",
-            "chromium is not installed",
-        );
-    }
-    installed
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_page_lists_shows_and_retries_in_chromium_sqlite() {
-    if !browser_installed() {
+    if !browser_installed("the operator page's browser test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
@@ -221,7 +102,7 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_page_lists_shows_and_retries_in_chromium_postgres() {
-    if !browser_installed() {
+    if !browser_installed("the operator page's browser test") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("tidem-inbox-page-{}", random_suffix()));
@@ -251,12 +132,18 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let single = "evt_page_single<script>";
     let poisoned = ["evt_page_poison_a", "evt_page_poison_b"];
     let other = "evt_page_other";
-    deliver(&client, &base, &body(single, "test.permanent")).await;
+    deliver(&client, &base, SECRET, &body(single, "test.permanent")).await;
     for id in poisoned {
-        deliver(&client, &base, &body(id, "test.poison")).await;
+        deliver(&client, &base, SECRET, &body(id, "test.poison")).await;
     }
-    deliver(&client, &base, &body(other, "test.permanent")).await;
-    deliver(&client, &base, &body("evt_page_fine", "charge.succeeded")).await;
+    deliver(&client, &base, SECRET, &body(other, "test.permanent")).await;
+    deliver(
+        &client,
+        &base,
+        SECRET,
+        &body("evt_page_fine", "charge.succeeded"),
+    )
+    .await;
     for id in [single, poisoned[0], poisoned[1], other] {
         event_until(&client, &base, id, |state, _| state == "failed").await;
     }

@@ -6,7 +6,8 @@
 //! (both `test.poison` and `test.permanent` pass while the file `INBOX_HEAL_FILE` names exists).
 //! `GET /inbox/failed` lists the failed event ids, `GET /inbox/events` lists events by filters
 //! with a cursor, `POST /inbox/failed/{event_id}/retry` re-queues one. With `INBOX_ADMIN=1` the
-//! operator's page and the admin routes are mounted at `/admin/inbox`. `INBOX_ORDERING=sequential|skip-stale`
+//! operator's page and the admin routes are mounted at `/admin/inbox`, and with the outbox on
+//! (`OUTBOX_TARGET_URL`) the outbox's page and routes at `/admin/outbox`. `INBOX_ORDERING=sequential|skip-stale`
 //! orders Stripe events by `data.object.id` and `created`; the handler records, per object, the
 //! order in which it committed the object's events and when each run started and ended
 //! (`inbox_order`; `"order:<object id>"` in `GET /effects`).
@@ -227,17 +228,19 @@ pub async fn start(
         Pool::Sqlite(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let (outgoing, relay) = start_outbox(pool, settings).await?;
+            let outbox_admin = outbox_admin(&outgoing);
             let handler =
                 move |event, tx| handle_sqlite(delay, outgoing.clone(), heal.clone(), event, tx);
-            mount(inbox, verifier, handler, settings, relay).await?
+            mount(inbox, verifier, handler, settings, (relay, outbox_admin)).await?
         }
         #[cfg(feature = "postgres")]
         Pool::Postgres(pool) => {
             let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
             let (outgoing, relay) = start_outbox(pool, settings).await?;
+            let outbox_admin = outbox_admin(&outgoing);
             let handler =
                 move |event, tx| handle_postgres(delay, outgoing.clone(), heal.clone(), event, tx);
-            mount(inbox, verifier, handler, settings, relay).await?
+            mount(inbox, verifier, handler, settings, (relay, outbox_admin)).await?
         }
     };
     Ok(Some(Running {
@@ -303,6 +306,19 @@ where
     Ok((None, None))
 }
 
+/// The outbox's admin router (its operator's page and JSON routes), when the outbox is on.
+#[cfg(feature = "outbox")]
+fn outbox_admin<DB: OutboxDatabase>(outgoing: &Outgoing<DB>) -> Option<Router> {
+    outgoing
+        .as_ref()
+        .map(|(outbox, _)| outbox::admin::router(outbox.clone()))
+}
+
+#[cfg(not(feature = "outbox"))]
+fn outbox_admin<DB>(_outgoing: &Outgoing<DB>) -> Option<Router> {
+    None
+}
+
 #[cfg(feature = "outbox")]
 type Relay = RelayHandle;
 #[cfg(not(feature = "outbox"))]
@@ -313,7 +329,7 @@ async fn mount<DB: InboxDatabase>(
     verifier: StripeVerifier,
     handler: impl tower_idempotency::inbox::InboxHandler<DB>,
     settings: &Settings,
-    relay: Option<Relay>,
+    (relay, outbox_admin): (Option<Relay>, Option<Router>),
 ) -> Result<(Router, Worker), BoxError> {
     inbox.migrate().await?;
     let mut worker = inbox
@@ -345,6 +361,9 @@ async fn mount<DB: InboxDatabase>(
         // The receiver is a test and demo fixture: a real deployment puts its authentication
         // layer on this router (docs/inbox.md).
         router = router.nest("/admin/inbox", admin::router(inbox));
+        if let Some(outbox_admin) = outbox_admin {
+            router = router.nest("/admin/outbox", outbox_admin);
+        }
     }
     #[cfg(not(feature = "outbox"))]
     let _ = relay;

@@ -73,7 +73,8 @@ mod ops;
 #[doc(hidden)]
 pub mod ops_sql;
 mod ordering;
-mod page;
+#[doc(hidden)]
+pub mod page;
 mod retention;
 mod retry;
 mod unavailable;

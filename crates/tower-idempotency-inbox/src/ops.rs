@@ -237,7 +237,10 @@ fn decode_cursor(cursor: &str) -> Result<(i64, String, String), InboxError> {
     serde_json::from_slice(&bytes).map_err(|_| InboxError::InvalidCursor)
 }
 
-fn redact(name: &str, value: String) -> String {
+/// `value`, or [`REDACTED`] when the header `name` looks like a credential (signature, token,
+/// authorization, cookie, ...): the rule of [`Inbox::event`], which the outbox's page shares.
+#[doc(hidden)]
+pub fn redact(name: &str, value: String) -> String {
     let lower = name.to_ascii_lowercase();
     if SECRET_HEADER_PARTS.iter().any(|part| lower.contains(part)) {
         REDACTED.to_owned()

@@ -2,6 +2,9 @@
 //! style shipped in this file, nothing fetched from another host. Served by
 //! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
 //! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
+//!
+//! The outbox crate's page is built from the same parts: [`shell`], [`headers_and_body`], [`html_response`], [`redact`],
+//! [`time_ms`], [`relative`] and [`encode`] (not a stable API).
 
 use std::time::Duration;
 
@@ -21,6 +24,8 @@ use crate::{
     EventRecord, EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
 };
 
+pub use crate::ops::redact;
+
 /// Events per page of the overview.
 const PAGE_SIZE: u32 = 50;
 
@@ -31,7 +36,8 @@ const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-fn encode(text: &str) -> String {
+/// `text` percent-encoded as a path segment or query value.
+pub fn encode(text: &str) -> String {
     utf8_percent_encode(text, COMPONENT).to_string()
 }
 
@@ -71,7 +77,9 @@ pub(crate) struct Overview {
     pub(crate) now_ms: i64,
 }
 
-fn html_response(markup: Markup) -> Response {
+/// A page as a response: not cached, not framed, and under a content security policy that
+/// allows the page's own inline script and style and requests to its own origin only.
+pub fn html_response(markup: Markup) -> Response {
     (
         [
             (header::CACHE_CONTROL, "no-store"),
@@ -175,8 +183,8 @@ fn amount(millis: u64) -> String {
     }
 }
 
-/// `ms` relative to `now`: `5 s ago`, `3 min ago`, `in 2 h`.
-pub(crate) fn relative(now: i64, ms: i64) -> String {
+/// `ms` relative to `now` (unix milliseconds): `5 s ago`, `3 min ago`, `in 2 h`.
+pub fn relative(now: i64, ms: i64) -> String {
     let delta = now.saturating_sub(ms);
     let amount = amount(delta.unsigned_abs());
     if delta >= 0 {
@@ -194,6 +202,15 @@ fn time(now: i64, rfc3339: &str) -> Markup {
     html! {
         time datetime=(rfc3339) { (rfc3339) }
         " " span.rel { "(" (relative) ")" }
+    }
+}
+
+/// A time in unix milliseconds as RFC 3339 and relative to `now`.
+pub fn time_ms(now: i64, ms: i64) -> Markup {
+    let rfc3339 = crate::rfc3339(crate::event::from_unix_ms(ms));
+    html! {
+        time datetime=(rfc3339) { (rfc3339) }
+        " " span.rel { "(" (relative(now, ms)) ")" }
     }
 }
 
@@ -298,22 +315,28 @@ const SCRIPT: &str = r#"
 "#;
 
 fn layout(title: &str, content: Markup) -> Markup {
+    shell("Webhook inbox", title, SCRIPT, content)
+}
+
+/// A page of `site` (`Webhook inbox`): the shared style, a header linking to the overview
+/// (`page`), a status line (`#status`) for the script's answers, `content`, and `script`.
+pub fn shell(site: &str, title: &str, script: &str, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · webhook inbox" }
+                title { (title) " · " (site) }
                 style { (PreEscaped(STYLE)) }
             }
             body {
-                header { h1 { a href="page" { "Webhook inbox" } " · " (title) } }
+                header { h1 { a href="page" { (site) } " · " (title) } }
                 main {
                     p #status role="status" aria-live="polite" {}
                     (content)
                 }
-                script { (PreEscaped(SCRIPT)) }
+                script { (PreEscaped(script)) }
             }
         }
     }
@@ -473,23 +496,35 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                         data-done="Discarded: the event is deleted." { "Discard" }
                 }
             }
-            h2 { "Kept headers" }
-            @if detail.headers.is_empty() {
-                p { "None kept." }
-            } @else {
-                table #headers {
-                    thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
-                    tbody {
-                        @for (name, value) in &detail.headers {
-                            tr { td { (name) } td { (value) } }
-                        }
+            (headers_and_body(
+                ("Kept headers", "None kept."),
+                &detail.headers,
+                detail.body_pretty.as_deref().unwrap_or(&detail.body),
+            ))
+        },
+    )
+}
+
+/// A detail page's headers (`#headers`, under the heading `titles.0`, or `titles.1` when there
+/// are none) and body (`#body`, as text).
+pub fn headers_and_body(titles: (&str, &str), headers: &[(String, String)], body: &str) -> Markup {
+    html! {
+        h2 { (titles.0) }
+        @if headers.is_empty() {
+            p { (titles.1) }
+        } @else {
+            table #headers {
+                thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
+                tbody {
+                    @for (name, value) in headers {
+                        tr { td { (name) } td { (value) } }
                     }
                 }
             }
-            h2 { "Body" }
-            pre #body { (detail.body_pretty.as_deref().unwrap_or(&detail.body)) }
-        },
-    )
+        }
+        h2 { "Body" }
+        pre #body { (body) }
+    }
 }
 
 #[cfg(test)]

@@ -11,15 +11,35 @@ use axum::{
     Json, Router,
 };
 use serde::Deserialize;
-use tower_idempotency_core::{Problem, Rejection};
 
 use crate::{
+    http::{state_filter, KeyQuery, Listing, Unavailable},
     outbox::{duration_ms, now_ms},
-    MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError, StateCounts,
+    MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
+    StateCounts,
 };
+
+/// The request header the outbox's page sends with its actions, next to their JSON body (the
+/// inbox's `x-inbox-admin` rule, under the outbox's name). Every state-changing route takes a
+/// JSON body, which is what makes it unreachable from another site's form.
+pub const ADMIN_HEADER: &str = "x-outbox-admin";
 
 /// The most messages one listing returns.
 pub const MAX_LIST: u32 = 1000;
+
+/// The most messages one page of [`Outbox::messages`] holds.
+pub const MAX_PAGE: u32 = 500;
+
+/// A cursor: the last message's position, `{created_at}.{key}` (opaque to callers).
+fn encode_cursor(message: &MessageSummary) -> String {
+    format!("{}.{}", message.created_at_ms, message.key)
+}
+
+fn decode_cursor(cursor: &str) -> Result<(i64, &str), OutboxError> {
+    let (created_at, key) = cursor.split_once('.').ok_or(OutboxError::InvalidCursor)?;
+    let created_at = created_at.parse().map_err(|_| OutboxError::InvalidCursor)?;
+    Ok((created_at, key))
+}
 
 impl<DB: OutboxDatabase> Outbox<DB> {
     /// Up to `limit` (at most [`MAX_LIST`]) messages in `state`, oldest first.
@@ -30,6 +50,57 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     ) -> Result<Vec<MessageSummary>, OutboxError> {
         let limit = i64::from(limit.min(MAX_LIST));
         Ok(DB::list(&self.pool, &self.sql, state.code(), limit).await?)
+    }
+
+    /// Up to `limit` (at most [`MAX_PAGE`]) messages in `state` (any when `None`), newest
+    /// enqueued first, after `cursor` (a previous page's
+    /// [`next_cursor`](MessagePage::next_cursor); `None` for the first page). Ordered by
+    /// enqueue time and key, so a page never repeats or skips a message however the states
+    /// change between pages.
+    pub async fn messages(
+        &self,
+        state: Option<MessageState>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<MessagePage, OutboxError> {
+        let before = match cursor {
+            Some(cursor) => decode_cursor(cursor)?,
+            None => (i64::MAX, ""),
+        };
+        let limit = limit.clamp(1, MAX_PAGE);
+        let state = state.map_or(-1, MessageState::code);
+        let messages = DB::page(&self.pool, &self.sql, state, before, i64::from(limit)).await?;
+        let next_cursor = (messages.len() == limit as usize)
+            .then(|| messages.last().map(encode_cursor))
+            .flatten();
+        Ok(MessagePage {
+            messages,
+            next_cursor,
+        })
+    }
+
+    /// One message in full: its fields, headers (credentials redacted) and body.
+    pub async fn message(&self, key: &str) -> Result<Option<MessageDetail>, OutboxError> {
+        let Some((summary, headers, body)) = DB::detail(&self.pool, &self.sql, key).await? else {
+            return Ok(None);
+        };
+        let headers: Vec<(String, String)> = serde_json::from_str(&headers).unwrap_or_default();
+        let headers = headers
+            .into_iter()
+            .map(|(name, value)| {
+                let value = tower_idempotency_inbox::page::redact(&name, value);
+                (name, value)
+            })
+            .collect();
+        let body_pretty = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|json| serde_json::to_string_pretty(&json).ok());
+        Ok(Some(MessageDetail {
+            summary,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            body_pretty,
+        }))
     }
 
     /// One message, when the outbox holds it.
@@ -73,6 +144,10 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 ///
 /// | route | answer |
 /// |---|---|
+/// | `GET /page?state=&cursor=` | the operator's page: counts, messages newest first (state `failed` unless another is chosen), retry and discard buttons (`GET /` redirects to it; docs/outbox.md) |
+/// | `GET /detail?key=..` | one message's page |
+/// | `GET /messages?state=&cursor=&limit=` | `200` [`MessagePage`], newest first (any state when `state` is absent); `400` a bad state or cursor |
+/// | `GET /message?key=..` | `200` [`MessageDetail`], `404` |
 /// | `GET /{state}?limit=N` | `200`, an array of [`MessageSummary`] in that state (`pending`, `delivered`, `failed`, `discarded`; default limit 100) |
 /// | `GET /counts` | `200` [`StateCounts`] |
 /// | `POST /retry` `{"key": ".."}` | `202` re-queued, `404` no such failed message |
@@ -81,33 +156,33 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 ///
 /// Every `POST` takes a JSON body and answers `415` without `Content-Type: application/json`,
 /// which a page on another site cannot send through an operator's browser without a CORS
-/// preflight (the router answers none): a cross-site form cannot retry, discard or purge. Keys
-/// travel in the body because they may contain `/`. A database failure is a `503` problem.
+/// preflight (the router answers none): a cross-site form cannot retry, discard or purge. The
+/// page's own script sends JSON and the [`ADMIN_HEADER`]. Keys travel in the body because they
+/// may contain `/`. A database failure is a `503` problem.
+///
+/// Behind your authentication, as the inbox's router (`tower_idempotency_inbox::admin::router`
+/// shows the layer):
+///
+/// ```no_run
+/// use axum::Router;
+/// use tower_idempotency_outbox::{admin, Outbox};
+/// use tower_idempotency_sqlx::sqlx::Postgres;
+///
+/// fn app(outbox: Outbox<Postgres>, auth: impl Fn(Router) -> Router) -> Router {
+///     // The operator's page is then at /admin/outbox/page.
+///     Router::new().nest("/admin/outbox", auth(admin::router(outbox)))
+/// }
+/// ```
 pub fn router<DB: OutboxDatabase>(outbox: Outbox<DB>) -> Router {
-    Router::new()
+    crate::page::routes::<DB>()
         .route("/counts", get(counts::<DB>))
+        .route("/messages", get(messages::<DB>))
+        .route("/message", get(message::<DB>))
         .route("/{state}", get(list::<DB>))
         .route("/retry", post(retry::<DB>))
         .route("/discard", post(discard::<DB>))
         .route("/purge", post(purge::<DB>))
         .with_state(outbox)
-}
-
-/// A database failure, answered without its details.
-struct Unavailable;
-
-impl From<OutboxError> for Unavailable {
-    fn from(error: OutboxError) -> Self {
-        tracing::warn!(%error, "outbox admin call failed");
-        Self
-    }
-}
-
-impl IntoResponse for Unavailable {
-    fn into_response(self) -> Response {
-        let retry_after = Duration::from_secs(5);
-        Problem::from(Rejection::StoreUnavailable { retry_after }).into_response()
-    }
 }
 
 #[derive(Deserialize)]
@@ -129,6 +204,37 @@ async fn list<DB: OutboxDatabase>(
     };
     let messages = outbox.list(state, limit.limit.unwrap_or(100)).await?;
     Ok(Json(messages).into_response())
+}
+
+async fn messages<DB: OutboxDatabase>(
+    State(outbox): State<Outbox<DB>>,
+    Query(listing): Query<Listing>,
+) -> Result<Response, Unavailable> {
+    let Ok(state) = state_filter(listing.state.as_deref().unwrap_or("")) else {
+        return Ok(StatusCode::BAD_REQUEST.into_response());
+    };
+    let cursor = listing
+        .cursor
+        .as_deref()
+        .filter(|cursor| !cursor.is_empty());
+    match outbox
+        .messages(state, cursor, listing.limit.unwrap_or(100))
+        .await
+    {
+        Ok(page) => Ok(Json(page).into_response()),
+        Err(OutboxError::InvalidCursor) => Ok(StatusCode::BAD_REQUEST.into_response()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+async fn message<DB: OutboxDatabase>(
+    State(outbox): State<Outbox<DB>>,
+    Query(query): Query<KeyQuery>,
+) -> Result<Response, Unavailable> {
+    Ok(match outbox.message(&query.key).await? {
+        Some(detail) => Json(detail).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
 }
 
 async fn counts<DB: OutboxDatabase>(

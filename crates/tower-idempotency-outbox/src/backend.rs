@@ -38,6 +38,10 @@ pub struct ClaimedRow {
     pub attempts: i32,
 }
 
+/// A message with its stored headers (JSON text) and body.
+#[doc(hidden)]
+pub type DetailRow = (MessageSummary, String, Vec<u8>);
+
 /// The statements of one outbox table.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -49,7 +53,9 @@ pub struct Sql {
     fail: String,
     exhaust: String,
     list: String,
+    page: String,
     get: String,
+    detail: String,
     retry: String,
     discard: String,
     purge: String,
@@ -95,7 +101,13 @@ impl Sql {
                 "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
                  ORDER BY created_at, key LIMIT $2"
             ),
+            page: format!(
+                "SELECT {SUMMARY} FROM {table} WHERE ($1 < 0 OR state = $1) \
+                 AND (created_at < $2 OR (created_at = $2 AND key < $3)) \
+                 ORDER BY created_at DESC, key DESC LIMIT $4"
+            ),
             get: format!("SELECT {SUMMARY} FROM {table} WHERE key = $1"),
+            detail: format!("SELECT {SUMMARY}, headers, body FROM {table} WHERE key = $1"),
             retry: format!(
                 "UPDATE {table} SET state = 0, attempts = 0, available_at = $2, \
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
@@ -252,6 +264,25 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
         state: i16,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<Vec<MessageSummary>>>;
+
+    /// Up to `limit` messages in `state` (any when negative) enqueued before the position
+    /// `before` (`created_at`, key), newest first.
+    #[doc(hidden)]
+    fn page<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        state: i16,
+        before: (i64, &'a str),
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<MessageSummary>>>;
+
+    /// One message with its stored headers (JSON text) and body.
+    #[doc(hidden)]
+    fn detail<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        key: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>>;
 
     #[doc(hidden)]
     fn get<'a>(
@@ -478,6 +509,41 @@ macro_rules! backend {
                             .fetch_all(pool)
                             .await?;
                         rows.iter().map(summary).collect()
+                    })
+                }
+
+                fn page<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    state: i16,
+                    before: (i64, &'a str),
+                    limit: i64,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<MessageSummary>>> {
+                    Box::pin(async move {
+                        let rows = sqlx::query(&sql.page)
+                            .bind(state)
+                            .bind(before.0)
+                            .bind(before.1)
+                            .bind(limit)
+                            .fetch_all(pool)
+                            .await?;
+                        rows.iter().map(summary).collect()
+                    })
+                }
+
+                fn detail<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a str,
+                ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>> {
+                    Box::pin(async move {
+                        use sqlx::Row;
+                        let row = sqlx::query(&sql.detail)
+                            .bind(key)
+                            .fetch_optional(pool)
+                            .await?;
+                        row.map(|row| Ok((summary(&row)?, row.try_get(12)?, row.try_get(13)?)))
+                            .transpose()
                     })
                 }
 

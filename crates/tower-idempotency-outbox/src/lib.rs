@@ -17,8 +17,10 @@
 //!   LOCKED` on Postgres, so several relays share the work), delivers them concurrently,
 //!   retries failures with the inbox's [`Backoff`], and marks a message
 //!   [`Failed`](MessageState::Failed) after its last attempt.
-//! - [`Outbox::list`], [`Outbox::retry`], [`Outbox::discard`] and
-//!   [`Outbox::purge_finished`] operate it; [`admin::router`] serves them over HTTP.
+//! - [`Outbox::list`], [`Outbox::messages`], [`Outbox::message`], [`Outbox::retry`],
+//!   [`Outbox::discard`] and [`Outbox::purge_finished`] operate it; [`admin::router`] serves
+//!   them over HTTP, with an operator's page (failed messages, one message's detail, retry and
+//!   discard buttons).
 //!
 //! ```no_run
 //! use tower_idempotency_inbox::{HandlerError, IdempotentTx, Inbox, InboxEvent};
@@ -76,12 +78,14 @@ compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` featur
 pub mod admin;
 #[doc(hidden)]
 pub mod backend;
+mod http;
 mod message;
 mod outbox;
+mod page;
 mod relay;
 
 pub use backend::OutboxDatabase;
-pub use message::{Message, MessageState, MessageSummary, StateCounts};
+pub use message::{Message, MessageDetail, MessagePage, MessageState, MessageSummary, StateCounts};
 pub use outbox::{Outbox, OutboxError, Scope, DEFAULT_TABLE};
 pub use relay::{
     Dispatch, DispatchError, Dispatcher, Relay, RelayHandle, Round, DEFAULT_ATTEMPT_TIMEOUT,

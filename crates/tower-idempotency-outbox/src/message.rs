@@ -170,3 +170,30 @@ pub struct StateCounts {
     /// Discarded messages (until purged).
     pub discarded: u64,
 }
+
+/// One page of [`Outbox::messages`](crate::Outbox::messages): newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MessagePage {
+    /// The messages, newest enqueued first.
+    pub messages: Vec<MessageSummary>,
+    /// Where the next page starts, when there may be one: pass it back as the cursor.
+    pub next_cursor: Option<String>,
+}
+
+/// One message in full, as an operator reads it: [`Outbox::message`](crate::Outbox::message).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MessageDetail {
+    /// Its listing fields.
+    #[serde(flatten)]
+    pub summary: MessageSummary,
+    /// Its headers, `[name, value]`, in the order they were added; a value whose name looks
+    /// like a credential (signature, token, authorization, cookie, api-key, ...) reads
+    /// [`REDACTED`](tower_idempotency_inbox::REDACTED), the inbox's rule.
+    pub headers: Vec<(String, String)>,
+    /// The body as text (invalid UTF-8 replaced).
+    pub body: String,
+    /// The body pretty-printed, when it is JSON.
+    pub body_pretty: Option<String>,
+}

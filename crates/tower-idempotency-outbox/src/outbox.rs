@@ -32,6 +32,9 @@ pub enum OutboxError {
     /// An HTTP message's URL is not an absolute `http` or `https` URL.
     #[error("the message URL is not an absolute http(s) URL")]
     InvalidUrl,
+    /// A listing's cursor is not one [`Outbox::messages`] made.
+    #[error("the cursor is not one the outbox made")]
+    InvalidCursor,
     /// The database failed or could not be reached.
     #[error("the outbox database failed")]
     Database(#[source] sqlx::Error),

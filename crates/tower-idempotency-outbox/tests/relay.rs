@@ -518,6 +518,119 @@ async fn enqueued_from_a_transactional_route<DB: Fixture>() {
     env.finish().await;
 }
 
+/// The operator's listing pages newest first with a cursor that neither repeats nor skips a
+/// message while states change; one message's detail redacts credential headers and
+/// pretty-prints its body; the page and JSON routes serve both and refuse a bad cursor.
+async fn messages_are_paged_and_shown<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    for n in 0..5 {
+        env.commit(vec![Message::post_json(
+            "http://127.0.0.1:9/hook",
+            &serde_json::json!({ "n": n, "note": "<b>x</b>" }),
+        )
+        .key(format!("m{n}"))
+        .header("authorization", "Bearer very-secret")
+        .header("X-Api-Key", "k-secret")
+        .header("x-note", "kept")])
+            .await;
+    }
+    let mut expected = env.outbox.list(MessageState::Pending, 100).await.unwrap();
+    expected.sort_by(|a, b| (b.created_at_ms, &b.key).cmp(&(a.created_at_ms, &a.key)));
+    let expected: Vec<String> = expected.into_iter().map(|m| m.key).collect();
+    assert_eq!(expected.len(), 5);
+
+    let (mut listed, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let page = env
+            .outbox
+            .messages(None, cursor.as_deref(), 2)
+            .await
+            .unwrap();
+        pages += 1;
+        listed.extend(page.messages.iter().map(|m| m.key.clone()));
+        // A state change between pages moves nothing in an any-state listing.
+        if pages == 1 {
+            assert!(env.outbox.discard(&expected[3]).await.unwrap());
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(listed, expected, "newest first, each once");
+    assert_eq!(pages, 3);
+    let discarded = env
+        .outbox
+        .messages(Some(MessageState::Discarded), None, 10)
+        .await
+        .unwrap();
+    let discarded: Vec<&str> = discarded.messages.iter().map(|m| m.key.as_str()).collect();
+    assert_eq!(discarded, [expected[3].as_str()]);
+    assert!(matches!(
+        env.outbox.messages(None, Some("zz"), 10).await,
+        Err(tower_idempotency_outbox::OutboxError::InvalidCursor)
+    ));
+
+    let detail = env.outbox.message("m2").await.unwrap().expect("m2");
+    assert_eq!(
+        detail.headers,
+        [
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("authorization".to_owned(), "[redacted]".to_owned()),
+            ("X-Api-Key".to_owned(), "[redacted]".to_owned()),
+            ("x-note".to_owned(), "kept".to_owned()),
+        ]
+    );
+    assert_eq!(
+        detail.body_pretty.as_deref(),
+        Some("{\n  \"n\": 2,\n  \"note\": \"<b>x</b>\"\n}")
+    );
+    assert_eq!(env.outbox.message("absent").await.unwrap(), None);
+
+    let admin = serve(admin::router(env.outbox.clone())).await;
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        let request = client.get(format!("{admin}/{path}")).send();
+        async move {
+            let response = request.await.unwrap();
+            let status = response.status().as_u16();
+            let text = String::from_utf8(response.bytes().await.unwrap().to_vec()).unwrap();
+            (status, text)
+        }
+    };
+    let (status, text) = get("messages?state=&limit=2".into()).await;
+    assert_eq!(status, 200);
+    let page: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(page["messages"][0]["key"], expected[0].as_str());
+    assert!(page["next_cursor"].is_string());
+    assert_eq!(get("messages?cursor=zz".into()).await.0, 400);
+    assert_eq!(get("messages?state=bogus".into()).await.0, 400);
+    let (status, text) = get("message?key=m2".into()).await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("[redacted]") && !text.contains("very-secret"),
+        "{text}"
+    );
+    assert_eq!(get("message?key=absent".into()).await.0, 404);
+    let (status, html) = get("page?state=pending".into()).await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains(&format!("data-key=\"{}\"", expected[0]))
+            && !html.contains(&format!("data-key=\"{}\"", expected[3])),
+        "{html}"
+    );
+    assert_eq!(get("page?cursor=zz".into()).await.0, 400);
+    let (status, html) = get("detail?key=m2".into()).await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("[redacted]") && !html.contains("very-secret"),
+        "{html}"
+    );
+    assert!(html.contains("&lt;b&gt;x&lt;/b&gt;"), "{html}");
+    assert_eq!(get("detail?key=absent".into()).await.0, 404);
+    env.finish().await;
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -544,6 +657,7 @@ on_both!(
     enqueued_from_a_transactional_route,
     retries_a_failing_receiver_with_the_same_key,
     failed_messages_are_operated,
+    messages_are_paged_and_shown,
     dispatched_messages_reach_the_dispatcher,
     a_spawned_relay_delivers,
 );

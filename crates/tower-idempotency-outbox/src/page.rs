@@ -1,0 +1,386 @@
+//! The operator's page for outbox messages: server-rendered HTML (maud escapes every value)
+//! built from the inbox page's parts (layout, style, times, redaction), one small script
+//! shipped in this file, nothing fetched from another host. Served by
+//! [`admin::router`](crate::admin::router) at `GET /page` (`GET /` redirects to it) and
+//! `GET /detail?key=..`; its buttons post JSON with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
+
+use axum::{
+    extract::{OriginalUri, Query, State},
+    http::StatusCode,
+    response::{IntoResponse, Redirect, Response},
+    routing::get,
+    Router,
+};
+use maud::{html, Markup};
+use tower_idempotency_inbox::page::{encode, headers_and_body, html_response, shell, time_ms};
+
+use crate::{
+    http::{state_filter, KeyQuery, Listing, Unavailable},
+    outbox::now_ms,
+    MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
+    StateCounts,
+};
+
+/// Messages per page of the overview.
+const PAGE_SIZE: u32 = 50;
+
+const SITE: &str = "Outbox";
+
+pub(crate) fn routes<DB: OutboxDatabase>() -> Router<Outbox<DB>> {
+    Router::new()
+        .route("/", get(to_page))
+        .route("/page", get(overview::<DB>))
+        .route("/detail", get(detail::<DB>))
+}
+
+/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
+async fn to_page(OriginalUri(uri): OriginalUri) -> Redirect {
+    Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
+}
+
+/// The overview as it is rendered.
+#[derive(Debug)]
+pub(crate) struct Overview {
+    pub(crate) counts: StateCounts,
+    /// The state filter's value: `failed`, `pending`, `delivered`, `discarded` or empty (any).
+    pub(crate) state: String,
+    pub(crate) page: MessagePage,
+    pub(crate) now_ms: i64,
+}
+
+async fn overview<DB: OutboxDatabase>(
+    State(outbox): State<Outbox<DB>>,
+    Query(query): Query<Listing>,
+) -> Result<Response, Unavailable> {
+    let state = query.state.unwrap_or_else(|| "failed".to_owned());
+    let Ok(filter) = state_filter(&state) else {
+        return Ok((
+            StatusCode::BAD_REQUEST,
+            "the state is pending, delivered, failed or discarded",
+        )
+            .into_response());
+    };
+    let cursor = query.cursor.as_deref().filter(|cursor| !cursor.is_empty());
+    let page = match outbox.messages(filter, cursor, PAGE_SIZE).await {
+        Err(OutboxError::InvalidCursor) => {
+            return Ok((
+                StatusCode::BAD_REQUEST,
+                "the cursor is not one the outbox made",
+            )
+                .into_response())
+        }
+        page => page?,
+    };
+    let view = Overview {
+        counts: outbox.counts().await?,
+        state,
+        page,
+        now_ms: now_ms(),
+    };
+    Ok(html_response(render_overview(&view)))
+}
+
+async fn detail<DB: OutboxDatabase>(
+    State(outbox): State<Outbox<DB>>,
+    Query(query): Query<KeyQuery>,
+) -> Result<Response, Unavailable> {
+    Ok(match outbox.message(&query.key).await? {
+        Some(message) => html_response(render_detail(&message, now_ms())),
+        None => (
+            StatusCode::NOT_FOUND,
+            html_response(shell(
+                SITE,
+                "Message not found",
+                SCRIPT,
+                html! {
+                    p { "The outbox holds no message " code { (query.key) } "." }
+                    p { a href="page" { "Back to the outbox" } }
+                },
+            )),
+        )
+            .into_response(),
+    })
+}
+
+/// The page's own script: posts an action's JSON body with the admin header, and refreshes the
+/// overview unless the operator turned it off.
+const SCRIPT: &str = r#"
+(function () {
+  var status = document.getElementById('status');
+  function say(text) { status.textContent = text; }
+  document.querySelectorAll('button[data-post]').forEach(function (button) {
+    button.addEventListener('click', function () {
+      button.disabled = true;
+      fetch(button.getAttribute('data-post'), {
+        method: 'POST', credentials: 'same-origin',
+        headers: { 'x-outbox-admin': '1', 'content-type': 'application/json' },
+        body: JSON.stringify({ key: button.getAttribute('data-key') })
+      }).then(function (response) {
+        if (response.ok) { say(button.getAttribute('data-done')); }
+        else if (response.status === 404) { say('Nothing done: the message is no longer failed.'); }
+        else { say('Failed: HTTP ' + response.status); }
+        button.disabled = false;
+      }, function () { say('Failed: the outbox did not answer.'); button.disabled = false; });
+    });
+  });
+  var refresh = document.getElementById('refresh');
+  if (refresh) {
+    refresh.checked = localStorage.getItem('outbox-refresh') !== 'off';
+    refresh.addEventListener('change', function () {
+      localStorage.setItem('outbox-refresh', refresh.checked ? 'on' : 'off');
+    });
+    setInterval(function () {
+      if (refresh.checked && !status.textContent) { location.reload(); }
+    }, 10000);
+  }
+})();
+"#;
+
+fn detail_link(message: &MessageSummary) -> String {
+    format!("detail?key={}", encode(&message.key))
+}
+
+/// Where a message goes: `POST https://..` or `topic ..`.
+fn target(message: &MessageSummary) -> Markup {
+    html! {
+        @if let Some(url) = &message.url {
+            (message.method.as_deref().unwrap_or("")) " " (url)
+        } @else if let Some(topic) = &message.topic {
+            "topic " (topic)
+        }
+    }
+}
+
+/// The last attempt's answer and error: `HTTP 400: ..`.
+fn last_error(message: &MessageSummary) -> Markup {
+    html! {
+        @if let Some(status) = message.last_status { "HTTP " (status) }
+        @if message.last_status.is_some() && message.last_error.is_some() { ": " }
+        (message.last_error.as_deref().unwrap_or(""))
+    }
+}
+
+fn counts_table(counts: &StateCounts) -> Markup {
+    html! {
+        table #counts {
+            caption { "Messages per state" }
+            thead { tr { th scope="col" { "pending" } th scope="col" { "delivered" }
+                th scope="col" { "failed" } th scope="col" { "discarded" } } }
+            tbody { tr { td.num { (counts.pending) } td.num { (counts.delivered) }
+                td.num { (counts.failed) } td.num { (counts.discarded) } } }
+        }
+    }
+}
+
+/// The overview: counts, the state filter, the messages newest first and the next page's link.
+pub(crate) fn render_overview(view: &Overview) -> Markup {
+    let next = view.page.next_cursor.as_ref().map(|cursor| {
+        format!(
+            "page?state={}&cursor={}",
+            encode(&view.state),
+            encode(cursor)
+        )
+    });
+    let state_name = if view.state.is_empty() {
+        "all"
+    } else {
+        view.state.as_str()
+    };
+    shell(
+        SITE,
+        "messages",
+        SCRIPT,
+        html! {
+            p {
+                input #refresh type="checkbox" checked;
+                " " label for="refresh" { "Refresh every 10 s" }
+                " · " a href="" { "Refresh now" }
+            }
+            (counts_table(&view.counts))
+            h2 { "Filter" }
+            form.filters method="get" action="page" {
+                div {
+                    label for="f-state" { "State" }
+                    select #f-state name="state" {
+                        @for (value, label) in [("failed", "failed"), ("pending", "pending"), ("delivered", "delivered"), ("discarded", "discarded"), ("", "any")] {
+                            option value=(value) selected[view.state == value] { (label) }
+                        }
+                    }
+                }
+                button type="submit" { "Apply" }
+            }
+            h2 #messages-heading { "Messages: " (state_name) ", newest first" }
+            @if view.page.messages.is_empty() {
+                p #no-messages { "No message matches." }
+            } @else {
+                table #messages aria-labelledby="messages-heading" {
+                    thead { tr {
+                        th scope="col" { "key" } th scope="col" { "scope" }
+                        th scope="col" { "target" } th scope="col" { "state" }
+                        th scope="col" { "attempts" } th scope="col" { "last error" }
+                        th scope="col" { "enqueued" } th scope="col" { "finished" }
+                    } }
+                    tbody {
+                        @for message in &view.page.messages {
+                            tr data-key=(message.key) {
+                                td { a href=(detail_link(message)) { (message.key) } }
+                                td { (message.scope.as_deref().unwrap_or("")) }
+                                td { (target(message)) }
+                                td { (message.state.as_str()) }
+                                td.num { (message.attempts) }
+                                td.err { (last_error(message)) }
+                                td { (time_ms(view.now_ms, message.created_at_ms)) }
+                                td { @if let Some(finished) = message.finished_at_ms { (time_ms(view.now_ms, finished)) } }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(next) = next {
+                p { a #next-page href=(next) { "Next page" } }
+            }
+        },
+    )
+}
+
+/// One message: its fields, headers (credentials redacted), pretty body, and the retry and
+/// discard actions.
+pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
+    let message = &detail.summary;
+    let failed = message.state == MessageState::Failed;
+    shell(
+        SITE,
+        "message",
+        SCRIPT,
+        html! {
+            p { a href="page" { "← All failed messages" } }
+            h2 { "Message " code #message-key { (message.key) } }
+            table #fields {
+                tbody {
+                    tr { th scope="row" { "scope" } td { (message.scope.as_deref().unwrap_or("")) } }
+                    @if let Some(url) = &message.url {
+                        tr { th scope="row" { "method" } td #method { (message.method.as_deref().unwrap_or("")) } }
+                        tr { th scope="row" { "URL" } td #url { (url) } }
+                    }
+                    @if let Some(topic) = &message.topic {
+                        tr { th scope="row" { "topic" } td #topic { (topic) } }
+                    }
+                    tr { th scope="row" { "state" } td #state { (message.state.as_str()) } }
+                    tr { th scope="row" { "attempts" } td { (message.attempts) " (the outbox keeps the count of attempts and the last one's answer)" } }
+                    tr { th scope="row" { "last error" } td.err #last-error { (last_error(message)) } }
+                    tr { th scope="row" { "enqueued" } td { (time_ms(now, message.created_at_ms)) } }
+                    tr { th scope="row" { "due" } td { (time_ms(now, message.available_at_ms)) } }
+                    tr { th scope="row" { "finished" } td { @if let Some(finished) = message.finished_at_ms { (time_ms(now, finished)) } } }
+                }
+            }
+            @if failed {
+                div.actions {
+                    button #retry type="button" data-post="retry" data-key=(message.key)
+                        data-done="Retried: the message is pending and the relay delivers it." { "Retry" }
+                    button #discard type="button" data-post="discard" data-key=(message.key)
+                        data-done="Discarded: the message is never attempted again." { "Discard" }
+                }
+            }
+            (headers_and_body(
+                ("Headers", "None."),
+                &detail.headers,
+                detail.body_pretty.as_deref().unwrap_or(&detail.body),
+            ))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVIL: &str = "<script>alert(1)</script>";
+
+    fn summary(key: &str) -> MessageSummary {
+        MessageSummary {
+            key: key.into(),
+            scope: Some(EVIL.into()),
+            method: Some("POST".into()),
+            url: Some(format!("http://127.0.0.1:9/{EVIL}")),
+            topic: None,
+            state: MessageState::Failed,
+            attempts: 3,
+            created_at_ms: 1_767_323_045_000,
+            available_at_ms: 1_767_323_045_000,
+            finished_at_ms: Some(1_767_323_105_000),
+            last_status: Some(400),
+            last_error: Some(format!("refused {EVIL}")),
+        }
+    }
+
+    /// The page's own script is the only `<script>` element.
+    fn scripts(html: &str) -> usize {
+        html.matches("<script>").count()
+    }
+
+    #[test]
+    fn a_key_scope_target_and_error_render_as_text() {
+        let view = Overview {
+            counts: StateCounts {
+                pending: 1,
+                delivered: 2,
+                failed: 3,
+                discarded: 4,
+            },
+            state: "failed".into(),
+            page: MessagePage {
+                messages: vec![summary(EVIL)],
+                next_cursor: Some("17.a&b".into()),
+            },
+            now_ms: 1_767_323_105_000,
+        };
+        let html = render_overview(&view).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("HTTP 400: refused &lt;script&gt;"), "{html}");
+        assert!(
+            html.contains("detail?key=%3Cscript%3Ealert%281%29"),
+            "{html}"
+        );
+        assert!(html.contains("cursor=17.a%26b"), "{html}");
+        assert!(html.contains("2026-01-02T03:04:05.000Z"), "{html}");
+        assert!(html.contains("(1 min ago)"), "relative time: {html}");
+        assert!(html.contains("<td class=\"num\">3</td>"), "{html}");
+    }
+
+    #[test]
+    fn a_header_and_body_render_as_text() {
+        let detail = MessageDetail {
+            summary: summary("msg-1"),
+            headers: vec![("x-note".into(), EVIL.into()), (EVIL.into(), "v".into())],
+            body: format!(r#"{{"note":"{EVIL}"}}"#),
+            body_pretty: Some(format!("{{\n  \"note\": \"{EVIL}\"\n}}")),
+        };
+        let html = render_detail(&detail, 0).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(!html.contains(EVIL), "{html}");
+        assert!(html.contains("<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"));
+        assert!(
+            html.contains("\n  &quot;note&quot;: &quot;&lt;script&gt;"),
+            "{html}"
+        );
+        assert!(
+            html.contains(r#"data-post="retry" data-key="msg-1""#),
+            "{html}"
+        );
+        assert!(html.contains("<td id=\"method\">POST</td>"), "{html}");
+    }
+
+    #[test]
+    fn a_delivered_message_has_no_actions() {
+        let mut detail = MessageDetail {
+            summary: summary("msg-2"),
+            headers: Vec::new(),
+            body: String::new(),
+            body_pretty: None,
+        };
+        detail.summary.state = MessageState::Delivered;
+        let html = render_detail(&detail, 0).into_string();
+        assert!(!html.contains("id=\"retry\""), "{html}");
+    }
+}

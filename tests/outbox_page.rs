@@ -1,0 +1,236 @@
+//! The outbox's operator page in a real browser: headless Chromium, driven through chromedriver
+//! (WebDriver), against the reference receiver as a child process with `INBOX_ADMIN=1` and
+//! `OUTBOX_TARGET_URL` pointing at this test's server, on SQLite and on Postgres. The server
+//! refuses (`400`) until the test switches it to accept, so a `test.outbox` event's message fails
+//! at once: the page lists it, its detail shows the refusal, "Retry" puts it back and the relay
+//! delivers it once (the server counts accepted requests per `Idempotency-Key`). The test writes
+//! the page's screenshot to `target/tmp/outbox-page.png` (docs/outbox-page.png is a copy).
+//!
+//! Under `CI=true` a missing `/usr/bin/chromium` or `/usr/bin/chromedriver` fails the test.
+#![cfg(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "webhooks",
+    feature = "inbox",
+    feature = "outbox",
+    unix
+))]
+
+mod browser;
+mod receiver_process;
+mod support;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
+use browser::{browser_installed, deliver, text_until, Driver};
+use fantoccini::Locator;
+use receiver_process::{Database, Receiver};
+use serde_json::Value;
+use support::*;
+use tower_idempotency_testkit::Server;
+
+const SECRET: &str = "whsec_outbox_page_test";
+
+/// The outbox's target: refuses with `400` until `accept` is set, then answers `200`; counts
+/// the requests it refused and accepted per `Idempotency-Key`.
+#[derive(Clone, Default)]
+struct Target {
+    accept: Arc<AtomicBool>,
+    refused: Arc<Mutex<HashMap<String, u32>>>,
+    accepted: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Target {
+    fn count(map: &Mutex<HashMap<String, u32>>, key: &str) -> u32 {
+        map.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+}
+
+async fn orders(State(target): State<Target>, headers: HeaderMap) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let (map, status) = if target.accept.load(Ordering::SeqCst) {
+        (&target.accepted, StatusCode::OK)
+    } else {
+        (&target.refused, StatusCode::BAD_REQUEST)
+    };
+    *map.lock().unwrap().entry(key).or_default() += 1;
+    status
+}
+
+fn body(id: &str) -> String {
+    format!(r#"{{"id":"{id}","object":"event","type":"test.outbox","data":{{"object":{{}}}}}}"#)
+}
+
+/// The message from the admin JSON route, once `done` holds (20 s at most).
+async fn message_until(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let response = client
+            .get(format!("{base}/admin/outbox/message"))
+            .query(&[("key", key)])
+            .send()
+            .await
+            .unwrap();
+        let found: Option<Value> = if response.status() == 200 {
+            Some(serde_json::from_slice(&response.bytes().await.unwrap()).unwrap())
+        } else {
+            None
+        };
+        if let Some(message) = &found {
+            if done(message) {
+                return message.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "{key} never settled: {found:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_page_lists_shows_and_retries_in_chromium_sqlite() {
+    if !browser_installed("the outbox page's browser test") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tidem-outbox-page-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite://{}", dir.join("receiver.db").display());
+    outbox_page(&store, true).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_page_lists_shows_and_retries_in_chromium_postgres() {
+    if !browser_installed("the outbox page's browser test") {
+        return;
+    }
+    let database = Database::create(format!("tidem_opage_{}", random_suffix())).await;
+    outbox_page(&database.url(), false).await;
+}
+
+/// The page against a receiver on `store`; `screenshot`: write it.
+async fn outbox_page(store: &str, screenshot: bool) {
+    let target = Target::default();
+    let server = Server::start(
+        Router::new()
+            .route("/orders", post(orders))
+            .with_state(target.clone()),
+    )
+    .await;
+    let url = format!("http://{}/orders", server.addr);
+    let receiver = Receiver::start(&[
+        ("IDEMPOTENCY_STORE", store.to_owned()),
+        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("INBOX_ADMIN", "1".to_owned()),
+        ("INBOX_MAX_ATTEMPTS", "3".to_owned()),
+        ("INBOX_BACKOFF_MS", "10".to_owned()),
+        ("INBOX_SWEEP_MS", "20".to_owned()),
+        ("OUTBOX_TARGET_URL", url.clone()),
+    ]);
+    let base = receiver.base.clone();
+    let client = reqwest::Client::new();
+    // The event id (and so the message key) is text on the page, not markup.
+    let event = "evt_outbox_page<script>";
+    let key = format!("{event}/0");
+    deliver(&client, &base, SECRET, &body(event)).await;
+    let failed = message_until(&client, &base, &key, |m| m["state"] == "failed").await;
+    assert_eq!(failed["attempts"], 1, "a 400 fails the message at once");
+    assert_eq!(Target::count(&target.refused, &key), 1);
+
+    let driver = Driver::start();
+    let browser = driver.session().await;
+    let page = format!("{base}/admin/outbox/page");
+    // The mount path leads to the page.
+    browser.goto(&format!("{base}/admin/outbox")).await.unwrap();
+    assert_eq!(browser.current_url().await.unwrap().as_str(), page);
+    // Turned off so that no reload replaces the elements under the test.
+    let refresh = browser.find(Locator::Id("refresh")).await.unwrap();
+    refresh.click().await.unwrap();
+    browser.refresh().await.unwrap();
+    let mut listed = Vec::new();
+    for row in browser
+        .find_all(Locator::Css("#messages tbody tr"))
+        .await
+        .unwrap()
+    {
+        listed.push(row.attr("data-key").await.unwrap().unwrap());
+    }
+    assert_eq!(
+        listed,
+        vec![key.clone()],
+        "the page lists the failed message"
+    );
+    // pending, delivered, failed, discarded
+    let mut counts = Vec::new();
+    for cell in browser
+        .find_all(Locator::Css("#counts tbody td"))
+        .await
+        .unwrap()
+    {
+        counts.push(cell.text().await.unwrap());
+    }
+    assert_eq!(counts, ["0", "0", "1", "0"]);
+    text_until(&browser, "#messages td.err", "HTTP 400").await;
+    if screenshot {
+        let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("outbox-page.png");
+        std::fs::write(&shot, browser.screenshot().await.unwrap()).unwrap();
+    }
+
+    // The detail, reached by its link.
+    browser
+        .find(Locator::LinkText(&key))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_until(&browser, "#message-key", &key).await;
+    let error = text_until(&browser, "#last-error", "refused").await;
+    assert_eq!(error, "HTTP 400: the receiver refused the message with 400");
+    assert_eq!(text_until(&browser, "#method", "POST").await, "POST");
+    assert_eq!(text_until(&browser, "#url", &url).await, url);
+    let shown = text_until(&browser, "#body", "\"event\"").await;
+    assert_eq!(shown, format!("{{\n  \"event\": \"{event}\"\n}}"));
+
+    // The target accepts from now on; "Retry" puts the message back and the relay delivers it.
+    target.accept.store(true, Ordering::SeqCst);
+    browser
+        .find(Locator::Id("retry"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_until(&browser, "#status", "Retried").await;
+    let delivered = message_until(&client, &base, &key, |m| m["state"] == "delivered").await;
+    assert_eq!(delivered["attempts"], 1, "one attempt after the retry");
+    assert_eq!(delivered["last_status"], 200);
+    assert_eq!(Target::count(&target.accepted, &key), 1, "delivered once");
+    assert_eq!(Target::count(&target.refused, &key), 1);
+    // A second retry finds nothing failed.
+    browser.refresh().await.unwrap();
+    text_until(&browser, "#state", "delivered").await;
+    assert!(browser.find(Locator::Id("retry")).await.is_err());
+
+    browser.close().await.unwrap();
+    drop(driver);
+    drop(receiver);
+    server.stop().await;
+}
