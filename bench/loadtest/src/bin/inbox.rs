@@ -19,7 +19,7 @@
 //! and the peer.
 //!
 //! ```text
-//! cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin inbox -- [SECONDS]
+//! SQLX_OFFLINE=true cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin inbox -- [SECONDS]
 //! ```
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
