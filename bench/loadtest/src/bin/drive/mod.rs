@@ -43,32 +43,49 @@ where
     let stop = Instant::now() + Duration::from_secs(seconds);
     let errors = Arc::new(AtomicU64::new(0));
     let run = suffix();
-    let workers = (0..clients).map(|worker| {
-        let (client, run, errors, request) =
-            (client.clone(), run.clone(), errors.clone(), request.clone());
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut n = 0u64;
-            while Instant::now() < stop {
-                n += 1;
-                let sent = Instant::now();
-                match request(&client, &run, worker, n).send().await {
-                    Ok(response) if response.status() == expected && Instant::now() <= stop => {
-                        latencies.push(sent.elapsed())
-                    }
-                    Ok(response) if response.status() == expected => {}
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+    // Collected before any is awaited: every sender runs at once. (A lazy `map` awaited in
+    // the loop below would start each sender only when the previous one had finished.)
+    let workers: Vec<_> = (0..clients)
+        .map(|worker| {
+            let (client, run, errors, request) =
+                (client.clone(), run.clone(), errors.clone(), request.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut n = 0u64;
+                while Instant::now() < stop {
+                    n += 1;
+                    let sent = Instant::now();
+                    // The body is read to its end, so that the connection goes back to the pool.
+                    let answer = match request(&client, &run, worker, n).send().await {
+                        Ok(response) => {
+                            let status = response.status();
+                            response.bytes().await.map(|_| status)
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match answer {
+                        Ok(status) if status == expected && Instant::now() <= stop => {
+                            latencies.push(sent.elapsed())
+                        }
+                        Ok(status) if status == expected => {}
+                        _ => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
-            }
-            latencies
+                latencies
+            })
         })
-    });
+        .collect();
     let mut all: Vec<Duration> = Vec::new();
     for worker in workers {
         all.extend(worker.await.expect("worker"));
     }
+    summarize(all, errors.load(Ordering::Relaxed), seconds)
+}
+
+/// The run whose answers inside a window of `seconds` took `all`, with `errors` failures.
+pub fn summarize(mut all: Vec<Duration>, errors: u64, seconds: u64) -> Run {
     all.sort();
     let at = |q: f64| {
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
@@ -81,7 +98,7 @@ where
         p99: at(0.99),
         max: all.last().copied().unwrap_or_default(),
         answered: all.len() as u64,
-        errors: errors.load(Ordering::Relaxed),
+        errors,
     }
 }
 
