@@ -61,6 +61,10 @@ impl Acks {
         sql: &Arc<Sql>,
         event: NewEvent,
     ) -> sqlx::Result<bool> {
+        if self.max_batch == 1 {
+            // Each delivery its own commit, side by side on the pool: no queue to wait in.
+            return DB::insert(pool, sql, &event).await;
+        }
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
