@@ -97,9 +97,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
 
     /// Bounds how many deliveries one acknowledgement commit takes (default
     /// [`MAX_ACK_BATCH`](crate::MAX_ACK_BATCH); `1` commits each on its own, concurrently on the
-    /// pool). Deliveries that
-    /// arrive while a commit is in flight are inserted together by the next one, and each is
-    /// answered once its row is committed.
+    /// pool). Deliveries that arrive while a commit is in flight are inserted together by the
+    /// next one, and each is answered once its row is committed.
     pub fn max_ack_batch(mut self, max: usize) -> Self {
         self.acks = Arc::new(Acks::new(max));
         self
