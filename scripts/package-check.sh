@@ -21,6 +21,13 @@ import json, sys
 meta = json.load(sys.stdin)
 print(" ".join(p["name"] for p in meta["packages"] if p.get("publish") != []))')
 
+# cargo extracts the packages it verifies under $CARGO_HOME/registry/src/<hash of its temporary
+# registry's path>/<name>-<version> and reuses an extraction it finds there, so a second run from
+# the same directory would build one crate against another's previous package. Clear ours first.
+for crate in $crates; do
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$crate"-[0-9]*
+done
+
 package_args=()
 for crate in $crates; do package_args+=(-p "$crate"); done
 cargo package --locked "${dirty[@]}" "${package_args[@]}"
