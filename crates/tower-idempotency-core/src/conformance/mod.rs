@@ -25,6 +25,7 @@
 //! [`records_over_the_store_limit_complete_without_body`], which needs a store configured with a
 //! small record limit.
 
+mod hooked;
 mod once;
 mod over_http;
 mod records;
@@ -33,6 +34,8 @@ mod waiting;
 
 mod notices;
 
+pub use crate::store::Call;
+pub use hooked::{CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks};
 pub use notices::{
     notified_waiter_leaves_nothing_behind_over_http, settlements_are_notified_across_instances,
     waiting_across_instances_is_notified_over_http,

@@ -12,6 +12,7 @@ use std::{
 use futures_util::FutureExt;
 use http::StatusCode;
 
+use super::CountingStore;
 use super::{
     claim_token, fingerprint, fresh_key, response,
     server::{concurrent_posts, until},
@@ -19,10 +20,7 @@ use super::{
     waiting::{one_result_for_all, serve_waiting, First},
     LONG, MAX_WAIT,
 };
-use crate::store::{
-    CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlement,
-    Settlements, Store, StoreError,
-};
+use crate::store::{Ownership, Settlement, Settlements, Store};
 
 /// How long a notice may take to arrive before a check fails.
 const NOTICE_WITHIN: Duration = Duration::from_secs(10);
@@ -113,8 +111,8 @@ pub async fn settlements_are_notified_across_instances(a: Arc<dyn Store>, b: Arc
 /// doubling timer would take five claims within the 500 ms. Afterwards no subscription is left.
 pub async fn waiting_across_instances_is_notified_over_http(a: Arc<dyn Store>, b: Arc<dyn Store>) {
     let counted = [
-        Arc::new(ClaimCounter::new(a)),
-        Arc::new(ClaimCounter::new(b)),
+        Arc::new(CountingStore::new(a)),
+        Arc::new(CountingStore::new(b)),
     ];
     let mut notices = Vec::new();
     for store in &counted {
@@ -195,77 +193,4 @@ pub async fn notified_waiter_leaves_nothing_behind_over_http(a: Arc<dyn Store>, 
     let retry = post(&client, &two.url).await.expect("retry");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(executions.load(Ordering::SeqCst), 1);
-}
-
-/// Counts the claims reaching a store, so a check can tell a notified waiter (one claim per
-/// notice) from a polling one. Published checks cannot use the unpublished test kit's counter.
-struct ClaimCounter {
-    inner: Arc<dyn Store>,
-    claims: std::sync::atomic::AtomicUsize,
-}
-
-impl ClaimCounter {
-    fn new(inner: Arc<dyn Store>) -> Self {
-        Self {
-            inner,
-            claims: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    fn claims(&self) -> usize {
-        self.claims.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for ClaimCounter {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, fingerprint, token, lease).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        self.inner.complete(key, token, response, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.inner.release(key, token).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn settlements(&self) -> Option<Settlements> {
-        self.inner.settlements()
-    }
 }

@@ -319,61 +319,117 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-#[async_trait::async_trait]
-impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn claim(
-        &self,
-        key: &str,
-        fingerprint: &Fingerprint,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        (**self).claim(key, fingerprint, token, lease).await
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Ownership, StoreError> {
-        (**self).renew(key, token, lease).await
-    }
-
-    async fn complete(
-        &self,
-        key: &str,
-        token: FencingToken,
-        response: &CachedResponse,
-        ttl: Duration,
-    ) -> Result<Ownership, StoreError> {
-        (**self).complete(key, token, response, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: FencingToken) -> Result<Ownership, StoreError> {
-        (**self).release(key, token).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<RecordState>, StoreError> {
-        (**self).get(key).await
-    }
-
-    async fn forget(&self, key: &str) -> Result<bool, StoreError> {
-        (**self).forget(key).await
-    }
-
-    fn transactions(&self) -> Option<&dyn TransactionalStore> {
-        (**self).transactions()
-    }
-
-    fn name(&self) -> &'static str {
-        (**self).name()
-    }
-
-    fn settlements(&self) -> Option<Settlements> {
-        (**self).settlements()
-    }
+/// A [`Store`] call, as a wrapper that forwards calls sees it (the `Hooks` of the conformance
+/// suite's `Hooked` store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// [`Store::claim`].
+    Claim,
+    /// [`Store::renew`].
+    Renew,
+    /// [`Store::complete`].
+    Complete,
+    /// [`Store::release`].
+    Release,
+    /// [`Store::get`].
+    Get,
+    /// [`Store::forget`].
+    Forget,
 }
+
+/// Implements [`Store`] for a wrapper that forwards every call to the store `$inner` reaches
+/// from `$this` (bound to `self`), the call's future passing through the async function
+/// `$around(self, call, key, future)`; `transactions`, `name` and `settlements` are the wrapped
+/// store's.
+macro_rules! forward_store {
+    (impl[$($generics:tt)*] $ty:ty, |$this:ident| $inner:expr, $around:expr) => {
+        #[async_trait::async_trait]
+        impl<$($generics)*> $crate::store::Store for $ty {
+            async fn claim(
+                &self,
+                key: &str,
+                fingerprint: &$crate::store::Fingerprint,
+                token: $crate::store::FencingToken,
+                lease: std::time::Duration,
+            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.claim(key, fingerprint, token, lease);
+                $around(self, $crate::store::Call::Claim, key, call).await
+            }
+
+            async fn renew(
+                &self,
+                key: &str,
+                token: $crate::store::FencingToken,
+                lease: std::time::Duration,
+            ) -> Result<$crate::store::Ownership, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.renew(key, token, lease);
+                $around(self, $crate::store::Call::Renew, key, call).await
+            }
+
+            async fn complete(
+                &self,
+                key: &str,
+                token: $crate::store::FencingToken,
+                response: &$crate::store::CachedResponse,
+                ttl: std::time::Duration,
+            ) -> Result<$crate::store::Ownership, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.complete(key, token, response, ttl);
+                $around(self, $crate::store::Call::Complete, key, call).await
+            }
+
+            async fn release(
+                &self,
+                key: &str,
+                token: $crate::store::FencingToken,
+            ) -> Result<$crate::store::Ownership, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.release(key, token);
+                $around(self, $crate::store::Call::Release, key, call).await
+            }
+
+            async fn get(
+                &self,
+                key: &str,
+            ) -> Result<Option<$crate::store::RecordState>, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.get(key);
+                $around(self, $crate::store::Call::Get, key, call).await
+            }
+
+            async fn forget(&self, key: &str) -> Result<bool, $crate::store::StoreError> {
+                let $this = self;
+                let call = $inner.forget(key);
+                $around(self, $crate::store::Call::Forget, key, call).await
+            }
+
+            fn transactions(&self) -> Option<&dyn $crate::store::TransactionalStore> {
+                let $this = self;
+                $inner.transactions()
+            }
+
+            fn name(&self) -> &'static str {
+                let $this = self;
+                $inner.name()
+            }
+
+            fn settlements(&self) -> Option<$crate::store::Settlements> {
+                let $this = self;
+                $inner.settlements()
+            }
+        }
+    };
+}
+pub(crate) use forward_store;
+
+/// The `$around` of a wrapper that adds nothing to the calls it forwards.
+async fn as_is<W: ?Sized, F: std::future::Future>(_: &W, _: Call, _: &str, call: F) -> F::Output {
+    call.await
+}
+
+forward_store!(impl[S: Store + ?Sized] Arc<S>, |this| (**this), as_is);
 
 /// The longest lease, TTL or renewal ceiling anything here honours: a hundred years, which every
 /// store can represent (Postgres timestamps, Redis `PX`, `Instant`) and which serves as "forever".
