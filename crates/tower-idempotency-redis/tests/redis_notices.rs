@@ -26,28 +26,28 @@ async fn two_instances() -> Option<(Arc<dyn Store>, Arc<dyn Store>)> {
     Some((Arc::new(a), Arc::new(b)))
 }
 
+/// Runs a core check of two instances on [`two_instances`], or skips.
+async fn across_two_instances<F: std::future::Future<Output = ()>>(
+    check: impl FnOnce(Arc<dyn Store>, Arc<dyn Store>) -> F,
+) {
+    if let Some((a, b)) = two_instances().await {
+        check(a, b).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settled_keys_are_notified_to_another_instance() {
-    let Some((a, b)) = two_instances().await else {
-        return;
-    };
-    conformance::settlements_are_notified_across_instances(a, b).await;
+    across_two_instances(conformance::settlements_are_notified_across_instances).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_on_another_instance_are_woken_by_pubsub() {
-    let Some((a, b)) = two_instances().await else {
-        return;
-    };
-    conformance::waiting_across_instances_is_notified_over_http(a, b).await;
+    across_two_instances(conformance::waiting_across_instances_is_notified_over_http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notified_waiter_that_disconnects_leaves_nothing_behind() {
-    let Some((a, b)) = two_instances().await else {
-        return;
-    };
-    conformance::notified_waiter_leaves_nothing_behind_over_http(a, b).await;
+    across_two_instances(conformance::notified_waiter_leaves_nothing_behind_over_http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -223,25 +223,31 @@ async fn replays_run_beside_a_held_write_lock() {
     );
 }
 
+/// A pool of 8 connections on `file` in WAL mode whose busy handler waits up to `busy_timeout`
+/// for a lock.
+async fn wal_pool(file: &SqliteFile, busy_timeout: Duration) -> sqlx::SqlitePool {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    use std::str::FromStr;
+    let options = SqliteConnectOptions::from_str(&file.url())
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(busy_timeout);
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open")
+}
+
 /// Writes are serialised in the process on the store's writer, never by SQLite's busy handler:
 /// on a pool whose busy timeout is zero (a write that meets another fails at once with
 /// `SQLITE_BUSY`, answered `503`), 64 first requests over HTTP, 32 at a time, all run once,
 /// and their 64 replays, all at once, are all replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_need_no_busy_handler() {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    use std::str::FromStr;
     let file = SqliteFile::new();
-    let options = SqliteConnectOptions::from_str(&file.url())
-        .expect("url")
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::ZERO);
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .expect("open");
+    let pool = wal_pool(&file, Duration::ZERO).await;
     let store = std::sync::Arc::new(SqliteStore::new(pool, "idem").expect("table"));
     store.migrate().await.expect("migrate");
     assert_eq!(store.connection_lanes(), 4, "one writer and three readers");
@@ -443,23 +449,12 @@ async fn a_write_whose_caller_gave_up_is_skipped() {
 /// refused ones run on their retry; every key runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_write_queue_answers_503_with_retry_after() {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    use std::str::FromStr;
     const QUEUE: usize = 8;
     const SENT: usize = 20;
     let file = SqliteFile::new();
     // A busy timeout far longer than the test, so the write waiting for the lock waits until
     // the test releases it.
-    let options = SqliteConnectOptions::from_str(&file.url())
-        .expect("url")
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(600));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .expect("open");
+    let pool = wal_pool(&file, Duration::from_secs(600)).await;
     let store = SqliteStore::new(pool, "idem")
         .expect("table")
         .with_write_queue(QUEUE, tower_idempotency_sqlx::DEFAULT_WRITE_QUEUE_BYTES);
@@ -560,26 +555,13 @@ async fn a_full_write_queue_answers_503_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_waiting_for_the_write_lock_outlives_the_lease() {
     use axum::{routing::post, Router};
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    use std::{
-        str::FromStr,
-        sync::{
-            atomic::{AtomicUsize, Ordering},
-            Arc,
-        },
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
     };
     let lease = Duration::from_millis(600);
     let file = SqliteFile::new();
-    let options = SqliteConnectOptions::from_str(&file.url())
-        .expect("url")
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_millis(200));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .expect("open");
+    let pool = wal_pool(&file, Duration::from_millis(200)).await;
     let store = Arc::new(SqliteStore::new(pool, "idem").expect("table"));
     store.migrate().await.expect("migrate");
     let executions = Arc::new(AtomicUsize::new(0));
