@@ -1,13 +1,15 @@
 //! Apps served over real HTTP on free loopback ports.
 
-use std::net::SocketAddr;
-
 use axum::{
     body::{Body, Bytes},
     http::{Request, StatusCode},
     Router,
 };
-use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio::net::TcpListener;
+
+/// An app on a free loopback port that shuts down gracefully when dropped: the conformance
+/// suite's.
+pub use tower_idempotency_core::conformance::LoopbackServer as Server;
 
 /// Serves `app` on a free loopback port until the test's runtime ends, and answers its base URL
 /// (`http://127.0.0.1:port`, no trailing slash).
@@ -16,78 +18,12 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 ///
 /// When no loopback port can be bound; the server task panics when serving fails.
 pub async fn serve(app: Router) -> String {
-    let listener = bind().await;
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     format!("http://{addr}")
-}
-
-/// An app on a free loopback port that shuts down gracefully when dropped, for tests that must
-/// see the server go (or must not leave it running into the next case).
-pub struct Server {
-    /// Where it listens.
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    /// Serves `app` on a free loopback port.
-    ///
-    /// # Panics
-    ///
-    /// When no loopback port can be bound; the server task panics when serving fails.
-    pub async fn start(app: Router) -> Self {
-        let listener = bind().await;
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("serve");
-        });
-        Self {
-            addr,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    /// Shuts the server down and waits until it has finished its open connections.
-    ///
-    /// # Panics
-    ///
-    /// When serving failed.
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.expect("the server ends cleanly");
-        }
-    }
-
-    /// `http://127.0.0.1:port` followed by `path`.
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-async fn bind() -> TcpListener {
-    TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback")
 }
 
 /// The handler the layer's bench and profile loop measure around: `201 Created` with the request's

@@ -57,6 +57,7 @@ pub use records::{
     release_frees_the_key, remaining_ttl_is_reported_and_decreases, renew_extends_the_lease,
     restart_keeps_completed, stale_token_is_fenced, ttl_expiry_forgets_completed,
 };
+pub use server::LoopbackServer;
 pub use waiting::{
     waiting_across_instances_over_http, waiting_duplicates_get_the_result_over_http,
     waiting_duplicates_run_once_after_a_release_over_http,

@@ -1,7 +1,8 @@
-//! The test servers' common parts: a server that stops when dropped, concurrent duplicates, and
+//! The test servers' common parts: a loopback server that stops when dropped, concurrent duplicates, and
 //! polling for a condition.
 
 use std::{
+    net::SocketAddr,
     sync::{atomic::AtomicUsize, Arc},
     time::Duration,
 };
@@ -9,43 +10,95 @@ use std::{
 use axum::Router;
 use bytes::Bytes;
 use http::StatusCode;
+use tokio::{sync::oneshot, task::JoinHandle};
 
-/// A test server: `POST /orders` behind the layer, counting handler executions.
-pub(super) struct Server {
-    pub(super) url: String,
-    pub(super) executions: Arc<AtomicUsize>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+/// An app served on a free loopback port that shuts down gracefully when dropped or stopped,
+/// for checks and tests that must see the server go (or must not leave it running into the
+/// next case).
+pub struct LoopbackServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.shutdown.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-impl Server {
-    /// Serves `app` on a loopback port until the returned server is dropped.
-    pub(super) async fn start(app: Router, executions: Arc<AtomicUsize>) -> Self {
+impl LoopbackServer {
+    /// Serves `app` on a free loopback port.
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound; the server task panics when serving fails.
+    pub async fn start(app: Router) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
-        let url = format!("http://{}/orders", listener.local_addr().expect("addr"));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async {
-                    let _ = rx.await;
+                    let _ = stopped.await;
                 })
                 .await
                 .expect("serve");
         });
         Self {
-            url,
-            executions,
-            shutdown: Some(tx),
+            addr,
+            stop: Some(stop),
+            task: Some(task),
         }
+    }
+
+    /// Shuts the server down and waits until it has finished its open connections.
+    ///
+    /// # Panics
+    ///
+    /// When serving failed.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("the server ends cleanly");
+        }
+    }
+
+    /// `http://127.0.0.1:port` followed by `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A test server: `POST /orders` behind the layer, counting handler executions.
+pub(super) struct Server {
+    pub(super) url: String,
+    pub(super) executions: Arc<AtomicUsize>,
+    _server: LoopbackServer,
+}
+
+impl Server {
+    /// Serves `app` on a loopback port until the returned server is dropped.
+    pub(super) async fn start(app: Router, executions: Arc<AtomicUsize>) -> Self {
+        let server = LoopbackServer::start(app).await;
+        Self {
+            url: server.url("/orders"),
+            executions,
+            _server: server,
+        }
+    }
+
+    /// Sends 25 identical POSTs under `key` to this server at once (see [`concurrent_posts`]).
+    pub(super) async fn concurrent_posts(&self, key: &str) -> Vec<(StatusCode, bool, Bytes)> {
+        let urls = std::slice::from_ref(&self.url);
+        concurrent_posts(&reqwest::Client::new(), urls, key).await
     }
 }
 

@@ -104,13 +104,7 @@ pub(super) fn one_result_for_all(answers: &[(StatusCode, bool, Bytes)]) {
 pub async fn waiting_duplicates_get_the_result_over_http(store: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
     let (server, layer) = serve_waiting(store, executions, MAX_WAIT, First::Succeeds).await;
-    let client = reqwest::Client::new();
-    let answers = concurrent_posts(
-        &client,
-        std::slice::from_ref(&server.url),
-        &fresh_key("wait"),
-    )
-    .await;
+    let answers = server.concurrent_posts(&fresh_key("wait")).await;
     one_result_for_all(&answers);
     assert_eq!(server.executions.load(Ordering::SeqCst), 1);
     assert_eq!(layer.waiting(), 0);
@@ -122,13 +116,7 @@ pub async fn waiting_duplicates_get_the_result_over_http(store: Arc<dyn Store>) 
 pub async fn waiting_duplicates_run_once_after_a_release_over_http(store: Arc<dyn Store>) {
     let executions = Arc::new(AtomicUsize::new(0));
     let (server, layer) = serve_waiting(store, executions, MAX_WAIT, First::Fails).await;
-    let client = reqwest::Client::new();
-    let answers = concurrent_posts(
-        &client,
-        std::slice::from_ref(&server.url),
-        &fresh_key("wait-release"),
-    )
-    .await;
+    let answers = server.concurrent_posts(&fresh_key("wait-release")).await;
     let (failed, succeeded): (Vec<_>, Vec<_>) = answers
         .into_iter()
         .partition(|(status, _, _)| *status == StatusCode::INTERNAL_SERVER_ERROR);

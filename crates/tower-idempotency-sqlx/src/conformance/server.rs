@@ -15,7 +15,7 @@ use axum::{
 };
 use sqlx::Pool;
 use tokio::sync::{Notify, Semaphore};
-use tower_idempotency_core::{CacheDirective, IdempotencyLayer};
+use tower_idempotency_core::{conformance::LoopbackServer, CacheDirective, IdempotencyLayer};
 
 use super::{EffectsDb, Fixture};
 use crate::IdempotentTx;
@@ -87,15 +87,7 @@ pub struct EffectsServer<DB: EffectsDb> {
     pub base: String,
     app: Arc<App>,
     pool: Pool<DB>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl<DB: EffectsDb> Drop for EffectsServer<DB> {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+    _server: LoopbackServer,
 }
 
 impl<DB: EffectsDb> EffectsServer<DB> {
@@ -124,12 +116,12 @@ impl<DB: EffectsDb> EffectsServer<DB> {
                     .route_layer(plain),
             )
             .with_state(app.clone());
-        let (base, stop) = serve(router).await;
+        let server = LoopbackServer::start(router).await;
         Self {
-            base,
+            base: server.url(""),
             app,
             pool: fixture.pool.clone(),
-            stop: Some(stop),
+            _server: server,
         }
     }
 
@@ -210,24 +202,6 @@ fn failing_service<DB: EffectsDb>(
     any_service(HandleError::new(failing, |_: std::io::Error| async {
         StatusCode::BAD_GATEWAY
     }))
-}
-
-/// Serves `router` on `127.0.0.1:0` until the sender is dropped or sent to: its base URL and
-/// that sender.
-async fn serve(router: Router) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    (base, stop)
 }
 
 /// The request's `Idempotency-Key`, empty when absent.
