@@ -1,12 +1,6 @@
 //! The layer over real HTTP: a server on 127.0.0.1:0 and a real client.
 
-use std::{
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     extract::State,
@@ -22,31 +16,16 @@ use tower_idempotency_core::{
 };
 use tower_idempotency_testkit::{Call, CapturedLogs, CountingStore, Hooked, Hooks, Outage};
 
-#[derive(Clone, Default)]
-struct Handler {
-    executions: Arc<AtomicUsize>,
-    started: Arc<Notify>,
-    proceed: Arc<Notify>,
-    block: bool,
-}
+type Handler = tower_idempotency_testkit::HeldHandler;
 
-impl Handler {
-    fn blocking() -> Self {
-        Self {
-            block: true,
-            ..Self::default()
-        }
-    }
-
-    /// Lets the held first execution go on and checks that its caller got the created order.
-    async fn finish(&self, first: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
-        self.proceed.notify_one();
-        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
-    }
-
-    fn count(&self) -> usize {
-        self.executions.load(Ordering::SeqCst)
-    }
+/// Lets the held first execution of `handler` go on and checks that its caller got the created
+/// order.
+async fn finish(
+    handler: &Handler,
+    first: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    handler.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
 }
 
 async fn create_order(
@@ -54,12 +33,7 @@ async fn create_order(
     headers: HeaderMap,
     body: Bytes,
 ) -> impl IntoResponse {
-    let n = h.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    // Only the first execution blocks: a second one (a regression) must answer, not hang.
-    if h.block && n == 1 {
-        h.started.notify_one();
-        h.proceed.notified().await;
-    }
+    let n = h.execute().await;
     match headers.get("x-behaviour").and_then(|v| v.to_str().ok()) {
         Some("panic-first") if n == 1 => panic!("handler exploded"),
         Some("fail") => (StatusCode::BAD_REQUEST, "invalid order").into_response(),
@@ -494,7 +468,7 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.headers()["retry-after"], "2");
     assert_problem(duplicate, StatusCode::CONFLICT, "in-flight").await;
-    handler.finish(first).await;
+    finish(&handler, first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -518,7 +492,7 @@ async fn retry_after_on_409_never_outlasts_the_holders_lease() {
         (1..=3).contains(&after),
         "Retry-After {after} must lie within the holder's 3 s lease"
     );
-    handler.finish(first).await;
+    finish(&handler, first).await;
     assert_eq!(handler.count(), 1);
 }
 
@@ -684,7 +658,7 @@ async fn a_slow_handler_keeps_its_lease() {
     tokio::time::sleep(lease * 3).await;
     let duplicate = server.send(Some("slow"), "{}").await;
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-    handler.finish(first).await;
+    finish(&handler, first).await;
     assert_eq!(handler.count(), 1);
 }
 

@@ -7,16 +7,12 @@ use std::{
     cell::RefCell,
     collections::HashMap,
     future::Future,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
 use axum::{extract::State, http::StatusCode, routing::post, Router};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tokio::sync::Notify;
 use tower_idempotency_core::{
     store_key_from_parts, IdempotencyLayer, MemoryStore, Store, HANDLERS_IN_FLIGHT,
     LEASE_RENEWALS_LOST_TOTAL, REQUESTS_TOTAL, RESULTS_UNRECORDED_TOTAL,
@@ -106,20 +102,10 @@ fn recorded<F: Future<Output = ()>>(test: impl FnOnce(Recorded) -> F) {
     metrics::with_local_recorder(&recorder, || runtime.block_on(test(metrics)));
 }
 
-#[derive(Clone, Default)]
-struct Handler {
-    executions: Arc<AtomicUsize>,
-    started: Arc<Notify>,
-    proceed: Arc<Notify>,
-    block: bool,
-}
+type Handler = tower_idempotency_testkit::HeldHandler;
 
 async fn order(State(h): State<Handler>) -> (StatusCode, &'static str) {
-    h.executions.fetch_add(1, Ordering::SeqCst);
-    if h.block {
-        h.started.notify_one();
-        h.proceed.notified().await;
-    }
+    h.execute().await;
     (StatusCode::CREATED, "created")
 }
 
@@ -211,10 +197,7 @@ fn store_calls_are_timed_by_operation_and_store() {
 #[test]
 fn concurrent_duplicates_run_one_handler_and_the_gauge_follows_it() {
     recorded(|metrics| async move {
-        let handler = Handler {
-            block: true,
-            ..Handler::default()
-        };
+        let handler = Handler::blocking();
         let (client, url) = serve_orders(handler.clone()).await;
         let in_flight = || metrics.gauge(HANDLERS_IN_FLIGHT, &[("namespace", "orders")]);
 
@@ -244,10 +227,7 @@ fn concurrent_duplicates_run_one_handler_and_the_gauge_follows_it() {
 #[test]
 fn a_lost_lease_counts_the_lost_renewal_and_the_unrecorded_result() {
     recorded(|metrics| async move {
-        let handler = Handler {
-            block: true,
-            ..Handler::default()
-        };
+        let handler = Handler::blocking();
         let store = Arc::new(MemoryStore::new());
         let lease = Duration::from_millis(100);
         let layer = IdempotencyLayer::client_keys(store.clone())

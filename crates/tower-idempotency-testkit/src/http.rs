@@ -5,7 +5,12 @@ use axum::{
     http::{Request, StatusCode},
     Router,
 };
-use tokio::net::TcpListener;
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+use tokio::{net::TcpListener, sync::Notify};
 
 /// An app on a free loopback port that shuts down gracefully when dropped: the conformance
 /// suite's.
@@ -69,4 +74,45 @@ pub async fn post_order(
         .get("idempotent-replayed")
         .is_some_and(|v| v == "true");
     (response, replayed)
+}
+
+/// The state of a test handler that counts its executions and, when made
+/// [`blocking`](Self::blocking), holds the first one: it notifies `started` and waits for
+/// `proceed`, so a test can send duplicates while the first request runs.
+#[derive(Clone, Debug, Default)]
+pub struct HeldHandler {
+    /// Executions so far.
+    pub executions: Arc<AtomicUsize>,
+    /// Notified when a blocking handler's first execution starts.
+    pub started: Arc<Notify>,
+    /// Lets a blocking handler's first execution go on.
+    pub proceed: Arc<Notify>,
+    /// Whether the first execution waits for `proceed`.
+    pub block: bool,
+}
+
+impl HeldHandler {
+    /// A handler whose first execution waits for `proceed`.
+    pub fn blocking() -> Self {
+        Self {
+            block: true,
+            ..Self::default()
+        }
+    }
+
+    /// Counts an execution and answers its number (from 1). Only the first execution of a
+    /// blocking handler waits: a second one (a regression) must answer, not hang.
+    pub async fn execute(&self) -> usize {
+        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.block && n == 1 {
+            self.started.notify_one();
+            self.proceed.notified().await;
+        }
+        n
+    }
+
+    /// Executions so far.
+    pub fn count(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
 }

@@ -31,7 +31,7 @@ pub use env::{
     database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
     unix_now, which,
 };
-pub use http::{echo_created, order_request, post_order, serve, Server};
+pub use http::{echo_created, order_request, post_order, serve, HeldHandler, Server};
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
 pub use ports::ReservedPort;
