@@ -10,6 +10,8 @@
 //!   MAC'd twice: the port-less and the explicit-port URL).
 //! - `twilio_over_cap`: a 1 MiB form of ~300k parameters, refused by its count.
 
+mod common;
+
 use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -23,17 +25,9 @@ use tower_idempotency_webhooks::{
     standard, stripe, twilio, Verifier, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES,
 };
 
-const SIZE: usize = 1024 * 1024;
-const TS: u64 = 1_700_000_000;
-const SECRET: &str = "whsec_bench_secret_0123456789";
+use common::{parts, SECRET, TS};
 
-fn parts(uri: &str, headers: &[(&str, String)]) -> Parts {
-    let mut builder = http::Request::post(uri);
-    for (name, value) in headers {
-        builder = builder.header(*name, value.as_str());
-    }
-    builder.body(()).unwrap().into_parts().0
-}
+const SIZE: usize = 1024 * 1024;
 
 type Case = (&'static str, Box<dyn Verifier>, Parts, Bytes);
 
@@ -164,10 +158,7 @@ fn bench(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2));
+    config = common::criterion(10);
     targets = bench
 }
 criterion_main!(benches);

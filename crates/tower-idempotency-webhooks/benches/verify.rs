@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 fn bench(c: &mut Criterion) {
@@ -26,10 +24,7 @@ fn bench(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2));
+    config = common::criterion(20);
     targets = bench
 }
 criterion_main!(benches);
