@@ -147,6 +147,14 @@ async fn complete_as(store: &dyn Store, key: &str, holder: u64, cached: &CachedR
     assert_eq!(done.expect("complete"), Ownership::Current);
 }
 
+/// Claims `key` as another caller does: with a fresh token.
+async fn claim_as_another(store: &dyn Store, key: &str, fp: &Fingerprint) -> ClaimOutcome {
+    store
+        .claim(key, fp, fresh_token(), LONG)
+        .await
+        .expect("claim")
+}
+
 /// Claims `key` with a fresh token and answers the completed record found there; anything else
 /// panics with `expected` and what was found.
 async fn replayed(
@@ -155,11 +163,7 @@ async fn replayed(
     fp: &Fingerprint,
     expected: &str,
 ) -> CompletedRecord {
-    match store
-        .claim(key, fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
+    match claim_as_another(store, key, fp).await {
         ClaimOutcome::Completed { record, .. } => record,
         other => panic!("{expected}, got {other:?}"),
     }

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use super::{
-    claim_token, complete_as, fingerprint, fresh_key, fresh_token, replayed, response, token, LONG,
-    SHORT_LEASE,
+    claim_as_another, claim_token, complete_as, fingerprint, fresh_key, fresh_token, replayed,
+    response, token, LONG, SHORT_LEASE,
 };
 use crate::store::{
     ClaimOutcome, CompletedRecord, FencingToken, Fingerprint, Ownership, RecordState, Store,
@@ -53,11 +53,7 @@ pub async fn caller_token_is_used_and_a_repeated_claim_is_claimed(store: Arc<dyn
         Some(RecordState::InFlight { token, .. }) => assert_eq!(token, mine),
         other => panic!("expected my in-flight record, got {other:?}"),
     }
-    match store
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
+    match claim_as_another(&*store, &key, &fp).await {
         ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, fp),
         other => panic!("another token must see the key in flight, got {other:?}"),
     }
@@ -78,11 +74,7 @@ pub async fn remaining_ttl_is_reported_and_decreases(store: Arc<dyn Store>) {
     let ttl = Duration::from_secs(30);
     let done = store.complete(&key, token(t), &response("x"), ttl).await;
     assert_eq!(done.expect("complete"), Ownership::Current);
-    let first = match store
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
+    let first = match claim_as_another(&*store, &key, &fp).await {
         ClaimOutcome::Completed { ttl_remaining, .. } => ttl_remaining,
         other => panic!("expected completed, got {other:?}"),
     };
@@ -227,11 +219,7 @@ pub async fn lease_expiry_allows_reclaim(store: Arc<dyn Store>) {
     let key = fresh_key("lease");
     let fp = fingerprint(4);
     claim_token(&*store, &key, &fp, SHORT_LEASE).await;
-    match store
-        .claim(&key, &fp, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
+    match claim_as_another(&*store, &key, &fp).await {
         ClaimOutcome::InFlight {
             lease_remaining, ..
         } => assert!(lease_remaining <= SHORT_LEASE, "{lease_remaining:?}"),
@@ -273,11 +261,7 @@ pub async fn fingerprint_is_reported(store: Arc<dyn Store>) {
     let key = fresh_key("fingerprint");
     let (original, other) = (fingerprint(6), fingerprint(7));
     let t = claim_token(&*store, &key, &original, LONG).await;
-    match store
-        .claim(&key, &other, fresh_token(), LONG)
-        .await
-        .expect("claim")
-    {
+    match claim_as_another(&*store, &key, &other).await {
         ClaimOutcome::InFlight { fingerprint, .. } => assert_eq!(fingerprint, original),
         other => panic!("expected in flight, got {other:?}"),
     }
