@@ -422,6 +422,7 @@ macro_rules! forward_store {
         }
     };
 }
+#[cfg(feature = "conformance")]
 pub(crate) use forward_store;
 
 /// The `$around` of a wrapper that adds nothing to the calls it forwards.
