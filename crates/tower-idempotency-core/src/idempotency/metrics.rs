@@ -129,26 +129,20 @@ impl Drop for HandlerInFlight {
 
 /// Counts a renewal the store answered as lost.
 pub(super) fn lease_renewal_lost(config: &Config) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(
-        LEASE_RENEWALS_LOST_TOTAL,
-        "namespace" => config.scope.namespace().to_owned(),
-    )
-    .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = config;
+    count_in_namespace(LEASE_RENEWALS_LOST_TOTAL, config);
 }
 
 /// Counts a result that could not be recorded.
 pub(super) fn result_unrecorded(config: &Config) {
+    count_in_namespace(RESULTS_UNRECORDED_TOTAL, config);
+}
+
+/// Adds one to the counter `name` of the layer's namespace.
+fn count_in_namespace(name: &'static str, config: &Config) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(
-        RESULTS_UNRECORDED_TOTAL,
-        "namespace" => config.scope.namespace().to_owned(),
-    )
-    .increment(1);
+    ::metrics::counter!(name, "namespace" => config.scope.namespace().to_owned()).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = config;
+    let _ = (name, config);
 }
 
 /// Counts the request `answer` answers, by the [`Outcome`] in its extensions (an error from the
