@@ -152,20 +152,16 @@ async fn skip_stale(store: &str, bases: &[&str], label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_ordering_sqlite() {
-    let (dir, store) = sqlite_store("order-seq");
+    let (_dir, store) = sqlite_store("order-seq");
     let receiver = start(&store, "sequential");
     sequential(&store, &[&receiver.base], "sqlite").await;
-    drop(receiver);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skip_stale_ordering_sqlite() {
-    let (dir, store) = sqlite_store("order-stale");
+    let (_dir, store) = sqlite_store("order-stale");
     let receiver = start(&store, "skip-stale");
     skip_stale(&store, &[&receiver.base], "sqlite").await;
-    drop(receiver);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

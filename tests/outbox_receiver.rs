@@ -137,9 +137,8 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_survives_sigkill_exactly_once_downstream_sqlite() {
-    let (dir, store) = sqlite_store("outbox-crash");
+    let (_dir, store) = sqlite_store("outbox-crash");
     killed_while_relaying(&store, "sqlite", 5).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
