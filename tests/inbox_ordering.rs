@@ -22,13 +22,15 @@ use support::*;
 const SECRET: &str = "whsec_inbox_ordering_test";
 
 fn start(store: &str, ordering: &str) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", "50".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("INBOX_ORDERING", ordering.to_owned()),
-    ])
+    Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("HANDLER_DELAY_MS", "50".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_ORDERING", ordering.to_owned()),
+        ],
+    )
 }
 
 async fn send(base: &str, id: &str, object: &str, created: i64) {

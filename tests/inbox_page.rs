@@ -93,15 +93,17 @@ async fn the_operator_page_lists_shows_and_retries_in_chromium_postgres() {
 async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let store = store.to_owned();
     let heal = dir.join("heal");
-    let receiver = Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.clone()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("INBOX_ADMIN", "1".to_owned()),
-        ("INBOX_HEAL_FILE", heal.display().to_string()),
-        ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-    ]);
+    let receiver = Receiver::stripe(
+        &store,
+        SECRET,
+        &[
+            ("INBOX_ADMIN", "1".to_owned()),
+            ("INBOX_HEAL_FILE", heal.display().to_string()),
+            ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+        ],
+    );
     let base = receiver.base.clone();
     let client = reqwest::Client::new();
     // One permanent failure to retry alone, two poisoned events and one more permanent failure

@@ -29,15 +29,17 @@ const LEASE_MS: u64 = 1500;
 const EVENTS_PER_ROUND: usize = 6;
 
 fn start(store: &str, handler_delay_ms: u64, max_attempts: u32) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
-        ("INBOX_LEASE_MS", LEASE_MS.to_string()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
-    ])
+    Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+            ("INBOX_LEASE_MS", LEASE_MS.to_string()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
+        ],
+    )
 }
 
 /// Polls `GET /effects` until `done` holds for it, failing after 20 s.
@@ -250,15 +252,17 @@ async fn until_scalar(store: &str, sql: &str, event_id: &str, want: i64) {
 async fn attempts_spent_by_kills(store: &str, label: &str) {
     let client = reqwest::Client::new();
     let spawn = |delay_ms: u64| {
-        Receiver::start(&[
-            ("IDEMPOTENCY_STORE", store.to_owned()),
-            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-            ("HANDLER_DELAY_MS", delay_ms.to_string()),
-            ("INBOX_LEASE_MS", "400".to_owned()),
-            ("INBOX_SWEEP_MS", "20".to_owned()),
-            ("INBOX_BACKOFF_MS", "10".to_owned()),
-            ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
-        ])
+        Receiver::stripe(
+            store,
+            SECRET,
+            &[
+                ("HANDLER_DELAY_MS", delay_ms.to_string()),
+                ("INBOX_LEASE_MS", "400".to_owned()),
+                ("INBOX_SWEEP_MS", "20".to_owned()),
+                ("INBOX_BACKOFF_MS", "10".to_owned()),
+                ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
+            ],
+        )
     };
     let id = format!("evt_killed_{}", random_suffix());
     let attempts = "SELECT CAST(attempts AS bigint) FROM webhook_inbox WHERE event_id = $1";

@@ -128,15 +128,17 @@ async fn outbox_page(store: &str, screenshot: bool) {
     )
     .await;
     let url = format!("http://{}/orders", server.addr);
-    let receiver = Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("INBOX_ADMIN", "1".to_owned()),
-        ("INBOX_MAX_ATTEMPTS", "3".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("OUTBOX_TARGET_URL", url.clone()),
-    ]);
+    let receiver = Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("INBOX_ADMIN", "1".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", "3".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("OUTBOX_TARGET_URL", url.clone()),
+        ],
+    );
     let base = receiver.base.clone();
     let client = reqwest::Client::new();
     // The event id (and so the message key) is text on the page, not markup.

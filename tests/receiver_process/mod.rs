@@ -70,6 +70,17 @@ impl Receiver {
         Self { child, base }
     }
 
+    /// Starts the receiver on `store` (its `IDEMPOTENCY_STORE`) verifying Stripe deliveries with
+    /// `secret`, with the variables `env` too.
+    pub fn stripe(store: &str, secret: &str, env: &[(&str, String)]) -> Self {
+        let mut all = vec![
+            ("IDEMPOTENCY_STORE", store.to_owned()),
+            ("STRIPE_WEBHOOK_SECRET", secret.to_owned()),
+        ];
+        all.extend_from_slice(env);
+        Self::start(&all)
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL: no drain, no destructors, no rollback sent.
         let _ = self.child.wait();
