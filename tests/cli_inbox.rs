@@ -253,10 +253,7 @@ async fn inbox_list_and_retry_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_list_and_retry_postgres() {
-    if !reachable(&host_port(&database_url())) {
-        skip("inbox CLI test (postgres)", "Postgres is not reachable");
-        return;
-    }
+    require_postgres!("inbox CLI test (postgres)");
     let url = database_url();
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let table = format!("cli_inbox_{}", random_suffix());

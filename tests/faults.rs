@@ -511,13 +511,15 @@ async fn effects(receiver: &Receiver, client: &reqwest::Client) -> HashMap<Strin
 /// The receiver verifying Stripe deliveries against `store`, its handler taking
 /// `handler_delay_ms`, its leases `lease_ms`.
 fn start_receiver(store: &str, handler_delay_ms: u64, lease_ms: u64) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", CRASH_SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
-        ("IDEMPOTENCY_LEASE_MS", lease_ms.to_string()),
-        ("IDEMPOTENCY_TTL_SECS", "60".to_owned()),
-    ])
+    Receiver::stripe(
+        store,
+        CRASH_SECRET,
+        &[
+            ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+            ("IDEMPOTENCY_LEASE_MS", lease_ms.to_string()),
+            ("IDEMPOTENCY_TTL_SECS", "60".to_owned()),
+        ],
+    )
 }
 
 const CRASH_SECRET: &str = "whsec_crash_test_secret";

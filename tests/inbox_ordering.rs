@@ -22,13 +22,15 @@ use support::*;
 const SECRET: &str = "whsec_inbox_ordering_test";
 
 fn start(store: &str, ordering: &str) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", "50".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("INBOX_ORDERING", ordering.to_owned()),
-    ])
+    Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("HANDLER_DELAY_MS", "50".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_ORDERING", ordering.to_owned()),
+        ],
+    )
 }
 
 async fn send(base: &str, id: &str, object: &str, created: i64) {
@@ -152,20 +154,16 @@ async fn skip_stale(store: &str, bases: &[&str], label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_ordering_sqlite() {
-    let (dir, store) = sqlite_store("order-seq");
+    let (_dir, store) = sqlite_store("order-seq");
     let receiver = start(&store, "sequential");
     sequential(&store, &[&receiver.base], "sqlite").await;
-    drop(receiver);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skip_stale_ordering_sqlite() {
-    let (dir, store) = sqlite_store("order-stale");
+    let (_dir, store) = sqlite_store("order-stale");
     let receiver = start(&store, "skip-stale");
     skip_stale(&store, &[&receiver.base], "sqlite").await;
-    drop(receiver);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

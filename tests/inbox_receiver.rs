@@ -13,7 +13,7 @@
 mod receiver_process;
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use receiver_process::{
@@ -29,15 +29,17 @@ const LEASE_MS: u64 = 1500;
 const EVENTS_PER_ROUND: usize = 6;
 
 fn start(store: &str, handler_delay_ms: u64, max_attempts: u32) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
-        ("INBOX_LEASE_MS", LEASE_MS.to_string()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
-    ])
+    Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("HANDLER_DELAY_MS", handler_delay_ms.to_string()),
+            ("INBOX_LEASE_MS", LEASE_MS.to_string()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", max_attempts.to_string()),
+        ],
+    )
 }
 
 /// Polls `GET /effects` until `done` holds for it, failing after 20 s.
@@ -46,18 +48,15 @@ async fn effects_until(
     base: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let effects = get_json(client, format!("{base}/effects")).await;
-        if done(&effects) {
-            return effects;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "effects never settled: {effects}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let effects = || get_json(client, format!("{base}/effects"));
+    poll_until("the effects", Duration::from_millis(25), effects, done).await
+}
+
+/// Polls `GET /inbox/failed` until it lists `event_id` (`what` names it), failing after 20 s.
+async fn listed_failed(client: &reqwest::Client, base: &str, what: &str, event_id: &str) {
+    let failed = || get_json(client, format!("{base}/inbox/failed"));
+    let lists = |failed: &Value| failed.as_array().unwrap().iter().any(|id| id == event_id);
+    poll_until(what, Duration::from_millis(25), failed, lists).await;
 }
 
 /// The rows of `inbox_effects` for `event_id`, read from the database.
@@ -178,23 +177,7 @@ async fn routes(store: &str, label: &str) {
         effects[format!("inbox:{flaky}")] == 1
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let failed = get_json(&client, format!("{base}/inbox/failed")).await;
-        if failed
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|id| id == poison.as_str())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{label}: {poison} never failed: {failed}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    listed_failed(&client, &base, &format!("{label}: {poison}"), &poison).await;
     assert_eq!(
         rows(store, &poison).await,
         0,
@@ -257,18 +240,9 @@ async fn routes(store: &str, label: &str) {
 
 /// Waits until `sql` (one `$1` parameter, `event_id`) answers `want`, failing after 20 s.
 async fn until_scalar(store: &str, sql: &str, event_id: &str, want: i64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = count(store, sql, event_id).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{event_id}: {sql} answered {got}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{event_id}: {sql} answering {want}");
+    let got = || count(store, sql, event_id);
+    poll_until(&what, Duration::from_millis(20), got, |got| *got == want).await;
 }
 
 /// With `INBOX_MAX_ATTEMPTS=2`, a receiver whose handler takes a minute is SIGKILLed mid-handler
@@ -278,15 +252,17 @@ async fn until_scalar(store: &str, sql: &str, event_id: &str, want: i64) {
 async fn attempts_spent_by_kills(store: &str, label: &str) {
     let client = reqwest::Client::new();
     let spawn = |delay_ms: u64| {
-        Receiver::start(&[
-            ("IDEMPOTENCY_STORE", store.to_owned()),
-            ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-            ("HANDLER_DELAY_MS", delay_ms.to_string()),
-            ("INBOX_LEASE_MS", "400".to_owned()),
-            ("INBOX_SWEEP_MS", "20".to_owned()),
-            ("INBOX_BACKOFF_MS", "10".to_owned()),
-            ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
-        ])
+        Receiver::stripe(
+            store,
+            SECRET,
+            &[
+                ("HANDLER_DELAY_MS", delay_ms.to_string()),
+                ("INBOX_LEASE_MS", "400".to_owned()),
+                ("INBOX_SWEEP_MS", "20".to_owned()),
+                ("INBOX_BACKOFF_MS", "10".to_owned()),
+                ("INBOX_MAX_ATTEMPTS", "2".to_owned()),
+            ],
+        )
     };
     let id = format!("evt_killed_{}", random_suffix());
     let attempts = "SELECT CAST(attempts AS bigint) FROM webhook_inbox WHERE event_id = $1";
@@ -306,18 +282,7 @@ async fn attempts_spent_by_kills(store: &str, label: &str) {
     second.kill();
 
     let mut third = spawn(60_000);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let failed = get_json(&client, format!("{}/inbox/failed", third.base)).await;
-        if failed.as_array().unwrap().iter().any(|f| f == id.as_str()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{label}: {id} never failed: {failed}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    listed_failed(&client, &third.base, &format!("{label}: {id}"), &id).await;
     third.kill();
     let spent = "SELECT count(*) FROM webhook_inbox WHERE event_id = $1 AND state = 2 \
                  AND attempts = 2 AND last_error LIKE 'no attempts remain%'";
@@ -380,24 +345,21 @@ async fn retention_purges_processed_events(store: &str, label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_survives_sigkill_exactly_once_sqlite() {
-    let (dir, store) = sqlite_store("inbox-crash");
+    let (_dir, store) = sqlite_store("inbox-crash");
     killed_mid_handler(&store, "sqlite", 4).await;
     routes(&store, "sqlite").await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_kills_spend_the_attempts_sqlite() {
-    let (dir, store) = sqlite_store("inbox-spent");
+    let (_dir, store) = sqlite_store("inbox-spent");
     attempts_spent_by_kills(&store, "sqlite").await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_retention_purges_sqlite() {
-    let (dir, store) = sqlite_store("inbox-retention");
+    let (_dir, store) = sqlite_store("inbox-retention");
     retention_purges_processed_events(&store, "sqlite").await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,10 +376,7 @@ async fn inbox_kills_spend_the_attempts_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_survives_sigkill_exactly_once_postgres() {
-    if !reachable(&host_port(&database_url())) {
-        skip("inbox crash test (postgres)", "Postgres is not reachable");
-        return;
-    }
+    require_postgres!("inbox crash test (postgres)");
     let database = Database::create(format!("tidem_inbox_{}", random_suffix())).await;
     killed_mid_handler(&database.url(), "postgres", 4).await;
     routes(&database.url(), "postgres").await;

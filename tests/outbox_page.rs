@@ -22,18 +22,17 @@ mod support;
 
 use std::{
     collections::HashMap,
-    path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use axum::{extract::State, http::HeaderMap, http::StatusCode, routing::post, Router};
-use browser::{browser_installed, deliver, text_until, Driver};
+use browser::{attrs, browser_installed, click, deliver, open_page, text_until, texts, Driver};
 use fantoccini::Locator;
-use receiver_process::{Database, Receiver};
+use receiver_process::{sqlite_store, Database, Receiver};
 use serde_json::Value;
 use support::*;
 use tower_idempotency_testkit::Server;
@@ -81,27 +80,24 @@ async fn message_until(
     key: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let found = || async {
         let response = client
             .get(format!("{base}/admin/outbox/message"))
             .query(&[("key", key)])
             .send()
             .await
             .unwrap();
-        let found: Option<Value> = if response.status() == 200 {
-            Some(serde_json::from_slice(&response.bytes().await.unwrap()).unwrap())
+        if response.status() == 200 {
+            Some(serde_json::from_slice::<Value>(&response.bytes().await.unwrap()).unwrap())
         } else {
             None
-        };
-        if let Some(message) = &found {
-            if done(message) {
-                return message.clone();
-            }
         }
-        assert!(Instant::now() < deadline, "{key} never settled: {found:?}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    };
+    let settled = |found: &Option<Value>| found.as_ref().is_some_and(&done);
+    let what = format!("{key} settling");
+    poll_until(&what, Duration::from_millis(25), found, settled)
+        .await
+        .expect("settled")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,11 +105,8 @@ async fn the_outbox_page_lists_shows_and_retries_in_chromium_sqlite() {
     if !browser_installed("the outbox page's browser test") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("tidem-outbox-page-{}", random_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}", dir.join("receiver.db").display());
+    let (_dir, store) = sqlite_store("outbox-page");
     outbox_page(&store, true).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,15 +128,17 @@ async fn outbox_page(store: &str, screenshot: bool) {
     )
     .await;
     let url = format!("http://{}/orders", server.addr);
-    let receiver = Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("INBOX_ADMIN", "1".to_owned()),
-        ("INBOX_MAX_ATTEMPTS", "3".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("OUTBOX_TARGET_URL", url.clone()),
-    ]);
+    let receiver = Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("INBOX_ADMIN", "1".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", "3".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("OUTBOX_TARGET_URL", url.clone()),
+        ],
+    );
     let base = receiver.base.clone();
     let client = reqwest::Client::new();
     // The event id (and so the message key) is text on the page, not markup.
@@ -156,51 +151,23 @@ async fn outbox_page(store: &str, screenshot: bool) {
 
     let driver = Driver::start();
     let browser = driver.session().await;
-    let page = format!("{base}/admin/outbox/page");
-    // The mount path leads to the page.
-    browser.goto(&format!("{base}/admin/outbox")).await.unwrap();
-    assert_eq!(browser.current_url().await.unwrap().as_str(), page);
-    // Turned off so that no reload replaces the elements under the test.
-    let refresh = browser.find(Locator::Id("refresh")).await.unwrap();
-    refresh.click().await.unwrap();
-    browser.refresh().await.unwrap();
-    let mut listed = Vec::new();
-    for row in browser
-        .find_all(Locator::Css("#messages tbody tr"))
-        .await
-        .unwrap()
-    {
-        listed.push(row.attr("data-key").await.unwrap().unwrap());
-    }
+    open_page(&browser, &format!("{base}/admin/outbox")).await;
+    let listed = attrs(&browser, "#messages tbody tr", "data-key").await;
     assert_eq!(
         listed,
         vec![key.clone()],
         "the page lists the failed message"
     );
     // pending, delivered, failed, discarded
-    let mut counts = Vec::new();
-    for cell in browser
-        .find_all(Locator::Css("#counts tbody td"))
-        .await
-        .unwrap()
-    {
-        counts.push(cell.text().await.unwrap());
-    }
+    let counts = texts(&browser, "#counts tbody td").await;
     assert_eq!(counts, ["0", "0", "1", "0"]);
     text_until(&browser, "#messages td.err", "HTTP 400").await;
     if screenshot {
-        let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("outbox-page.png");
-        std::fs::write(&shot, browser.screenshot().await.unwrap()).unwrap();
+        browser::screenshot(&browser, "outbox-page.png").await;
     }
 
     // The detail, reached by its link.
-    browser
-        .find(Locator::LinkText(&key))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, Locator::LinkText(&key)).await;
     text_until(&browser, "#message-key", &key).await;
     let error = text_until(&browser, "#last-error", "refused").await;
     assert_eq!(error, "HTTP 400: the receiver refused the message with 400");
@@ -211,13 +178,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
 
     // The target accepts from now on; "Retry" puts the message back and the relay delivers it.
     target.accept.store(true, Ordering::SeqCst);
-    browser
-        .find(Locator::Id("retry"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, Locator::Id("retry")).await;
     text_until(&browser, "#status", "Retried").await;
     let delivered = message_until(&client, &base, &key, |m| m["state"] == "delivered").await;
     assert_eq!(delivered["attempts"], 1, "one attempt after the retry");

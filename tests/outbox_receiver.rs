@@ -30,16 +30,18 @@ const DOWNSTREAM_DELAY_MS: u64 = 150;
 const EVENTS_PER_ROUND: usize = 6;
 
 fn upstream(store: &str, target: &str) -> Receiver {
-    Receiver::start(&[
-        ("IDEMPOTENCY_STORE", store.to_owned()),
-        ("STRIPE_WEBHOOK_SECRET", SECRET.to_owned()),
-        ("HANDLER_DELAY_MS", "50".to_owned()),
-        ("INBOX_LEASE_MS", "1500".to_owned()),
-        ("INBOX_SWEEP_MS", "20".to_owned()),
-        ("INBOX_BACKOFF_MS", "10".to_owned()),
-        ("INBOX_MAX_ATTEMPTS", "1000".to_owned()),
-        ("OUTBOX_TARGET_URL", format!("{target}/orders")),
-    ])
+    Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("HANDLER_DELAY_MS", "50".to_owned()),
+            ("INBOX_LEASE_MS", "1500".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_MAX_ATTEMPTS", "1000".to_owned()),
+            ("OUTBOX_TARGET_URL", format!("{target}/orders")),
+        ],
+    )
 }
 
 fn downstream() -> Receiver {
@@ -137,9 +139,8 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_survives_sigkill_exactly_once_downstream_sqlite() {
-    let (dir, store) = sqlite_store("outbox-crash");
+    let (_dir, store) = sqlite_store("outbox-crash");
     killed_while_relaying(&store, "sqlite", 5).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

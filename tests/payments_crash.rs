@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use receiver_process::{random_below, scalars, Database, Receiver};
+use receiver_process::{get_json, random_below, scalars, Database, Receiver, TestDir};
 use serde_json::Value;
 use support::*;
 
@@ -133,15 +133,7 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
                 "{label}: {key}: the replay names the row"
             );
         }
-        let effects = client
-            .get(format!("{}/effects", second.base))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let effects: Value = serde_json::from_slice(&effects).expect("effects JSON");
+        let effects = get_json(&client, format!("{}/effects", second.base)).await;
         for key in &keys {
             assert_eq!(effects[format!("payments:{key}")], 1, "{label}: {effects}");
         }
@@ -158,22 +150,14 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_exactly_once_sqlite() {
-    let dir = std::env::temp_dir().join(format!("tidem-payments-{}", random_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}/payments.db", dir.display());
+    let dir = TestDir::new("payments");
+    let store = format!("sqlite://{}/payments.db", dir.path().display());
     killed_at_random_points(&store, "sqlite", 8).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payments_survive_sigkill_exactly_once_postgres() {
-    if !reachable(&host_port(&database_url())) {
-        skip(
-            "payments crash test (postgres)",
-            "Postgres is not reachable",
-        );
-        return;
-    }
+    require_postgres!("payments crash test (postgres)");
     let database = Database::create(format!("tidem_payments_{}", random_suffix())).await;
     killed_at_random_points(&database.url(), "postgres", 8).await;
 }

@@ -142,12 +142,7 @@ async fn sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres() {
-    if !reachable(&host_port(&database_url())) {
-        return skip(
-            "replayed signatures (postgres)",
-            "Postgres is not reachable",
-        );
-    }
+    require_postgres!("replayed signatures (postgres)");
     let guard = PgTableGuard {
         table: format!("tidem_replayed_{}", random_suffix()),
     };

@@ -55,10 +55,7 @@ async fn create_order(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_the_inbox_and_the_application_share_one_pool() {
-    if !reachable(&host_port(&database_url())) {
-        skip("shared pool (postgres)", "Postgres is not reachable");
-        return;
-    }
+    require_postgres!("shared pool (postgres)");
     let pool = PgPoolOptions::new()
         .max_connections(POOL)
         .acquire_timeout(Duration::from_secs(30))

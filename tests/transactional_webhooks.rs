@@ -102,7 +102,7 @@ async fn deliver(url: &str, (body, headers): &(String, Vec<(&'static str, String
     for (name, value) in headers {
         request = request.header(*name, value);
     }
-    request.send().await.expect("deliver").status().as_u16()
+    tower_idempotency_testkit::delivery_status(request).await
 }
 
 /// For `/stripe` and `/github` on `base`: 25 concurrent deliveries of one event leave one row
@@ -175,13 +175,7 @@ async fn webhook_layers_commit_effects_once_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_layers_commit_effects_once_postgres() {
-    if !reachable(&host_port(&database_url())) {
-        skip(
-            "transactional webhooks (postgres)",
-            "Postgres is not reachable",
-        );
-        return;
-    }
+    require_postgres!("transactional webhooks (postgres)");
     let pool = sqlx::PgPool::connect(&database_url()).await.expect("pg");
     let records = format!("tx_webhooks_{}", random_suffix());
     let store = Arc::new(PostgresStore::new(pool.clone(), &records).expect("table"));

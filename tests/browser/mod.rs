@@ -1,6 +1,6 @@
 //! The browser tests' helpers: chromedriver on a reserved loopback port driving headless
-//! Chromium (fantoccini), waiting for a page's text, and a signed Stripe delivery to the
-//! receiver under test.
+//! Chromium (fantoccini), opening, reading and clicking a page, and a signed Stripe delivery to
+//! the receiver under test.
 #![allow(dead_code)]
 
 use std::{
@@ -10,8 +10,7 @@ use std::{
 };
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use tower_idempotency::webhooks::stripe;
-use tower_idempotency_testkit::{skip, unix_now, ReservedPort};
+use tower_idempotency_testkit::{skip, ReservedPort};
 
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -82,21 +81,56 @@ impl Drop for Driver {
 
 /// Waits until the element `css` has text containing `want` (20 s at most); answers the text.
 pub async fn text_until(browser: &Client, css: &str, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = match browser.find(Locator::Css(css)).await {
+    let text = || async {
+        match browser.find(Locator::Css(css)).await {
             Ok(element) => element.text().await.unwrap_or_default(),
             Err(_) => String::new(),
-        };
-        if text.contains(want) {
-            return text;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{css} never read {want:?}: {text:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let what = format!("{css} reading {want:?}");
+    let reads = |text: &String| text.contains(want);
+    tower_idempotency_testkit::poll_until(&what, Duration::from_millis(50), text, reads).await
+}
+
+/// Finds the element `locator` and clicks it.
+pub async fn click(browser: &Client, locator: Locator<'_>) {
+    browser.find(locator).await.unwrap().click().await.unwrap();
+}
+
+/// Opens an admin router's mount path `mount` (`{base}/admin/inbox`), which must lead to its
+/// `{mount}/page`, and turns the page's refresh off so that no reload replaces the elements under
+/// the test; answers the page's URL.
+pub async fn open_page(browser: &Client, mount: &str) -> String {
+    let page = format!("{mount}/page");
+    browser.goto(mount).await.unwrap();
+    assert_eq!(browser.current_url().await.unwrap().as_str(), page);
+    click(browser, Locator::Id("refresh")).await;
+    browser.refresh().await.unwrap();
+    page
+}
+
+/// The attribute `attr` of every element `css`, in the page's order.
+pub async fn attrs(browser: &Client, css: &str, attr: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for element in browser.find_all(Locator::Css(css)).await.unwrap() {
+        values.push(element.attr(attr).await.unwrap().unwrap());
     }
+    values
+}
+
+/// The text of every element `css`, in the page's order.
+pub async fn texts(browser: &Client, css: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for element in browser.find_all(Locator::Css(css)).await.unwrap() {
+        values.push(element.text().await.unwrap());
+    }
+    values
+}
+
+/// Writes the page's screenshot to `target/tmp/<name>`.
+pub async fn screenshot(browser: &Client, name: &str) {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, browser.screenshot().await.unwrap()).unwrap();
 }
 
 /// Whether Chromium and chromedriver are installed; under `CI=true` their absence fails.
@@ -114,16 +148,8 @@ pub fn browser_installed(test: &str) -> bool {
 
 /// Delivers `body` to the receiver's `POST /inbox/stripe`, signed with `secret`; expects `200`.
 pub async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &str) {
-    let status = client
-        .post(format!("{base}/inbox/stripe"))
-        .header(
-            stripe::SIGNATURE_HEADER,
-            stripe::sign(secret, unix_now(), body.as_bytes()),
-        )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status();
-    assert_eq!(status, 200);
+    assert_eq!(
+        crate::receiver_process::deliver_stripe(client, base, secret, body).await,
+        200
+    );
 }

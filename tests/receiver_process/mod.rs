@@ -70,6 +70,17 @@ impl Receiver {
         Self { child, base }
     }
 
+    /// Starts the receiver on `store` (its `IDEMPOTENCY_STORE`) verifying Stripe deliveries with
+    /// `secret`, with the variables `env` too.
+    pub fn stripe(store: &str, secret: &str, env: &[(&str, String)]) -> Self {
+        let mut all = vec![
+            ("IDEMPOTENCY_STORE", store.to_owned()),
+            ("STRIPE_WEBHOOK_SECRET", secret.to_owned()),
+        ];
+        all.extend_from_slice(env);
+        Self::start(&all)
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill(); // SIGKILL: no drain, no destructors, no rollback sent.
         let _ = self.child.wait();
@@ -165,18 +176,14 @@ pub fn stripe_event(id: &str, kind: &str) -> String {
 pub async fn deliver_stripe(client: &reqwest::Client, base: &str, secret: &str, body: &str) -> u16 {
     use tower_idempotency::webhooks::stripe;
     let now = tower_idempotency_testkit::unix_now();
-    client
+    let request = client
         .post(format!("{base}/inbox/stripe"))
         .header(
             stripe::SIGNATURE_HEADER,
             stripe::sign(secret, now, body.as_bytes()),
         )
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status()
-        .as_u16()
+        .body(body.to_owned());
+    tower_idempotency_testkit::delivery_status(request).await
 }
 
 /// The JSON body of `GET url`.
@@ -185,11 +192,33 @@ pub async fn get_json(client: &reqwest::Client, url: String) -> serde_json::Valu
     serde_json::from_slice(&bytes).expect("JSON")
 }
 
-/// A directory of the test's own and a SQLite store URL in it; remove the directory at the end.
-pub fn sqlite_store(name: &str) -> (PathBuf, String) {
-    let suffix = crate::support::random_suffix();
-    let dir = std::env::temp_dir().join(format!("tidem-{name}-{suffix}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let store = format!("sqlite://{}/receiver.db", dir.display());
+/// A directory of the test's own (`tidem-<name>-<random>` in the temporary directory), removed
+/// with what it holds when dropped.
+pub struct TestDir(PathBuf);
+
+impl TestDir {
+    pub fn new(name: &str) -> Self {
+        let suffix = crate::support::random_suffix();
+        let dir = std::env::temp_dir().join(format!("tidem-{name}-{suffix}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A directory of the test's own and a SQLite store URL in it; keep the directory until the
+/// receivers on it are gone (declared first, it is dropped after them).
+pub fn sqlite_store(name: &str) -> (TestDir, String) {
+    let dir = TestDir::new(name);
+    let store = format!("sqlite://{}/receiver.db", dir.path().display());
     (dir, store)
 }

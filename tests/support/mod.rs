@@ -16,9 +16,22 @@ use tower_idempotency::Outcome;
 
 #[allow(unused_imports)] // Each test binary uses a different subset.
 pub use tower_idempotency_testkit::{
-    database_url, host_port, random_suffix, reachable, redis_url, serve, skip, which, Mode, Proxy,
-    RedisServer, DURABLE,
+    database_url, host_port, poll_until, postgres_or_skip, random_suffix, reachable, redis_url,
+    serve, skip, which, Mode, Proxy, RedisServer, DURABLE,
 };
+
+/// Returns from the calling test, skipped ([`postgres_or_skip`]), when the shared Postgres is not
+/// reachable; `$what` names the test.
+#[allow(unused_macros)] // Each test binary uses a different subset.
+macro_rules! require_postgres {
+    ($what:expr) => {
+        if !postgres_or_skip($what) {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub(crate) use require_postgres;
 
 /// The response header the test middleware copies the layer's [`Outcome`] into.
 pub const OUTCOME_HEADER: &str = "x-test-outcome";

@@ -3,13 +3,14 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use bytes::Bytes;
 use tokio::runtime::{Handle, Runtime};
 use tower_idempotency_core::{
     Fingerprint, FingerprintMode, IdempotencyLayer, LocalReplayCache, MemoryStore,
 };
 use tower_idempotency_redis::RedisStore;
 use tower_idempotency_sqlx::{sqlx, PostgresStore, SqliteStore};
+/// A JSON order of `size` bytes: every measurement's request body.
+pub(crate) use tower_idempotency_testkit::order_body as body;
 
 use crate::{
     alloc,
@@ -192,17 +193,6 @@ pub(crate) fn run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
-/// A JSON order of `size` bytes (padded in its `note`; never shorter than the order itself).
-pub(crate) fn body(size: usize) -> Bytes {
-    const HEAD: &[u8] = br#"{"customer":"cus_4f1c9a","currency":"eur","items":[{"sku":"sku-001","qty":2,"price":1999},{"sku":"sku-002","qty":1,"price":4999}],"note":""#;
-    const TAIL: &[u8] = br#""}"#;
-    let mut body = Vec::with_capacity(size.max(HEAD.len() + TAIL.len()));
-    body.extend_from_slice(HEAD);
-    body.resize(size.saturating_sub(TAIL.len()).max(HEAD.len()), b'x');
-    body.extend_from_slice(TAIL);
-    Bytes::from(body)
 }
 
 /// Where the stores live, and the names this run uses there.

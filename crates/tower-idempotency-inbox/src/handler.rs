@@ -98,7 +98,9 @@ pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> String {
     bounded(format!("the handler panicked: {message}"))
 }
 
-pub(crate) fn bounded(mut text: String) -> String {
+/// `text` cut to at most [`MAX_ERROR_LEN`] bytes, at a char boundary (the outbox crate's
+/// message errors are cut by it too; not a stable API).
+pub fn bounded(mut text: String) -> String {
     if text.len() > MAX_ERROR_LEN {
         let mut end = MAX_ERROR_LEN;
         while !text.is_char_boundary(end) {

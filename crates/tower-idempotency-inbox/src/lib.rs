@@ -77,13 +77,16 @@ mod ordering;
 pub mod page;
 mod retention;
 mod retry;
-mod unavailable;
+#[doc(hidden)]
+pub mod unavailable;
 mod worker;
 
 pub use ack::Ack;
 pub use acks::MAX_BATCH as MAX_ACK_BATCH;
 pub use backend::InboxDatabase;
 pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
+#[doc(hidden)]
+pub use handler::bounded;
 pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LEN};
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{

@@ -1,4 +1,5 @@
-//! [`Unavailable`]: how the admin routes and the page answer a database failure.
+//! [`Unavailable`]: how the admin routes and the page answer a database failure (the outbox
+//! crate's answer too; not a stable API).
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use tower_idempotency_core::{Problem, Rejection};
 use crate::InboxError;
 
 /// A database failure, answered without its details.
-pub(crate) struct Unavailable;
+pub struct Unavailable;
 
 impl From<InboxError> for Unavailable {
     fn from(error: InboxError) -> Self {

@@ -5,8 +5,6 @@
 #[macro_use]
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use futures_util::future::join_all;
 use tower_idempotency_inbox::EventState;
@@ -64,8 +62,7 @@ async fn a_burst_is_committed_together_and_stored_once<DB: Fixture>() {
             bodies.len()
         );
     }
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// A trigger refuses one event id: delivered at once with 40 others, that one is answered `503`

@@ -10,17 +10,12 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::future::join_all;
-use tower_idempotency_inbox::{admin, Backoff, EventKey, EventState, InboxWorker, WorkerBuilder};
+use tower_idempotency_inbox::{admin, EventKey, EventState, InboxWorker, WorkerBuilder};
 use tower_idempotency_sqlx::sqlx;
 
 /// Retries a few milliseconds apart, swept every 10 ms.
 fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
-    builder
-        .backoff(Backoff::exponential(
-            Duration::from_millis(5),
-            Duration::from_millis(20),
-        ))
-        .sweep_every(Duration::from_millis(10))
+    quick_retries(builder, Duration::from_millis(10))
 }
 
 async fn start<DB: Fixture>(setup: &Setup<DB>, probe: &Probe) -> InboxWorker {
@@ -37,12 +32,6 @@ async fn running<DB: Fixture>() -> (Setup<DB>, Probe, InboxWorker, String, reqwe
     let worker = start(&setup, &probe).await;
     let url = serve(&setup.inbox).await;
     (setup, probe, worker, url, reqwest::Client::new())
-}
-
-/// Drains `worker`, which must finish within 30 s, and drops the test's tables.
-async fn finish<DB: Fixture>(worker: InboxWorker, setup: Setup<DB>) {
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
 }
 
 /// 10 rounds of 25 concurrent identical deliveries: every one is acknowledged `200`, the inbox
@@ -70,7 +59,7 @@ async fn concurrent_duplicates<DB: Fixture>() {
         assert_eq!(setup.effects(&id).await, 1, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(&id), 1, "{}: {id}", DB::LABEL);
     }
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// The handler is held at a gate that opens only after the sender got its `200`: the
@@ -86,7 +75,7 @@ async fn ack_before_slow_handler<DB: Fixture>() {
     probe.open_gate();
     setup.wait_for("evt_slow", EventState::Processed).await;
     assert_eq!(setup.effects("evt_slow").await, 1);
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// A handler that fails twice (after writing) is retried; its failed attempts' writes were
@@ -106,7 +95,7 @@ async fn retries_until_success<DB: Fixture>() {
     assert_eq!(setup.effects("evt_panic").await, 1, "{}", DB::LABEL);
     let event = setup.inbox.get(&EventKey::new("stripe", "evt_flaky")).await;
     assert_eq!(event.unwrap().unwrap().last_error, None);
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// A handler that always fails ends `Failed` after exactly `max_attempts` runs, with its last
@@ -135,7 +124,7 @@ async fn poison_fails_after_max_attempts<DB: Fixture>() {
         .retry(&EventKey::new("stripe", "evt_absent"))
         .await
         .unwrap());
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// One worker with a queue of one and 40 deliveries at once: the queue overflows, the sweeper
@@ -162,7 +151,7 @@ async fn full_queue_loses_nothing<DB: Fixture>() {
         assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(id), 1, "{}: {id}", DB::LABEL);
     }
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// A delivery signed with another secret, or whose body was changed after signing, is refused
@@ -187,7 +176,7 @@ async fn forged_never_reaches_the_inbox<DB: Fixture>() {
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.pending, counts.processed, counts.failed), (0, 0, 0));
     assert_eq!(probe.total_runs(), 0);
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 fn now_secs() -> u64 {
@@ -224,7 +213,7 @@ async fn outage_is_503_and_loses_nothing<DB: Fixture>() {
     assert_eq!(deliver(&client, &url, SECRET, &body).await, 200);
     setup.wait_for("evt_outage", EventState::Processed).await;
     assert_eq!(setup.effects("evt_outage").await, 1);
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// A drain whose deadline passes while a handler runs answers `false` and rolls it back; the
@@ -257,7 +246,7 @@ async fn drain_keeps_pending<DB: Fixture>() {
     let worker = quick(setup.inbox.worker(probe.handler::<DB>())).spawn();
     assert_eq!(setup.wait_for("evt_drain", EventState::Processed).await, 2);
     assert_eq!(setup.effects("evt_drain").await, 1);
-    finish(worker, setup).await;
+    setup.finish(worker).await;
 }
 
 /// The admin router over HTTP: lists failed and pending events, re-queues a failed one (`202`,

@@ -256,8 +256,7 @@ async fn queue_gauges<DB: Fixture>(seen: &Gauges) {
             && seen.get(LAG_SECONDS, &github) == 0.0
     })
     .await;
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
@@ -347,6 +346,5 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
         "{}: {lines:#?}",
         DB::LABEL
     );
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }

@@ -13,19 +13,13 @@ use common::*;
 use futures_util::{stream, StreamExt};
 use http::HeaderName;
 use tower_idempotency_inbox::{
-    admin, parse_rfc3339, Backoff, EventKey, EventState, WorkerBuilder, REDACTED,
+    admin, parse_rfc3339, EventKey, EventState, WorkerBuilder, REDACTED,
 };
 use tower_idempotency_sqlx::sqlx;
 use tower_idempotency_webhooks::stripe::StripeVerifier;
 
 fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
-    builder
-        .backoff(Backoff::exponential(
-            Duration::from_millis(5),
-            Duration::from_millis(20),
-        ))
-        .sweep_every(Duration::from_millis(10))
-        .max_attempts(1)
+    quick_retries(builder, Duration::from_millis(10)).max_attempts(1)
 }
 
 /// 1 030 events acknowledged over HTTP (no worker: all pending) page out of `GET /events` in
@@ -60,14 +54,9 @@ async fn listing_pages_past_a_thousand<DB: Fixture>() {
     let mut cursor = String::new();
     let mut pages = 0;
     loop {
-        let page = json(
-            client
-                .get(format!(
-                    "{admin_url}/events?state=pending&limit=500&cursor={cursor}"
-                ))
-                .send()
-                .await
-                .unwrap(),
+        let page = get_json(
+            &client,
+            format!("{admin_url}/events?state=pending&limit=500&cursor={cursor}"),
         )
         .await;
         pages += 1;
@@ -96,14 +85,7 @@ async fn listing_pages_past_a_thousand<DB: Fixture>() {
         let client = client.clone();
         let admin_url = admin_url.clone();
         async move {
-            let page = json(
-                client
-                    .get(format!("{admin_url}/events?limit=500&{query}"))
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await;
+            let page = get_json(&client, format!("{admin_url}/events?limit=500&{query}")).await;
             page["events"].as_array().unwrap().len()
         }
     };
@@ -118,17 +100,13 @@ async fn listing_pages_past_a_thousand<DB: Fixture>() {
         count("received_after=2999-01-01T00:00:00Z&state=&provider=".into()).await,
         0
     );
-    let forged = client
-        .get(format!("{admin_url}/events?cursor=abc"))
-        .send()
-        .await
-        .unwrap();
+    let forged = get(&client, format!("{admin_url}/events?cursor=abc")).await;
     assert_eq!(forged.status(), 400);
-    let bad_time = client
-        .get(format!("{admin_url}/events?received_after=yesterday"))
-        .send()
-        .await
-        .unwrap();
+    let bad_time = get(
+        &client,
+        format!("{admin_url}/events?received_after=yesterday"),
+    )
+    .await;
     assert_eq!(bad_time.status(), 400);
     setup.cleanup().await;
 }
@@ -169,14 +147,7 @@ async fn operator_actions<DB: Fixture>() {
     setup.wait_for("evt_fine", EventState::Processed).await;
     assert!(worker.drain(Duration::from_secs(30)).await);
 
-    let detail = json(
-        client
-            .get(format!("{admin_url}/events/stripe/evt_poison_0"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let detail = get_json(&client, format!("{admin_url}/events/stripe/evt_poison_0")).await;
     assert_eq!(detail["state"], "failed", "{detail}");
     assert_eq!(detail["type"], "test.poison");
     assert_eq!(detail["attempts"], 1);
@@ -192,11 +163,7 @@ async fn operator_actions<DB: Fixture>() {
         .expect("the kept signature header is listed");
     assert_eq!(signature[1], REDACTED, "{detail}");
     assert!(parse_rfc3339(detail["finished_at"].as_str().unwrap()).is_some());
-    let missing = client
-        .get(format!("{admin_url}/events/stripe/evt_none"))
-        .send()
-        .await
-        .unwrap();
+    let missing = get(&client, format!("{admin_url}/events/stripe/evt_none")).await;
     assert_eq!(missing.status(), 404);
 
     // What a cross-site form can send: refused, nothing changed.
@@ -274,12 +241,7 @@ async fn operator_actions<DB: Fixture>() {
     assert_eq!(done["retried"], 4);
     let mut due = std::collections::HashMap::new();
     for id in &poison[..4] {
-        let event = setup
-            .inbox
-            .get(&EventKey::new("stripe", id.as_str()))
-            .await
-            .unwrap()
-            .unwrap();
+        let event = setup.event(id).await;
         assert_eq!(event.state, EventState::Pending, "{id}");
         assert_eq!(event.attempts, 0);
         due.insert(id.clone(), event.available_at_ms);
@@ -289,12 +251,7 @@ async fn operator_actions<DB: Fixture>() {
     let gaps: Vec<i64> = times.windows(2).map(|pair| pair[1] - pair[0]).collect();
     assert_eq!(gaps, [200, 200, 200], "due times at 5 per second");
     for id in &permanent {
-        let event = setup
-            .inbox
-            .get(&EventKey::new("stripe", id.as_str()))
-            .await
-            .unwrap()
-            .unwrap();
+        let event = setup.event(id).await;
         assert_eq!(
             event.state,
             EventState::Failed,

@@ -169,8 +169,7 @@ async fn sequential_runs_pending_events_of_an_object_in_time_order<DB: Fixture>(
         .filter(|id| id.starts_with("evt_c"))
         .collect();
     assert_eq!(object_c, ["evt_c3", "evt_c1", "evt_c2"], "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// 300 events of one object acknowledged in reverse event-time order before the worker starts,
@@ -195,8 +194,7 @@ async fn sequential_backlog_larger_than_a_sweep<DB: Fixture>() {
     setup.wait_for("evt_300", EventState::Processed).await;
     let expected: Vec<String> = (1..=300).map(|c| format!("evt_{c}")).collect();
     assert_eq!(recorder.ids(), expected, "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// Twelve events of one object, delivered concurrently in shuffled order to two workers that
@@ -274,8 +272,7 @@ async fn skip_stale_skips_events_older_than_the_newest_processed<DB: Fixture>() 
     );
     let counts = inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.skipped), (3, 2), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// Ten events of one object delivered concurrently in shuffled order: each ends processed or
@@ -324,8 +321,7 @@ async fn skip_stale_never_runs_an_older_event_after_a_newer_one<DB: Fixture>() {
         DB::LABEL
     );
     assert_eq!(handled.last(), Some(&10), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 on_both!(

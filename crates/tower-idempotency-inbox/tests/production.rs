@@ -9,17 +9,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::future::join_all;
-use tower_idempotency_inbox::{Backoff, EventKey, EventState, WorkerBuilder};
+use tower_idempotency_inbox::{EventKey, EventState, WorkerBuilder};
 use tower_idempotency_sqlx::sqlx;
 
 /// Retries a few milliseconds apart, swept every 20 ms.
 fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
-    builder
-        .backoff(Backoff::exponential(
-            Duration::from_millis(5),
-            Duration::from_millis(20),
-        ))
-        .sweep_every(Duration::from_millis(20))
+    quick_retries(builder, Duration::from_millis(20))
 }
 
 /// Delivers `ids` (of type `kind`) concurrently; every one must be acknowledged `200`.
@@ -70,8 +65,7 @@ async fn slow_handler_keeps_its_lease<DB: Fixture>() {
     }
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (13, 0), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// A handler that never returns, with `concurrency(2)`, a 1.5 s attempt timeout and two
@@ -109,8 +103,7 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     );
     assert_eq!(probe.runs("evt_hang"), 2, "{}", DB::LABEL);
     assert_eq!(setup.effects("evt_hang").await, 0, "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// A handler that answers a permanent failure: the event is failed after its first attempt
@@ -176,8 +169,7 @@ async fn read_then_write_under_load<DB: Fixture>() {
     assert!(retried.is_empty(), "{}: retried: {retried:?}", DB::LABEL);
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (200, 0), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 /// A sustained stream: 150 events (handlers of 50 ms, two at a time) sent 10 ms apart,
@@ -254,8 +246,7 @@ async fn retry_runs_under_sustained_stream<DB: Fixture>() {
         DB::LABEL
     );
     assert!(waited < Duration::from_secs(3), "{}: {waited:?}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 on_both!(

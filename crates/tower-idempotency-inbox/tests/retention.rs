@@ -131,18 +131,14 @@ async fn deliver_github(
     delivery: &str,
     body: &str,
 ) -> u16 {
-    client
+    let request = client
         .post(url)
         .header(github::SIGNATURE_HEADER, signature)
         .header(github::DELIVERY_HEADER, delivery)
         .header("x-github-event", "issues")
         .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status()
-        .as_u16()
+        .body(body.to_owned());
+    tower_idempotency_testkit::delivery_status(request).await
 }
 
 async fn wait_processed<DB: Fixture>(inbox: &Inbox<DB>, key: &EventKey) {
@@ -257,8 +253,7 @@ async fn a_purge_keeps_refusing_a_replay_under_a_new_id<DB: Fixture>() {
     wait_processed(&setup.inbox, &late).await;
     assert_eq!(probe.runs(&first.event_id), 1);
     assert_eq!(probe.runs(&replay.event_id), 0);
-    assert!(worker.drain(Duration::from_secs(10)).await);
-    setup.cleanup().await;
+    setup.finish(worker).await;
 }
 
 on_both!(

@@ -1,28 +1,16 @@
 //! What the outbox's admin routes and its page share: the listing's query, a message's key
 //! as a query, and the answer to a database failure.
 
-use std::time::Duration;
-
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tower_idempotency_core::{Problem, Rejection};
+pub(crate) use tower_idempotency_inbox::unavailable::Unavailable;
 
 use crate::{MessageState, OutboxError};
 
-/// A database failure, answered without its details.
-pub(crate) struct Unavailable;
-
+/// A database failure, logged and answered as the inbox's are.
 impl From<OutboxError> for Unavailable {
     fn from(error: OutboxError) -> Self {
         tracing::warn!(%error, "outbox admin call failed");
         Self
-    }
-}
-
-impl IntoResponse for Unavailable {
-    fn into_response(self) -> Response {
-        let retry_after = Duration::from_secs(5);
-        Problem::from(Rejection::StoreUnavailable { retry_after }).into_response()
     }
 }
 

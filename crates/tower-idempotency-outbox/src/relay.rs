@@ -7,7 +7,7 @@ use bytes::Bytes;
 use futures_util::{future::join_all, FutureExt};
 use tokio::{sync::watch, task::JoinHandle};
 use tower_idempotency_core::IDEMPOTENCY_KEY;
-use tower_idempotency_inbox::Backoff;
+use tower_idempotency_inbox::{bounded, Backoff};
 
 use crate::{
     backend::{BoxFuture, ClaimedRow, OutboxDatabase},
@@ -28,8 +28,8 @@ pub const DEFAULT_POLL_EVERY: Duration = Duration::from_secs(1);
 /// Messages one round claims and delivers at once, unless configured otherwise.
 pub const DEFAULT_BATCH: usize = 16;
 
-/// The most error text kept per message, in bytes.
-pub const MAX_ERROR_LEN: usize = 1024;
+/// The most error text kept per message, in bytes (the inbox's bound for an event's error).
+pub const MAX_ERROR_LEN: usize = tower_idempotency_inbox::MAX_ERROR_LEN;
 
 /// A dispatched message ([`Message::dispatch`](crate::Message::dispatch)) as the relay hands it
 /// to your [`Dispatcher`].
@@ -463,17 +463,6 @@ fn request_error(error: &reqwest::Error) -> DispatchError {
         "the request failed"
     };
     DispatchError::retry(what)
-}
-
-fn bounded(mut text: String) -> String {
-    if text.len() > MAX_ERROR_LEN {
-        let mut end = MAX_ERROR_LEN;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
 }
 
 /// A spawned relay. [`drain`](Self::drain) it on shutdown; dropping it stops it at once (a

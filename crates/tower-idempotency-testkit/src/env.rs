@@ -82,6 +82,16 @@ pub fn reachable(host_port: &str) -> bool {
         .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok())
 }
 
+/// Whether the shared Postgres ([`database_url`]) accepts connections; when it does not, the
+/// test `what` is skipped ([`skip`]: under `CI=true` that fails it).
+pub fn postgres_or_skip(what: &str) -> bool {
+    let up = reachable(&host_port(&database_url()));
+    if !up {
+        skip(what, "Postgres is not reachable");
+    }
+    up
+}
+
 /// Whether `binary` is on the `PATH`.
 pub fn which(binary: &str) -> bool {
     Command::new("sh")

@@ -51,6 +51,27 @@ pub fn order_request(key: &str, body: &Bytes) -> Request<Body> {
         .expect("valid request")
 }
 
+/// The load harness's request body: a JSON order of `size` bytes (padded in its `note`; never
+/// shorter than the order itself).
+pub fn order_body(size: usize) -> Bytes {
+    const HEAD: &[u8] = br#"{"customer":"cus_4f1c9a","currency":"eur","items":[{"sku":"sku-001","qty":2,"price":1999},{"sku":"sku-002","qty":1,"price":4999}],"note":""#;
+    const TAIL: &[u8] = br#""}"#;
+    let mut body = Vec::with_capacity(size.max(HEAD.len() + TAIL.len()));
+    body.extend_from_slice(HEAD);
+    body.resize(size.saturating_sub(TAIL.len()).max(HEAD.len()), b'x');
+    body.extend_from_slice(TAIL);
+    Bytes::from(body)
+}
+
+/// Sends a delivery `request` (a webhook provider's signed `POST`) and answers its status.
+///
+/// # Panics
+///
+/// When the request cannot be sent.
+pub async fn delivery_status(request: reqwest::RequestBuilder) -> u16 {
+    request.send().await.expect("deliver").status().as_u16()
+}
+
 /// Sends `POST url` with the body `{}` under idempotency key `key`: the response, and whether the
 /// layer answered it as a replay (`Idempotent-Replayed: true`).
 ///

@@ -11,6 +11,7 @@
 //! - HTTP: an app served on a loopback port it binds itself ([`serve`], [`Server`]), and
 //!   the handler and request the layer's bench and profile loop measure ([`echo_created`],
 //!   [`order_request`]), and an order posted over HTTP ([`post_order`]).
+//! - Polling: asking again until a condition holds, failing after a bound ([`poll_until`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
 //! - Throw-away `redis-server` processes and a 3-master [`Cluster`], on reserved ports.
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
@@ -22,18 +23,23 @@ mod env;
 mod http;
 mod logs;
 mod metrics;
+mod poll;
 mod ports;
 mod proxy;
 mod redis_server;
 mod stores;
 
 pub use env::{
-    database_url, host_port, in_ci, random_suffix, random_u64, reachable, redis_url, skip,
-    unix_now, which,
+    database_url, host_port, in_ci, postgres_or_skip, random_suffix, random_u64, reachable,
+    redis_url, skip, unix_now, which,
 };
-pub use http::{echo_created, order_request, post_order, serve, HeldHandler, Server};
+pub use http::{
+    delivery_status, echo_created, order_body, order_request, post_order, serve, HeldHandler,
+    Server,
+};
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
+pub use poll::{poll_until, POLL_WITHIN};
 pub use ports::ReservedPort;
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};

@@ -36,6 +36,7 @@ use tower_idempotency_sqlx::{
     sqlx::{self, Connection, PgConnection},
     PostgresStore,
 };
+use tower_idempotency_testkit::order_body;
 
 const USAGE: &str = "usage: serve_loop bare|memory|postgres|postgres-floor BODY_BYTES REQUESTS \
                      [CONNECTIONS]\n       serve_loop --send ADDR BODY_BYTES REQUESTS CONNECTIONS";
@@ -207,17 +208,6 @@ async fn floor_write(
     }
 }
 
-/// The harness's request body: a JSON order of `size` bytes, padded in its `note`.
-fn order(size: usize) -> Bytes {
-    const HEAD: &[u8] = br#"{"customer":"cus_4f1c9a","currency":"eur","items":[{"sku":"sku-001","qty":2,"price":1999},{"sku":"sku-002","qty":1,"price":4999}],"note":""#;
-    const TAIL: &[u8] = br#""}"#;
-    let mut body = Vec::with_capacity(size.max(HEAD.len() + TAIL.len()));
-    body.extend_from_slice(HEAD);
-    body.resize(size.saturating_sub(TAIL.len()).max(HEAD.len()), b'x');
-    body.extend_from_slice(TAIL);
-    Bytes::from(body)
-}
-
 /// The load generator: `REQUESTS` fresh keys over `CONNECTIONS` keep-alive connections, each
 /// sending its next request when the previous one answered `201`.
 fn send(args: &[String]) {
@@ -242,7 +232,7 @@ fn send(args: &[String]) {
             .build()
             .expect("client");
         let url = format!("http://{addr}/orders");
-        let (run, body, next) = (run_id(), order(size), Arc::new(AtomicUsize::new(0)));
+        let (run, body, next) = (run_id(), order_body(size), Arc::new(AtomicUsize::new(0)));
         let workers: Vec<_> = (0..connections)
             .map(|_| {
                 let (client, url, run, body, next) = (

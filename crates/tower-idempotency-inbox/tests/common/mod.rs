@@ -20,7 +20,8 @@ use tokio::{
     sync::{watch, Notify},
 };
 use tower_idempotency_inbox::{
-    EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent,
+    Backoff, EventKey, EventState, EventSummary, HandlerError, IdempotentTx, Inbox, InboxDatabase,
+    InboxEvent, InboxWorker, WorkerBuilder,
 };
 use tower_idempotency_sqlx::sqlx::{self, Executor};
 use tower_idempotency_webhooks::stripe::{self, StripeVerifier};
@@ -216,9 +217,25 @@ impl<DB: Fixture> Setup<DB> {
         DB::effects(&self.pool, &self.effects_table, event_id).await
     }
 
+    /// The stored Stripe event `event_id`, which must exist.
+    pub async fn event(&self, event_id: &str) -> EventSummary {
+        let key = EventKey::new("stripe", event_id);
+        self.inbox
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("the event is stored")
+    }
+
     /// Waits until `event_id` is in `state`, failing after 20 s.
     pub async fn wait_for(&self, event_id: &str, state: EventState) -> u32 {
         wait_for_state(&self.inbox, event_id, state).await
+    }
+
+    /// Drains `worker`, which must finish within 30 s, and drops the test's tables.
+    pub async fn finish(self, worker: InboxWorker) {
+        assert!(worker.drain(Duration::from_secs(30)).await);
+        self.cleanup().await;
     }
 
     pub async fn cleanup(self) {
@@ -391,6 +408,16 @@ pub async fn json(response: reqwest::Response) -> serde_json::Value {
     serde_json::from_slice(&response.bytes().await.expect("body")).expect("JSON")
 }
 
+/// The response to `GET url`.
+pub async fn get(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> reqwest::Response {
+    client.get(url).send().await.expect("GET")
+}
+
+/// The JSON body of `GET url`.
+pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
+    json(get(client, url).await).await
+}
+
 /// A Stripe event body.
 pub fn event_body(id: &str, kind: &str) -> String {
     format!(r#"{{"id":"{id}","object":"event","type":"{kind}","data":{{"object":{{}}}}}}"#)
@@ -399,19 +426,15 @@ pub fn event_body(id: &str, kind: &str) -> String {
 /// Posts a Stripe delivery signed with `secret`; answers the status.
 pub async fn deliver(client: &reqwest::Client, url: &str, secret: &str, body: &str) -> u16 {
     let now = tower_idempotency_testkit::unix_now();
-    client
+    let request = client
         .post(url)
         .header(
             stripe::SIGNATURE_HEADER,
             stripe::sign(secret, now, body.as_bytes()),
         )
         .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("deliver")
-        .status()
-        .as_u16()
+        .body(body.to_owned());
+    tower_idempotency_testkit::delivery_status(request).await
 }
 
 /// Serves `POST /inbox/stripe` of `inbox` on a free loopback port; answers its URL.
@@ -428,6 +451,19 @@ pub async fn serve_router(app: Router) -> String {
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
     format!("http://{addr}")
+}
+
+/// `builder` retrying a few milliseconds apart (5 ms, doubling up to 20 ms), swept every `sweep`.
+pub fn quick_retries<DB: Fixture>(
+    builder: WorkerBuilder<DB>,
+    sweep: Duration,
+) -> WorkerBuilder<DB> {
+    builder
+        .backoff(Backoff::exponential(
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+        ))
+        .sweep_every(sweep)
 }
 
 /// One `#[tokio::test]` per named generic test function and database: `sqlite::<name>` and
