@@ -1,12 +1,6 @@
 //! The `tower-idempotency` command-line tool end to end: a server guarded by the layer writes
 //! records over real HTTP, the built binary inspects, forgets and purges them, against SQLite,
 //! Postgres and Redis.
-#![cfg(all(
-    feature = "cli",
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis"
-))]
 
 mod support;
 

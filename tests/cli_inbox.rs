@@ -1,11 +1,5 @@
 //! `tower-idempotency inbox list|retry` end to end: an inbox fed over real HTTP fails an event,
 //! the built binary lists it (table and JSON) and re-queues it, on SQLite and on Postgres.
-#![cfg(all(
-    feature = "cli",
-    feature = "inbox",
-    feature = "sqlite",
-    feature = "postgres"
-))]
 
 mod support;
 

@@ -2,7 +2,6 @@
 //! connections, a `redis-server` killed mid-load and restarted, and a stale lease holder that
 //! outlives its lease. The layer must fail closed (`503 store-unavailable`, no handler run),
 //! never run a key twice, and run every retried key exactly once once the store is back.
-#![cfg(all(feature = "postgres", feature = "redis", feature = "sqlite"))]
 
 mod receiver_process;
 mod support;

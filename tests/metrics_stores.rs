@@ -2,12 +2,6 @@
 //! one handler, and the counters and the store label say so. Recorded by a Prometheus recorder
 //! installed on the test's thread only (`metrics::set_default_local_recorder`), with the server
 //! and the client on a current-thread runtime, so tests share no global state.
-#![cfg(all(
-    feature = "metrics",
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis"
-))]
 
 mod support;
 

@@ -3,12 +3,6 @@
 //! replayed-signature`; GitHub's redelivery (same id and body) is replayed, also when it is
 //! signed with a rotated secret.
 
-#![cfg(all(
-    feature = "postgres",
-    feature = "redis",
-    feature = "sqlite",
-    feature = "webhooks"
-))]
 
 mod support;
 

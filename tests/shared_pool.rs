@@ -2,7 +2,6 @@
 //! half the pool as lanes) and an inbox worker (one transaction per running event), under
 //! concurrent load over real HTTP: no request is refused for want of a connection, every order
 //! is written once and every event is processed once.
-#![cfg(all(feature = "postgres", feature = "inbox", feature = "webhooks"))]
 
 mod support;
 

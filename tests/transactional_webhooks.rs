@@ -1,7 +1,6 @@
 //! The transactional mode behind webhook layers (Stripe and GitHub) on SQLite and Postgres,
 //! over real HTTP: 25 concurrent deliveries of one event write exactly one row, a handler
 //! answering `500` leaves none and the provider's retry writes one.
-#![cfg(all(feature = "sqlite", feature = "postgres", feature = "webhooks"))]
 
 mod support;
 
