@@ -8,33 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::future::join_all;
-use tower_idempotency_inbox::{Backoff, EventState, Inbox, WorkerBuilder};
+use tower_idempotency_inbox::{EventState, Inbox};
 use tower_idempotency_sqlx::sqlx;
-
-/// Retries a few milliseconds apart, swept every 20 ms.
-fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
-    builder
-        .backoff(Backoff::exponential(
-            Duration::from_millis(5),
-            Duration::from_millis(20),
-        ))
-        .sweep_every(Duration::from_millis(20))
-}
-
-fn ids(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}_{i}")).collect()
-}
-
-/// Delivers `ids` (of type `kind`) concurrently to `url`; every one must be acknowledged `200`.
-async fn deliver_all(client: &reqwest::Client, url: &str, ids: &[String], kind: &str) {
-    let statuses = join_all(ids.iter().map(|id| {
-        let body = event_body(id, kind);
-        async move { deliver(client, url, SECRET, &body).await }
-    }))
-    .await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-}
 
 /// Waits until every one of `ids` is processed, then asserts that each ran once, on its
 /// `attempts`-th attempt, with one effect.
