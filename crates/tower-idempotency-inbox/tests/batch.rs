@@ -105,9 +105,9 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
 }
 
 /// Six gated events claimed by a worker with twelve handlers (in batches), which is stopped
-/// without a grace period once all six are claimed and a handler runs: the running transactions roll back (no effect).
+/// without a grace period once a handler runs and two or more are claimed: the running transactions roll back (no effect).
 /// A second worker attempts them again once their 1 s lease ends; each is then processed once
-/// (one effect, one more run, two attempts). On SQLite one handler at a time holds the write lock;
+/// (one effect, one more run, one more attempt). On SQLite one handler at a time holds the write lock;
 /// the others wait for it in their claimed attempt.
 async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
@@ -121,18 +121,26 @@ async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
     let all = ids("evt_crash", 6);
     deliver_all(&client, &url, &all, "test.gated").await;
     probe.wait_started(1).await;
-    for id in &all {
-        let key = tower_idempotency_inbox::EventKey::new("stripe", id.as_str());
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while setup.inbox.get(&key).await.unwrap().unwrap().attempts == 0 {
-            assert!(std::time::Instant::now() < deadline, "{}: {id}", DB::LABEL);
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    // At least a batch claimed: on SQLite a claim after the first batch waits for the write
+    // lock the gated handler holds, so not every event need be claimed yet.
+    let attempts = || async {
+        let mut attempts = Vec::new();
+        for id in &all {
+            let key = tower_idempotency_inbox::EventKey::new("stripe", id.as_str());
+            attempts.push(setup.inbox.get(&key).await.unwrap().unwrap().attempts);
         }
+        attempts
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while attempts().await.iter().filter(|&&n| n > 0).count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Aborts the running attempts at once (as dropping it does, but waiting for the abort: on
     // SQLite the dispatcher may be waiting for the write lock the gated handler holds).
     assert!(!first.drain(Duration::ZERO).await, "{}", DB::LABEL);
     let runs_before: Vec<u32> = all.iter().map(|id| probe.runs(id)).collect();
+    let claimed_before = attempts().await;
     for id in &all {
         assert_eq!(setup.effects(id).await, 0, "{}: {id}", DB::LABEL);
     }
@@ -141,9 +149,9 @@ async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
         .concurrency(12)
         .lease(Duration::from_millis(1000))
         .spawn();
-    for (id, before) in all.iter().zip(runs_before) {
+    for ((id, before), claimed) in all.iter().zip(runs_before).zip(claimed_before) {
         let attempts = setup.wait_for(id, EventState::Processed).await;
-        assert_eq!(attempts, 2, "{}: {id}", DB::LABEL);
+        assert!(attempts > claimed, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(id), before + 1, "{}: {id}", DB::LABEL);
         assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
     }
