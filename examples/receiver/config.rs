@@ -8,6 +8,9 @@ use crate::BoxError;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 const DEFAULT_STORE: &str = "sqlite://receiver.db";
+/// Handlers the inbox's worker runs at once unless `INBOX_CONCURRENCY` says otherwise: the
+/// worker's own default.
+const DEFAULT_INBOX_CONCURRENCY: usize = 16;
 
 /// Why the receiver could not start. Messages name variables, never their values.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +62,12 @@ pub struct InboxSettings {
     pub heal_file: Option<std::path::PathBuf>,
     /// `INBOX_RETENTION_SECS`: how long processed events are kept.
     pub retention: Option<Duration>,
+    /// `INBOX_CONCURRENCY`: handlers the worker runs at once.
+    pub concurrency: usize,
+    /// `INBOX_POOL_SIZE`: connections the inbox's pool opens at most (default twice the
+    /// concurrency: each running handler holds one, and acknowledgements, claims and lease
+    /// renewals need theirs meanwhile).
+    pub pool_size: u32,
 }
 
 /// `INBOX_ORDERING=sequential|skip-stale`.
@@ -110,6 +119,13 @@ pub fn secrets(name: &str) -> Option<Vec<String>> {
 impl Config {
     pub fn from_env() -> Result<Self, StartError> {
         let millis = "a whole number of milliseconds";
+        let at_least_one = "a whole number of at least 1";
+        let concurrency = parsed::<std::num::NonZeroUsize>("INBOX_CONCURRENCY", at_least_one)?
+            .map_or(DEFAULT_INBOX_CONCURRENCY, usize::from);
+        let pool_size = match parsed::<std::num::NonZeroU32>("INBOX_POOL_SIZE", at_least_one)? {
+            Some(size) => size.get(),
+            None => u32::try_from(concurrency.saturating_mul(2)).unwrap_or(u32::MAX),
+        };
         Ok(Self {
             addr: parsed("RECEIVER_ADDR", "an address such as 127.0.0.1:3000")?
                 .unwrap_or_else(|| DEFAULT_ADDR.parse().expect("valid default")),
@@ -145,6 +161,8 @@ impl Config {
                 heal_file: var("INBOX_HEAL_FILE").map(Into::into),
                 retention: parsed("INBOX_RETENTION_SECS", "a whole number of seconds")?
                     .map(Duration::from_secs),
+                concurrency,
+                pool_size,
             },
         })
     }

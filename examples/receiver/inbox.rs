@@ -216,7 +216,7 @@ pub async fn start(
     secrets: Vec<String>,
     settings: &Settings,
 ) -> Result<Option<Running>, BoxError> {
-    let Some(pool) = Pool::open(url, 8, true, &TABLE).await? else {
+    let Some(pool) = Pool::open(url, settings.pool_size, true, &TABLE).await? else {
         return Ok(None);
     };
     let verifier = StripeVerifier::new(secrets);
@@ -334,6 +334,7 @@ async fn mount<DB: InboxDatabase>(
     inbox.migrate().await?;
     let mut worker = inbox
         .worker(handler)
+        .concurrency(settings.concurrency)
         .max_attempts(settings.max_attempts)
         .backoff(Backoff::exponential(
             settings.backoff,

@@ -70,6 +70,8 @@ pub struct Sql {
     pub(crate) queue: crate::retention::QueueSql,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
+    /// The claim of several events in one statement ([`InboxDatabase::claim_many`]).
+    claim_many: String,
 }
 
 impl Sql {
@@ -157,6 +159,7 @@ impl Sql {
             counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
             queue,
             executed: AtomicU64::new(0),
+            claim_many: String::new(),
         }
     }
 
@@ -195,13 +198,26 @@ impl Sql {
              FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(
-            table,
-            schema,
-            claim,
-            true,
-            crate::retention::QueueSql::postgres(table),
-        )
+        // The keys arrive as two arrays; each row a claim takes is locked by its subquery, and a
+        // row another instance's claim is locking is skipped.
+        let claim_many = format!(
+            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+             WHERE (provider, event_id) IN (SELECT provider, event_id FROM {table} \
+             WHERE (provider, event_id) IN (SELECT p COLLATE \"C\", e COLLATE \"C\" \
+             FROM unnest($2::text[], $3::text[]) AS x(p, e)) \
+             AND {DUE} AND attempts < $6 FOR UPDATE SKIP LOCKED) \
+             RETURNING provider, event_id, headers, body, received_at, attempts"
+        );
+        Self {
+            claim_many,
+            ..Self::new(
+                table,
+                schema,
+                claim,
+                true,
+                crate::retention::QueueSql::postgres(table),
+            )
+        }
     }
 
     /// The SQLite statements. The database has one writer at a time, so the claim needs no
@@ -236,13 +252,24 @@ impl Sql {
              WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
-        Self::new(
-            table,
-            schema,
-            claim,
-            false,
-            crate::retention::QueueSql::sqlite(table),
-        )
+        // The keys arrive as two JSON arrays of strings, paired by position.
+        let claim_many = format!(
+            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+             WHERE (provider, event_id) IN (SELECT p.value, e.value \
+             FROM json_each($2) AS p JOIN json_each($3) AS e ON e.key = p.key) \
+             AND {DUE} AND attempts < $6 \
+             RETURNING provider, event_id, headers, body, received_at, attempts"
+        );
+        Self {
+            claim_many,
+            ..Self::new(
+                table,
+                schema,
+                claim,
+                false,
+                crate::retention::QueueSql::sqlite(table),
+            )
+        }
     }
 }
 
@@ -451,6 +478,21 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
         now: i64,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<u64>>;
+
+    /// Claims, in one statement, those of `keys` (distinct) that are due with attempts below
+    /// `max_attempts`, all under `token` until `lease_until`; answers each claimed event's key
+    /// and row (Postgres skips a row another instance's claim is locking).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn claim_many<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        keys: &'a [EventKey],
+        now: i64,
+        token: i64,
+        lease_until: i64,
+        max_attempts: i32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<(EventKey, ClaimedRow)>>>;
 }
 
 mod sealed {
@@ -466,11 +508,23 @@ where
     i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    claimed_row_at(row, 0)
+}
+
+/// [`claimed_row`] from the row's columns `at..at + 4`.
+fn claimed_row_at<R: sqlx::Row>(row: &R, at: usize) -> sqlx::Result<ClaimedRow>
+where
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     Ok(ClaimedRow {
-        headers: row.try_get(0)?,
-        body: row.try_get(1)?,
-        received_at: row.try_get(2)?,
-        attempts: row.try_get(3)?,
+        headers: row.try_get(at)?,
+        body: row.try_get(at + 1)?,
+        received_at: row.try_get(at + 2)?,
+        attempts: row.try_get(at + 3)?,
     })
 }
 
@@ -496,7 +550,7 @@ where
 
 /// The typed calls, the same for each database.
 macro_rules! backend {
-    ($db:ty, $feature:literal, $statements:path, $begin:literal, $insert_many:path) => {
+    ($db:ty, $feature:literal, $statements:path, $begin:literal, $insert_many:path, $keys:path) => {
         #[cfg(feature = $feature)]
         const _: () = {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
@@ -910,6 +964,40 @@ macro_rules! backend {
                         Ok(done.rows_affected())
                     })
                 }
+
+                fn claim_many<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    keys: &'a [EventKey],
+                    now: i64,
+                    token: i64,
+                    lease_until: i64,
+                    max_attempts: i32,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<(EventKey, ClaimedRow)>>> {
+                    use sqlx::Row as _;
+                    Box::pin(async move {
+                        let (providers, event_ids) = $keys(keys);
+                        sql.sent();
+                        let rows = sqlx::query(&sql.claim_many)
+                            .bind(now)
+                            .bind(providers)
+                            .bind(event_ids)
+                            .bind(token)
+                            .bind(lease_until)
+                            .bind(max_attempts)
+                            .fetch_all(pool)
+                            .await?;
+                        rows.iter()
+                            .map(|row| {
+                                let key = EventKey {
+                                    provider: row.try_get(0)?,
+                                    event_id: row.try_get(1)?,
+                                };
+                                Ok((key, claimed_row_at(row, 2)?))
+                            })
+                            .collect()
+                    })
+                }
             }
         };
     };
@@ -920,7 +1008,8 @@ backend!(
     "postgres",
     Sql::postgres,
     "BEGIN",
-    insert_many_postgres
+    insert_many_postgres,
+    keys_postgres
 );
 // The write lock from the start: a deferred transaction that read first could not upgrade to a
 // write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
@@ -929,7 +1018,8 @@ backend!(
     "sqlite",
     Sql::sqlite,
     "BEGIN IMMEDIATE",
-    insert_many_sqlite
+    insert_many_sqlite,
+    keys_sqlite
 );
 
 /// Postgres: one statement over arrays, whatever the batch's size (one prepared statement).
@@ -1009,4 +1099,23 @@ async fn insert_many_sqlite(
     }
     tx.commit().await?;
     Ok(inserted)
+}
+
+/// Postgres: a batch claim's keys as two text arrays.
+#[cfg(feature = "postgres")]
+fn keys_postgres(keys: &[EventKey]) -> (Vec<&str>, Vec<&str>) {
+    keys.iter()
+        .map(|k| (k.provider.as_str(), k.event_id.as_str()))
+        .unzip()
+}
+
+/// SQLite: a batch claim's keys as two JSON arrays of strings.
+#[cfg(feature = "sqlite")]
+fn keys_sqlite(keys: &[EventKey]) -> (String, String) {
+    let (providers, event_ids): (Vec<&str>, Vec<&str>) = keys
+        .iter()
+        .map(|k| (k.provider.as_str(), k.event_id.as_str()))
+        .unzip();
+    let json = |v: Vec<&str>| serde_json::to_string(&v).expect("strings serialize");
+    (json(providers), json(event_ids))
 }

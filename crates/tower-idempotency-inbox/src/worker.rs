@@ -2,14 +2,14 @@
 //! missed, one task per attempt, and the drain.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     fmt,
     panic::AssertUnwindSafe,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use futures_util::FutureExt;
+use futures_util::{future::join_all, FutureExt};
 use tokio::{
     sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
     task::{JoinHandle, JoinSet},
@@ -19,6 +19,7 @@ use tower_idempotency_sqlx::TxHandle;
 use tracing::Instrument;
 
 use crate::{
+    backend::ClaimedRow,
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
     handler::{error_text, panic_text, Permanent},
     ordering::OrderingPolicy,
@@ -35,7 +36,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// How long an attempt may run before it is cancelled (rolled back and counted as a failed
 /// attempt), unless configured otherwise.
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
-const DEFAULT_CONCURRENCY: usize = 4;
+const DEFAULT_CONCURRENCY: usize = 16;
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Due events one sweep takes from the table.
@@ -91,7 +92,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
 }
 
 impl<DB: InboxDatabase> WorkerBuilder<DB> {
-    /// Handlers running at once (default 4, at least 1). Each holds one pool connection.
+    /// Handlers running at once (default 16, at least 1). Each holds one pool connection; the
+    /// worker claims as many due events in one statement as handlers are free. Give the pool
+    /// about twice this many connections, so acknowledgements, claims and lease renewals find
+    /// one while every handler runs (docs/inbox.md, "Throughput").
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self
@@ -185,7 +189,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             backoff: self.backoff,
             lease: self.lease,
             attempt_timeout: self.attempt_timeout,
-            running: Mutex::default(),
+            running: Arc::default(),
         });
         let dispatcher = Dispatcher {
             shared,
@@ -244,7 +248,7 @@ struct Shared<DB: InboxDatabase> {
     /// a renewal (a write) waits while any handler's transaction holds the write lock, so a
     /// claim may lapse while its attempt waits for that lock or runs; the sweeper then finds the
     /// event due again. This set keeps the worker from claiming an event it is already running.
-    running: Mutex<HashSet<EventKey>>,
+    running: Arc<Mutex<HashSet<EventKey>>>,
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
@@ -253,22 +257,22 @@ impl<DB: InboxDatabase> Shared<DB> {
     }
 
     /// Marks `key` running in this worker until the guard drops; `None` when it already is.
-    fn start(&self, key: &EventKey) -> Option<Running<'_>> {
+    fn start(&self, key: &EventKey) -> Option<Running> {
         let mut running = self.running.lock().expect("never poisoned");
         running.insert(key.clone()).then(|| Running {
-            running: &self.running,
+            running: self.running.clone(),
             key: key.clone(),
         })
     }
 }
 
 /// An event marked running in its worker ([`Shared::start`]); unmarked on drop.
-struct Running<'a> {
-    running: &'a Mutex<HashSet<EventKey>>,
+struct Running {
+    running: Arc<Mutex<HashSet<EventKey>>>,
     key: EventKey,
 }
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         if let Ok(mut running) = self.running.lock() {
             running.remove(&self.key);
@@ -310,13 +314,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             if tick || (sweep_again && swept.is_empty()) {
                 sweep_again = self.sweep(&mut swept).await;
             }
-            swept_turn = !swept_turn;
-            let next = if swept_turn {
-                swept.pop_front().or_else(|| self.receiver.try_recv().ok())
-            } else {
-                self.receiver.try_recv().ok().or_else(|| swept.pop_front())
-            };
-            let key = match next {
+            let key = match self.at_hand(&mut swept, &mut swept_turn) {
                 Some(key) => key,
                 None => loop {
                     tokio::select! {
@@ -332,7 +330,16 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                     }
                 },
             };
-            attempts.spawn(attempt(self.shared.clone(), key, permit));
+            // As many more as permits are free right now and keys at hand: claimed in one
+            // statement, each started at once.
+            let mut batch = vec![(key, permit)];
+            while let Ok(permit) = self.permits.clone().try_acquire_owned() {
+                let Some(key) = self.at_hand(&mut swept, &mut swept_turn) else {
+                    break;
+                };
+                batch.push((key, permit));
+            }
+            attempts.spawn(claim_and_run(self.shared.clone(), batch));
         };
         self.shared.inbox.detach_queue(&self.sender);
         purging.abort();
@@ -346,6 +353,20 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             while attempts.join_next().await.is_some() {}
         }
         finished
+    }
+
+    /// The next key at hand without waiting, taking the swept events and the queue in turn.
+    fn at_hand(
+        &mut self,
+        swept: &mut VecDeque<EventKey>,
+        swept_turn: &mut bool,
+    ) -> Option<EventKey> {
+        *swept_turn = !*swept_turn;
+        if *swept_turn {
+            swept.pop_front().or_else(|| self.receiver.try_recv().ok())
+        } else {
+            self.receiver.try_recv().ok().or_else(|| swept.pop_front())
+        }
     }
 
     /// Fails the due events whose attempts are spent, then replaces `swept` with up to
@@ -413,33 +434,41 @@ impl From<String> for Failure {
     }
 }
 
-/// Claims `key` and, when it is due, free and not running in this worker, runs one attempt.
+/// Claims the keys of `batch` that are due, free and not running in this worker, in one
+/// statement (one per key under [`OrderingPolicy::Sequential`]), and starts one attempt per
+/// claimed event at once, each holding its permit; the other keys' permits are freed.
+async fn claim_and_run<DB: InboxDatabase>(
+    shared: Arc<Shared<DB>>,
+    batch: Vec<(EventKey, OwnedSemaphorePermit)>,
+) {
+    let mut held: HashMap<EventKey, (Running, OwnedSemaphorePermit)> = batch
+        .into_iter()
+        .filter_map(|(key, permit)| Some((key.clone(), (shared.start(&key)?, permit))))
+        .collect();
+    if held.is_empty() {
+        return;
+    }
+    let claimed = shared.claim(held.keys().cloned().collect()).await;
+    let mut attempts = JoinSet::new();
+    for (key, token, row) in claimed {
+        if let Some((running, permit)) = held.remove(&key) {
+            attempts.spawn(attempt(shared.clone(), key, token, row, (running, permit)));
+        }
+    }
+    drop(held);
+    while attempts.join_next().await.is_some() {}
+}
+
+/// Runs one attempt of the claimed event `key`, holding `_held` (its running mark and permit)
+/// until it ends.
 async fn attempt<DB: InboxDatabase>(
     shared: Arc<Shared<DB>>,
     key: EventKey,
-    _permit: OwnedSemaphorePermit,
+    token: i64,
+    row: ClaimedRow,
+    _held: (Running, OwnedSemaphorePermit),
 ) {
-    let Some(_running) = shared.start(&key) else {
-        return;
-    };
-    let (inbox, token, now) = (&shared.inbox, fastrand::i64(0..i64::MAX), now_ms());
-    let lease_until = now.saturating_add(duration_ms(shared.lease));
-    let max = shared.max_attempts();
-    let sequential =
-        inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential);
-    let claimed = if sequential {
-        DB::claim_in_order(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await
-    } else {
-        DB::claim(&inbox.pool, &inbox.sql, &key, now, token, lease_until, max).await
-    };
-    let row = match claimed {
-        Ok(Some(row)) => row,
-        Ok(None) => return,
-        Err(error) => {
-            tracing::warn!(%error, "claiming an inbox event failed; the sweeper retries it");
-            return;
-        }
-    };
+    let inbox = &shared.inbox;
     let attempt = u32::try_from(row.attempts).unwrap_or(1);
     let span = tracing::info_span!(
         "inbox_attempt",
@@ -497,6 +526,40 @@ fn event_type(body: &[u8]) -> Option<String> {
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
+    /// Claims those of `keys` that are due and free for one lease; answers each claimed
+    /// event's key, token and row. A claim that fails is logged and claims nothing: the events
+    /// stay pending for the sweeper.
+    async fn claim(&self, keys: Vec<EventKey>) -> Vec<(EventKey, i64, ClaimedRow)> {
+        let (inbox, now, max) = (&self.inbox, now_ms(), self.max_attempts());
+        let lease_until = now.saturating_add(duration_ms(self.lease));
+        let failed = |error: sqlx::Error| tracing::warn!(%error, "claiming inbox events failed; the sweeper retries them");
+        if inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential) {
+            let claims = keys.into_iter().map(|key| async move {
+                let token = fastrand::i64(0..i64::MAX);
+                let (pool, sql) = (&inbox.pool, &inbox.sql);
+                match DB::claim_in_order(pool, sql, &key, now, token, lease_until, max).await {
+                    Ok(row) => row.map(|row| (key, token, row)),
+                    Err(error) => {
+                        failed(error);
+                        None
+                    }
+                }
+            });
+            return join_all(claims).await.into_iter().flatten().collect();
+        }
+        let token = fastrand::i64(0..i64::MAX);
+        match DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max).await {
+            Ok(rows) => rows
+                .into_iter()
+                .map(|(key, row)| (key, token, row))
+                .collect(),
+            Err(error) => {
+                failed(error);
+                Vec::new()
+            }
+        }
+    }
+
     /// Extends the claim of `token` every third of the lease, for as long as it is polled.
     /// Stops renewing (and stays pending) once the claim is no longer held: the attempt's
     /// fenced commit then finds it lost.

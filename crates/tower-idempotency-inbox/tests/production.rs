@@ -8,28 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures_util::future::join_all;
-use tower_idempotency_inbox::{EventKey, EventState, WorkerBuilder};
+use tower_idempotency_inbox::{EventKey, EventState};
 use tower_idempotency_sqlx::sqlx;
-
-/// Retries a few milliseconds apart, swept every 20 ms.
-fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
-    quick_retries(builder, Duration::from_millis(20))
-}
-
-/// Delivers `ids` (of type `kind`) concurrently; every one must be acknowledged `200`.
-async fn deliver_all(client: &reqwest::Client, url: &str, ids: &[String], kind: &str) {
-    let statuses = join_all(ids.iter().map(|id| {
-        let body = event_body(id, kind);
-        async move { deliver(client, url, SECRET, &body).await }
-    }))
-    .await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-}
-
-fn ids(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}_{i}")).collect()
-}
 
 /// Three handlers that take four times the lease (1 s, renewed every third of it: long enough
 /// that a loaded machine renews in time), and ten quick events delivered

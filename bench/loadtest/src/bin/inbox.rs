@@ -4,11 +4,12 @@
 //!
 //! - `sync`: `IdempotencyLayer::stripe(..)`; the handler inserts its row before answering;
 //! - `inbox`: `Inbox::ack(StripeVerifier)`; the answer comes once the event is stored, and a
-//!   worker (4 handlers) inserts the row in the event's transaction afterwards;
+//!   worker (16 handlers, on a pool of 32 connections of its own: the reference receiver's
+//!   defaults) inserts the row in the event's transaction afterwards;
 //! - `inbox, batch of 1`: the same with `max_ack_batch(1)`: each acknowledgement commits alone;
 //! - `peer queue (apalis)`, Postgres only: the same route shape enqueueing each verified event
-//!   into apalis 1.0's Postgres storage (answered once the enqueue committed), whose worker (4
-//!   handlers, like the inbox's) inserts the row;
+//!   into apalis 1.0's Postgres storage (answered once the enqueue committed), whose worker (16
+//!   handlers and 32 connections, like the inbox's) inserts the row;
 //! - `floor`: no HTTP, one `INSERT .. ON CONFLICT DO NOTHING` per transaction from as many
 //!   connections as there are senders: what one commit per delivery allows.
 //!
@@ -57,7 +58,12 @@ use tower_idempotency_webhooks::{
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SECRET: &str = "whsec_inbox_bench";
-const WORKERS: usize = 4;
+/// The inbox worker's handlers, and the peer's: the reference receiver's default
+/// (`INBOX_CONCURRENCY`).
+const WORKERS: usize = 16;
+/// The inbox's pool, and the peer's: the reference receiver's default (`INBOX_POOL_SIZE`, twice
+/// the handlers).
+const POOL: u32 = 2 * WORKERS as u32;
 
 /// The statements of one database's effects table.
 struct Effects {
@@ -405,7 +411,11 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     let effects = Arc::new(Effects {
         insert: "INSERT INTO effects (event_id) VALUES ($1)".into(),
     });
-    let inbox = Inbox::new(pool.clone(), "bench_inbox")?;
+    let inbox_pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(POOL)
+        .connect_with(options.clone())
+        .await?;
+    let inbox = Inbox::new(inbox_pool.clone(), "bench_inbox")?;
     inbox.migrate().await?;
     let worker = inbox
         .worker(inbox_sqlite(effects.clone()))
@@ -463,7 +473,11 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     let effects = Arc::new(Effects {
         insert: format!("INSERT INTO {effects_table} (event_id) VALUES ($1)"),
     });
-    let inbox = Inbox::new(pool.clone(), &inbox_table)?;
+    let inbox_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(POOL)
+        .connect(&url)
+        .await?;
+    let inbox = Inbox::new(inbox_pool.clone(), &inbox_table)?;
     inbox.migrate().await?;
     let worker = inbox
         .worker(inbox_pg(effects.clone()))
@@ -477,7 +491,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         format!("bench_peer_{}", suffix()),
         format!("bench_peer_effects_{}", suffix()),
         WORKERS,
-        40,
+        POOL,
     )
     .await?;
     let base =

@@ -403,6 +403,26 @@ impl Probe {
     }
 }
 
+/// A worker whose retries come a few milliseconds apart, swept every 20 ms.
+pub fn quick<DB: Fixture>(builder: WorkerBuilder<DB>) -> WorkerBuilder<DB> {
+    quick_retries(builder, Duration::from_millis(20))
+}
+
+/// Delivers `ids` (of type `kind`) concurrently; every one must be acknowledged `200`.
+pub async fn deliver_all(client: &reqwest::Client, url: &str, ids: &[String], kind: &str) {
+    let statuses = futures_util::future::join_all(ids.iter().map(|id| {
+        let body = event_body(id, kind);
+        async move { deliver(client, url, SECRET, &body).await }
+    }))
+    .await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+}
+
+/// `n` event ids starting with `prefix`.
+pub fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}_{i}")).collect()
+}
+
 /// The JSON body of `response`.
 pub async fn json(response: reqwest::Response) -> serde_json::Value {
     serde_json::from_slice(&response.bytes().await.expect("body")).expect("JSON")

@@ -18,7 +18,7 @@ use axum::{body::Bytes, extract::State, http::StatusCode, routing::post, Router}
 use http::request::Parts;
 use serde::{Deserialize, Serialize};
 // The statements name this run's own tables (generated names), hence `AssertSqlSafe`.
-use sqlx_peer::{postgres::PgPoolOptions, AssertSqlSafe, PgPool};
+use sqlx_peer::{postgres::PgPoolOptions, AssertSqlSafe, Connection, PgConnection, PgPool};
 use tower_idempotency_webhooks::{stripe::StripeVerifier, verify_delivery};
 
 /// The queued job: the event's id.
@@ -44,6 +44,7 @@ struct Effects {
 
 /// The peer on its own pool, queue and effects table.
 pub struct Peer {
+    url: String,
     pool: PgPool,
     queue: String,
     effects_table: String,
@@ -135,6 +136,7 @@ impl Peer {
                 enqueued: enqueued.clone(),
             });
         Ok(Self {
+            url: url.to_owned(),
             pool,
             queue,
             effects_table,
@@ -162,19 +164,23 @@ impl Peer {
     }
 
     /// Stops the worker and removes the queue's jobs and the effects table (apalis's schema
-    /// stays: other queues may use it).
+    /// stays: other queues may use it). The cleanup runs on a connection of its own: the pool's
+    /// connections opened by the worker's tasks belong to the worker's runtime, which is gone
+    /// (their I/O answers "A Tokio 1.x context was found, but it is being shutdown").
     pub async fn stop(self) -> Result<(), super::BoxError> {
         let _ = self.stop.send(());
         let worker = self.worker;
         let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+        self.pool.close().await;
+        let mut cleanup = PgConnection::connect(&self.url).await?;
         sqlx_peer::query("DELETE FROM apalis.jobs WHERE job_type = $1")
             .bind(&self.queue)
-            .execute(&self.pool)
+            .execute(&mut cleanup)
             .await?;
         sqlx_peer::raw_sql(AssertSqlSafe(format!("DROP TABLE {}", self.effects_table)))
-            .execute(&self.pool)
+            .execute(&mut cleanup)
             .await?;
-        self.pool.close().await;
+        cleanup.close().await?;
         Ok(())
     }
 }

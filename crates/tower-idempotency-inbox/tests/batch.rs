@@ -1,0 +1,255 @@
+//! The worker's batched claims, over real HTTP on a SQLite file and on Postgres (each test with
+//! tables of its own): a batch claim that fails, a worker dropped with a batch running, two
+//! workers on one table, slow handlers inside a batch, and the statements a backlog costs.
+
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tower_idempotency_inbox::{EventState, Inbox};
+use tower_idempotency_sqlx::sqlx;
+
+/// Waits until every one of `ids` is processed, then asserts that each ran once, on its
+/// `attempts`-th attempt, with one effect.
+async fn each_processed_once<DB: Fixture>(setup: &Setup<DB>, probe: &Probe, ids: &[String]) {
+    for id in ids {
+        let attempts = setup.wait_for(id, EventState::Processed).await;
+        assert_eq!(attempts, 1, "{}: {id}", DB::LABEL);
+        assert_eq!(probe.runs(id), 1, "{}: {id}", DB::LABEL);
+        assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
+    }
+}
+
+/// Waits until the inbox has sent `n` more statements than `before`.
+async fn wait_statements<DB: Fixture>(inbox: &Inbox<DB>, before: u64, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while inbox.statements_executed() < before + n {
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A trigger refuses every claim (any update of `attempts`) while a flag is set: 40 events are
+/// acknowledged over HTTP and the worker's batch claims fail again and again (no handler runs,
+/// nothing is lost); once the flag is cleared, each event is processed once, on its first
+/// attempt.
+async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let (table, flag) = (&setup.inbox_table, format!("{}_flag", setup.inbox_table));
+    if DB::LABEL == "postgres" {
+        DB::exec(
+            &setup.pool,
+            &format!("CREATE TABLE {flag} (fail boolean NOT NULL)"),
+        )
+        .await;
+        DB::exec(&setup.pool, &format!("INSERT INTO {flag} VALUES (true)")).await;
+        let function = format!(
+            "CREATE FUNCTION {flag}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF (SELECT fail FROM {flag}) THEN RAISE EXCEPTION 'claims refused'; END IF; \
+             RETURN NEW; END $$"
+        );
+        DB::exec(&setup.pool, &function).await;
+        let trigger = format!(
+            "CREATE TRIGGER {flag}_refuse BEFORE UPDATE OF attempts ON {table} \
+             FOR EACH ROW EXECUTE FUNCTION {flag}_refuse()"
+        );
+        DB::exec(&setup.pool, &trigger).await;
+    } else {
+        DB::exec(
+            &setup.pool,
+            &format!("CREATE TABLE {flag} (fail INTEGER NOT NULL)"),
+        )
+        .await;
+        DB::exec(&setup.pool, &format!("INSERT INTO {flag} VALUES (1)")).await;
+        let trigger = format!(
+            "CREATE TRIGGER {flag}_refuse BEFORE UPDATE OF attempts ON {table} \
+             WHEN (SELECT fail FROM {flag}) = 1 \
+             BEGIN SELECT RAISE(ABORT, 'claims refused'); END"
+        );
+        DB::exec(&setup.pool, &trigger).await;
+    }
+    let probe = setup.probe();
+    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(8)
+        .spawn();
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let all = ids("evt_refused", 40);
+    let before = setup.inbox.statements_executed();
+    deliver_all(&client, &url, &all, "charge.succeeded").await;
+    // Acknowledgements, then claims and sweeps (at least a few sweeps' worth) that all fail.
+    wait_statements(&setup.inbox, before, 100).await;
+    assert_eq!(probe.total_runs(), 0, "{}", DB::LABEL);
+    let counts = setup.inbox.counts().await.unwrap();
+    assert_eq!(counts.pending, 40, "{}", DB::LABEL);
+    let clear = if DB::LABEL == "postgres" {
+        "false"
+    } else {
+        "0"
+    };
+    DB::exec(&setup.pool, &format!("UPDATE {flag} SET fail = {clear}")).await;
+    each_processed_once(&setup, &probe, &all).await;
+    assert_eq!(probe.total_runs(), 40, "{}", DB::LABEL);
+    assert!(worker.drain(Duration::from_secs(30)).await);
+    DB::drop_tables(&setup.pool, &[&flag]).await;
+    if DB::LABEL == "postgres" {
+        DB::exec(
+            &setup.pool,
+            &format!("DROP FUNCTION IF EXISTS {flag}_refuse() CASCADE"),
+        )
+        .await;
+    }
+    setup.cleanup().await;
+}
+
+/// Six gated events claimed by a worker with twelve handlers (in batches), which is stopped
+/// without a grace period once a handler runs and two or more are claimed: the running transactions roll back (no effect).
+/// A second worker attempts them again once their 1 s lease ends; each is then processed once
+/// (one effect, one more run, one more attempt). On SQLite one handler at a time holds the write lock;
+/// the others wait for it in their claimed attempt.
+async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let probe = setup.probe();
+    let first = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(12)
+        .lease(Duration::from_millis(1000))
+        .spawn();
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let all = ids("evt_crash", 6);
+    deliver_all(&client, &url, &all, "test.gated").await;
+    probe.wait_started(1).await;
+    // At least a batch claimed: on SQLite a claim after the first batch waits for the write
+    // lock the gated handler holds, so not every event need be claimed yet.
+    let attempts = || async {
+        let mut attempts = Vec::new();
+        for id in &all {
+            let key = tower_idempotency_inbox::EventKey::new("stripe", id.as_str());
+            attempts.push(setup.inbox.get(&key).await.unwrap().unwrap().attempts);
+        }
+        attempts
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while attempts().await.iter().filter(|&&n| n > 0).count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Aborts the running attempts at once (as dropping it does, but waiting for the abort: on
+    // SQLite the dispatcher may be waiting for the write lock the gated handler holds).
+    assert!(!first.drain(Duration::ZERO).await, "{}", DB::LABEL);
+    let runs_before: Vec<u32> = all.iter().map(|id| probe.runs(id)).collect();
+    let claimed_before = attempts().await;
+    for id in &all {
+        assert_eq!(setup.effects(id).await, 0, "{}: {id}", DB::LABEL);
+    }
+    probe.open_gate();
+    let second = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(12)
+        .lease(Duration::from_millis(1000))
+        .spawn();
+    for ((id, before), claimed) in all.iter().zip(runs_before).zip(claimed_before) {
+        let attempts = setup.wait_for(id, EventState::Processed).await;
+        assert!(attempts > claimed, "{}: {id}", DB::LABEL);
+        assert_eq!(probe.runs(id), before + 1, "{}: {id}", DB::LABEL);
+        assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
+    }
+    assert!(second.drain(Duration::from_secs(30)).await);
+    setup.cleanup().await;
+}
+
+/// Two inboxes on one table, each with its worker (eight handlers) and its own HTTP route, and
+/// 300 events delivered to both alternately, each event to both: every event is processed
+/// once, on its first attempt, with one effect.
+async fn two_workers_claim_disjoint_batches<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let other = Inbox::new(setup.pool.clone(), &setup.inbox_table).unwrap();
+    let probe = setup.probe();
+    let workers = [&setup.inbox, &other].map(|inbox| {
+        quick(inbox.worker(probe.handler::<DB>()))
+            .concurrency(8)
+            .spawn()
+    });
+    let urls = [serve(&setup.inbox).await, serve(&other).await];
+    let client = reqwest::Client::new();
+    let all = ids("evt_shared", 300);
+    for chunk in all.chunks(50) {
+        let [a, b] = &urls;
+        tokio::join!(
+            deliver_all(&client, a, chunk, "charge.succeeded"),
+            deliver_all(&client, b, chunk, "charge.succeeded"),
+        );
+    }
+    each_processed_once(&setup, &probe, &all).await;
+    assert_eq!(probe.total_runs(), 300, "{}", DB::LABEL);
+    let counts = setup.inbox.counts().await.unwrap();
+    assert_eq!((counts.processed, counts.failed), (300, 0), "{}", DB::LABEL);
+    for worker in workers {
+        assert!(worker.drain(Duration::from_secs(30)).await);
+    }
+    setup.cleanup().await;
+}
+
+/// Three handlers that take three times the 1 s lease, delivered together so they are claimed
+/// in one batch, and ten quick events meanwhile: every claim is renewed, each slow event runs
+/// once on its first attempt, and the quick ones are processed too. (On SQLite the three run one
+/// after another, each holding the write lock: three stay below the pool's 10 s busy timeout.)
+async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let probe = setup.probe().slow(Duration::from_millis(3000));
+    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(8)
+        .lease(Duration::from_millis(1000))
+        .max_attempts(4)
+        .spawn();
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let slow = ids("evt_slow", 3);
+    deliver_all(&client, &url, &slow, "test.slow").await;
+    probe.wait_started(1).await;
+    let quick_ids = ids("evt_quick", 10);
+    deliver_all(&client, &url, &quick_ids, "charge.succeeded").await;
+    each_processed_once(&setup, &probe, &quick_ids).await;
+    each_processed_once(&setup, &probe, &slow).await;
+    let counts = setup.inbox.counts().await.unwrap();
+    assert_eq!((counts.processed, counts.failed), (13, 0), "{}", DB::LABEL);
+    assert!(worker.drain(Duration::from_secs(30)).await);
+    setup.cleanup().await;
+}
+
+/// A backlog of 50 events acknowledged before any worker runs, then a worker (on an inbox of its
+/// own on the table, so its statements are counted apart from the test's reads) with 16 handlers
+/// that sweeps once: each event is processed once, and the worker sends fewer statements than one
+/// claim and one completion per event would (its first batch alone claims 16 in one).
+async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let url = serve(&setup.inbox).await;
+    let client = reqwest::Client::new();
+    let all = ids("evt_backlog", 50);
+    deliver_all(&client, &url, &all, "charge.succeeded").await;
+    let probe = setup.probe();
+    let working = Inbox::new(setup.pool.clone(), &setup.inbox_table).unwrap();
+    let worker = working
+        .worker(probe.handler::<DB>())
+        .concurrency(16)
+        .sweep_every(Duration::from_secs(3600))
+        .spawn();
+    each_processed_once(&setup, &probe, &all).await;
+    assert!(worker.drain(Duration::from_secs(30)).await);
+    let sent = working.statements_executed();
+    assert!(
+        sent < 2 * 50,
+        "{}: the worker sent {sent} statements for 50 events",
+        DB::LABEL
+    );
+    setup.cleanup().await;
+}
+
+on_both!(
+    failed_batch_claim_loses_nothing,
+    worker_aborted_mid_batch_processes_each_once,
+    two_workers_claim_disjoint_batches,
+    slow_handlers_in_a_batch_keep_their_lease,
+    a_backlog_is_claimed_in_batches,
+);
