@@ -72,6 +72,11 @@ impl Coalescer {
         }
     }
 
+    /// How many calls wait for the statement in flight of their kind.
+    pub(crate) fn queued(&self) -> usize {
+        self.inner.claims.lock().waiting.len() + self.inner.completions.lock().waiting.len()
+    }
+
     /// Runs `write` through its queue when it is a claim of a new key or a completion;
     /// otherwise hands it back.
     pub(crate) fn write<'a>(

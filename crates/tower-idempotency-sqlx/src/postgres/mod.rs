@@ -175,4 +175,11 @@ impl SqlStore<Postgres> {
         });
         self
     }
+
+    /// How many claims of new keys and completions wait for the statement in flight of their
+    /// kind, to go out together in the next one (`0` with coalescing off); see
+    /// [`with_coalescing`](Self::with_coalescing). A gauge for metrics.
+    pub fn coalescing_queued(&self) -> usize {
+        self.engine.coalescer.as_ref().map_or(0, Coalescer::queued)
+    }
 }
