@@ -7,10 +7,15 @@
 //! "claimed" for the keys it returned; the completion updates the rows whose key and fencing
 //! token match, on the same conditions as the single statement, and answers "current" for the
 //! keys it returned. A key is in a batch once: a second call for the same key waits for the
-//! next batch, so it sees the first one's row exactly as its own statement would have. A
-//! batch of one runs the single statement, prepared as before coalescing. A batch that fails
-//! (a row the database refuses, a deadlock with another instance, a lost connection) is run
-//! again one statement per caller, so it fails only the callers that fail alone. A caller that
+//! next batch, so it sees the first one's row exactly as its own statement would have.
+//!
+//! A batch statement gives up on any row lock it would wait for longer than
+//! [`LOCK_TIMEOUT`] (another instance's or a `claim_in` transaction's uncommitted row of the
+//! same key): a batch must not hold its batch-mates, and the queue behind it, for as long as
+//! someone else's transaction runs. A batch that fails, for that or any other reason (a row
+//! the database refuses, a lost connection), hands every call back to its caller, which runs
+//! it as its own statement on the store's lanes, exactly as without coalescing: it fails only
+//! the callers that fail alone, and waits only where a single statement waits. A caller that
 //! gives up before its batch is sent is left out of it; one that gives up while its batch is in
 //! flight leaves its write to that batch (as a cancelled single statement may have committed).
 //!
@@ -31,14 +36,16 @@ use tower_idempotency_core::StoreError;
 
 use super::notices::notify_each;
 use crate::store::{
-    backend::{Backend, Done, Execute, Pick, Statement, Write},
-    error::map_error,
+    backend::{Done, Pick, Statement, Write},
     lanes::Lanes,
     record::Params,
 };
 
 /// The most calls one statement carries; the rest wait for the next one.
 const MAX_BATCH: usize = 512;
+
+/// How long a batch statement waits for a row lock before it gives up and hands its calls back.
+const LOCK_TIMEOUT: &str = "100ms";
 
 /// A store's queues of claims and completions and the lanes their statements run on.
 pub(crate) struct Coalescer {
@@ -60,14 +67,13 @@ struct Inner {
 }
 
 impl Coalescer {
-    /// Queues for `table`'s statements on `pool`: `insert` and `complete` are the store's
-    /// single statements (see `statements.rs`). Opens no connection.
-    pub(crate) fn new(pool: &PgPool, table: &str, insert: &str, complete: &str) -> Self {
+    /// Queues for `table`'s statements on `pool`. Opens no connection.
+    pub(crate) fn new(pool: &PgPool, table: &str) -> Self {
         Self {
             inner: Arc::new(Inner {
                 lanes: Lanes::new(pool.clone(), 2),
-                claims: Queue::new(insert, &claims_sql(table)),
-                completions: Queue::new(complete, &completions_sql(table)),
+                claims: Queue::new(&claims_sql(table)),
+                completions: Queue::new(&completions_sql(table)),
             }),
         }
     }
@@ -82,10 +88,11 @@ impl Coalescer {
     pub(crate) fn write<'a>(
         &self,
         write: Write<'a>,
-    ) -> Result<impl std::future::Future<Output = Result<Done, StoreError>> + Send + 'static, Write<'a>>
-    {
-        let limit = write.limit;
-        let answer = match (write.pick, &write.params) {
+    ) -> Result<
+        impl std::future::Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
+        let job = match (write.pick, &write.params) {
             (
                 Pick::Insert,
                 Params::Claim {
@@ -119,20 +126,20 @@ impl Coalescer {
                 body: body.to_vec(),
                 body_omitted: *body_omitted,
                 ttl_ms: *ttl_ms,
-                size: write.size,
-                limit,
             }),
             _ => return Err(write),
         };
         let inner = self.inner.clone();
         Ok(async move {
-            let answer = match answer {
+            let answer = match job {
                 Pending::Claim(claim) => submit(&inner, claim),
                 Pending::Completion(completion) => submit(&inner, completion),
             };
-            answer
-                .await
-                .unwrap_or_else(|_| Err(map_error(sqlx::Error::WorkerCrashed, None, limit)))
+            // A queue whose task ended without answering hands the call back too.
+            match answer.await {
+                Ok(Some(rows)) => Ok(Ok(Done::Changed(rows))),
+                Ok(None) | Err(_) => Err(write),
+            }
         })
     }
 }
@@ -143,7 +150,7 @@ enum Pending {
 }
 
 /// Queues `job` and starts its queue's task if none is running; the receiver gets the answer.
-fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Result<Done, StoreError>> {
+fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Answer> {
     let (answer, answered) = oneshot::channel();
     let queue = J::queue(inner);
     let start = {
@@ -212,42 +219,19 @@ fn take_batch<J: Job>(waiting: &mut Vec<Waiting<J>>) -> Vec<Waiting<J>> {
     batch
 }
 
-/// Runs one batch and answers its callers.
+/// Runs one batch and answers its callers: how many rows each call changed, or, when the
+/// statement failed, `None` (run it alone).
 async fn run<J: Job>(inner: &Inner, queue: &Queue<J>, batch: Vec<Waiting<J>>) {
-    if batch.len() > 1 {
-        let jobs: Vec<&J> = batch.iter().map(|call| &call.job).collect();
-        let statement = J::bind_batch(&queue.batch, &jobs);
-        if let Ok(rows) = on_lane(&inner.lanes, statement).await {
-            if let Ok(changed) = changed_keys(&rows) {
-                for call in batch {
-                    let rows = u64::from(changed.contains(call.job.key()));
-                    let _ = call.answer.send(Ok(Done::Changed(rows)));
-                }
-                return;
-            }
-        }
-    }
-    // One call, or a batch that failed: each call's own statement.
+    let jobs: Vec<&J> = batch.iter().map(|call| &call.job).collect();
+    let statement = J::bind_batch(&queue.batch, &jobs);
+    let changed = match on_lane(&inner.lanes, statement).await {
+        Ok(rows) => changed_keys(&rows).ok(),
+        Err(_) => None,
+    };
     for call in batch {
-        if call.answer.is_closed() {
-            continue;
-        }
-        let statement = <Postgres as Backend>::bind(&queue.single, 0, call.job.params());
-        let mut lane = match inner.lanes.take().await {
-            Ok(lane) => lane,
-            Err(error) => {
-                let _ = call.answer.send(Err(call.job.error(error)));
-                continue;
-            }
-        };
-        let done = match lane.connection().await {
-            Ok(conn) => <Postgres as Execute>::execute(conn, statement).await,
-            Err(error) => Err(error),
-        };
-        lane.settle(done.is_ok());
-        let answer = done
-            .map(|done| Done::Changed(done.rows_affected()))
-            .map_err(|error| call.job.error(error));
+        let answer = changed
+            .as_ref()
+            .map(|changed| u64::from(changed.contains(call.job.key())));
         let _ = call.answer.send(answer);
     }
 }
@@ -273,9 +257,7 @@ fn changed_keys(rows: &[PgRow]) -> Result<HashSet<String>, sqlx::Error> {
 
 /// One kind of call's queue, and its statements.
 struct Queue<J> {
-    /// The single statement (the store's own).
-    single: String,
-    /// The same over arrays.
+    /// The batch statement.
     batch: String,
     state: Mutex<State<J>>,
 }
@@ -286,15 +268,17 @@ struct State<J> {
     running: bool,
 }
 
+/// How many rows a call changed; `None`: its batch failed, run it alone.
+type Answer = Option<u64>;
+
 struct Waiting<J> {
     job: J,
-    answer: oneshot::Sender<Result<Done, StoreError>>,
+    answer: oneshot::Sender<Answer>,
 }
 
 impl<J> Queue<J> {
-    fn new(single: &str, batch: &str) -> Self {
+    fn new(batch: &str) -> Self {
         Self {
-            single: single.to_owned(),
             batch: compact(batch),
             state: Mutex::new(State {
                 waiting: Vec::new(),
@@ -321,12 +305,8 @@ trait Job: Send + Sync + Sized + 'static {
     fn queue(inner: &Inner) -> &Queue<Self>;
     /// The key it writes.
     fn key(&self) -> &str;
-    /// Its single statement's parameters.
-    fn params(&self) -> Params<'_>;
     /// The batch statement over `jobs`.
     fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres>;
-    /// Its statement's `error` as the store reports it.
-    fn error(&self, error: sqlx::Error) -> StoreError;
 }
 
 /// A claim of a key with no row (the store's plain insert).
@@ -346,14 +326,6 @@ impl Job for Claim {
         &self.key
     }
 
-    fn params(&self) -> Params<'_> {
-        Params::Claim {
-            key: &self.key,
-            fingerprint: &self.fingerprint,
-            token: self.token,
-            lease_ms: self.lease_ms,
-        }
-    }
 
     fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
         sqlx::query(sql)
@@ -363,9 +335,6 @@ impl Job for Claim {
             .bind(jobs.iter().map(|j| j.token).collect::<Vec<_>>())
     }
 
-    fn error(&self, error: sqlx::Error) -> StoreError {
-        map_error(error, None, 0)
-    }
 }
 
 /// A completion.
@@ -377,9 +346,6 @@ struct Completion {
     body: Vec<u8>,
     body_omitted: bool,
     ttl_ms: i64,
-    /// The record's size and the store's limit, for the error of a record that was too large.
-    size: Option<usize>,
-    limit: usize,
 }
 
 impl Job for Completion {
@@ -391,17 +357,6 @@ impl Job for Completion {
         &self.key
     }
 
-    fn params(&self) -> Params<'_> {
-        Params::Complete {
-            key: &self.key,
-            token: self.token,
-            status: self.status as u16,
-            headers: self.headers.clone(),
-            body: &self.body,
-            body_omitted: self.body_omitted,
-            ttl_ms: self.ttl_ms,
-        }
-    }
 
     fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
         sqlx::query(sql)
@@ -414,18 +369,23 @@ impl Job for Completion {
             .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
     }
 
-    fn error(&self, error: sqlx::Error) -> StoreError {
-        map_error(error, self.size, self.limit)
-    }
+}
+
+/// What a batch statement starts with: [`LOCK_TIMEOUT`] for its own transaction, read before
+/// its first row is written (the statement's `FROM` lists `cfg`).
+fn lock_timeout() -> String {
+    format!("cfg AS (SELECT set_config('lock_timeout', '{LOCK_TIMEOUT}', true))")
 }
 
 /// The store's plain insert over arrays: the keys it inserted.
 fn claims_sql(table: &str) -> String {
+    let cfg = lock_timeout();
     format!(
-        r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
+        r#"WITH {cfg}
+INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
 SELECT u.key, u.fingerprint, u.token, 0,
     statement_timestamp() + u.lease_ms * interval '1 millisecond'
-FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::bigint[])
+FROM cfg, unnest($1::text[], $2::bytea[], $3::bigint[], $4::bigint[])
     AS u(key, fingerprint, lease_ms, token)
 ON CONFLICT (key) DO NOTHING
 RETURNING key"#
@@ -436,8 +396,10 @@ RETURNING key"#
 /// it changed, each with its notice if a waiter marked it.
 fn completions_sql(table: &str) -> String {
     let notify = notify_each(table, "done");
+    let cfg = lock_timeout();
     format!(
-        r#"WITH v AS (
+        r#"WITH {cfg},
+v AS (
 SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::bytea[], $5::bytea[],
     $6::boolean[], $7::bigint[]) AS v(key, token, status, headers, body, body_omitted, ttl_ms)
 ),
@@ -449,7 +411,7 @@ UPDATE "{table}" AS cur SET state = 1,
     body_omitted = CASE WHEN cur.state = 0 THEN v.body_omitted ELSE cur.body_omitted END,
     expires_at   = CASE WHEN cur.state = 0
         THEN statement_timestamp() + v.ttl_ms * interval '1 millisecond' ELSE cur.expires_at END
-FROM v
+FROM cfg, v
 WHERE cur.key = v.key AND cur.token = v.token
     AND (cur.state = 0 OR cur.expires_at > statement_timestamp())
 RETURNING cur.key, cur.watched

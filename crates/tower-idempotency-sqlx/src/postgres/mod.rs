@@ -120,10 +120,9 @@ impl Backend for Postgres {
     type Engine = PgEngine;
 
     fn engine(pool: &PgPool, table: &str) -> PgEngine {
-        let sql = statements(table);
         PgEngine {
             notices: PgNotices::new(pool, table),
-            coalescer: Some(Coalescer::new(pool, table, &sql.insert, &sql.complete)),
+            coalescer: Some(Coalescer::new(pool, table)),
         }
     }
 }
@@ -141,7 +140,8 @@ impl Engine for PgEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Done, StoreError>> + Send + 'a, Write<'a>> {
+    ) -> Result<impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a, Write<'a>>
+    {
         match &self.coalescer {
             Some(coalescer) => coalescer.write(write),
             None => Err(write),
@@ -169,10 +169,7 @@ impl SqlStore<Postgres> {
     /// more than commits per second. How batches are built, and the measured gain:
     /// docs/stores.md, "Postgres".
     pub fn with_coalescing(mut self, on: bool) -> Self {
-        self.engine.coalescer = on.then(|| {
-            let sql = statements(self.table());
-            Coalescer::new(self.pool(), self.table(), &sql.insert, &sql.complete)
-        });
+        self.engine.coalescer = on.then(|| Coalescer::new(self.pool(), self.table()));
         self
     }
 

@@ -203,11 +203,13 @@ pub trait Engine: Debug + Send + Sync {
         None
     }
 
-    /// A future that runs `write` off the lanes, or `write` back to run on a write lane.
+    /// A future that runs `write` off the lanes, or `write` back to run on a write lane; the
+    /// future may also hand `write` back (`Err`), to run on a write lane after all.
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Done, StoreError>> + Send + 'a, Write<'a>> {
+    ) -> Result<impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a, Write<'a>>
+    {
         Err::<std::future::Ready<_>, _>(write)
     }
 

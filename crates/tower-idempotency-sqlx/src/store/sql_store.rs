@@ -381,8 +381,14 @@ impl<DB: Backend> SqlStore<DB> {
                 if self.pool().is_closed() {
                     return Err(self.map_error(sqlx::Error::PoolClosed, None));
                 }
-                self.count();
-                return running.await;
+                match running.await {
+                    Ok(done) => {
+                        self.count();
+                        return done;
+                    }
+                    // Handed back (a Postgres batch that failed): its own statement, below.
+                    Err(write) => write,
+                }
             }
             Err(write) => write,
         };
