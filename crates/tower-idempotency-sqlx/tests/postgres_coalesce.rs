@@ -1,7 +1,8 @@
 //! The Postgres store's coalescing of claims of new keys and completions
-//! ([`PostgresStore::with_coalescing`]): batches are built by holding the statement in flight
-//! behind a row lock of another transaction, so the calls that arrive meanwhile queue up and
-//! go out together when the lock is released.
+//! ([`PostgresStore::with_coalescing`]): batches are built by holding back, at a proxy, the
+//! reply to the statement in flight, so the calls that arrive meanwhile queue up and go out
+//! together when the proxy lets the reply through. (A row lock would not hold a batch: a batch
+//! gives up on a row lock after 100 ms and hands its calls back.)
 #![cfg(feature = "postgres")]
 
 mod common;
@@ -13,13 +14,17 @@ use tower_idempotency_core::{
     ClaimOutcome, FencingToken, IdempotencyLayer, Ownership, Store, StoreError,
 };
 use tower_idempotency_sqlx::PostgresStore;
+use tower_idempotency_testkit::{Mode, Protocol, Proxy};
 
 mod suite_without_coalescing {
     tower_idempotency_core::store_conformance_tests!(async {
         let table = crate::common::PgTable::new();
         let store = table.store().await?.with_coalescing(false);
         store.migrate().await.expect("migrate");
-        Some(crate::common::Guarded::new(std::sync::Arc::new(store), table))
+        Some(crate::common::Guarded::new(
+            std::sync::Arc::new(store),
+            table,
+        ))
     });
 }
 
@@ -33,6 +38,70 @@ async fn store_on(table: &PgTable, pool: sqlx::PgPool) -> Arc<PostgresStore> {
     Arc::new(store)
 }
 
+/// A store whose every connection goes through a proxy that can hold replies back, warmed so
+/// that its batch lanes hold their connections; `None` when Postgres is unreachable.
+async fn proxied(table: &PgTable) -> Option<(Arc<PostgresStore>, Proxy)> {
+    pg_pool().await?;
+    let proxy = Proxy::counting(pg_address(), Protocol::Postgres)
+        .await
+        .expect("bind");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(10)
+        .connect(&proxy_url(&proxy))
+        .await
+        .expect("connect through the proxy");
+    let store = store_on(table, pool).await;
+    // Two claims and completions at once, so both batch lanes have run a statement.
+    let warm: Vec<_> = (0..2)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let key = random_key(&format!("warm{i}"));
+                let token = token_of(claim(&*store, &key, 1, LEASE).await);
+                store.complete(&key, token, &response("warm"), TTL).await
+            })
+        })
+        .collect();
+    for warm in warm {
+        assert_eq!(warm.await.unwrap().expect("warm"), Ownership::Current);
+    }
+    Some((store, proxy))
+}
+
+fn pg_address() -> String {
+    let url = url::Url::parse(&pg_url()).expect("DATABASE_URL is a URL");
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port().unwrap_or(5432)
+    )
+}
+
+fn proxy_url(proxy: &Proxy) -> String {
+    let mut url = url::Url::parse(&pg_url()).expect("DATABASE_URL is a URL");
+    url.set_host(Some("127.0.0.1")).expect("host");
+    url.set_port(Some(proxy.addr.port())).expect("port");
+    url.query_pairs_mut().append_pair("sslmode", "disable");
+    url.to_string()
+}
+
+/// Runs `call` with the proxy holding replies back, and returns once its statement is on the
+/// wire: the statement in flight of its kind, until the proxy passes replies again.
+async fn in_flight<T>(
+    proxy: &Proxy,
+    start: impl FnOnce() -> tokio::task::JoinHandle<T>,
+) -> tokio::task::JoinHandle<T> {
+    proxy.set(Mode::HoldReplies);
+    let before = proxy.counted();
+    let running = start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.counted() == before {
+        assert!(tokio::time::Instant::now() < deadline, "nothing was sent");
+        tokio::task::yield_now().await;
+    }
+    running
+}
+
 /// Waits until `n` calls are queued behind the statement in flight.
 async fn until_queued(store: &PostgresStore, n: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -41,28 +110,6 @@ async fn until_queued(store: &PostgresStore, n: usize) {
         tokio::task::yield_now().await;
     }
     assert_eq!(store.coalescing_queued(), n);
-}
-
-/// Another transaction holds an uncommitted claim of a fresh key, and the store's claim of the
-/// same key waits behind it: the claims statement in flight. Returns the transaction (roll it
-/// back to let the claim through) and the waiting claim.
-async fn claims_held(
-    store: &Arc<PostgresStore>,
-    table: &str,
-) -> (
-    sqlx::Transaction<'static, sqlx::Postgres>,
-    tokio::task::JoinHandle<Result<ClaimOutcome, StoreError>>,
-) {
-    let key = random_key("held");
-    let mut tx = store.pool().begin().await.expect("begin");
-    let token = FencingToken::random().expect("token");
-    store
-        .claim_in(&mut tx, &key, &fingerprint(9), token, LEASE)
-        .await
-        .expect("claim in the transaction");
-    let held = spawn_claim(store.clone(), &key, LEASE);
-    until_one_waits_on_a_lock(store, table).await;
-    (tx, held)
 }
 
 fn spawn_claim(
@@ -135,15 +182,13 @@ async fn many_new_keys_over_http_run_each_handler_once_and_replay_every_duplicat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
     let table = PgTable::new();
-    let proxy = PgRoundTrips::start().await;
-    let Some(_) = pg_pool().await else { return };
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(10)
-        .connect(&proxy.url)
-        .await
-        .expect("connect through the proxy");
-    let store = store_on(&table, pool).await;
-    let (tx, held) = claims_held(&store, &table.name).await;
+    let Some((store, proxy)) = proxied(&table).await else {
+        return;
+    };
+    let held = in_flight(&proxy, || {
+        spawn_claim(store.clone(), &random_key("held"), LEASE)
+    })
+    .await;
 
     let keys: Vec<String> = (0..20).map(|i| random_key(&format!("q{i}"))).collect();
     // The first key twice in the batch: only one of the two may be granted.
@@ -153,8 +198,8 @@ async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
         .map(|key| spawn_claim(store.clone(), key, LEASE))
         .collect();
     until_queued(&store, keys.len() + 1).await;
-    let before = proxy.round_trips();
-    tx.rollback().await.expect("rollback");
+    let before = proxy.counted();
+    proxy.set(Mode::Pass);
 
     assert!(matches!(
         held.await.unwrap().expect("held claim"),
@@ -164,9 +209,9 @@ async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
     for claim in claims {
         outcomes.push(claim.await.unwrap().expect("claim"));
     }
-    let spent = proxy.round_trips() - before;
+    let spent = proxy.counted() - before;
     assert!(
-        spent < keys.len(),
+        spent < keys.len() as u64,
         "{} queued claims took {spent} round trips",
         keys.len() + 1
     );
@@ -199,9 +244,13 @@ async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_batch_answers_each_call_as_its_own_statement_would() {
     let table = PgTable::new();
-    let Some(pool) = pg_pool().await else { return };
-    let store = store_on(&table, pool).await;
-    let (tx, held) = claims_held(&store, &table.name).await;
+    let Some((store, proxy)) = proxied(&table).await else {
+        return;
+    };
+    let held = in_flight(&proxy, || {
+        spawn_claim(store.clone(), &random_key("held"), LEASE)
+    })
+    .await;
 
     // Postgres's text cannot hold a NUL: this key fails its statement, and the batch with it.
     let good: Vec<String> = (0..5).map(|i| random_key(&format!("g{i}"))).collect();
@@ -212,7 +261,7 @@ async fn a_failed_batch_answers_each_call_as_its_own_statement_would() {
         .collect();
     claims.insert(2, spawn_claim(store.clone(), &bad, LEASE));
     until_queued(&store, good.len() + 1).await;
-    tx.rollback().await.expect("rollback");
+    proxy.set(Mode::Pass);
     held.await.unwrap().expect("held claim");
 
     let bad_outcome = claims.remove(2).await.unwrap();
@@ -229,8 +278,9 @@ async fn a_failed_batch_answers_each_call_as_its_own_statement_would() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
     let table = PgTable::new();
-    let Some(pool) = pg_pool().await else { return };
-    let store = store_on(&table, pool).await;
+    let Some((store, proxy)) = proxied(&table).await else {
+        return;
+    };
     let [held, fresh, stale, both] =
         ["held", "fresh", "stale", "both"].map(|case| random_key(case));
     let mut tokens = Vec::new();
@@ -238,16 +288,7 @@ async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
         tokens.push(token_of(claim(&*store, key, 1, LEASE).await));
     }
 
-    // Another transaction locks `held`'s row: its completion is the statement in flight.
-    let mut tx = store.pool().begin().await.expect("begin");
-    let lock = format!(r#"SELECT 1 FROM "{}" WHERE key = $1 FOR UPDATE"#, table.name);
-    sqlx::query(&lock)
-        .bind(&held)
-        .execute(&mut *tx)
-        .await
-        .expect("lock");
-    let first = spawn_complete(store.clone(), &held, tokens[0]);
-    until_one_waits_on_a_lock(&store, &table.name).await;
+    let first = in_flight(&proxy, || spawn_complete(store.clone(), &held, tokens[0])).await;
 
     let wrong = |token: FencingToken| FencingToken(token.0 ^ 1);
     let calls = [
@@ -257,7 +298,7 @@ async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
         spawn_complete(store.clone(), &both, tokens[3]),
     ];
     until_queued(&store, calls.len()).await;
-    tx.commit().await.expect("commit");
+    proxy.set(Mode::Pass);
 
     assert_eq!(first.await.unwrap().expect("held"), Ownership::Current);
     let mut answers = Vec::new();
@@ -290,9 +331,13 @@ async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_gives_up_while_queued_writes_nothing() {
     let table = PgTable::new();
-    let Some(pool) = pg_pool().await else { return };
-    let store = store_on(&table, pool).await;
-    let (tx, held) = claims_held(&store, &table.name).await;
+    let Some((store, proxy)) = proxied(&table).await else {
+        return;
+    };
+    let held = in_flight(&proxy, || {
+        spawn_claim(store.clone(), &random_key("held"), LEASE)
+    })
+    .await;
 
     let (gone, stays) = (random_key("gone"), random_key("stays"));
     let given_up = spawn_claim(store.clone(), &gone, LEASE);
@@ -300,7 +345,7 @@ async fn a_caller_that_gives_up_while_queued_writes_nothing() {
     until_queued(&store, 2).await;
     given_up.abort();
     assert!(given_up.await.unwrap_err().is_cancelled());
-    tx.rollback().await.expect("rollback");
+    proxy.set(Mode::Pass);
     held.await.unwrap().expect("held claim");
 
     assert!(matches!(
@@ -308,4 +353,44 @@ async fn a_caller_that_gives_up_while_queued_writes_nothing() {
         ClaimOutcome::Claimed { .. }
     ));
     assert!(store.get(&gone).await.expect("get").is_none());
+}
+
+/// A key another transaction holds an uncommitted row of holds up only its own caller: its
+/// batch gives up on the lock and hands every call back, the others are answered while the
+/// transaction is still open, and the key's own claim is answered when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_locked_by_another_transaction_holds_up_only_its_own_caller() {
+    let table = PgTable::new();
+    let Some(pool) = pg_pool().await else { return };
+    let store = store_on(&table, pool).await;
+    let locked = random_key("locked");
+    let mut tx = store.pool().begin().await.expect("begin");
+    let token = FencingToken::random().expect("token");
+    store
+        .claim_in(&mut tx, &locked, &fingerprint(9), token, LEASE)
+        .await
+        .expect("claim in the transaction");
+
+    let waiting = spawn_claim(store.clone(), &locked, LEASE);
+    let others: Vec<_> = (0..20)
+        .map(|i| spawn_claim(store.clone(), &random_key(&format!("o{i}")), LEASE))
+        .collect();
+    for other in others {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), other)
+            .await
+            .expect("a free key must not wait for another key's lock")
+            .unwrap()
+            .expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::Claimed { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert!(!waiting.is_finished(), "the locked key waits for the lock");
+    tx.commit().await.expect("commit");
+    let outcome = waiting.await.unwrap().expect("claim after the commit");
+    assert!(
+        matches!(outcome, ClaimOutcome::InFlight { .. }),
+        "the committed claim holds the key: {outcome:?}"
+    );
 }

@@ -22,7 +22,9 @@
 //! Batches run on a task of their own (spawned when a queue gets work and none is running,
 //! ending when it is empty), so a cancelled caller never cancels its batch-mates' statement,
 //! on lanes of their own: one connection per kind of statement, kept checked out as the
-//! store's lanes are (see `store/lanes.rs`).
+//! store's lanes are (see `store/lanes.rs`), as far as the store's lanes leave all but one of
+//! the pool's connections; past that (and with no store lanes) a batch takes a connection
+//! from the pool.
 
 use std::{
     collections::HashSet,
@@ -67,11 +69,12 @@ struct Inner {
 }
 
 impl Coalescer {
-    /// Queues for `table`'s statements on `pool`. Opens no connection.
-    pub(crate) fn new(pool: &PgPool, table: &str) -> Self {
+    /// Queues for `table`'s statements on `pool`, run on `lanes` lanes of their own (`0`: a
+    /// connection from the pool per batch). Opens no connection.
+    pub(crate) fn new(pool: &PgPool, table: &str, lanes: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
-                lanes: Lanes::new(pool.clone(), 2),
+                lanes: Lanes::new(pool.clone(), lanes),
                 claims: Queue::new(&claims_sql(table)),
                 completions: Queue::new(&completions_sql(table)),
             }),
@@ -326,7 +329,6 @@ impl Job for Claim {
         &self.key
     }
 
-
     fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
         sqlx::query(sql)
             .bind(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>())
@@ -334,7 +336,6 @@ impl Job for Claim {
             .bind(jobs.iter().map(|j| j.lease_ms).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.token).collect::<Vec<_>>())
     }
-
 }
 
 /// A completion.
@@ -357,7 +358,6 @@ impl Job for Completion {
         &self.key
     }
 
-
     fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
         sqlx::query(sql)
             .bind(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>())
@@ -368,7 +368,6 @@ impl Job for Completion {
             .bind(jobs.iter().map(|j| j.body_omitted).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.ttl_ms).collect::<Vec<_>>())
     }
-
 }
 
 /// What a batch statement starts with: [`LOCK_TIMEOUT`] for its own transaction, read before

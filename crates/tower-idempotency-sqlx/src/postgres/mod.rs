@@ -19,6 +19,7 @@ use self::{coalesce::Coalescer, notices::PgNotices, statements::statements};
 use crate::{
     store::{
         backend::{sealed::Sealed, Backend, Done, Engine, Statement, Statements, Write},
+        lanes::lane_limit,
         record::{Params, RawRecord},
     },
     SqlStore,
@@ -122,7 +123,10 @@ impl Backend for Postgres {
     fn engine(pool: &PgPool, table: &str) -> PgEngine {
         PgEngine {
             notices: PgNotices::new(pool, table),
-            coalescer: Some(Coalescer::new(pool, table)),
+            pool: pool.clone(),
+            table: table.to_owned(),
+            store_lanes: 0,
+            coalescer: Some(Coalescer::new(pool, table, 0)),
         }
     }
 }
@@ -133,19 +137,45 @@ impl Backend for Postgres {
 #[derive(Debug)]
 pub struct PgEngine {
     notices: PgNotices,
+    pool: PgPool,
+    table: String,
+    /// The store's lanes, which the coalescer's lanes fit beside.
+    store_lanes: usize,
     coalescer: Option<Coalescer>,
+}
+
+impl PgEngine {
+    /// Coalescing on or off: on, on up to two lanes of its own (one per kind of statement)
+    /// within all but one of the pool's connections beside the store's lanes, none when the
+    /// store has none.
+    fn coalesce(&mut self, on: bool) {
+        let free = lane_limit(&self.pool).saturating_sub(self.store_lanes);
+        let lanes = if self.store_lanes == 0 {
+            0
+        } else {
+            free.min(2)
+        };
+        self.coalescer = on.then(|| Coalescer::new(&self.pool, &self.table, lanes));
+    }
 }
 
 impl Engine for PgEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a, Write<'a>>
-    {
+    ) -> Result<
+        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
         match &self.coalescer {
             Some(coalescer) => coalescer.write(write),
             None => Err(write),
         }
+    }
+
+    fn lanes(&mut self, store_lanes: usize) {
+        self.store_lanes = store_lanes;
+        self.coalesce(self.coalescer.is_some());
     }
 
     fn settlements(&self) -> Option<Settlements> {
@@ -160,16 +190,18 @@ impl SqlStore<Postgres> {
     /// arrives while another one is in flight waits for it to finish, then runs together with
     /// every other one that queued meanwhile, as one statement over arrays and one commit, and
     /// gets the answer its own statement would have given (fencing included). A call that finds
-    /// nothing in flight runs at once, as its own statement. These statements run on two
-    /// connections the store keeps checked out of the pool besides its
-    /// [lanes](Self::with_connection_lanes), one for claims and one for completions.
+    /// nothing in flight runs at once, as a batch of one. Batches run on two connections the
+    /// store keeps checked out of the pool besides its [lanes](Self::with_connection_lanes)
+    /// (one for claims, one for completions; fewer where the lanes leave less than two of all
+    /// but one of the pool's connections, and none without lanes: then each batch takes a
+    /// connection from the pool).
     ///
     /// Off, each call is its own statement and commit on one of the lanes. Switch it off when
     /// every caller is latency-bound at low concurrency and the two extra connections matter
     /// more than commits per second. How batches are built, and the measured gain:
     /// docs/stores.md, "Postgres".
     pub fn with_coalescing(mut self, on: bool) -> Self {
-        self.engine.coalescer = on.then(|| Coalescer::new(self.pool(), self.table()));
+        self.engine.coalesce(on);
         self
     }
 

@@ -61,8 +61,10 @@ impl Engine for SqliteEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a, Write<'a>>
-    {
+    ) -> Result<
+        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
         match &self.writer {
             Some(writer) => {
                 let running = writer.run(self.clock.now_ms(), write);

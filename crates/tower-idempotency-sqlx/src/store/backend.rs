@@ -208,13 +208,19 @@ pub trait Engine: Debug + Send + Sync {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a, Write<'a>>
-    {
+    ) -> Result<
+        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
         Err::<std::future::Ready<_>, _>(write)
     }
 
     /// Bounds the queue of writes waiting to run off the lanes, where there is one.
     fn bound_writes(&mut self, _jobs: usize, _bytes: usize) {}
+
+    /// Told how many lanes the store keeps (`0`: a connection from the pool per statement), so
+    /// that connections the engine keeps checked out stay within the store's share of the pool.
+    fn lanes(&mut self, _store_lanes: usize) {}
 
     /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns.
     fn settlements(&self) -> Option<Settlements> {
