@@ -291,8 +291,7 @@ async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
     let Some((store, proxy)) = proxied(&table).await else {
         return;
     };
-    let [held, fresh, stale, both] =
-        ["held", "fresh", "stale", "both"].map(|case| random_key(case));
+    let [held, fresh, stale, both] = ["held", "fresh", "stale", "both"].map(random_key);
     let mut tokens = Vec::new();
     for key in [&held, &fresh, &stale, &both] {
         tokens.push(token_of(claim(&*store, key, 1, LEASE).await));
