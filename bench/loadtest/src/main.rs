@@ -150,7 +150,8 @@ fn run(args: Args) -> Result<()> {
     let loadavg_start = loadavg();
     let rts = runtimes(args.shared_runtime)?;
     let run = run_id();
-    let backends = Backends::from_env(run, args.store_lanes, args.peer_binary.clone());
+    let backends = Backends::from_env(run, args.store_lanes, args.peer_binary.clone())
+        .with_coalescing(args.coalescing);
     eprintln!(
         "loadtest: run {} (load average {loadavg_start}); runtime {}",
         backends.run,

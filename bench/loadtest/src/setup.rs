@@ -205,6 +205,8 @@ pub(crate) struct Backends {
     pub(crate) redis_prefix: String,
     /// `--store-lanes`, applied to every sqlx store the harness opens.
     pub(crate) store_lanes: Option<usize>,
+    /// Whether the Postgres stores coalesce claims and completions (`--no-coalescing`: not).
+    pub(crate) coalescing: bool,
     /// The `loadtest-peer` binary (`--peer-bin`).
     pub(crate) peer_binary: PathBuf,
     /// The peer's Valkey prefix (`idempotent` refuses `:` in one).
@@ -226,12 +228,20 @@ impl Backends {
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             redis_prefix: format!("loadtest:{run}"),
             store_lanes,
+            coalescing: true,
             run,
         }
     }
 
-    /// `store` with the run's `--store-lanes`.
+    /// These backends with the Postgres stores' coalescing on or off.
+    pub(crate) fn with_coalescing(mut self, on: bool) -> Self {
+        self.coalescing = on;
+        self
+    }
+
+    /// `store` with the run's `--store-lanes` and `--no-coalescing`.
     pub(crate) fn postgres(&self, store: PostgresStore) -> PostgresStore {
+        let store = store.with_coalescing(self.coalescing);
         match self.store_lanes {
             Some(lanes) => store.with_connection_lanes(lanes),
             None => store,

@@ -61,9 +61,15 @@ impl Engine for SqliteEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Done, StoreError>> + Send + 'a, Write<'a>> {
+    ) -> Result<
+        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
         match &self.writer {
-            Some(writer) => Ok(writer.run(self.clock.now_ms(), write)),
+            Some(writer) => {
+                let running = writer.run(self.clock.now_ms(), write);
+                Ok(async move { Ok(running.await) })
+            }
             None => Err(write),
         }
     }

@@ -203,16 +203,24 @@ pub trait Engine: Debug + Send + Sync {
         None
     }
 
-    /// A future that runs `write` off the lanes, or `write` back to run on a write lane.
+    /// A future that runs `write` off the lanes, or `write` back to run on a write lane; the
+    /// future may also hand `write` back (`Err`), to run on a write lane after all.
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<impl Future<Output = Result<Done, StoreError>> + Send + 'a, Write<'a>> {
+    ) -> Result<
+        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
+        Write<'a>,
+    > {
         Err::<std::future::Ready<_>, _>(write)
     }
 
     /// Bounds the queue of writes waiting to run off the lanes, where there is one.
     fn bound_writes(&mut self, _jobs: usize, _bytes: usize) {}
+
+    /// Told how many lanes the store keeps (`0`: a connection from the pool per statement), so
+    /// that connections the engine keeps checked out stay within the store's share of the pool.
+    fn lanes(&mut self, _store_lanes: usize) {}
 
     /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns.
     fn settlements(&self) -> Option<Settlements> {

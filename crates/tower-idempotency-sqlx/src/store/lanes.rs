@@ -39,7 +39,7 @@ pub(crate) fn default_lane_count<DB: Database>(pool: &Pool<DB>) -> usize {
 
 /// At most all but one of the pool's connections, so `migrate`, the purger and `claim_in` can
 /// always get one.
-fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
+pub(crate) fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
     (pool.options().get_max_connections() as usize).saturating_sub(1)
 }
 

@@ -78,19 +78,22 @@ impl<DB: Backend> SqlStore<DB> {
     /// set fewer lanes. The shared-pool test (`tests/shared_pool.rs`) runs the three on one pool.
     pub fn new(pool: Pool<DB>, table: &str) -> Result<Self, ConfigError> {
         validate_table_name(table)?;
+        let lanes = StoreLanes::new(
+            pool.clone(),
+            lanes::default_lane_count(&pool),
+            DB::ONE_WRITER,
+        );
+        let mut engine = DB::engine(&pool, table);
+        engine.lanes(lanes.count());
         Ok(Self {
             pool: pool.clone(),
-            lanes: StoreLanes::new(
-                pool.clone(),
-                lanes::default_lane_count(&pool),
-                DB::ONE_WRITER,
-            ),
+            lanes,
             table: table.to_owned(),
             sql: DB::statements(table),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             statements: AtomicU64::new(0),
             recent: RecentKeys::default(),
-            engine: DB::engine(&pool, table),
+            engine,
         })
     }
 
@@ -153,6 +156,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
         self.lanes = StoreLanes::new(self.pool.clone(), lanes, DB::ONE_WRITER);
+        self.engine.lanes(self.lanes.count());
         self
     }
 
@@ -381,8 +385,14 @@ impl<DB: Backend> SqlStore<DB> {
                 if self.pool().is_closed() {
                     return Err(self.map_error(sqlx::Error::PoolClosed, None));
                 }
-                self.count();
-                return running.await;
+                match running.await {
+                    Ok(done) => {
+                        self.count();
+                        return done;
+                    }
+                    // Handed back (a Postgres batch that failed): its own statement, below.
+                    Err(write) => write,
+                }
             }
             Err(write) => write,
         };
