@@ -3,7 +3,6 @@
 //! replayed-signature`; GitHub's redelivery (same id and body) is replayed, also when it is
 //! signed with a rotated secret.
 
-
 mod support;
 
 use std::{
