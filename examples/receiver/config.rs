@@ -8,9 +8,6 @@ use crate::BoxError;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:3000";
 const DEFAULT_STORE: &str = "sqlite://receiver.db";
-/// Handlers the inbox's worker runs at once unless `INBOX_CONCURRENCY` says otherwise: the
-/// worker's own default.
-const DEFAULT_INBOX_CONCURRENCY: usize = 16;
 
 /// Why the receiver could not start. Messages name variables, never their values.
 #[derive(Debug, thiserror::Error)]
@@ -62,12 +59,13 @@ pub struct InboxSettings {
     pub heal_file: Option<std::path::PathBuf>,
     /// `INBOX_RETENTION_SECS`: how long processed events are kept.
     pub retention: Option<Duration>,
-    /// `INBOX_CONCURRENCY`: handlers the worker runs at once.
-    pub concurrency: usize,
+    /// `INBOX_CONCURRENCY`: handlers the worker runs at once (default the worker's for the
+    /// database: 16 on Postgres, 4 on SQLite).
+    pub concurrency: Option<usize>,
     /// `INBOX_POOL_SIZE`: connections the inbox's pool opens at most (default twice the
     /// concurrency: each running handler holds one, and acknowledgements, claims and lease
     /// renewals need theirs meanwhile).
-    pub pool_size: u32,
+    pub pool_size: Option<u32>,
 }
 
 /// `INBOX_ORDERING=sequential|skip-stale`.
@@ -120,12 +118,10 @@ impl Config {
     pub fn from_env() -> Result<Self, StartError> {
         let millis = "a whole number of milliseconds";
         let at_least_one = "a whole number of at least 1";
-        let concurrency = parsed::<std::num::NonZeroUsize>("INBOX_CONCURRENCY", at_least_one)?
-            .map_or(DEFAULT_INBOX_CONCURRENCY, usize::from);
-        let pool_size = match parsed::<std::num::NonZeroU32>("INBOX_POOL_SIZE", at_least_one)? {
-            Some(size) => size.get(),
-            None => u32::try_from(concurrency.saturating_mul(2)).unwrap_or(u32::MAX),
-        };
+        let concurrency =
+            parsed::<std::num::NonZeroUsize>("INBOX_CONCURRENCY", at_least_one)?.map(usize::from);
+        let pool_size =
+            parsed::<std::num::NonZeroU32>("INBOX_POOL_SIZE", at_least_one)?.map(u32::from);
         Ok(Self {
             addr: parsed("RECEIVER_ADDR", "an address such as 127.0.0.1:3000")?
                 .unwrap_or_else(|| DEFAULT_ADDR.parse().expect("valid default")),

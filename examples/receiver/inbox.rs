@@ -210,13 +210,33 @@ handler!(handle_sqlite, sqlx::Sqlite);
 #[cfg(feature = "postgres")]
 handler!(handle_postgres, sqlx::Postgres);
 
+/// The worker's default concurrency on the database `url` names.
+fn default_concurrency(url: &str) -> usize {
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres") {
+        return <sqlx::Postgres as InboxDatabase>::DEFAULT_CONCURRENCY;
+    }
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite") {
+        return <sqlx::Sqlite as InboxDatabase>::DEFAULT_CONCURRENCY;
+    }
+    let _ = url;
+    1
+}
+
 /// Starts the inbox on the store's database, or answers `None` for a store that is not SQL.
 pub async fn start(
     url: &str,
     secrets: Vec<String>,
     settings: &Settings,
 ) -> Result<Option<Running>, BoxError> {
-    let Some(pool) = Pool::open(url, settings.pool_size, true, &TABLE).await? else {
+    let concurrency = settings
+        .concurrency
+        .unwrap_or_else(|| default_concurrency(url));
+    let pool_size = settings
+        .pool_size
+        .unwrap_or_else(|| u32::try_from(concurrency.saturating_mul(2)).unwrap_or(u32::MAX));
+    let Some(pool) = Pool::open(url, pool_size, true, &TABLE).await? else {
         return Ok(None);
     };
     let verifier = StripeVerifier::new(secrets);
@@ -334,7 +354,7 @@ async fn mount<DB: InboxDatabase>(
     inbox.migrate().await?;
     let mut worker = inbox
         .worker(handler)
-        .concurrency(settings.concurrency)
+        .concurrency(settings.concurrency.unwrap_or(DB::DEFAULT_CONCURRENCY))
         .max_attempts(settings.max_attempts)
         .backoff(Backoff::exponential(
             settings.backoff,

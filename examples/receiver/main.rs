@@ -18,7 +18,7 @@
 //! | `INBOX_BACKOFF_MS` | `POST /inbox/stripe`: the retry delay after the first failed attempt, doubling after each (default 1000) |
 //! | `INBOX_LEASE_MS` | `POST /inbox/stripe`: how long an attempt's claim lasts unless renewed (a running attempt renews it); a crashed attempt is retried after it (default 60000) |
 //! | `INBOX_ATTEMPT_TIMEOUT_MS` | `POST /inbox/stripe`: how long one attempt may run before it is cancelled and counted as failed (default 60000) |
-//! | `INBOX_CONCURRENCY` | `POST /inbox/stripe`: handlers the worker runs at once, each holding a pool connection (default 16) |
+//! | `INBOX_CONCURRENCY` | `POST /inbox/stripe`: handlers the worker runs at once, each holding a pool connection (default 16 on Postgres, 4 on SQLite) |
 //! | `INBOX_POOL_SIZE` | `POST /inbox/stripe`: connections the inbox's pool opens at most (default twice `INBOX_CONCURRENCY`) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `INBOX_ORDERING` | `POST /inbox/stripe`: `sequential` or `skip-stale` orders Stripe events by `data.object.id` and `created` (unset: no ordering) |

@@ -280,6 +280,13 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
     #[doc(hidden)]
     const BEGIN: &'static str;
 
+    /// Handlers a worker runs at once unless [`WorkerBuilder::concurrency`] says otherwise:
+    /// 16 on Postgres, whose commits of many connections proceed side by side; 4 on SQLite,
+    /// whose event transactions take the one write lock in turn.
+    ///
+    /// [`WorkerBuilder::concurrency`]: crate::WorkerBuilder::concurrency
+    const DEFAULT_CONCURRENCY: usize;
+
     #[doc(hidden)]
     fn statements(table: &str) -> Sql;
 
@@ -550,7 +557,15 @@ where
 
 /// The typed calls, the same for each database.
 macro_rules! backend {
-    ($db:ty, $feature:literal, $statements:path, $begin:literal, $insert_many:path, $keys:path) => {
+    (
+        $db:ty,
+        $feature:literal,
+        $statements:path,
+        $begin:literal,
+        $concurrency:literal,
+        $insert_many:path,
+        $keys:path
+    ) => {
         #[cfg(feature = $feature)]
         const _: () = {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
@@ -600,6 +615,7 @@ macro_rules! backend {
 
             impl InboxDatabase for $db {
                 const BEGIN: &'static str = $begin;
+                const DEFAULT_CONCURRENCY: usize = $concurrency;
 
                 fn statements(table: &str) -> Sql {
                     $statements(table)
@@ -1008,16 +1024,20 @@ backend!(
     "postgres",
     Sql::postgres,
     "BEGIN",
+    16,
     insert_many_postgres,
     keys_postgres
 );
 // The write lock from the start: a deferred transaction that read first could not upgrade to a
 // write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
+// So one handler writes at a time, and more handlers than a few only wait in the busy handler
+// (`--bin inbox` in the bench workspace shows the drain).
 backend!(
     sqlx::Sqlite,
     "sqlite",
     Sql::sqlite,
     "BEGIN IMMEDIATE",
+    4,
     insert_many_sqlite,
     keys_sqlite
 );

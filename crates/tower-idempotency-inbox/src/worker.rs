@@ -36,7 +36,6 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// How long an attempt may run before it is cancelled (rolled back and counted as a failed
 /// attempt), unless configured otherwise.
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
-const DEFAULT_CONCURRENCY: usize = 16;
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Due events one sweep takes from the table.
@@ -79,7 +78,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
         WorkerBuilder {
             inbox: self.clone(),
             handler: Arc::new(handler),
-            concurrency: DEFAULT_CONCURRENCY,
+            concurrency: DB::DEFAULT_CONCURRENCY,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
@@ -92,7 +91,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
 }
 
 impl<DB: InboxDatabase> WorkerBuilder<DB> {
-    /// Handlers running at once (default 16, at least 1). Each holds one pool connection; the
+    /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
+    /// 4 on SQLite; at least 1). Each holds one pool connection; the
     /// worker claims as many due events in one statement as handlers are free. Give the pool
     /// about twice this many connections, so acknowledgements, claims and lease renewals find
     /// one while every handler runs (docs/inbox.md, "Throughput").

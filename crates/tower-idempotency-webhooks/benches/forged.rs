@@ -11,6 +11,8 @@
 //! - `twilio_over_cap`: a 1 MiB form of ~300k parameters, refused by its count.
 
 mod common;
+#[path = "common/settings.rs"]
+mod settings;
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -158,7 +160,7 @@ fn bench(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = common::criterion(10);
+    config = settings::criterion(10);
     targets = bench
 }
 criterion_main!(benches);

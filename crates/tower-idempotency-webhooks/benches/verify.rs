@@ -4,6 +4,8 @@
 //! the saved samples; `benches/ratios.rs` measures them paired (robust on a busy machine).
 
 mod common;
+#[path = "common/settings.rs"]
+mod settings;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -24,7 +26,7 @@ fn bench(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = common::criterion(20);
+    config = settings::criterion(20);
     targets = bench
 }
 criterion_main!(benches);

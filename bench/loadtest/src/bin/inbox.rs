@@ -58,12 +58,17 @@ use tower_idempotency_webhooks::{
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const SECRET: &str = "whsec_inbox_bench";
-/// The inbox worker's handlers, and the peer's: the reference receiver's default
-/// (`INBOX_CONCURRENCY`).
-const WORKERS: usize = 16;
-/// The inbox's pool, and the peer's: the reference receiver's default (`INBOX_POOL_SIZE`, twice
-/// the handlers).
-const POOL: u32 = 2 * WORKERS as u32;
+/// The inbox worker's handlers on `DB` (on Postgres also the peer's): the worker's default, which
+/// the reference receiver keeps unless `INBOX_CONCURRENCY` says otherwise.
+fn workers<DB: InboxDatabase>() -> usize {
+    DB::DEFAULT_CONCURRENCY
+}
+
+/// The inbox's pool on `DB` (on Postgres also the peer's): the reference receiver's default
+/// (`INBOX_POOL_SIZE`, twice the handlers).
+fn pool_size<DB: InboxDatabase>() -> u32 {
+    2 * workers::<DB>() as u32
+}
 
 /// The statements of one database's effects table.
 struct Effects {
@@ -412,14 +417,14 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         insert: "INSERT INTO effects (event_id) VALUES ($1)".into(),
     });
     let inbox_pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(POOL)
+        .max_connections(pool_size::<sqlx::Sqlite>())
         .connect_with(options.clone())
         .await?;
     let inbox = Inbox::new(inbox_pool.clone(), "bench_inbox")?;
     inbox.migrate().await?;
     let worker = inbox
         .worker(inbox_sqlite(effects.clone()))
-        .concurrency(WORKERS)
+        .concurrency(workers::<sqlx::Sqlite>())
         .sweep_every(Duration::from_millis(50))
         .spawn();
     let base = serve(router((pool, effects), store, &inbox, sync_sqlite)).await?;
@@ -474,14 +479,14 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         insert: format!("INSERT INTO {effects_table} (event_id) VALUES ($1)"),
     });
     let inbox_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(POOL)
+        .max_connections(pool_size::<sqlx::Postgres>())
         .connect(&url)
         .await?;
     let inbox = Inbox::new(inbox_pool.clone(), &inbox_table)?;
     inbox.migrate().await?;
     let worker = inbox
         .worker(inbox_pg(effects.clone()))
-        .concurrency(WORKERS)
+        .concurrency(workers::<sqlx::Postgres>())
         .sweep_every(Duration::from_millis(50))
         .spawn();
     // The peer: a pool as large as the inbox's, and as many handlers as the inbox's worker.
@@ -490,8 +495,8 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         SECRET,
         format!("bench_peer_{}", suffix()),
         format!("bench_peer_effects_{}", suffix()),
-        WORKERS,
-        POOL,
+        workers::<sqlx::Postgres>(),
+        pool_size::<sqlx::Postgres>(),
     )
     .await?;
     let base =

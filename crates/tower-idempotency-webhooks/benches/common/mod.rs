@@ -1,6 +1,6 @@
 //! What the benches share: the cases of the criterion bench (`verify.rs`) and the paired-ratio
 //! bench (`ratios.rs`), every shipped provider with a valid delivery of about `size` bytes and
-//! the floors (the raw primitive over the same bytes); and the criterion settings.
+//! the floors (the raw primitive over the same bytes).
 
 #![allow(dead_code)]
 
@@ -20,15 +20,6 @@ use tower_idempotency_webhooks::{
     testing::{self, Event},
     twilio, Verifier,
 };
-
-/// The criterion settings of the criterion benches (`verify.rs`, `forged.rs`): a short warm-up
-/// and two seconds of measurement, `sample_size` samples.
-pub fn criterion(sample_size: usize) -> criterion::Criterion {
-    criterion::Criterion::default()
-        .sample_size(sample_size)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(2))
-}
 
 pub const TS: u64 = 1_700_000_000;
 pub const SECRET: &str = "whsec_bench_secret_0123456789";

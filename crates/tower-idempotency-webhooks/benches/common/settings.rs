@@ -1,0 +1,12 @@
+//! The criterion settings of the criterion benches (`verify.rs`, `forged.rs`), apart from
+//! `common/mod.rs`, which the bench workspace's `verify_loop` also includes without criterion.
+
+use std::time::Duration;
+
+/// A short warm-up and two seconds of measurement, `sample_size` samples.
+pub fn criterion(sample_size: usize) -> criterion::Criterion {
+    criterion::Criterion::default()
+        .sample_size(sample_size)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+}
