@@ -144,8 +144,8 @@ impl Retention {
 
 #[cfg(test)]
 mod tests {
-    //! The plans of the gauges' and the purge's statements on a table of many processed rows:
-    //! neither reads the table from end to end.
+    //! The plans of the gauges', the purge's and (SQLite) the batch claim's statements on a
+    //! table of many processed rows: none reads the table, or its pending rows, from end to end.
 
     use super::*;
 
@@ -203,6 +203,11 @@ mod tests {
         );
         let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
         assert!(purge.contains("USING INDEX plans_finished_idx"), "{purge}");
+        // The worker's batch claim finds its keys by the primary key, not by walking the due
+        // rows of a backlog.
+        let claim = plan(inbox.sql.claim_many.clone(), 6).await;
+        assert!(claim.contains("USING PRIMARY KEY"), "{claim}");
+        assert!(!claim.contains("plans_due_idx"), "{claim}");
         let groups = <sqlx::Sqlite as InboxDatabase>::open_groups(&pool, &inbox.sql)
             .await
             .unwrap();
