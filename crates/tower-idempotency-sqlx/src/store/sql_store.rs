@@ -385,11 +385,11 @@ impl<DB: Backend> SqlStore<DB> {
                 if self.pool().is_closed() {
                     return Err(self.map_error(sqlx::Error::PoolClosed, None));
                 }
+                // Counted when sent, as the tests that wait for a queued write read it; a write
+                // handed back by a failed Postgres batch counts again for its own statement.
+                self.count();
                 match running.await {
-                    Ok(done) => {
-                        self.count();
-                        return done;
-                    }
+                    Ok(done) => return done,
                     // Handed back (a Postgres batch that failed): its own statement, below.
                     Err(write) => write,
                 }
