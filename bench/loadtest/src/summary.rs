@@ -196,23 +196,17 @@ mod tests {
 
     #[test]
     fn stores_are_compared_with_their_peer_or_floor() {
-        assert_eq!(
-            reference("memory", Workload::Replay),
-            Some(("idempotent-memory", Workload::Replay))
-        );
-        assert_eq!(
-            reference("redis", Workload::New),
-            Some(("idempotent-valkey", Workload::New))
-        );
-        assert_eq!(
-            reference("postgres", Workload::Replay),
-            Some(("postgres-floor-read", Workload::Replay))
-        );
-        assert_eq!(
-            reference("sqlite", Workload::New),
-            Some(("sqlite-floor-write", Workload::New))
-        );
-        assert_eq!(reference("sqlite", Workload::Replay), None);
-        assert_eq!(reference("idempotent-memory", Workload::New), None);
+        // Each store is compared on the workload it ran.
+        for (store, workload, compared_with) in [
+            ("memory", Workload::Replay, Some("idempotent-memory")),
+            ("redis", Workload::New, Some("idempotent-valkey")),
+            ("postgres", Workload::Replay, Some("postgres-floor-read")),
+            ("sqlite", Workload::New, Some("sqlite-floor-write")),
+            ("sqlite", Workload::Replay, None),
+            ("idempotent-memory", Workload::New, None),
+        ] {
+            let expected = compared_with.map(|reference| (reference, workload));
+            assert_eq!(reference(store, workload), expected, "{store}");
+        }
     }
 }

@@ -77,11 +77,8 @@ async fn measure(label: &str, routes: [(&str, String); 3], seconds: u64) {
             })
             .await;
             println!(
-                "| {label} | {name} | {clients} | {:.0} | {:.2} | {:.2} | {:.1} | {} |",
-                run.rate,
-                run.p50.as_secs_f64() * 1e3,
-                run.p99.as_secs_f64() * 1e3,
-                run.max.as_secs_f64() * 1e3,
+                "| {label} | {name} | {clients} | {} | {} |",
+                run.cells(),
                 run.errors
             );
         }

@@ -32,6 +32,19 @@ pub struct Run {
     pub errors: u64,
 }
 
+impl Run {
+    /// The table cells both binaries print for a run: rate, p50, p99 and max (ms).
+    pub fn cells(&self) -> String {
+        format!(
+            "{:.0} | {:.2} | {:.2} | {:.1}",
+            self.rate,
+            self.p50.as_secs_f64() * 1e3,
+            self.p99.as_secs_f64() * 1e3,
+            self.max.as_secs_f64() * 1e3,
+        )
+    }
+}
+
 /// `clients` senders loop for `seconds`; sender `worker`'s `n`-th request is
 /// `request(client, run, worker, n)`, and only an answer with status `expected` inside the
 /// window counts.
