@@ -29,16 +29,16 @@
 use std::{
     collections::HashSet,
     fmt,
+    future::Future,
     sync::{Arc, Mutex, MutexGuard},
 };
 
 use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
 use tokio::sync::oneshot;
-use tower_idempotency_core::StoreError;
 
 use super::notices::notify_each;
 use crate::store::{
-    backend::{Done, Pick, Statement, Write},
+    backend::{Done, Pick, Statement, Write, Wrote},
     lanes::Lanes,
     record::Params,
 };
@@ -91,44 +91,22 @@ impl Coalescer {
     pub(crate) fn write<'a>(
         &self,
         write: Write<'a>,
-    ) -> Result<
-        impl std::future::Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
-        Write<'a>,
-    > {
+    ) -> Result<impl Future<Output = Wrote<'a>> + Send + 'a, Write<'a>> {
         let job = match (write.pick, &write.params) {
-            (
-                Pick::Insert,
-                Params::Claim {
-                    key,
-                    fingerprint,
-                    token,
-                    lease_ms,
-                },
-            ) => Pending::Claim(Claim {
-                key: (*key).to_owned(),
-                fingerprint: fingerprint.to_vec(),
-                token: *token,
-                lease_ms: *lease_ms,
+            (Pick::Insert, Params::Claim(claim)) => Pending::Claim(Claim {
+                key: claim.key.to_owned(),
+                fingerprint: claim.fingerprint.to_vec(),
+                token: claim.token,
+                lease_ms: claim.lease_ms,
             }),
-            (
-                Pick::Complete,
-                Params::Complete {
-                    key,
-                    token,
-                    status,
-                    headers,
-                    body,
-                    body_omitted,
-                    ttl_ms,
-                },
-            ) => Pending::Completion(Completion {
-                key: (*key).to_owned(),
-                token: *token,
-                status: *status as i16,
-                headers: headers.clone(),
-                body: body.to_vec(),
-                body_omitted: *body_omitted,
-                ttl_ms: *ttl_ms,
+            (Pick::Complete, Params::Complete(complete)) => Pending::Completion(Completion {
+                key: complete.key.to_owned(),
+                token: complete.token,
+                status: complete.status as i16,
+                headers: complete.headers.clone(),
+                body: complete.body.to_vec(),
+                body_omitted: complete.body_omitted,
+                ttl_ms: complete.ttl_ms,
             }),
             _ => return Err(write),
         };

@@ -11,14 +11,14 @@ mod statements;
 use std::{future::Future, time::Duration};
 
 use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
-use tower_idempotency_core::{Settlements, StoreError};
+use tower_idempotency_core::Settlements;
 
 pub use statements::schema_sql;
 
 use self::{coalesce::Coalescer, notices::PgNotices, statements::statements};
 use crate::{
     store::{
-        backend::{sealed::Sealed, Backend, Done, Engine, Statement, Statements, Write},
+        backend::{sealed::Sealed, Backend, Engine, Statement, Statements, Write, Wrote},
         lanes::lane_limit,
         record::{Params, RawRecord},
     },
@@ -56,28 +56,19 @@ impl Backend for Postgres {
         // hosts need no synchronised clocks; the store's clock is not bound.
         let query = sqlx::query(sql);
         match params {
-            Params::Claim {
-                key,
-                fingerprint,
-                token,
-                lease_ms,
-            } => query.bind(key).bind(fingerprint).bind(lease_ms).bind(token),
-            Params::Complete {
-                key,
-                token,
-                status,
-                headers,
-                body,
-                body_omitted,
-                ttl_ms,
-            } => query
-                .bind(key)
-                .bind(token)
-                .bind(status as i16)
-                .bind(headers)
-                .bind(body)
-                .bind(body_omitted)
-                .bind(ttl_ms),
+            Params::Claim(claim) => query
+                .bind(claim.key)
+                .bind(claim.fingerprint)
+                .bind(claim.lease_ms)
+                .bind(claim.token),
+            Params::Complete(complete) => query
+                .bind(complete.key)
+                .bind(complete.token)
+                .bind(complete.status as i16)
+                .bind(complete.headers)
+                .bind(complete.body)
+                .bind(complete.body_omitted)
+                .bind(complete.ttl_ms),
             Params::Renew {
                 key,
                 token,
@@ -163,10 +154,7 @@ impl Engine for PgEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<
-        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
-        Write<'a>,
-    > {
+    ) -> Result<impl Future<Output = Wrote<'a>> + Send + 'a, Write<'a>> {
         match &self.coalescer {
             Some(coalescer) => coalescer.write(write),
             None => Err(write),

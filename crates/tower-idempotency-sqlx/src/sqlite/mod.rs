@@ -13,7 +13,6 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
     Row, Sqlite, SqlitePool,
 };
-use tower_idempotency_core::StoreError;
 
 pub use statements::schema_sql;
 
@@ -24,12 +23,12 @@ use self::{
     writer::SqliteWriter,
 };
 use crate::store::{
-    backend::{sealed::Sealed, Backend, Done, Engine, Statement, Statements, Write},
+    backend::{sealed::Sealed, Backend, Engine, Statement, Statements, Write, Wrote},
     record::{Params, RawRecord},
 };
 
 /// How long a statement waits for another connection's write lock before failing with
-/// [`StoreError::Unavailable`].
+/// [`StoreError::Unavailable`](tower_idempotency_core::StoreError::Unavailable).
 pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Sealed for Sqlite {}
@@ -61,10 +60,7 @@ impl Engine for SqliteEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<
-        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
-        Write<'a>,
-    > {
+    ) -> Result<impl Future<Output = Wrote<'a>> + Send + 'a, Write<'a>> {
         match &self.writer {
             Some(writer) => {
                 let running = writer.run(self.clock.now_ms(), write);

@@ -115,34 +115,21 @@ pub(crate) fn values<'q>(now: i64, params: Params<'q>) -> Vec<Value<'q>> {
     let blob = |value: &'q [u8]| Value::Blob(Cow::Borrowed(value));
     let until = |ms: i64| Value::Int(now.saturating_add(ms));
     match params {
-        Params::Claim {
-            key,
-            fingerprint,
-            token,
-            lease_ms,
-        } => vec![
-            text(key),
-            blob(fingerprint),
-            Value::Int(token),
+        Params::Claim(claim) => vec![
+            text(claim.key),
+            blob(claim.fingerprint),
+            Value::Int(claim.token),
             Value::Int(now),
-            until(lease_ms),
+            until(claim.lease_ms),
         ],
-        Params::Complete {
-            key,
-            token,
-            status,
-            headers,
-            body,
-            body_omitted,
-            ttl_ms,
-        } => vec![
-            text(key),
-            Value::Int(token),
-            Value::Int(i64::from(status)),
-            Value::Blob(Cow::Owned(headers)),
-            blob(body),
-            Value::Int(i64::from(body_omitted)),
-            until(ttl_ms),
+        Params::Complete(complete) => vec![
+            text(complete.key),
+            Value::Int(complete.token),
+            Value::Int(i64::from(complete.status)),
+            Value::Blob(Cow::Owned(complete.headers)),
+            blob(complete.body),
+            Value::Int(i64::from(complete.body_omitted)),
+            until(complete.ttl_ms),
         ],
         Params::Renew {
             key,

@@ -300,7 +300,9 @@ impl Job {
             limit,
         } = write;
         let patience = match &params {
-            Params::Complete { ttl_ms, .. } => Some(Duration::from_millis((*ttl_ms).max(0) as u64)),
+            Params::Complete(complete) => {
+                Some(Duration::from_millis(complete.ttl_ms.max(0) as u64))
+            }
             _ => None,
         };
         Self {

@@ -208,10 +208,7 @@ pub trait Engine: Debug + Send + Sync {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
-    ) -> Result<
-        impl Future<Output = Result<Result<Done, StoreError>, Write<'a>>> + Send + 'a,
-        Write<'a>,
-    > {
+    ) -> Result<impl Future<Output = Wrote<'a>> + Send + 'a, Write<'a>> {
         Err::<std::future::Ready<_>, _>(write)
     }
 
@@ -227,6 +224,10 @@ pub trait Engine: Debug + Send + Sync {
         None
     }
 }
+
+/// How a write run off the lanes ends: its outcome, or the write handed back to run on a
+/// write lane.
+pub type Wrote<'a> = Result<Result<Done, StoreError>, Write<'a>>;
 
 /// A write a store runs: which statement, its parameters, what it returns, and for the error
 /// of a record that was too large, its size and the store's limit.

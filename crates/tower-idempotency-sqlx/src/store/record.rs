@@ -99,22 +99,9 @@ impl RawRecord {
 #[derive(Debug)]
 pub enum Params<'q> {
     /// The claim statement and the plain insert.
-    Claim {
-        key: &'q str,
-        fingerprint: &'q [u8],
-        token: i64,
-        lease_ms: i64,
-    },
+    Claim(ClaimParams<'q>),
     /// The completion.
-    Complete {
-        key: &'q str,
-        token: i64,
-        status: u16,
-        headers: Vec<u8>,
-        body: &'q [u8],
-        body_omitted: bool,
-        ttl_ms: i64,
-    },
+    Complete(CompleteParams<'q>),
     /// The renewal.
     Renew {
         key: &'q str,
@@ -131,6 +118,27 @@ pub enum Params<'q> {
     Purge,
 }
 
+/// The parameters of a claim or a plain insert.
+#[derive(Debug)]
+pub struct ClaimParams<'q> {
+    pub key: &'q str,
+    pub fingerprint: &'q [u8],
+    pub token: i64,
+    pub lease_ms: i64,
+}
+
+/// The parameters of a completion.
+#[derive(Debug)]
+pub struct CompleteParams<'q> {
+    pub key: &'q str,
+    pub token: i64,
+    pub status: u16,
+    pub headers: Vec<u8>,
+    pub body: &'q [u8],
+    pub body_omitted: bool,
+    pub ttl_ms: i64,
+}
+
 impl<'q> Params<'q> {
     /// A claim of `key`, and its token as stored ([`claim_token`]).
     pub(crate) fn claim(
@@ -140,12 +148,12 @@ impl<'q> Params<'q> {
         lease: Duration,
     ) -> Result<(i64, Self), StoreError> {
         let token = claim_token(token)?;
-        let params = Params::Claim {
+        let params = Params::Claim(ClaimParams {
             key,
             fingerprint: &fingerprint.as_bytes()[..],
             token,
             lease_ms: millis(lease),
-        };
+        });
         Ok((token, params))
     }
 
@@ -166,7 +174,7 @@ impl<'q> Params<'q> {
         if size > limit {
             return Err(StoreError::RecordTooLarge { size, limit });
         }
-        let params = Params::Complete {
+        let params = Params::Complete(CompleteParams {
             key,
             token,
             status: response.status.as_u16(),
@@ -174,7 +182,7 @@ impl<'q> Params<'q> {
             body: &response.body[..],
             body_omitted: response.body_omitted,
             ttl_ms: millis(ttl),
-        };
+        });
         Ok(Some((params, size)))
     }
 
