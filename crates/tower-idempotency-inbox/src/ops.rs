@@ -199,7 +199,8 @@ pub(crate) mod filter_fields {
     }
 }
 
-/// The event's type: the body's top-level `"type"` string.
+/// The event's type: the body's top-level `"type"` string (Stripe, Slack's envelope and most
+/// JSON webhooks); `None` for a body without one.
 pub(crate) fn event_type(body: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Typed {

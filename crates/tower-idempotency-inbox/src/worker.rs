@@ -22,6 +22,7 @@ use crate::{
     backend::ClaimedRow,
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
     handler::{error_text, panic_text, Permanent},
+    ops,
     ordering::OrderingPolicy,
     retention::Retention,
     Backoff, Inbox, InboxDatabase, InboxHandler,
@@ -474,7 +475,7 @@ async fn attempt<DB: InboxDatabase>(
         "inbox_attempt",
         provider = %key.provider,
         event_id = %key.event_id,
-        event_type = %event_type(&row.body).as_deref().unwrap_or(""),
+        event_type = %ops::event_type(&row.body).as_deref().unwrap_or(""),
         attempt,
     );
     let started = Instant::now();
@@ -508,20 +509,6 @@ async fn attempt<DB: InboxDatabase>(
                 "inbox attempt ended"
             )
         });
-    }
-}
-
-/// The event's type, for the attempt's span: the body's top-level `type` string (Stripe,
-/// Slack's envelope and most JSON webhooks); `None` for a body without one.
-fn event_type(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Typed {
-        #[serde(rename = "type")]
-        kind: Option<serde_json::Value>,
-    }
-    match serde_json::from_slice::<Typed>(body).ok()?.kind? {
-        serde_json::Value::String(kind) => Some(kind),
-        _ => None,
     }
 }
 
