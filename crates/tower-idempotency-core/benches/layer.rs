@@ -9,7 +9,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use axum::{routing::post, Router};
+use axum::{response::Response, routing::post, Router};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http::Request;
@@ -40,22 +40,14 @@ fn layer_vs_bare(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(size as u64));
         group.bench_function("bare_handler", |b| {
             b.to_async(&runtime).iter(|| async {
-                let response = bare
-                    .clone()
-                    .oneshot(order_request("k", &body))
-                    .await
-                    .unwrap();
+                let response = send_order(bare.clone(), "k", &body).await;
                 black_box(response);
             })
         });
         group.bench_function("layer_first_request", |b| {
             b.to_async(&runtime).iter(|| async {
                 let key = format!("new-{}", counter.fetch_add(1, Ordering::Relaxed));
-                let response = guarded
-                    .clone()
-                    .oneshot(order_request(&key, &body))
-                    .await
-                    .unwrap();
+                let response = send_order(guarded.clone(), &key, &body).await;
                 assert_eq!(response.status(), 201);
                 black_box(response);
             })
@@ -63,26 +55,23 @@ fn layer_vs_bare(c: &mut Criterion) {
         // A key per body size: the same key with another body is a 422, not a replay.
         let replay_key = format!("replayed-{size}");
         runtime.block_on(async {
-            let response = guarded
-                .clone()
-                .oneshot(order_request(&replay_key, &body))
-                .await
-                .unwrap();
+            let response = send_order(guarded.clone(), &replay_key, &body).await;
             assert_eq!(response.status(), 201);
         });
         group.bench_function("layer_replay", |b| {
             b.to_async(&runtime).iter(|| async {
-                let response = guarded
-                    .clone()
-                    .oneshot(order_request(&replay_key, &body))
-                    .await
-                    .unwrap();
+                let response = send_order(guarded.clone(), &replay_key, &body).await;
                 assert!(response.headers().contains_key("idempotent-replayed"));
                 black_box(response);
             })
         });
         group.finish();
     }
+}
+
+/// The answer of `router` to an order posted with `key` and `body`.
+async fn send_order(router: Router, key: &str, body: &Bytes) -> Response {
+    router.oneshot(order_request(key, body)).await.unwrap()
 }
 
 fn fingerprint_and_scope(c: &mut Criterion) {

@@ -38,18 +38,7 @@ fn response() -> CachedResponse {
 async fn the_memory_store_takes_duration_max_as_forever() {
     let store = MemoryStore::new();
     let fingerprint = Fingerprint([7; 32]);
-    let ClaimOutcome::Claimed { token } = store
-        .claim(
-            "k",
-            &fingerprint,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::MAX,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed")
-    };
+    let token = claim_fresh(&store, "k", &fingerprint, Duration::MAX).await;
     assert_eq!(
         store.renew("k", token, Duration::MAX).await.unwrap(),
         Ownership::Current
@@ -83,15 +72,9 @@ async fn a_layer_ttl_of_duration_max_keeps_the_response() {
         }));
     let first = service.clone().oneshot(keyed("forever")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    assert_eq!(
-        first.extensions().get::<Outcome>(),
-        Some(&Outcome::Executed)
-    );
+    assert_eq!(outcome(&first), Some(Outcome::Executed));
     let again = service.oneshot(keyed("forever")).await.unwrap();
-    assert_eq!(
-        again.extensions().get::<Outcome>(),
-        Some(&Outcome::Replayed)
-    );
+    assert_eq!(outcome(&again), Some(Outcome::Replayed));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -125,10 +108,7 @@ async fn a_lease_too_short_to_renew_is_raised_to_the_minimum() {
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     proceed.notify_one();
     let first = first.await.unwrap().unwrap();
-    assert_eq!(
-        first.extensions().get::<Outcome>(),
-        Some(&Outcome::Executed)
-    );
+    assert_eq!(outcome(&first), Some(Outcome::Executed));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -136,18 +116,7 @@ async fn a_lease_too_short_to_renew_is_raised_to_the_minimum() {
 async fn a_full_memory_store_purges_a_lease_a_renewal_shortened() {
     let store = MemoryStore::new().with_max_entries(1);
     let fingerprint = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed { token } = store
-        .claim(
-            "a",
-            &fingerprint,
-            tower_idempotency_core::FencingToken::random().unwrap(),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed")
-    };
+    let token = claim_fresh(&store, "a", &fingerprint, Duration::from_secs(60)).await;
     store
         .renew("a", token, Duration::from_millis(10))
         .await
@@ -176,4 +145,25 @@ async fn a_full_memory_store_purges_a_lease_a_renewal_shortened() {
             other => panic!("unexpected {other:?}"),
         }
     }
+}
+
+/// The outcome the layer recorded on `response`.
+fn outcome<B>(response: &Response<B>) -> Option<Outcome> {
+    response.extensions().get::<Outcome>().copied()
+}
+
+/// Claims `key`, which must be free, with a new token: the token.
+async fn claim_fresh(
+    store: &MemoryStore,
+    key: &str,
+    fingerprint: &Fingerprint,
+    lease: Duration,
+) -> tower_idempotency_core::FencingToken {
+    let token = tower_idempotency_core::FencingToken::random().unwrap();
+    let ClaimOutcome::Claimed { token } =
+        store.claim(key, fingerprint, token, lease).await.unwrap()
+    else {
+        panic!("a fresh key is claimed")
+    };
+    token
 }

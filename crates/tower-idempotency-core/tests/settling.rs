@@ -27,6 +27,11 @@ fn keyed(key: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// The outcome the layer recorded on `response`.
+fn outcome<B>(response: &Response<B>) -> Option<Outcome> {
+    response.extensions().get::<Outcome>().copied()
+}
+
 /// A handler answering `size` bytes, counting its runs.
 fn answering(
     size: usize,
@@ -63,10 +68,7 @@ async fn a_response_the_store_refuses_as_too_large_completes_without_its_body() 
 
     let first = service.clone().oneshot(keyed("big")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(
-        first.extensions().get::<Outcome>(),
-        Some(&Outcome::Executed)
-    );
+    assert_eq!(outcome(&first), Some(Outcome::Executed));
     assert!(!first.headers().contains_key(&BODY_OMITTED_HEADER));
     let body = first.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body.len(), 2048, "the first caller gets the whole body");
@@ -74,10 +76,7 @@ async fn a_response_the_store_refuses_as_too_large_completes_without_its_body() 
     // Past the lease, a retry must be a replay, not a second run.
     tokio::time::sleep(lease * 2).await;
     let retry = service.oneshot(keyed("big")).await.unwrap();
-    assert_eq!(
-        retry.extensions().get::<Outcome>(),
-        Some(&Outcome::Replayed)
-    );
+    assert_eq!(outcome(&retry), Some(Outcome::Replayed));
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()[&BODY_OMITTED_HEADER], "true");
     assert_eq!(retry.headers()["x-order"], "o-1");
@@ -135,16 +134,10 @@ async fn a_transient_completion_failure_is_retried_within_the_lease() {
         .layer(answering(16, runs.clone()));
     let first = service.clone().oneshot(keyed("flaky")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(
-        first.extensions().get::<Outcome>(),
-        Some(&Outcome::Executed)
-    );
+    assert_eq!(outcome(&first), Some(Outcome::Executed));
     assert_eq!(store.hooks.attempts.load(Ordering::SeqCst), 3);
     let retry = service.oneshot(keyed("flaky")).await.unwrap();
-    assert_eq!(
-        retry.extensions().get::<Outcome>(),
-        Some(&Outcome::Replayed)
-    );
+    assert_eq!(outcome(&retry), Some(Outcome::Replayed));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -161,10 +154,7 @@ async fn a_completion_that_keeps_failing_stops_when_the_lease_ends() {
         StatusCode::CREATED,
         "the caller still gets its answer"
     );
-    assert_eq!(
-        first.extensions().get::<Outcome>(),
-        Some(&Outcome::ExecutedUnrecorded)
-    );
+    assert_eq!(outcome(&first), Some(Outcome::ExecutedUnrecorded));
     let attempts = store.hooks.attempts.load(Ordering::SeqCst);
     // 50 ms doubling inside a 300 ms lease: a few attempts, never an unbounded loop.
     assert!((2..=4).contains(&attempts), "{attempts} attempts");
@@ -289,8 +279,8 @@ async fn past_the_renewal_ceiling_the_layer_warns_once_and_a_duplicate_may_run()
     let duplicate = service.oneshot(keyed("slow")).await.unwrap();
     proceed.notify_one();
     assert_eq!(
-        duplicate.extensions().get::<Outcome>(),
-        Some(&Outcome::Executed),
+        outcome(&duplicate),
+        Some(Outcome::Executed),
         "documented: past the ceiling, a duplicate may run"
     );
     first.await.unwrap().unwrap();
