@@ -38,6 +38,23 @@ impl Candidate {
 /// The signatures of one delivery: inline up to two, the common case.
 pub(crate) type Candidates = SmallVec<[Candidate; 2]>;
 
+/// The Ed25519 public key whose 32 bytes `decoded` holds (`None`: the text did not decode);
+/// `encoding` says what a configured key must be when it is not 32 bytes.
+#[cfg(any(feature = "discord", feature = "standard-webhooks"))]
+pub(crate) fn ed25519_key(
+    decoded: Option<Vec<u8>>,
+    encoding: &'static str,
+) -> Result<ed25519_dalek::VerifyingKey, crate::error::ConfigError> {
+    use crate::error::ConfigError;
+
+    let bytes: [u8; 32] = decoded
+        .and_then(|b| b.try_into().ok())
+        .ok_or(ConfigError::InvalidPublicKey { reason: encoding })?;
+    ed25519_dalek::VerifyingKey::from_bytes(&bytes).map_err(|_| ConfigError::InvalidPublicKey {
+        reason: "not an Ed25519 point",
+    })
+}
+
 /// The hash behind an HMAC scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -16,7 +16,7 @@ use http::request::Parts;
 use super::public_keys::PublicKeys;
 use crate::{
     error::{ConfigError, VerifyError},
-    event_id, headers, json,
+    event_id, headers, json, signature,
     timestamp::{self, replay_window_methods},
     verified::{ChallengeResponse, VerifiedWebhook},
     verifier::{verifier_settings, Verifier, DEFAULT_WEBHOOK_TTL},
@@ -41,15 +41,7 @@ impl DiscordVerifier {
     /// Accepts interactions signed by any of the application public `keys` (64 hex digits).
     pub fn new<S: AsRef<str>>(keys: impl IntoIterator<Item = S>) -> Result<Self, ConfigError> {
         let keys = PublicKeys::parse(keys, |key| {
-            let bytes: [u8; 32] = hex::decode(key)
-                .ok()
-                .and_then(|b| b.try_into().ok())
-                .ok_or(ConfigError::InvalidPublicKey {
-                    reason: "not 64 hex digits",
-                })?;
-            VerifyingKey::from_bytes(&bytes).map_err(|_| ConfigError::InvalidPublicKey {
-                reason: "not an Ed25519 point",
-            })
+            signature::ed25519_key(hex::decode(key).ok(), "not 64 hex digits")
         })?;
         Ok(Self { keys })
     }

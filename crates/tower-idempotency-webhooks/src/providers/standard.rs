@@ -124,16 +124,12 @@ impl StandardWebhooksVerifier {
             .map(|key| {
                 let key = key.as_ref();
                 let encoded = key.strip_prefix(PUBLIC_KEY_PREFIX).unwrap_or(key);
-                let bytes: [u8; 32] = base64::engine::general_purpose::STANDARD
-                    .decode(encoded)
-                    .ok()
-                    .and_then(|b| b.try_into().ok())
-                    .ok_or(ConfigError::InvalidPublicKey {
-                        reason: "not `whpk_` followed by 32 bytes of base64",
-                    })?;
-                VerifyingKey::from_bytes(&bytes).map_err(|_| ConfigError::InvalidPublicKey {
-                    reason: "not an Ed25519 point",
-                })
+                signature::ed25519_key(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(encoded)
+                        .ok(),
+                    "not `whpk_` followed by 32 bytes of base64",
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.public_keys = keys.into();
