@@ -18,7 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use ed25519_dalek::SigningKey;
 use hmac::{Hmac, Mac};
 use http::request::Parts;
@@ -158,9 +158,4 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = settings::criterion(10);
-    targets = bench
-}
-criterion_main!(benches);
+settings::bench_main!(bench, 10);

@@ -7,7 +7,7 @@ mod common;
 #[path = "common/settings.rs"]
 mod settings;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 
 fn bench(c: &mut Criterion) {
     for size in [1024usize, 64 * 1024] {
@@ -24,9 +24,4 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = settings::criterion(20);
-    targets = bench
-}
-criterion_main!(benches);
+settings::bench_main!(bench, 20);
