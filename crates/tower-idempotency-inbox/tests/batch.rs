@@ -31,6 +31,28 @@ async fn wait_statements<DB: Fixture>(inbox: &Inbox<DB>, before: u64, n: u64) {
     }
 }
 
+/// Sends events to an inbox served over HTTP.
+struct Sender {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl Sender {
+    async fn new<DB: Fixture>(inbox: &Inbox<DB>) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            url: serve(inbox).await,
+        }
+    }
+
+    /// `n` events of `kind`, their ids starting with `prefix`, each acknowledged: the ids.
+    async fn deliver(&self, prefix: &str, n: usize, kind: &str) -> Vec<String> {
+        let all = ids(prefix, n);
+        deliver_all(&self.client, &self.url, &all, kind).await;
+        all
+    }
+}
+
 /// A trigger refuses every claim (any update of `attempts`) while a flag is set: 40 events are
 /// acknowledged over HTTP and the worker's batch claims fail again and again (no handler runs,
 /// nothing is lost); once the flag is cleared, each event is processed once, on its first
@@ -38,13 +60,19 @@ async fn wait_statements<DB: Fixture>(inbox: &Inbox<DB>, before: u64, n: u64) {
 async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let (table, flag) = (&setup.inbox_table, format!("{}_flag", setup.inbox_table));
+    // The flag's column type, and its set and cleared values, in each dialect.
+    let (kind, set, clear) = if DB::LABEL == "postgres" {
+        ("boolean", "true", "false")
+    } else {
+        ("INTEGER", "1", "0")
+    };
+    DB::exec(
+        &setup.pool,
+        &format!("CREATE TABLE {flag} (fail {kind} NOT NULL)"),
+    )
+    .await;
+    DB::exec(&setup.pool, &format!("INSERT INTO {flag} VALUES ({set})")).await;
     if DB::LABEL == "postgres" {
-        DB::exec(
-            &setup.pool,
-            &format!("CREATE TABLE {flag} (fail boolean NOT NULL)"),
-        )
-        .await;
-        DB::exec(&setup.pool, &format!("INSERT INTO {flag} VALUES (true)")).await;
         let function = format!(
             "CREATE FUNCTION {flag}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
              IF (SELECT fail FROM {flag}) THEN RAISE EXCEPTION 'claims refused'; END IF; \
@@ -57,12 +85,6 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
         );
         DB::exec(&setup.pool, &trigger).await;
     } else {
-        DB::exec(
-            &setup.pool,
-            &format!("CREATE TABLE {flag} (fail INTEGER NOT NULL)"),
-        )
-        .await;
-        DB::exec(&setup.pool, &format!("INSERT INTO {flag} VALUES (1)")).await;
         let trigger = format!(
             "CREATE TRIGGER {flag}_refuse BEFORE UPDATE OF attempts ON {table} \
              WHEN (SELECT fail FROM {flag}) = 1 \
@@ -74,21 +96,14 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
     let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
         .concurrency(8)
         .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
-    let all = ids("evt_refused", 40);
+    let sender = Sender::new(&setup.inbox).await;
     let before = setup.inbox.statements_executed();
-    deliver_all(&client, &url, &all, "charge.succeeded").await;
+    let all = sender.deliver("evt_refused", 40, "charge.succeeded").await;
     // Acknowledgements, then claims and sweeps (at least a few sweeps' worth) that all fail.
     wait_statements(&setup.inbox, before, 100).await;
     assert_eq!(probe.total_runs(), 0, "{}", DB::LABEL);
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!(counts.pending, 40, "{}", DB::LABEL);
-    let clear = if DB::LABEL == "postgres" {
-        "false"
-    } else {
-        "0"
-    };
     DB::exec(&setup.pool, &format!("UPDATE {flag} SET fail = {clear}")).await;
     each_processed_once(&setup, &probe, &all).await;
     assert_eq!(probe.total_runs(), 40, "{}", DB::LABEL);
@@ -116,10 +131,8 @@ async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
         .concurrency(12)
         .lease(Duration::from_millis(1000))
         .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
-    let all = ids("evt_crash", 6);
-    deliver_all(&client, &url, &all, "test.gated").await;
+    let sender = Sender::new(&setup.inbox).await;
+    let all = sender.deliver("evt_crash", 6, "test.gated").await;
     probe.wait_started(1).await;
     // At least a batch claimed: on SQLite a claim after the first batch waits for the write
     // lock the gated handler holds, so not every event need be claimed yet.
@@ -203,13 +216,10 @@ async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
         .lease(Duration::from_millis(1000))
         .max_attempts(4)
         .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
-    let slow = ids("evt_slow", 3);
-    deliver_all(&client, &url, &slow, "test.slow").await;
+    let sender = Sender::new(&setup.inbox).await;
+    let slow = sender.deliver("evt_slow", 3, "test.slow").await;
     probe.wait_started(1).await;
-    let quick_ids = ids("evt_quick", 10);
-    deliver_all(&client, &url, &quick_ids, "charge.succeeded").await;
+    let quick_ids = sender.deliver("evt_quick", 10, "charge.succeeded").await;
     each_processed_once(&setup, &probe, &quick_ids).await;
     each_processed_once(&setup, &probe, &slow).await;
     let counts = setup.inbox.counts().await.unwrap();
@@ -224,10 +234,8 @@ async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
 /// claim and one completion per event would (its first batch alone claims 16 in one).
 async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
-    let all = ids("evt_backlog", 50);
-    deliver_all(&client, &url, &all, "charge.succeeded").await;
+    let sender = Sender::new(&setup.inbox).await;
+    let all = sender.deliver("evt_backlog", 50, "charge.succeeded").await;
     let probe = setup.probe();
     let working = Inbox::new(setup.pool.clone(), &setup.inbox_table).unwrap();
     let worker = working

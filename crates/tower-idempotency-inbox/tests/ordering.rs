@@ -11,11 +11,8 @@ use std::{
 };
 
 use common::*;
-use futures_util::{future::join_all, future::BoxFuture};
-use tower_idempotency_inbox::{
-    EventKey, EventState, HandlerError, IdempotentTx, Inbox, InboxEvent, InboxWorker, Ordering,
-    OrderingPolicy,
-};
+use futures_util::future::join_all;
+use tower_idempotency_inbox::{EventKey, EventState, Inbox, InboxWorker, Ordering, OrderingPolicy};
 use tower_idempotency_sqlx::sqlx;
 
 /// A Stripe event about `object` created at `created` (seconds).
@@ -48,12 +45,7 @@ impl Recorder {
         }
     }
 
-    fn handler<DB: Fixture>(
-        &self,
-    ) -> impl Fn(InboxEvent, IdempotentTx<DB>) -> BoxFuture<'static, Result<(), HandlerError>>
-           + Send
-           + Sync
-           + 'static {
+    fn handler<DB: Fixture>(&self) -> impl TestHandler<DB> {
         let recorder = self.clone();
         move |event, mut tx| {
             let recorder = recorder.clone();
@@ -121,6 +113,16 @@ fn ordered<DB: Fixture>(setup: &Setup<DB>, policy: OrderingPolicy) -> Inbox<DB> 
     setup.inbox.clone().ordering(Ordering::stripe(policy))
 }
 
+/// A fresh setup's inbox ordered by `policy`, served over HTTP at the answered URL, and a
+/// recorder for its handler.
+async fn served<DB: Fixture>(policy: OrderingPolicy) -> (Setup<DB>, Inbox<DB>, Recorder, String) {
+    let setup = Setup::<DB>::new().await;
+    let inbox = ordered(&setup, policy);
+    let recorder = Recorder::new(&setup.effects_table);
+    let url = serve(&inbox).await;
+    (setup, inbox, recorder, url)
+}
+
 fn spawn<DB: Fixture>(inbox: &Inbox<DB>, recorder: &Recorder) -> InboxWorker {
     inbox
         .worker(recorder.handler::<DB>())
@@ -134,10 +136,7 @@ fn spawn<DB: Fixture>(inbox: &Inbox<DB>, recorder: &Recorder) -> InboxWorker {
 /// each processed before the next arrives): each runs as it comes, since the policy orders only
 /// the events pending together.
 async fn sequential_runs_pending_events_of_an_object_in_time_order<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let inbox = ordered(&setup, OrderingPolicy::Sequential);
-    let recorder = Recorder::new(&setup.effects_table);
-    let url = serve(&inbox).await;
+    let (setup, inbox, recorder, url) = served::<DB>(OrderingPolicy::Sequential).await;
     for (id, created) in [("evt_3", 3), ("evt_1", 1), ("evt_2", 2)] {
         send::<DB>(&url, id, "pi_a", created, "test.slow").await;
     }
@@ -176,10 +175,7 @@ async fn sequential_runs_pending_events_of_an_object_in_time_order<DB: Fixture>(
 /// more than one sweep takes (256): the earliest, acknowledged last, is found and runs first,
 /// and the rest follow in event-time order.
 async fn sequential_backlog_larger_than_a_sweep<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let inbox = ordered(&setup, OrderingPolicy::Sequential);
-    let recorder = Recorder::new(&setup.effects_table);
-    let url = serve(&inbox).await;
+    let (setup, inbox, recorder, url) = served::<DB>(OrderingPolicy::Sequential).await;
     for created in (1..=300).rev() {
         send::<DB>(
             &url,
@@ -238,11 +234,8 @@ async fn sequential_holds_across_two_workers<DB: Fixture>() {
 /// names the newer event), 4 is processed, and another event of the same second as 4 is not
 /// stale.
 async fn skip_stale_skips_events_older_than_the_newest_processed<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let inbox = ordered(&setup, OrderingPolicy::SkipStale);
-    let recorder = Recorder::new(&setup.effects_table);
+    let (setup, inbox, recorder, url) = served::<DB>(OrderingPolicy::SkipStale).await;
     let worker = spawn(&inbox, &recorder);
-    let url = serve(&inbox).await;
     send::<DB>(&url, "evt_3", "pi_a", 3, "charge.updated").await;
     setup.wait_for("evt_3", EventState::Processed).await;
     for (id, created) in [("evt_1", 1), ("evt_2", 2)] {
@@ -279,11 +272,8 @@ async fn skip_stale_skips_events_older_than_the_newest_processed<DB: Fixture>() 
 /// skipped, the newest is processed, and the processed ones ran in increasing `created`: no
 /// older event was handled after a newer one.
 async fn skip_stale_never_runs_an_older_event_after_a_newer_one<DB: Fixture>() {
-    let setup = Setup::<DB>::new().await;
-    let inbox = ordered(&setup, OrderingPolicy::SkipStale);
-    let recorder = Recorder::new(&setup.effects_table);
+    let (setup, inbox, recorder, url) = served::<DB>(OrderingPolicy::SkipStale).await;
     let worker = spawn(&inbox, &recorder);
-    let url = serve(&inbox).await;
     let mut created: Vec<i64> = (1..=10).collect();
     fastrand::shuffle(&mut created);
     join_all(created.iter().map(|c| {

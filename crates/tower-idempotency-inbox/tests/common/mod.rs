@@ -30,6 +30,23 @@ pub const SECRET: &str = "whsec_inbox_test_secret_7d1f";
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A handler as the tests' recorders and probes hand it to a worker: a boxed future per event.
+pub trait TestHandler<DB: Fixture>:
+    Fn(InboxEvent, IdempotentTx<DB>) -> BoxFuture<'static, Result<(), HandlerError>>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<DB: Fixture, F> TestHandler<DB> for F where
+    F: Fn(InboxEvent, IdempotentTx<DB>) -> BoxFuture<'static, Result<(), HandlerError>>
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 pub fn suffix() -> String {
     format!("{:012x}", RandomState::new().hash_one(Instant::now()) >> 16)
 }
@@ -342,12 +359,7 @@ impl Probe {
         }
     }
 
-    pub fn handler<DB: Fixture>(
-        &self,
-    ) -> impl Fn(InboxEvent, IdempotentTx<DB>) -> BoxFuture<'static, Result<(), HandlerError>>
-           + Send
-           + Sync
-           + 'static {
+    pub fn handler<DB: Fixture>(&self) -> impl TestHandler<DB> {
         let probe = self.clone();
         move |event, tx| {
             let probe = probe.clone();
