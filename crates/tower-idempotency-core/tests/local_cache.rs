@@ -61,11 +61,18 @@ fn response(body: &[u8]) -> CachedResponse {
 }
 
 /// Claims and completes `key` through `cache`, returning the stored response.
-async fn complete(cache: &LocalReplayCache<CountingStore>, key: &str, body: &[u8]) {
+/// A fresh key named after `name`, claimed and completed with `body` through `cache`.
+async fn complete_fresh(
+    cache: &LocalReplayCache<CountingStore>,
+    name: &str,
+    body: &[u8],
+) -> String {
+    let key = fresh_key(name);
     let fp = Fingerprint([1; 32]);
-    let token = claimed(cache, key, &fp, LEASE).await;
-    let done = cache.complete(key, token, &response(body), TTL).await;
+    let token = claimed(cache, &key, &fp, LEASE).await;
+    let done = cache.complete(&key, token, &response(body), TTL).await;
     assert_eq!(done.unwrap(), Ownership::Current);
+    key
 }
 
 async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> Bytes {
@@ -78,8 +85,7 @@ async fn replayed_body(cache: &LocalReplayCache<CountingStore>, key: &str) -> By
 #[tokio::test]
 async fn the_completing_instance_replays_without_the_store() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
-    let key = fresh_key("local-hit");
-    complete(&cache, &key, b"{\"id\":1}").await;
+    let key = complete_fresh(&cache, "local-hit", b"{\"id\":1}").await;
     assert_eq!(cache.inner().claims(), 1);
 
     for _ in 0..10 {
@@ -166,8 +172,7 @@ async fn in_flight_records_are_never_cached() {
 async fn a_cached_record_is_served_only_for_the_local_ttl() {
     let ttl = EXPIRING;
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new())).ttl(ttl);
-    let key = fresh_key("local-ttl");
-    complete(&cache, &key, b"x").await; // cached now
+    let key = complete_fresh(&cache, "local-ttl", b"x").await; // cached now
     replayed_body(&cache, &key).await;
     assert_eq!(cache.hits(), 1);
     // Waiting out the local TTL is what is under test here; there is no event to await.
@@ -187,8 +192,7 @@ async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new())).max_bytes(max_bytes);
     let body = vec![b'a'; 1024];
     for i in 0..200 {
-        let key = fresh_key(&format!("local-bound-{i}"));
-        complete(&cache, &key, &body).await;
+        let key = complete_fresh(&cache, &format!("local-bound-{i}"), &body).await;
         replayed_body(&cache, &key).await;
     }
     // Each entry weighs more than its 1 KiB body, so at most max_bytes / 1 KiB of them fit.
@@ -199,8 +203,7 @@ async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
         cache.len()
     );
 
-    let big = fresh_key("local-big");
-    complete(&cache, &big, &vec![b'b'; (max_bytes / 8) as usize]).await;
+    let big = complete_fresh(&cache, "local-big", &vec![b'b'; (max_bytes / 8) as usize]).await;
     let hits = cache.hits();
     replayed_body(&cache, &big).await;
     replayed_body(&cache, &big).await;
@@ -214,8 +217,7 @@ async fn the_byte_bound_holds_and_oversized_records_are_not_cached() {
 #[tokio::test]
 async fn a_local_replay_still_reports_the_original_fingerprint() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
-    let key = fresh_key("local-fingerprint");
-    complete(&cache, &key, b"x").await;
+    let key = complete_fresh(&cache, "local-fingerprint", b"x").await;
     match claim(&cache, &key, &Fingerprint([9; 32]), LEASE).await {
         ClaimOutcome::Completed { record, .. } => {
             assert_eq!(record.fingerprint, Fingerprint([1; 32]))
@@ -229,19 +231,23 @@ async fn a_local_replay_still_reports_the_original_fingerprint() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_cached_instances_over_http_run_each_key_once() {
+/// Two instances, each with a cache of its own, over one memory store.
+fn two_cached_instances() -> (Arc<dyn Store>, Arc<dyn Store>) {
     let shared = Arc::new(MemoryStore::new());
     let a: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared.clone()));
     let b: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared));
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cached_instances_over_http_run_each_key_once() {
+    let (a, b) = two_cached_instances();
     tower_idempotency_core::conformance::two_instances_over_http(a, b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_cached_instances_wait_for_one_result() {
-    let shared = Arc::new(MemoryStore::new());
-    let a: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared.clone()));
-    let b: Arc<dyn Store> = Arc::new(LocalReplayCache::new(shared));
+    let (a, b) = two_cached_instances();
     tower_idempotency_core::conformance::waiting_across_instances_over_http(a, b).await;
 }
 
@@ -274,8 +280,7 @@ async fn a_record_completed_here_is_not_served_past_its_own_ttl() {
 #[tokio::test]
 async fn a_forgotten_key_is_not_replayed_from_the_cache() {
     let cache = LocalReplayCache::new(CountingStore::new(MemoryStore::new()));
-    let key = fresh_key("local-forget");
-    complete(&cache, &key, b"{\"id\":1}").await;
+    let key = complete_fresh(&cache, "local-forget", b"{\"id\":1}").await;
     assert_eq!(replayed_body(&cache, &key).await, &b"{\"id\":1}"[..]);
     assert!(cache.forget(&key).await.unwrap());
     let fp = Fingerprint([1; 32]);

@@ -109,8 +109,11 @@ mod tests {
     }
 
     /// A store on a fresh database file (each connection of `sqlite::memory:` is a database of
-    /// its own) and the clocks it runs on; the file is removed when the guard drops.
-    async fn store_on(clocks: &Arc<Clocks>) -> (SqliteStore, FileGuard) {
+    /// its own), running on clocks the test moves, started at a wall time in 2023 and 5 s of
+    /// monotonic time; the file is removed when the guard drops.
+    async fn store_on_clocks() -> (Arc<Clocks>, SqliteStore, FileGuard) {
+        let clocks = Arc::new(Clocks::default());
+        clocks.advance(1_700_000_000_000, 5_000);
         let path = std::env::temp_dir().join(format!("tidem-clock-{}.db", getrandom_suffix()));
         let guard = FileGuard(path.clone());
         let mut store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
@@ -118,7 +121,7 @@ mod tests {
             .expect("open");
         store.migrate().await.expect("migrate");
         store.engine.clock = clocks.store_clock();
-        (store, guard)
+        (clocks, store, guard)
     }
 
     fn getrandom_suffix() -> u64 {
@@ -139,9 +142,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wall_clock_step_forward_does_not_expire_a_live_lease() {
-        let clocks = Arc::new(Clocks::default());
-        clocks.advance(1_700_000_000_000, 5_000);
-        let (store, _file) = store_on(&clocks).await;
+        let (clocks, store, _file) = store_on_clocks().await;
         let (fp, lease) = (Fingerprint([1; 32]), Duration::from_secs(60));
         let holder = FencingToken::random().unwrap();
         let claimed = store.claim("k:1", &fp, holder, lease).await.unwrap();
@@ -169,9 +170,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wall_clock_step_back_does_not_extend_a_lease() {
-        let clocks = Arc::new(Clocks::default());
-        clocks.advance(1_700_000_000_000, 5_000);
-        let (store, _file) = store_on(&clocks).await;
+        let (clocks, store, _file) = store_on_clocks().await;
         let (fp, lease) = (Fingerprint([2; 32]), Duration::from_secs(60));
         let first = FencingToken::random().unwrap();
         store.claim("k:2", &fp, first, lease).await.unwrap();
