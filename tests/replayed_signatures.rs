@@ -5,48 +5,45 @@
 
 mod support;
 
-use std::{
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use axum::{extract::State, routing::post, Router};
 use support::*;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tower_idempotency::{
     webhooks::github, IdempotencyLayer, MemoryStore, PostgresStore, RedisStore, SqliteStore, Store,
     VerifiedWebhook, WebhookLayerExt,
 };
+use tower_idempotency_testkit::HeldHandler;
 
 const OLD_SECRET: &str = "gh-replay-old-secret-0b6f2e8d41a7c953";
 const NEW_SECRET: &str = "gh-replay-new-secret-5c1d9a7e3f20b846";
 const COPIES: usize = 20;
 const REPLAYED_SIGNATURE: &str = "urn:tower-idempotency:problem:replayed-signature";
 
-struct Shared {
-    calls: AtomicUsize,
-    gate: Semaphore,
-}
-
-async fn handle(State(shared): State<Arc<Shared>>, webhook: VerifiedWebhook) -> String {
-    shared.calls.fetch_add(1, Ordering::SeqCst);
-    drop(shared.gate.acquire().await.unwrap());
+/// Counts the delivery and holds the first one until the test lets it go on.
+async fn handle(State(handler): State<HeldHandler>, webhook: VerifiedWebhook) -> String {
+    handler.execute().await;
     format!("handled {}", webhook.event_id())
 }
 
+/// `response` is the refusal of a copy: `401 replayed-signature`.
+async fn assert_replayed_signature(response: reqwest::Response, what: &str) {
+    assert_eq!(response.status(), 401, "{what}");
+    assert_eq!(
+        problem_type(&response.bytes().await.unwrap()),
+        REPLAYED_SIGNATURE,
+        "{what}"
+    );
+}
+
 async fn captured_signature_under_many_ids(store: impl Store, what: &str) {
-    let shared = Arc::new(Shared {
-        calls: AtomicUsize::new(0),
-        gate: Semaphore::new(0),
-    });
+    let handler = HeldHandler::blocking();
     let layer = IdempotencyLayer::github([NEW_SECRET, OLD_SECRET], store);
     let app = Router::new()
         .route("/hook", post(handle))
         .route_layer(layer)
-        .with_state(shared.clone());
+        .with_state(handler.clone());
     let url = format!("{}/hook", serve(app).await);
     let client = reqwest::Client::new();
     let suffix = random_suffix();
@@ -66,7 +63,7 @@ async fn captured_signature_under_many_ids(store: impl Store, what: &str) {
     };
 
     // One genuine delivery (signed with the old secret) and copies of it under new ids, all at
-    // once; the one that runs waits at the gate until every other copy is answered.
+    // once; the one that runs is held until every other copy is answered.
     let (tx, mut rx) = mpsc::unbounded_channel();
     for n in 0..COPIES {
         let (tx, pending) = (tx.clone(), send(&format!("{suffix}-{n}"), OLD_SECRET));
@@ -77,15 +74,10 @@ async fn captured_signature_under_many_ids(store: impl Store, what: &str) {
             .await
             .unwrap_or_else(|_| panic!("{what}: no answer within 20 s"))
             .unwrap();
-        assert_eq!(response.status(), 401, "{what}");
-        assert_eq!(
-            problem_type(&response.bytes().await.unwrap()),
-            REPLAYED_SIGNATURE,
-            "{what}"
-        );
+        assert_replayed_signature(response, what).await;
     }
-    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{what}");
-    shared.gate.add_permits(1000);
+    assert_eq!(handler.count(), 1, "{what}");
+    handler.proceed.notify_one();
     let winner = rx.recv().await.unwrap();
     assert_eq!(winner.status(), 200, "{what}");
     let winner = winner.text().await.unwrap();
@@ -105,14 +97,9 @@ async fn captured_signature_under_many_ids(store: impl Store, what: &str) {
     // Either signature under yet another id is still refused.
     for secret in [OLD_SECRET, NEW_SECRET] {
         let copy = send(&format!("{suffix}-late"), secret).await.unwrap();
-        assert_eq!(copy.status(), 401, "{what}");
-        assert_eq!(
-            problem_type(&copy.bytes().await.unwrap()),
-            REPLAYED_SIGNATURE,
-            "{what}"
-        );
+        assert_replayed_signature(copy, what).await;
     }
-    assert_eq!(shared.calls.load(Ordering::SeqCst), 1, "{what}");
+    assert_eq!(handler.count(), 1, "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
