@@ -192,10 +192,8 @@ async fn sqlite_inspect_forget_purge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_inspect_forget_purge() {
+    require_postgres!("cli postgres");
     let url = database_url();
-    if !reachable(&host_port(&url)) {
-        return skip("cli postgres", "Postgres is not reachable at DATABASE_URL");
-    }
     let guard = PgTableGuard {
         table: format!("tidem_cli_{}", random_suffix()),
     };

@@ -29,6 +29,11 @@ fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
+/// What the tool prints for `args` (with `--json`), which must succeed.
+async fn json(args: &[String]) -> Value {
+    serde_json::from_str(&stdout(&cli(args).await)).unwrap()
+}
+
 /// Every attempt fails: the handler refuses every event.
 async fn refuse<DB: InboxDatabase>(
     _event: InboxEvent,
@@ -101,20 +106,16 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         assert!(row.contains("failed") && row.contains("refused by the test handler"));
     }
 
-    let json = stdout(&cli(&args(&["--json", "inbox", "list"])).await);
-    let events: Value = serde_json::from_str(&json).unwrap();
+    let events = json(&args(&["--json", "inbox", "list"])).await;
     assert_eq!(events.as_array().unwrap().len(), 2, "{label}: {events}");
     assert_eq!(events[0]["state"], "failed");
     assert_eq!(events[0]["attempts"], 1);
 
     // `inbox events`: newest first, one a page, the cursor to the next.
-    let first = stdout(
-        &cli(&args(&[
-            "--json", "inbox", "events", "--state", "failed", "--limit", "1",
-        ]))
-        .await,
-    );
-    let first: Value = serde_json::from_str(&first).unwrap();
+    let first = json(&args(&[
+        "--json", "inbox", "events", "--state", "failed", "--limit", "1",
+    ]))
+    .await;
     assert_eq!(
         first["events"][0]["event_id"],
         ids[1].as_str(),
@@ -124,18 +125,17 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         .as_str()
         .expect("a next page")
         .to_owned();
-    let second = cli(&args(&[
+    let second = json(&args(&[
         "--json", "inbox", "events", "--limit", "1", "--cursor", &cursor,
     ]))
     .await;
-    let second: Value = serde_json::from_str(&stdout(&second)).unwrap();
     assert_eq!(
         second["events"][0]["event_id"],
         ids[0].as_str(),
         "{label}: {second}"
     );
     assert_eq!(second["next_cursor"], Value::Null);
-    let none = cli(&args(&[
+    let none = json(&args(&[
         "--json",
         "inbox",
         "events",
@@ -143,19 +143,16 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         "github",
     ]))
     .await;
-    let none: Value = serde_json::from_str(&stdout(&none)).unwrap();
     assert_eq!(none["events"], serde_json::json!([]), "{label}");
 
-    let counts = stdout(&cli(&args(&["--json", "inbox", "counts"])).await);
-    let counts: Value = serde_json::from_str(&counts).unwrap();
+    let counts = json(&args(&["--json", "inbox", "counts"])).await;
     assert_eq!(counts["failed"], 2, "{label}: {counts}");
     assert_eq!(counts["pending"], 0);
     assert_eq!(counts["providers"][0]["provider"], "stripe");
     assert_eq!(counts["providers"][0]["failed"], 2);
     assert_eq!(counts["oldest_pending_age_secs"], Value::Null);
 
-    let shown = stdout(&cli(&args(&["--json", "inbox", "show", "stripe", &ids[1]])).await);
-    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let shown = json(&args(&["--json", "inbox", "show", "stripe", &ids[1]])).await;
     assert_eq!(shown["event_id"], ids[1].as_str(), "{label}: {shown}");
     assert_eq!(shown["type"], "charge.succeeded");
     assert_eq!(shown["last_error"], "refused by the test handler");
@@ -163,28 +160,11 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     let missing = cli(&args(&["inbox", "show", "stripe", "evt_absent"])).await;
     assert!(!missing.status.success());
 
-    let dry = cli(&args(&[
-        "--json",
-        "inbox",
-        "retry",
-        "--dry-run",
-        "--type",
-        "charge.succeeded",
-    ]))
-    .await;
-    let dry: Value = serde_json::from_str(&stdout(&dry)).unwrap();
+    let dry_run = |kind: &str| args(&["--json", "inbox", "retry", "--dry-run", "--type", kind]);
+    let dry = json(&dry_run("charge.succeeded")).await;
     assert_eq!(dry["matched"], 2, "{label}: {dry}");
     assert_eq!(dry["retried"], 0);
-    let other = cli(&args(&[
-        "--json",
-        "inbox",
-        "retry",
-        "--dry-run",
-        "--type",
-        "invoice.paid",
-    ]))
-    .await;
-    let other: Value = serde_json::from_str(&stdout(&other)).unwrap();
+    let other = json(&dry_run("invoice.paid")).await;
     assert_eq!(other["matched"], 0, "{label}: {other}");
     assert_eq!(
         inbox.counts().await.unwrap().failed,
@@ -192,29 +172,24 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         "a dry run changes nothing"
     );
 
-    let purged = stdout(
-        &cli(&args(&[
-            "--json",
-            "inbox",
-            "purge",
-            "--older-than-secs",
-            "0",
-        ]))
-        .await,
-    );
-    let purged: Value = serde_json::from_str(&purged).unwrap();
+    let purged = json(&args(&[
+        "--json",
+        "inbox",
+        "purge",
+        "--older-than-secs",
+        "0",
+    ]))
+    .await;
     assert_eq!(purged["purged"], 0, "{label}: nothing was processed");
 
-    let retried = cli(&args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
-    let retried: Value = serde_json::from_str(&stdout(&retried)).unwrap();
+    let retried = json(&args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
     assert_eq!(retried["retried"]["event_id"], ids[0].as_str());
     let key = EventKey::new("stripe", ids[0].as_str());
     assert_eq!(
         inbox.get(&key).await.unwrap().unwrap().state,
         EventState::Pending
     );
-    let pending = stdout(&cli(&args(&["--json", "inbox", "list", "--state", "pending"])).await);
-    let pending: Value = serde_json::from_str(&pending).unwrap();
+    let pending = json(&args(&["--json", "inbox", "list", "--state", "pending"])).await;
     assert_eq!(
         pending[0]["event_id"],
         ids[0].as_str(),

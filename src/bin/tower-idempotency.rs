@@ -139,14 +139,10 @@ enum CliError {
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.
 fn describe(error: &dyn std::error::Error, url: &str) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    redact(&message, url)
+    let chain: Vec<String> = std::iter::successors(Some(error), |error| error.source())
+        .map(ToString::to_string)
+        .collect();
+    redact(&chain.join(": "), url)
 }
 
 fn redact(message: &str, url: &str) -> String {
