@@ -5,25 +5,14 @@
 
 mod support;
 
-use std::{
-    future::Future,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-};
+use std::{future::Future, sync::Arc};
 
-use axum::{extract::State, http::StatusCode, routing::post, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use support::*;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RedisStore, SqliteStore, Store};
+use tower_idempotency_testkit::post_order;
 
 const DUPLICATES: usize = 8;
-
-async fn create(State(executions): State<Arc<AtomicUsize>>) -> StatusCode {
-    executions.fetch_add(1, Ordering::SeqCst);
-    StatusCode::CREATED
-}
 
 /// Runs `test` with a Prometheus recorder installed for this thread and a current-thread
 /// runtime, so the server, its handlers and the store calls all record into it.
@@ -42,27 +31,19 @@ fn recorded<F: Future<Output = ()>>(test: impl FnOnce(PrometheusHandle) -> F) {
 /// one execution, the outcome counters and the store label.
 async fn one_execution_counted(store: Arc<dyn Store>, name: &str, metrics: PrometheusHandle) {
     assert_eq!(store.name(), name);
-    let executions = Arc::new(AtomicUsize::new(0));
+    let executions = Executions::new();
     let layer = IdempotencyLayer::client_keys(store).namespace("metered");
-    let app = Router::new()
-        .route("/orders", post(create))
-        .route_layer(layer)
-        .with_state(executions.clone());
-    let base = serve(app).await;
+    let url = format!("{}/op", serve(counted_app(layer, executions.clone())).await);
     let client = reqwest::Client::new();
-    let answers = futures_util::future::join_all((0..DUPLICATES).map(|_| {
-        client
-            .post(format!("{base}/orders"))
-            .header("idempotency-key", "same-key")
-            .body("{}")
-            .send()
-    }))
+    let answers = futures_util::future::join_all(
+        (0..DUPLICATES).map(|_| post_order(&client, &url, "same-key")),
+    )
     .await;
     let statuses: Vec<u16> = answers
         .into_iter()
-        .map(|a| a.unwrap().status().as_u16())
+        .map(|(answer, _)| answer.status().as_u16())
         .collect();
-    assert_eq!(executions.load(Ordering::SeqCst), 1, "{statuses:?}");
+    assert_eq!(executions.total(), 1, "{statuses:?}");
 
     let text = metrics.render();
     let count = |outcome: &str| -> usize {
@@ -79,7 +60,7 @@ async fn one_execution_counted(store: Arc<dyn Store>, name: &str, metrics: Prome
         "{text}"
     );
     assert_eq!(
-        statuses.iter().filter(|s| **s == 201).count(),
+        statuses.iter().filter(|s| **s == 200).count(),
         count("executed") + count("replayed")
     );
     let claims = format!(

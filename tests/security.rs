@@ -94,27 +94,26 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
     const BODY_MARKER: &str = "LEAKCHECK_body_marker_d00d";
     let calls = Arc::new(AtomicUsize::new(0));
     let store = Arc::new(MemoryStore::new());
-    let app = Router::new()
-        .merge(
-            Router::new()
-                .route("/stripe", post(count))
-                .route_layer(IdempotencyLayer::stripe([STRIPE_SECRET], store.clone())),
-        )
-        .merge(
-            Router::new()
-                .route("/github", post(count))
-                .route_layer(IdempotencyLayer::github([GITHUB_SECRET], store.clone())),
-        )
-        .merge(
-            Router::new()
-                .route("/gitlab", post(count))
-                .route_layer(IdempotencyLayer::gitlab([GITLAB_TOKEN], store.clone())),
-        )
-        .merge(
-            Router::new()
-                .route("/orders", post(count))
-                .route_layer(IdempotencyLayer::client_keys(store.clone())),
-        )
+    let layers = [
+        (
+            "/stripe",
+            IdempotencyLayer::stripe([STRIPE_SECRET], store.clone()),
+        ),
+        (
+            "/github",
+            IdempotencyLayer::github([GITHUB_SECRET], store.clone()),
+        ),
+        (
+            "/gitlab",
+            IdempotencyLayer::gitlab([GITLAB_TOKEN], store.clone()),
+        ),
+        ("/orders", IdempotencyLayer::client_keys(store.clone())),
+    ];
+    let app = layers
+        .into_iter()
+        .fold(Router::new(), |app, (route, layer)| {
+            app.merge(Router::new().route(route, post(count)).route_layer(layer))
+        })
         .with_state(calls.clone());
     let base = serve(app).await;
     let client = reqwest::Client::new();
@@ -127,6 +126,15 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
     ];
     let mut responses = Vec::new();
     let mut problems = Vec::new();
+    let send = |route: &str, headers: Vec<(&'static str, String)>, body: String| {
+        let request = client.post(format!("{base}/{route}")).body(body);
+        headers
+            .into_iter()
+            .fold(request, |request, (name, value)| {
+                request.header(name, value)
+            })
+            .send()
+    };
 
     // Stripe: good, duplicate, wrong secret, tampered body.
     let body = format!(r#"{{"id":"evt_leak","type":"x","note":"{BODY_MARKER}"}}"#);
@@ -148,42 +156,30 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
         (wrong, body.clone()),
         (good.clone(), tampered),
     ] {
-        let response = client
-            .post(format!("{base}/stripe"))
-            .header("stripe-signature", sig)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        responses.push(everything(response).await);
+        let response = send("stripe", vec![("stripe-signature", sig)], body);
+        responses.push(everything(response.await.unwrap()).await);
     }
 
     // GitHub: wrong secret.
     let gh_body = format!(r#"{{"note":"{BODY_MARKER}"}}"#);
     forbidden.push(github::sign(GITHUB_SECRET, gh_body.as_bytes()));
-    let response = client
-        .post(format!("{base}/github"))
-        .header(
+    let headers = vec![
+        (
             "x-hub-signature-256",
             github::sign("other", gh_body.as_bytes()),
-        )
-        .header("x-github-delivery", "d-leak")
-        .body(gh_body)
-        .send()
-        .await
-        .unwrap();
-    responses.push(everything(response).await);
+        ),
+        ("x-github-delivery", "d-leak".to_owned()),
+    ];
+    let response = send("github", headers, gh_body);
+    responses.push(everything(response.await.unwrap()).await);
 
     // GitLab: a token that shares a prefix with the real one.
-    let response = client
-        .post(format!("{base}/gitlab"))
-        .header("x-gitlab-token", &GITLAB_TOKEN[..20])
-        .header("idempotency-key", "gl-leak")
-        .body(BODY_MARKER)
-        .send()
-        .await
-        .unwrap();
-    responses.push(everything(response).await);
+    let headers = vec![
+        ("x-gitlab-token", GITLAB_TOKEN[..20].to_owned()),
+        ("idempotency-key", "gl-leak".to_owned()),
+    ];
+    let response = send("gitlab", headers, BODY_MARKER.to_owned());
+    responses.push(everything(response.await.unwrap()).await);
 
     // Client keys: run, replay, reuse with another body, and an invalid key carrying the raw key.
     for (key, body) in [
@@ -193,14 +189,8 @@ async fn no_secret_signature_or_raw_key_in_responses_or_logs() {
         (format!("{RAW_KEY} with a space"), BODY_MARKER.to_owned()),
         (format!("\"{RAW_KEY}"), BODY_MARKER.to_owned()),
     ] {
-        let response = client
-            .post(format!("{base}/orders"))
-            .header("idempotency-key", key)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        responses.push(everything(response).await);
+        let response = send("orders", vec![("idempotency-key", key)], body);
+        responses.push(everything(response.await.unwrap()).await);
     }
 
     let statuses: Vec<u16> = responses.iter().map(|(s, _)| s.as_u16()).collect();
@@ -537,6 +527,15 @@ async fn captured_delivery_is_refused_once_the_clock_moves_past_the_tolerance() 
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// `shown`, what prints `what`, does not carry `password`.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn assert_hides(what: &str, shown: String, password: &str) {
+    assert!(
+        !shown.contains(password),
+        "{what} leaks the password: {shown}"
+    );
+}
+
 /// Connecting to `url` (nothing listens on port 1) fails, and the error, shown either way,
 /// does not carry `password`.
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -545,11 +544,7 @@ async fn connect_error_hides(url: &str, password: &str) {
         .await
         .err()
         .expect("fails");
-    let text = format!("{error} {error:?}");
-    assert!(
-        !text.contains(password),
-        "connect error leaks the password: {text}"
-    );
+    assert_hides("connect error", format!("{error} {error:?}"), password);
 }
 
 #[cfg(feature = "postgres")]
@@ -563,11 +558,10 @@ async fn store_debug_and_connect_errors_do_not_print_passwords() {
     )
     .await;
 
-    let url = support::database_url();
-    if !support::reachable(&support::host_port(&url)) {
-        support::skip("store Debug with a password", "Postgres is not reachable");
+    if !support::postgres_or_skip("store Debug with a password") {
         return;
     }
+    let url = support::database_url();
     // Trust authentication accepts any password, so the URL can carry one.
     let with_password = url.replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1);
     if with_password == url {
@@ -576,11 +570,7 @@ async fn store_debug_and_connect_errors_do_not_print_passwords() {
     let store = tower_idempotency::PostgresStore::connect(&with_password)
         .await
         .expect("connect");
-    let text = format!("{store:?}");
-    assert!(
-        !text.contains(PASSWORD),
-        "PostgresStore Debug leaks the password: {text}"
-    );
+    assert_hides("PostgresStore Debug", format!("{store:?}"), PASSWORD);
 }
 
 #[cfg(feature = "redis")]
