@@ -7,7 +7,7 @@ use axum::{
     extract::{Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{get, post, MethodRouter},
     Json, Router,
 };
 use serde::Deserialize;
@@ -179,8 +179,8 @@ pub fn router<DB: OutboxDatabase>(outbox: Outbox<DB>) -> Router {
         .route("/messages", get(messages::<DB>))
         .route("/message", get(message::<DB>))
         .route("/{state}", get(list::<DB>))
-        .route("/retry", post(retry::<DB>))
-        .route("/discard", post(discard::<DB>))
+        .route("/retry", change(Change::Retry))
+        .route("/discard", change(Change::Discard))
         .route("/purge", post(purge::<DB>))
         .with_state(outbox)
 }
@@ -248,26 +248,31 @@ struct Key {
     key: String,
 }
 
-async fn retry<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-    Json(body): Json<Key>,
-) -> Result<StatusCode, Unavailable> {
-    Ok(if outbox.retry(&body.key).await? {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::NOT_FOUND
-    })
+/// A change an operator `POST`s on one message, named by a JSON body `{"key": ..}`.
+#[derive(Clone, Copy)]
+enum Change {
+    /// Re-queues a failed message: `202`.
+    Retry,
+    /// Gives a message up: `200`.
+    Discard,
 }
 
-async fn discard<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-    Json(body): Json<Key>,
-) -> Result<StatusCode, Unavailable> {
-    Ok(if outbox.discard(&body.key).await? {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
-    })
+/// `POST` of `change` on the message of the body's key: `404` when there is no such message
+/// in a state the change applies to.
+fn change<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
+    post(
+        move |State(outbox): State<Outbox<DB>>, Json(body): Json<Key>| async move {
+            let (changed, status) = match change {
+                Change::Retry => (outbox.retry(&body.key).await?, StatusCode::ACCEPTED),
+                Change::Discard => (outbox.discard(&body.key).await?, StatusCode::OK),
+            };
+            Ok::<_, Unavailable>(if changed {
+                status
+            } else {
+                StatusCode::NOT_FOUND
+            })
+        },
+    )
 }
 
 #[derive(Deserialize)]
