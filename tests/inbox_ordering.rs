@@ -160,18 +160,22 @@ async fn skip_stale_ordering_sqlite() {
     skip_stale(&store, &[&receiver.base], "sqlite").await;
 }
 
+/// A new Postgres database named after `name` and two receivers sharing it under `ordering`.
+async fn two_on_postgres(name: &str, ordering: &str) -> (Database, [Receiver; 2]) {
+    let database = Database::create(format!("tidem_order_{name}_{}", random_suffix())).await;
+    let store = database.url();
+    let receivers = [start(&store, ordering), start(&store, ordering)];
+    (database, receivers)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_ordering_two_instances_postgres() {
-    let database = Database::create(format!("tidem_order_seq_{}", random_suffix())).await;
-    let store = database.url();
-    let (first, second) = (start(&store, "sequential"), start(&store, "sequential"));
-    sequential(&store, &[&first.base, &second.base], "postgres").await;
+    let (database, [first, second]) = two_on_postgres("seq", "sequential").await;
+    sequential(&database.url(), &[&first.base, &second.base], "postgres").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skip_stale_ordering_two_instances_postgres() {
-    let database = Database::create(format!("tidem_order_stale_{}", random_suffix())).await;
-    let store = database.url();
-    let (first, second) = (start(&store, "skip-stale"), start(&store, "skip-stale"));
-    skip_stale(&store, &[&first.base, &second.base], "postgres").await;
+    let (database, [first, second]) = two_on_postgres("stale", "skip-stale").await;
+    skip_stale(&database.url(), &[&first.base, &second.base], "postgres").await;
 }
