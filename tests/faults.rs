@@ -19,7 +19,7 @@ use tower_idempotency_testkit::unix_now;
 use axum::{routing::post, Router};
 use bytes::Bytes;
 use http::StatusCode;
-use receiver_process::{Database, Receiver};
+use receiver_process::{send_each, Database, Receiver};
 use support::*;
 use tokio::sync::Notify;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, RedisStore, Store};
@@ -572,13 +572,12 @@ async fn receiver_crash_mid_handler(store: &str, label: &str) {
     // Now handlers that take far longer than the test.
     first.kill();
     let mut first = start_receiver(store, 60_000, lease_ms);
-    let in_flight: Vec<_> = interrupted
-        .iter()
-        .map(|event| {
-            let (client, base, event) = (client.clone(), first.base.clone(), event.clone());
-            tokio::spawn(async move { deliver(&client, &base, &event).await })
-        })
-        .collect();
+    let in_flight = send_each(
+        &client,
+        &first.base,
+        &interrupted,
+        |client, base, event| async move { deliver(&client, &base, &event).await },
+    );
     let deadline = Instant::now() + EVENTUALLY;
     while effects(&first, &client).await.len() < interrupted.len() {
         assert!(Instant::now() < deadline, "{label}: handlers did not start");

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use receiver_process::{
-    deliver_stripe, receiver_binary, scalars, sqlite_store, stripe_event, Database, Receiver,
+    deliver_stripe, on_sqlite_and_postgres, receiver_binary, scalars, sqlite_store, stripe_event,
+    Receiver,
 };
 use support::*;
 
@@ -145,29 +146,13 @@ fn refuses_to_start(store: &str, name: &str, value: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_killed_mid_batch_sqlite() {
-    let (_dir, store) = sqlite_store("inbox-batch-kill");
-    killed_mid_batch(&store, "sqlite").await;
-}
+on_sqlite_and_postgres!(killed_mid_batch:
+    inbox_killed_mid_batch_sqlite("inbox-batch-kill"),
+    inbox_killed_mid_batch_postgres("tidem_batch"));
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_killed_mid_batch_postgres() {
-    let database = Database::create(format!("tidem_batch_{}", random_suffix())).await;
-    killed_mid_batch(&database.url(), "postgres").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_concurrency_one_sqlite() {
-    let (_dir, store) = sqlite_store("inbox-one");
-    one_handler_processes_every_event(&store, "sqlite").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_concurrency_one_postgres() {
-    let database = Database::create(format!("tidem_one_{}", random_suffix())).await;
-    one_handler_processes_every_event(&database.url(), "postgres").await;
-}
+on_sqlite_and_postgres!(one_handler_processes_every_event:
+    inbox_concurrency_one_sqlite("inbox-one"),
+    inbox_concurrency_one_postgres("tidem_one"));
 
 #[test]
 fn inbox_bad_concurrency_or_pool_size_stops_the_start() {

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use receiver_process::{
-    deliver_stripe, get_json, random_below, scalars, sqlite_store, stripe_event, Database, Receiver,
+    deliver_stripe, get_json, on_sqlite_and_postgres, random_below, scalars, sqlite_store,
+    stripe_event, Database, Receiver,
 };
 use serde_json::Value;
 use support::*;
@@ -344,29 +345,13 @@ async fn inbox_survives_sigkill_exactly_once_sqlite() {
     routes(&store, "sqlite").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_kills_spend_the_attempts_sqlite() {
-    let (_dir, store) = sqlite_store("inbox-spent");
-    attempts_spent_by_kills(&store, "sqlite").await;
-}
+on_sqlite_and_postgres!(attempts_spent_by_kills:
+    inbox_kills_spend_the_attempts_sqlite("inbox-spent"),
+    inbox_kills_spend_the_attempts_postgres("tidem_spent"));
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_retention_purges_sqlite() {
-    let (_dir, store) = sqlite_store("inbox-retention");
-    retention_purges_processed_events(&store, "sqlite").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_retention_purges_postgres() {
-    let database = Database::create(format!("tidem_retention_{}", random_suffix())).await;
-    retention_purges_processed_events(&database.url(), "postgres").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inbox_kills_spend_the_attempts_postgres() {
-    let database = Database::create(format!("tidem_spent_{}", random_suffix())).await;
-    attempts_spent_by_kills(&database.url(), "postgres").await;
-}
+on_sqlite_and_postgres!(retention_purges_processed_events:
+    inbox_retention_purges_sqlite("inbox-retention"),
+    inbox_retention_purges_postgres("tidem_retention"));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_survives_sigkill_exactly_once_postgres() {

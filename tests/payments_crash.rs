@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use receiver_process::{get_json, random_below, scalars, Database, Receiver, TestDir};
+use receiver_process::{get_json, random_below, scalars, send_each, Database, Receiver, TestDir};
 use serde_json::Value;
 use support::*;
 
@@ -77,13 +77,12 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
             .map(|n| format!("pay-{}-{round}-{n}", random_suffix()))
             .collect();
         let mut first = start_receiver(store, HANDLER_DELAY_MS);
-        let sent: Vec<_> = keys
-            .iter()
-            .map(|key| {
-                let (client, base, key) = (client.clone(), first.base.clone(), key.clone());
-                tokio::spawn(async move { pay(&client, &base, &key).await })
-            })
-            .collect();
+        let sent = send_each(
+            &client,
+            &first.base,
+            &keys,
+            |client, base, key| async move { pay(&client, &base, &key).await },
+        );
         // The point of the crash is the point of this test: a random moment after the sends.
         tokio::time::sleep(Duration::from_millis(random_below(
             HANDLER_DELAY_MS * 3 / 2,

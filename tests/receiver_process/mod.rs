@@ -222,3 +222,44 @@ pub fn sqlite_store(name: &str) -> (TestDir, String) {
     let store = format!("sqlite://{}/receiver.db", dir.path().display());
     (dir, store)
 }
+
+/// `send(client, base, item)` for each of `items`, all at once, each on a task of its own: the
+/// requests in flight when a test kills the receiver at `base`.
+pub fn send_each<F, Fut>(
+    client: &reqwest::Client,
+    base: &str,
+    items: &[String],
+    send: F,
+) -> Vec<tokio::task::JoinHandle<Fut::Output>>
+where
+    F: Fn(reqwest::Client, String, String) -> Fut,
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: Send + 'static,
+{
+    items
+        .iter()
+        .map(|item| tokio::spawn(send(client.clone(), base.to_owned(), item.clone())))
+        .collect()
+}
+
+/// Two tests of `$scenario(store, label)`: `$sqlite` on a SQLite file of its own (named after
+/// `$file`), `$postgres` on a Postgres database of its own (named `$database_<random>`).
+#[allow(unused_macros)] // Each test binary uses a different subset.
+macro_rules! on_sqlite_and_postgres {
+    ($scenario:ident: $sqlite:ident($file:literal), $postgres:ident($database:literal)) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            let (_dir, store) = crate::receiver_process::sqlite_store($file);
+            $scenario(&store, "sqlite").await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $postgres() {
+            let name = format!("{}_{}", $database, crate::support::random_suffix());
+            let database = crate::receiver_process::Database::create(name).await;
+            $scenario(&database.url(), "postgres").await;
+        }
+    };
+}
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub(crate) use on_sqlite_and_postgres;
