@@ -47,9 +47,20 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreErro
     let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
-        "sqlite" => sqlite(url).await,
-        "postgres" | "postgresql" => postgres(url).await,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => sql::<tower_idempotency_sqlx::sqlx::Sqlite>("sqlite", url).await,
+        #[cfg(not(feature = "sqlite"))]
+        "sqlite" => Err(ConnectStoreError::FeatureDisabled("sqlite")),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            sql::<tower_idempotency_sqlx::sqlx::Postgres>("postgres", url).await
+        }
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(ConnectStoreError::FeatureDisabled("postgres")),
+        #[cfg(feature = "redis")]
         "redis" | "rediss" => redis(url).await,
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" => Err(ConnectStoreError::FeatureDisabled("redis")),
         _ => Err(ConnectStoreError::UnsupportedScheme),
     }
 }
@@ -63,32 +74,17 @@ fn connect_error<E: Into<BoxError>>(store: &'static str) -> impl FnOnce(E) -> Co
     }
 }
 
-#[cfg(feature = "sqlite")]
-async fn sqlite(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    let store = crate::SqliteStore::connect(url)
+/// The SQL store (`store` names its backend `DB`) at `url`, its table created.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn sql<DB: tower_idempotency_sqlx::Backend>(
+    store: &'static str,
+    url: &str,
+) -> Result<Arc<dyn Store>, ConnectStoreError> {
+    let sql = tower_idempotency_sqlx::SqlStore::<DB>::connect(url)
         .await
-        .map_err(connect_error("sqlite"))?;
-    store.migrate().await.map_err(connect_error("sqlite"))?;
-    Ok(Arc::new(store))
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn sqlite(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    Err(ConnectStoreError::FeatureDisabled("sqlite"))
-}
-
-#[cfg(feature = "postgres")]
-async fn postgres(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    let store = crate::PostgresStore::connect(url)
-        .await
-        .map_err(connect_error("postgres"))?;
-    store.migrate().await.map_err(connect_error("postgres"))?;
-    Ok(Arc::new(store))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn postgres(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    Err(ConnectStoreError::FeatureDisabled("postgres"))
+        .map_err(connect_error(store))?;
+    sql.migrate().await.map_err(connect_error(store))?;
+    Ok(Arc::new(sql))
 }
 
 #[cfg(feature = "redis")]
@@ -97,9 +93,4 @@ async fn redis(url: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
         .await
         .map_err(connect_error("redis"))?;
     Ok(Arc::new(store))
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis(_: &str) -> Result<Arc<dyn Store>, ConnectStoreError> {
-    Err(ConnectStoreError::FeatureDisabled("redis"))
 }
