@@ -20,7 +20,13 @@ use crate::{
     config::{secrets, var, StartError},
 };
 
-type Build = fn(Vec<String>, Arc<dyn Store>) -> Result<IdempotencyLayer, webhooks::ConfigError>;
+/// How a provider's layer is made from its secrets and the store.
+enum Build {
+    /// From shared secrets, which [`webhook_layers`] checks first.
+    Secrets(fn(Vec<String>, Arc<dyn Store>) -> IdempotencyLayer),
+    /// From keys the constructor reads (public keys, `whsec_` secrets), which it can refuse.
+    Parsed(fn(Vec<String>, Arc<dyn Store>) -> Result<IdempotencyLayer, webhooks::ConfigError>),
+}
 
 /// A provider whose route is mounted when its variable is set.
 struct Provider {
@@ -32,46 +38,69 @@ struct Provider {
 /// Every provider configured by one variable. Square and Twilio also need the URL they call
 /// (they sign it), so [`webhook_layers`] handles them.
 fn providers() -> [Provider; 12] {
+    use Build::{Parsed, Secrets};
     let p = |var, route, build| Provider { var, route, build };
     [
-        p("STRIPE_WEBHOOK_SECRET", "stripe", |s, st| {
-            Ok(IdempotencyLayer::stripe(s, st))
-        }),
-        p("GITHUB_WEBHOOK_SECRET", "github", |s, st| {
-            Ok(IdempotencyLayer::github(s, st))
-        }),
-        p("SLACK_SIGNING_SECRET", "slack", |s, st| {
-            Ok(IdempotencyLayer::slack(s, st))
-        }),
+        p(
+            "STRIPE_WEBHOOK_SECRET",
+            "stripe",
+            Secrets(IdempotencyLayer::stripe),
+        ),
+        p(
+            "GITHUB_WEBHOOK_SECRET",
+            "github",
+            Secrets(IdempotencyLayer::github),
+        ),
+        p(
+            "SLACK_SIGNING_SECRET",
+            "slack",
+            Secrets(IdempotencyLayer::slack),
+        ),
         p(
             "STANDARD_WEBHOOKS_SECRET",
             "standard",
-            IdempotencyLayer::standard_webhooks,
+            Parsed(IdempotencyLayer::standard_webhooks),
         ),
-        p("SHOPIFY_WEBHOOK_SECRET", "shopify", |s, st| {
-            Ok(IdempotencyLayer::shopify(s, st))
-        }),
-        p("PADDLE_WEBHOOK_SECRET", "paddle", |s, st| {
-            Ok(IdempotencyLayer::paddle(s, st))
-        }),
-        p("LINEAR_WEBHOOK_SECRET", "linear", |s, st| {
-            Ok(IdempotencyLayer::linear(s, st))
-        }),
-        p("GITLAB_WEBHOOK_TOKEN", "gitlab", |s, st| {
-            Ok(IdempotencyLayer::gitlab(s, st))
-        }),
-        p("ZOOM_WEBHOOK_SECRET", "zoom", |s, st| {
-            Ok(IdempotencyLayer::zoom(s, st))
-        }),
-        p("DISCORD_PUBLIC_KEY", "discord", IdempotencyLayer::discord),
+        p(
+            "SHOPIFY_WEBHOOK_SECRET",
+            "shopify",
+            Secrets(IdempotencyLayer::shopify),
+        ),
+        p(
+            "PADDLE_WEBHOOK_SECRET",
+            "paddle",
+            Secrets(IdempotencyLayer::paddle),
+        ),
+        p(
+            "LINEAR_WEBHOOK_SECRET",
+            "linear",
+            Secrets(IdempotencyLayer::linear),
+        ),
+        p(
+            "GITLAB_WEBHOOK_TOKEN",
+            "gitlab",
+            Secrets(IdempotencyLayer::gitlab),
+        ),
+        p(
+            "ZOOM_WEBHOOK_SECRET",
+            "zoom",
+            Secrets(IdempotencyLayer::zoom),
+        ),
+        p(
+            "DISCORD_PUBLIC_KEY",
+            "discord",
+            Parsed(IdempotencyLayer::discord),
+        ),
         p(
             "SENDGRID_VERIFICATION_KEY",
             "sendgrid",
-            IdempotencyLayer::sendgrid,
+            Parsed(IdempotencyLayer::sendgrid),
         ),
-        p("MAILGUN_SIGNING_KEY", "mailgun", |s, st| {
-            Ok(IdempotencyLayer::mailgun(s, st))
-        }),
+        p(
+            "MAILGUN_SIGNING_KEY",
+            "mailgun",
+            Secrets(IdempotencyLayer::mailgun),
+        ),
     ]
 }
 
@@ -89,36 +118,46 @@ pub fn webhook_layers(
                     source,
                 })?;
             }
-            let layer = (provider.build)(secrets, store.clone()).map_err(|source| {
-                StartError::Provider {
-                    name: provider.var,
-                    source,
-                }
+            let layer = match provider.build {
+                Build::Secrets(build) => Ok(build(secrets, store.clone())),
+                Build::Parsed(build) => build(secrets, store.clone()),
+            }
+            .map_err(|source| StartError::Provider {
+                name: provider.var,
+                source,
             })?;
             layers.push((provider.route, layer));
         }
     }
-    if let Some(keys) = secrets("SQUARE_SIGNATURE_KEY") {
-        let name = "SQUARE_SIGNATURE_KEY";
-        let url = var("SQUARE_NOTIFICATION_URL").ok_or(StartError::Incomplete {
-            name,
-            needs: "SQUARE_NOTIFICATION_URL",
-        })?;
+    let name = "SQUARE_SIGNATURE_KEY";
+    if let Some((keys, url)) = signed_url(name, "SQUARE_NOTIFICATION_URL")? {
         let layer = IdempotencyLayer::square(url, keys, store.clone())
             .map_err(|source| StartError::Provider { name, source })?;
         layers.push(("square", layer));
     }
-    if let Some(tokens) = secrets("TWILIO_AUTH_TOKEN") {
-        let name = "TWILIO_AUTH_TOKEN";
-        let url = var("RECEIVER_PUBLIC_URL").ok_or(StartError::Incomplete {
-            name,
-            needs: "RECEIVER_PUBLIC_URL",
-        })?;
+    let name = "TWILIO_AUTH_TOKEN";
+    if let Some((tokens, url)) = signed_url(name, "RECEIVER_PUBLIC_URL")? {
         let layer = IdempotencyLayer::twilio(&url, tokens, store.clone())
             .map_err(|source| StartError::Provider { name, source })?;
         layers.push(("twilio", layer));
     }
     Ok(layers)
+}
+
+/// The secrets in `name` and the URL in `url_var` of a provider that signs the URL it calls:
+/// neither when `name` is unset, an error when only the URL is missing.
+fn signed_url(
+    name: &'static str,
+    url_var: &'static str,
+) -> Result<Option<(Vec<String>, String)>, StartError> {
+    let Some(secrets) = secrets(name) else {
+        return Ok(None);
+    };
+    let url = var(url_var).ok_or(StartError::Incomplete {
+        name,
+        needs: url_var,
+    })?;
+    Ok(Some((secrets, url)))
 }
 
 /// Endpoint-validation requests (Slack, Zoom, Discord) are answered, not executed.
