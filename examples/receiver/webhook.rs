@@ -20,12 +20,14 @@ use crate::{
     config::{secrets, var, StartError},
 };
 
+type Layer<T> = fn(Vec<String>, Arc<dyn Store>) -> T;
+
 /// How a provider's layer is made from its secrets and the store.
 enum Build {
     /// From shared secrets, which [`webhook_layers`] checks first.
-    Secrets(fn(Vec<String>, Arc<dyn Store>) -> IdempotencyLayer),
+    Secrets(Layer<IdempotencyLayer>),
     /// From keys the constructor reads (public keys, `whsec_` secrets), which it can refuse.
-    Parsed(fn(Vec<String>, Arc<dyn Store>) -> Result<IdempotencyLayer, webhooks::ConfigError>),
+    Parsed(Layer<Result<IdempotencyLayer, webhooks::ConfigError>>),
 }
 
 /// A provider whose route is mounted when its variable is set.
