@@ -68,6 +68,23 @@ async fn proxied(table: &PgTable) -> Option<(Arc<PostgresStore>, Proxy)> {
     Some((store, proxy))
 }
 
+/// [`proxied`], with a claim of a fresh key [`in_flight`]: the claims that follow queue
+/// behind it until the proxy passes replies again.
+async fn proxied_behind_held_claim(
+    table: &PgTable,
+) -> Option<(
+    Arc<PostgresStore>,
+    Proxy,
+    tokio::task::JoinHandle<Result<ClaimOutcome, StoreError>>,
+)> {
+    let (store, proxy) = proxied(table).await?;
+    let held = in_flight(&proxy, || {
+        spawn_claim(store.clone(), &random_key("held"), LEASE)
+    })
+    .await;
+    Some((store, proxy, held))
+}
+
 fn pg_address() -> String {
     let url = url::Url::parse(&pg_url()).expect("DATABASE_URL is a URL");
     format!(
@@ -191,13 +208,9 @@ async fn many_new_keys_over_http_run_each_handler_once_and_replay_every_duplicat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
     let table = PgTable::new();
-    let Some((store, proxy)) = proxied(&table).await else {
+    let Some((store, proxy, held)) = proxied_behind_held_claim(&table).await else {
         return;
     };
-    let held = in_flight(&proxy, || {
-        spawn_claim(store.clone(), &random_key("held"), LEASE)
-    })
-    .await;
 
     let keys: Vec<String> = (0..20).map(|i| random_key(&format!("q{i}"))).collect();
     // The first key twice: the second call, for a key the store has just seen, reads the key
@@ -254,13 +267,9 @@ async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_batch_answers_each_call_as_its_own_statement_would() {
     let table = PgTable::new();
-    let Some((store, proxy)) = proxied(&table).await else {
+    let Some((store, proxy, held)) = proxied_behind_held_claim(&table).await else {
         return;
     };
-    let held = in_flight(&proxy, || {
-        spawn_claim(store.clone(), &random_key("held"), LEASE)
-    })
-    .await;
 
     // Postgres's text cannot hold a NUL: this key fails its statement, and the batch with it.
     let good: Vec<String> = (0..5).map(|i| random_key(&format!("g{i}"))).collect();
@@ -340,13 +349,9 @@ async fn a_stale_completion_in_a_batch_loses_and_a_fresh_one_wins() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_gives_up_while_queued_writes_nothing() {
     let table = PgTable::new();
-    let Some((store, proxy)) = proxied(&table).await else {
+    let Some((store, proxy, held)) = proxied_behind_held_claim(&table).await else {
         return;
     };
-    let held = in_flight(&proxy, || {
-        spawn_claim(store.clone(), &random_key("held"), LEASE)
-    })
-    .await;
 
     let (gone, stays) = (random_key("gone"), random_key("stays"));
     let given_up = spawn_claim(store.clone(), &gone, LEASE);

@@ -5,6 +5,48 @@ use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 
 use super::{fresh_key, layer, problem_type, server::send, EffectsDb, EffectsServer, Fixture};
 
+/// A server with the transactional layer on the fixture's store, and a fresh key named after
+/// `name`.
+async fn server_and_key<DB: EffectsDb>(
+    fixture: &Fixture<DB>,
+    name: &str,
+) -> (EffectsServer<DB>, String) {
+    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
+    (server, fresh_key(name))
+}
+
+/// A request of `key` on a task of its own, once its handler holds its transaction open until
+/// the gate opens.
+async fn held<DB: EffectsDb>(
+    server: &EffectsServer<DB>,
+    key: &str,
+) -> tokio::task::JoinHandle<(StatusCode, bool, String)> {
+    let (url, key) = (format!("{}/effects", server.base), key.to_owned());
+    let request =
+        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await });
+    server.entered().await;
+    request
+}
+
+/// Posts `mode` under `key` to `path`, which is answered `status` with the problem document of
+/// type `kind`: the document.
+async fn post_refused<DB: EffectsDb>(
+    server: &EffectsServer<DB>,
+    path: &str,
+    key: &str,
+    mode: &str,
+    status: StatusCode,
+    kind: &str,
+) -> String {
+    let (answered, _, body) = server.post(path, key, mode).await;
+    assert_eq!(answered, status, "{body}");
+    assert_eq!(
+        problem_type(&body),
+        format!("urn:tower-idempotency:problem:{kind}")
+    );
+    body
+}
+
 /// Over real HTTP: 10 rounds of 25 concurrent identical requests (one key per round) leave
 /// exactly one row per key in the handler's table and one handler execution per round; every
 /// answer is `201` or `409`, and a later request replays the row's own `amount`.
@@ -75,8 +117,7 @@ pub async fn released_answers_write_nothing<DB: EffectsDb>(fixture: &Fixture<DB>
 /// `CacheDirective::Complete` on a `402` commits the handler's writes with the completion; the
 /// `402` is replayed and nothing is written again.
 pub async fn directive_commits_a_non_2xx<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("decline");
+    let (server, key) = server_and_key(fixture, "decline").await;
     let (status, replayed, first) = server.post("/effects", &key, "decline").await;
     assert_eq!((status, replayed), (StatusCode::PAYMENT_REQUIRED, false));
     assert_eq!(server.rows(&key).await, 1);
@@ -91,14 +132,16 @@ pub async fn directive_commits_a_non_2xx<DB: EffectsDb>(fixture: &Fixture<DB>) {
 /// A `COMMIT` that fails (a deferred foreign key) is answered `503 commit-failed`, writes
 /// nothing, and releases the key: a retry runs and writes once.
 pub async fn failed_commit_writes_nothing<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("orphan");
-    let (status, _, body) = server.post("/effects", &key, "orphan").await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(
-        problem_type(&body),
-        "urn:tower-idempotency:problem:commit-failed"
-    );
+    let (server, key) = server_and_key(fixture, "orphan").await;
+    post_refused(
+        &server,
+        "/effects",
+        &key,
+        "orphan",
+        StatusCode::SERVICE_UNAVAILABLE,
+        "commit-failed",
+    )
+    .await;
     assert_eq!(server.rows(&key).await, 0);
     let (status, replayed, _) = server.post("/effects", &key, "ok").await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false));
@@ -112,8 +155,7 @@ pub async fn failed_commit_writes_nothing<DB: EffectsDb>(fixture: &Fixture<DB>) 
 /// the handler's row is committed, and a retry is a replay with an empty body that does not run
 /// the handler again.
 pub async fn oversized_result_commits_without_its_body<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("large");
+    let (server, key) = server_and_key(fixture, "large").await;
     let (status, replayed, body) = server.post("/effects", &key, "large").await;
     assert_eq!(
         (status, replayed),
@@ -143,14 +185,16 @@ pub async fn oversized_result_commits_without_its_body<DB: EffectsDb>(fixture: &
 /// `500 transaction-unavailable` problem naming the misconfiguration, before it writes; and
 /// `try_transactional` refuses a store without transactions.
 pub async fn misconfiguration_is_refused<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("misconfigured");
-    let (status, _, body) = server.post("/misconfigured", &key, "ok").await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
-    assert_eq!(
-        problem_type(&body),
-        "urn:tower-idempotency:problem:transaction-unavailable"
-    );
+    let (server, key) = server_and_key(fixture, "misconfigured").await;
+    let body = post_refused(
+        &server,
+        "/misconfigured",
+        &key,
+        "ok",
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "transaction-unavailable",
+    )
+    .await;
     assert!(body.contains(".transactional()"), "{body}");
     assert_eq!(server.executions(), 0, "the handler never ran");
     assert_eq!(server.rows(&key).await, 0);
@@ -165,13 +209,8 @@ pub async fn misconfiguration_is_refused<DB: EffectsDb>(fixture: &Fixture<DB>) {
 /// On SQLite the duplicate's claim is a read beside the writer (the store claimed the key
 /// lately), so it does not wait for the write lock the open transaction holds either.
 pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("hold");
-    let first = {
-        let (url, key) = (format!("{}/effects", server.base), key.clone());
-        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await })
-    };
-    server.entered().await;
+    let (server, key) = server_and_key(fixture, "hold").await;
+    let first = held(&server, &key).await;
     let (status, _, body) = server.post("/effects", &key, "hold").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     server.open_gate();
@@ -186,13 +225,8 @@ pub async fn duplicate_in_flight_gets_409<DB: EffectsDb>(fixture: &Fixture<DB>) 
 /// A caller that disconnects while its handler holds the transaction does not cancel it: the
 /// handler finishes on a task of its own and commits once; the retry replays its result.
 pub async fn caller_disconnect_still_commits_once<DB: EffectsDb>(fixture: &Fixture<DB>) {
-    let server = EffectsServer::start(fixture, layer(fixture.store.clone())).await;
-    let key = fresh_key("disconnect");
-    let caller = {
-        let (url, key) = (format!("{}/effects", server.base), key.clone());
-        tokio::spawn(async move { send(&reqwest::Client::new(), &url, &key, "hold").await })
-    };
-    server.entered().await;
+    let (server, key) = server_and_key(fixture, "disconnect").await;
+    let caller = held(&server, &key).await;
     caller.abort();
     assert!(caller.await.is_err(), "the caller went away");
     server.open_gate();
