@@ -2,6 +2,7 @@
 //! stored result, a lost lease lets another caller take over, and results end with their TTL.
 
 use std::{
+    future::Future,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -9,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use futures_util::future::BoxFuture;
 use tokio::{sync::Notify, time::Instant};
 
 use super::fresh_key;
@@ -23,15 +25,9 @@ fn once_key(case: &str) -> String {
 }
 
 /// Work that counts its runs, answers `value` and, while `gate` is set, waits for it first.
-fn counted(
-    runs: &Arc<AtomicUsize>,
-    gate: Option<Arc<Notify>>,
-    value: &str,
-) -> impl FnOnce() -> futures_util::future::BoxFuture<'static, Result<String, std::io::Error>>
-       + Send
-       + 'static {
+fn counted(runs: &Arc<AtomicUsize>, gate: Option<Arc<Notify>>, value: &str) -> Work {
     let (runs, value) = (runs.clone(), value.to_owned());
-    move || {
+    Box::new(move || {
         Box::pin(async move {
             runs.fetch_add(1, Ordering::SeqCst);
             if let Some(gate) = gate {
@@ -39,7 +35,35 @@ fn counted(
             }
             Ok(value)
         })
+    })
+}
+
+/// Work for a [`RunOnce`] call, from [`counted`].
+type Work = Box<dyn FnOnce() -> BoxFuture<'static, Result<String, std::io::Error>> + Send>;
+
+/// Spawns `call` with the work of a first caller, [`counted`] in the answered `runs` and held
+/// until the answered gate is notified, and returns once that work has started.
+async fn started_first<F>(
+    value: &str,
+    call: impl FnOnce(Work) -> F,
+) -> (
+    tokio::task::JoinHandle<F::Output>,
+    Arc<AtomicUsize>,
+    Arc<Notify>,
+)
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Notify::new());
+    let first = tokio::spawn(call(counted(&runs, Some(gate.clone()), value)));
+    let deadline = Instant::now() + EVENTUALLY;
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the first caller never ran");
+        tokio::task::yield_now().await;
     }
+    (first, runs, gate)
 }
 
 /// Calls `run` until it answers something other than [`OnceError::InFlight`] (the holder's lease
@@ -107,18 +131,11 @@ pub async fn run_once_has_one_run_under_concurrent_callers(store: Arc<dyn Store>
 pub async fn run_once_answers_duplicates_mismatches_and_failures(store: Arc<dyn Store>) {
     let once = RunOnce::new(store);
     let key = once_key("duplicates");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(Notify::new());
-    let first = tokio::spawn({
+    let (first, runs, gate) = started_first("first", |work| {
         let (once, key) = (once.clone(), key.clone());
-        let work = counted(&runs, Some(gate.clone()), "first");
         async move { once.run_with_input(&key, &["order", "7"], work).await }
-    });
-    let deadline = Instant::now() + EVENTUALLY;
-    while runs.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the first caller never ran");
-        tokio::task::yield_now().await;
-    }
+    })
+    .await;
     let busy = once
         .run_with_input(&key, &["order", "7"], counted(&runs, None, "second"))
         .await;
@@ -178,18 +195,11 @@ pub async fn run_once_lease_loss_lets_another_caller_run(store: Arc<dyn Store>) 
         .max_lease_renewal(Duration::ZERO);
     let once = RunOnce::new(store).lease(lease);
     let key = once_key("lease-loss");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(Notify::new());
-    let first = tokio::spawn({
+    let (first, runs, gate) = started_first("stalled", |work| {
         let (stalled, key) = (stalled.clone(), key.clone());
-        let work = counted(&runs, Some(gate.clone()), "stalled");
         async move { stalled.run(&key, work).await }
-    });
-    let deadline = Instant::now() + EVENTUALLY;
-    while runs.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the first caller never ran");
-        tokio::task::yield_now().await;
-    }
+    })
+    .await;
     let taken_over = once_not_in_flight(&once, &key, &runs, "took over").await;
     assert_eq!(
         (taken_over.value.as_str(), taken_over.outcome),
