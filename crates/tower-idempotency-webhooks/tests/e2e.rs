@@ -35,16 +35,16 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     let base = serve(app).await;
     let client = reqwest::Client::new();
     let body = r#"{"id":"evt_e2e_1","object":"event","type":"invoice.paid","pending_webhooks":2}"#;
+    let sign = |secret: &str, at: u64, body: &str| stripe::sign(secret, at, body.as_bytes());
+    let post = |body: &'static str| client.post(format!("{base}/stripe")).body(body);
     let send = |signature: String, body: &'static str| {
-        client
-            .post(format!("{base}/stripe"))
+        post(body)
             .header("stripe-signature", signature)
             .header("content-type", "application/json")
-            .body(body)
             .send()
     };
 
-    let first = send(stripe::sign("whsec_e2e", unix_now(), body.as_bytes()), body)
+    let first = send(sign("whsec_e2e", unix_now(), body), body)
         .await
         .unwrap();
     assert_eq!(first.status(), 200);
@@ -55,24 +55,18 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     // Stripe's retry: a fresh signature, and `pending_webhooks` re-rendered.
     let retry_body =
         r#"{"id":"evt_e2e_1","object":"event","type":"invoice.paid","pending_webhooks":1}"#;
-    let second = send(
-        stripe::sign("whsec_e2e", unix_now(), retry_body.as_bytes()),
-        retry_body,
-    )
-    .await
-    .unwrap();
+    let second = send(sign("whsec_e2e", unix_now(), retry_body), retry_body)
+        .await
+        .unwrap();
     assert_eq!(second.status(), 200);
     assert_eq!(second.headers()["idempotent-replayed"], "true");
     assert_eq!(second.text().await.unwrap(), first_text);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     // Forged: signed with another secret.
-    let forged = send(
-        stripe::sign("whsec_attacker", unix_now(), body.as_bytes()),
-        body,
-    )
-    .await
-    .unwrap();
+    let forged = send(sign("whsec_attacker", unix_now(), body), body)
+        .await
+        .unwrap();
     assert_eq!(forged.status(), 401);
     assert_eq!(forged.headers()["content-type"], "application/problem+json");
     let problem: serde_json::Value =
@@ -85,31 +79,20 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
 
     // Tampered body with a genuine signature of another body; and a replay from an hour ago.
     let other = r#"{"id":"evt_e2e_2","object":"event","type":"invoice.paid"}"#;
-    let tampered = send(
-        stripe::sign("whsec_e2e", unix_now(), body.as_bytes()),
-        other,
-    )
-    .await
-    .unwrap();
+    let tampered = send(sign("whsec_e2e", unix_now(), body), other)
+        .await
+        .unwrap();
     assert_eq!(tampered.status(), 401);
-    let stale = send(
-        stripe::sign("whsec_e2e", unix_now() - 3600, other.as_bytes()),
-        other,
-    )
-    .await
-    .unwrap();
+    let stale = send(sign("whsec_e2e", unix_now() - 3600, other), other)
+        .await
+        .unwrap();
     assert_eq!(stale.status(), 401);
     let problem: serde_json::Value = serde_json::from_slice(&stale.bytes().await.unwrap()).unwrap();
     assert_eq!(
         problem["type"],
         "urn:tower-idempotency:problem:webhook-timestamp-outside-tolerance"
     );
-    let unsigned = client
-        .post(format!("{base}/stripe"))
-        .body(other)
-        .send()
-        .await
-        .unwrap();
+    let unsigned = post(other).send().await.unwrap();
     assert_eq!(unsigned.status(), 400);
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -118,12 +101,9 @@ async fn stripe_duplicate_is_replayed_and_forgery_never_reaches_the_handler() {
     );
 
     // A new event runs the handler.
-    let fresh = send(
-        stripe::sign("whsec_e2e", unix_now(), other.as_bytes()),
-        other,
-    )
-    .await
-    .unwrap();
+    let fresh = send(sign("whsec_e2e", unix_now(), other), other)
+        .await
+        .unwrap();
     assert_eq!(
         fresh.text().await.unwrap(),
         "stripe handled evt_e2e_2 (call 2)"
