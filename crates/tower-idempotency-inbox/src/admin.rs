@@ -8,7 +8,7 @@ use axum::{
     extract::{FromRequestParts, Path, Query, State},
     http::{header, request::Parts, StatusCode},
     response::{IntoResponse, Response},
-    routing::{get, post},
+    routing::{get, post, MethodRouter},
     Json, Router,
 };
 use serde::Deserialize;
@@ -128,14 +128,17 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// ```
 pub fn router<DB: InboxDatabase>(inbox: Inbox<DB>) -> Router {
     Router::new()
-        .route("/failed", get(list_failed::<DB>))
-        .route("/pending", get(list_pending::<DB>))
+        .route("/failed", list(EventState::Failed))
+        .route("/pending", list(EventState::Pending))
         .route("/counts", get(counts::<DB>))
         .route("/events", get(events::<DB>))
         .route("/events/{provider}/{event_id}", get(event::<DB>))
-        .route("/failed/{provider}/{event_id}/retry", post(retry::<DB>))
-        .route("/events/{provider}/{event_id}/retry", post(retry::<DB>))
-        .route("/events/{provider}/{event_id}/discard", post(discard::<DB>))
+        .route("/failed/{provider}/{event_id}/retry", change(Change::Retry))
+        .route("/events/{provider}/{event_id}/retry", change(Change::Retry))
+        .route(
+            "/events/{provider}/{event_id}/discard",
+            change(Change::Discard),
+        )
         .route("/retry", post(retry_matching::<DB>))
         .route("/purge", post(purge::<DB>))
         .merge(crate::page::routes(inbox.clone()))
@@ -172,43 +175,50 @@ struct Limit {
     limit: Option<u32>,
 }
 
-async fn list_failed<DB: InboxDatabase>(
-    State(inbox): State<Inbox<DB>>,
-    Query(limit): Query<Limit>,
-) -> Result<Json<Vec<EventSummary>>, Unavailable> {
-    let events = inbox
-        .list(EventState::Failed, limit.limit.unwrap_or(100))
-        .await?;
-    Ok(Json(events))
+/// `GET` of up to `?limit=N` (100 by default) of the events in `state`, oldest first.
+fn list<DB: InboxDatabase>(state: EventState) -> MethodRouter<Inbox<DB>> {
+    get(
+        move |State(inbox): State<Inbox<DB>>, Query(limit): Query<Limit>| async move {
+            let events = inbox.list(state, limit.limit.unwrap_or(100)).await?;
+            Ok::<_, Unavailable>(Json::<Vec<EventSummary>>(events))
+        },
+    )
 }
 
-async fn list_pending<DB: InboxDatabase>(
-    State(inbox): State<Inbox<DB>>,
-    Query(limit): Query<Limit>,
-) -> Result<Json<Vec<EventSummary>>, Unavailable> {
-    let events = inbox
-        .list(EventState::Pending, limit.limit.unwrap_or(100))
-        .await?;
-    Ok(Json(events))
+/// A change an operator `POST`s on one event.
+#[derive(Clone, Copy)]
+enum Change {
+    /// Re-queues a failed event: `202`.
+    Retry,
+    /// Deletes a failed event: `204`.
+    Discard,
+}
+
+/// `POST` of `change` on the event at `{provider}/{event_id}`: `404` when there is no such
+/// failed event.
+fn change<DB: InboxDatabase>(change: Change) -> MethodRouter<Inbox<DB>> {
+    post(
+        move |_: SameSite,
+              State(inbox): State<Inbox<DB>>,
+              Path((provider, event_id)): Path<(String, String)>| async move {
+            let key = EventKey::new(provider, event_id);
+            let (changed, status) = match change {
+                Change::Retry => (inbox.retry(&key).await?, StatusCode::ACCEPTED),
+                Change::Discard => (inbox.discard(&key).await?, StatusCode::NO_CONTENT),
+            };
+            Ok::<_, Unavailable>(if changed {
+                status
+            } else {
+                StatusCode::NOT_FOUND
+            })
+        },
+    )
 }
 
 async fn counts<DB: InboxDatabase>(
     State(inbox): State<Inbox<DB>>,
 ) -> Result<Json<StateCounts>, Unavailable> {
     Ok(Json(inbox.counts().await?))
-}
-
-async fn retry<DB: InboxDatabase>(
-    _: SameSite,
-    State(inbox): State<Inbox<DB>>,
-    Path((provider, event_id)): Path<(String, String)>,
-) -> Result<StatusCode, Unavailable> {
-    let retried = inbox.retry(&EventKey::new(provider, event_id)).await?;
-    Ok(if retried {
-        StatusCode::ACCEPTED
-    } else {
-        StatusCode::NOT_FOUND
-    })
 }
 
 #[derive(Deserialize)]
@@ -286,19 +296,6 @@ async fn event<DB: InboxDatabase>(
             None => StatusCode::NOT_FOUND.into_response(),
         },
     )
-}
-
-async fn discard<DB: InboxDatabase>(
-    _: SameSite,
-    State(inbox): State<Inbox<DB>>,
-    Path((provider, event_id)): Path<(String, String)>,
-) -> Result<StatusCode, Unavailable> {
-    let discarded = inbox.discard(&EventKey::new(provider, event_id)).await?;
-    Ok(if discarded {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::NOT_FOUND
-    })
 }
 
 /// The filter of `POST /retry`: an [`EventFilter`] whose unknown fields are refused (a

@@ -98,13 +98,7 @@ async fn a_refused_row_fails_only_its_own_delivery<DB: Fixture>() {
     );
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!(counts.pending, 40, "{}", DB::LABEL);
-    if DB::LABEL == "postgres" {
-        DB::exec(
-            &setup.pool,
-            &format!("DROP FUNCTION {table}_refuse() CASCADE"),
-        )
-        .await;
-    }
+    drop_refusal(&setup, table).await;
     setup.cleanup().await;
 }
 

@@ -31,28 +31,6 @@ async fn wait_statements<DB: Fixture>(inbox: &Inbox<DB>, before: u64, n: u64) {
     }
 }
 
-/// Sends events to an inbox served over HTTP.
-struct Sender {
-    client: reqwest::Client,
-    url: String,
-}
-
-impl Sender {
-    async fn new<DB: Fixture>(inbox: &Inbox<DB>) -> Self {
-        Self {
-            client: reqwest::Client::new(),
-            url: serve(inbox).await,
-        }
-    }
-
-    /// `n` events of `kind`, their ids starting with `prefix`, each acknowledged: the ids.
-    async fn deliver(&self, prefix: &str, n: usize, kind: &str) -> Vec<String> {
-        let all = ids(prefix, n);
-        deliver_all(&self.client, &self.url, &all, kind).await;
-        all
-    }
-}
-
 /// A trigger refuses every claim (any update of `attempts`) while a flag is set: 40 events are
 /// acknowledged over HTTP and the worker's batch claims fail again and again (no handler runs,
 /// nothing is lost); once the flag is cleared, each event is processed once, on its first
@@ -109,13 +87,7 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
     assert_eq!(probe.total_runs(), 40, "{}", DB::LABEL);
     assert!(worker.drain(Duration::from_secs(30)).await);
     DB::drop_tables(&setup.pool, &[&flag]).await;
-    if DB::LABEL == "postgres" {
-        DB::exec(
-            &setup.pool,
-            &format!("DROP FUNCTION IF EXISTS {flag}_refuse() CASCADE"),
-        )
-        .await;
-    }
+    drop_refusal(&setup, &flag).await;
     setup.cleanup().await;
 }
 

@@ -8,8 +8,7 @@ mod common;
 
 use std::{
     collections::HashMap,
-    io,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -25,34 +24,12 @@ use tower_idempotency_inbox::{
     LAG_SECONDS,
 };
 use tower_idempotency_sqlx::sqlx;
-use tower_idempotency_testkit::{metric_id, snapshot, MetricId};
+use tower_idempotency_testkit::{metric_id, snapshot, CapturedLogs, MetricId};
 
 /// Counters summed over snapshots (each snapshot drains them); gauges as last set; histograms
 /// as their observation counts, summed.
 #[derive(Default)]
 struct Seen(HashMap<MetricId, f64>);
-
-/// What the global subscriber wrote.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines().map(str::to_owned).collect()
-    }
-}
 
 impl Seen {
     fn take(&mut self, snapshotter: &Snapshotter) {
@@ -85,7 +62,7 @@ async fn acknowledgements_attempts_and_states_are_recorded() {
         .build();
     metrics::set_global_recorder(fanout).expect("the only recorder of this binary");
     tower_idempotency_inbox::describe_metrics();
-    let captured = Captured::default();
+    let captured = CapturedLogs::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -207,15 +184,13 @@ async fn queue_gauges<DB: Fixture>(seen: &Gauges) {
         .max_attempts(1)
         .sweep_every(Duration::from_millis(10))
         .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let sender = Sender::new(&setup.inbox).await;
     let poison_id = format!("evt_gauges_poison_{}", DB::LABEL);
-    let poison = event_body(&poison_id, "test.poison");
-    assert_eq!(deliver(&client, &url, SECRET, &poison).await, 200);
+    sender.acknowledged(&poison_id, "test.poison").await;
     setup.wait_for(&poison_id, EventState::Failed).await;
     // One event held in its handler (on SQLite it holds the write lock meanwhile).
-    let gated = event_body(&format!("evt_gauges_gated_{}", DB::LABEL), "test.gated");
-    assert_eq!(deliver(&client, &url, SECRET, &gated).await, 200);
+    let gated_id = format!("evt_gauges_gated_{}", DB::LABEL);
+    sender.acknowledged(&gated_id, "test.gated").await;
     probe.wait_started(2).await;
 
     let github = [("provider", "github")];
@@ -259,7 +234,7 @@ async fn queue_gauges<DB: Fixture>(seen: &Gauges) {
     setup.finish(worker).await;
 }
 
-async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
+async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &CapturedLogs) {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
     let worker = setup
@@ -272,15 +247,12 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
         ))
         .sweep_every(Duration::from_millis(10))
         .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
+    let sender = Sender::new(&setup.inbox).await;
     let ok_id = format!("evt_metrics_ok_{}", DB::LABEL);
-    let ok = event_body(&ok_id, "charge.succeeded");
-    assert_eq!(deliver(&client, &url, SECRET, &ok).await, 200);
-    assert_eq!(deliver(&client, &url, SECRET, &ok).await, 200);
+    sender.acknowledged(&ok_id, "charge.succeeded").await;
+    sender.acknowledged(&ok_id, "charge.succeeded").await;
     let poison_id = format!("evt_metrics_poison_{}", DB::LABEL);
-    let poison = event_body(&poison_id, "test.poison");
-    assert_eq!(deliver(&client, &url, SECRET, &poison).await, 200);
+    sender.acknowledged(&poison_id, "test.poison").await;
     setup.wait_for(&ok_id, EventState::Processed).await;
     setup.wait_for(&poison_id, EventState::Failed).await;
 
@@ -299,26 +271,19 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
     }
     assert_eq!(seen.get(EVENTS, &[("state", "pending")]), 0.0);
     let stripe = ("provider", "stripe");
-    assert_eq!(
-        seen.get(ACKNOWLEDGED_TOTAL, &[stripe, ("outcome", "stored")]),
-        2.0
-    );
-    assert_eq!(
-        seen.get(ACKNOWLEDGED_TOTAL, &[stripe, ("outcome", "duplicate")]),
-        1.0
-    );
-    assert_eq!(
-        seen.get(ATTEMPTS_TOTAL, &[stripe, ("outcome", "processed")]),
-        1.0
-    );
-    assert_eq!(
-        seen.get(ATTEMPTS_TOTAL, &[stripe, ("outcome", "retry")]),
-        1.0
-    );
-    assert_eq!(
-        seen.get(ATTEMPTS_TOTAL, &[stripe, ("outcome", "failed")]),
-        1.0
-    );
+    for (name, outcome, count) in [
+        (ACKNOWLEDGED_TOTAL, "stored", 2.0),
+        (ACKNOWLEDGED_TOTAL, "duplicate", 1.0),
+        (ATTEMPTS_TOTAL, "processed", 1.0),
+        (ATTEMPTS_TOTAL, "retry", 1.0),
+        (ATTEMPTS_TOTAL, "failed", 1.0),
+    ] {
+        assert_eq!(
+            seen.get(name, &[stripe, ("outcome", outcome)]),
+            count,
+            "{name} {outcome}"
+        );
+    }
     for outcome in ["processed", "retry", "failed"] {
         let labels = [stripe, ("outcome", outcome)];
         assert_eq!(
@@ -332,7 +297,8 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &Captured) {
     let span = format!(
         "inbox_attempt{{provider=stripe event_id={ok_id} event_type=charge.succeeded attempt=1}}"
     );
-    let lines = captured.lines();
+    let text = captured.text();
+    let lines: Vec<&str> = text.lines().collect();
     assert!(
         lines
             .iter()

@@ -432,6 +432,47 @@ pub async fn deliver_all(client: &reqwest::Client, url: &str, ids: &[String], ki
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
 }
 
+/// Sends events to an inbox served over HTTP.
+pub struct Sender {
+    pub client: reqwest::Client,
+    pub url: String,
+}
+
+impl Sender {
+    pub async fn new<DB: InboxDatabase>(inbox: &Inbox<DB>) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            url: serve(inbox).await,
+        }
+    }
+
+    /// `n` events of `kind`, their ids starting with `prefix`, each acknowledged: the ids.
+    pub async fn deliver(&self, prefix: &str, n: usize, kind: &str) -> Vec<String> {
+        let all = ids(prefix, n);
+        deliver_all(&self.client, &self.url, &all, kind).await;
+        all
+    }
+
+    /// The event `id` of `kind`, acknowledged.
+    pub async fn acknowledged(&self, id: &str, kind: &str) {
+        let body = event_body(id, kind);
+        assert_eq!(
+            deliver(&self.client, &self.url, SECRET, &body).await,
+            200,
+            "{id}"
+        );
+    }
+}
+
+/// Drops the Postgres trigger function `{name}_refuse` a test created, and its trigger with it;
+/// SQLite's triggers have no function.
+pub async fn drop_refusal<DB: Fixture>(setup: &Setup<DB>, name: &str) {
+    if DB::LABEL == "postgres" {
+        let sql = format!("DROP FUNCTION IF EXISTS {name}_refuse() CASCADE");
+        DB::exec(&setup.pool, &sql).await;
+    }
+}
+
 /// `n` event ids starting with `prefix`.
 pub fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}_{i}")).collect()
