@@ -14,29 +14,17 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use http::{HeaderMap, HeaderValue, StatusCode};
 use redis::{aio::ConnectionManager, AsyncCommands};
 use tower_idempotency_core::{CachedResponse, ClaimOutcome, CompletedRecord, Fingerprint, Store};
 use tower_idempotency_redis::RedisStore;
+use tower_idempotency_testkit::created_json;
 
 const PREFIX: &str = "tidem-bench";
 const TTL: Duration = Duration::from_secs(120);
 const SIZES: [usize; 2] = [1024, 64 * 1024];
 const FP: Fingerprint = Fingerprint([5; 32]);
 const LEASE: Duration = Duration::from_secs(30);
-
-fn response(size: usize) -> CachedResponse {
-    let mut headers = HeaderMap::new();
-    headers.insert("content-type", HeaderValue::from_static("application/json"));
-    CachedResponse {
-        status: StatusCode::CREATED,
-        headers,
-        body: Bytes::from(vec![b'x'; size]),
-        body_omitted: false,
-    }
-}
 
 /// What both groups share: the runtime, the store and a raw connection to the same server.
 struct Bench {
@@ -97,7 +85,7 @@ impl Bench {
     fn first_request(&self, c: &mut Criterion) {
         let mut first = c.benchmark_group("first_request");
         for size in SIZES {
-            let cached = response(size);
+            let cached = created_json(size);
             let record_len = 41
                 + CompletedRecord {
                     fingerprint: FP,
@@ -142,7 +130,7 @@ impl Bench {
     fn completed_key(&self, size: usize) -> (String, String) {
         let key = self.next_key();
         let copy = self.runtime.block_on(async {
-            self.claim_complete(&key, &response(size)).await;
+            self.claim_complete(&key, &created_json(size)).await;
             let mut raw = self.raw.clone();
             let value: Vec<u8> = raw.get(self.store.redis_key(&key)).await.unwrap();
             let copy = format!("{PREFIX}:{{floor-{size}}}");

@@ -19,13 +19,13 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::HeaderValue;
 use sqlx::Pool;
 use tokio::runtime::Runtime;
 use tower_idempotency_core::{CachedResponse, ClaimOutcome, Fingerprint, Store};
 use tower_idempotency_sqlx::{PostgresStore, SqliteStore};
+use tower_idempotency_testkit::created_json;
 
 const BODY: usize = 1024;
 const LEASE: Duration = Duration::from_secs(60);
@@ -40,15 +40,11 @@ fn fresh_key() -> String {
 }
 
 fn cached() -> CachedResponse {
-    let mut headers = HeaderMap::new();
-    headers.insert("content-type", HeaderValue::from_static("application/json"));
-    headers.insert("location", HeaderValue::from_static("/orders/ord_1"));
-    CachedResponse {
-        status: StatusCode::CREATED,
-        headers,
-        body: Bytes::from(vec![b'x'; BODY]),
-        body_omitted: false,
-    }
+    let mut response = created_json(BODY);
+    response
+        .headers
+        .insert("location", HeaderValue::from_static("/orders/ord_1"));
+    response
 }
 
 async fn claim_complete(store: &dyn Store, response: &CachedResponse) {

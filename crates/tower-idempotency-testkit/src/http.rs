@@ -2,7 +2,7 @@
 
 use axum::{
     body::{Body, Bytes},
-    http::{Request, StatusCode},
+    http::{HeaderMap, HeaderValue, Request, StatusCode},
     Router,
 };
 use std::sync::{
@@ -11,6 +11,7 @@ use std::sync::{
 };
 
 use tokio::{net::TcpListener, sync::Notify};
+use tower_idempotency_core::CachedResponse;
 
 /// An app on a free loopback port that shuts down gracefully when dropped: the conformance
 /// suite's.
@@ -49,6 +50,18 @@ pub fn order_request(key: &str, body: &Bytes) -> Request<Body> {
         .header("content-type", "application/json")
         .body(Body::from(body.clone()))
         .expect("valid request")
+}
+
+/// A recorded `201 Created` JSON response whose body is `size` bytes, for the stores' benches.
+pub fn created_json(size: usize) -> CachedResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    CachedResponse {
+        status: StatusCode::CREATED,
+        headers,
+        body: Bytes::from(vec![b'x'; size]),
+        body_omitted: false,
+    }
 }
 
 /// The load harness's request body: a JSON order of `size` bytes (padded in its `note`; never

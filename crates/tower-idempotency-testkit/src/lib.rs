@@ -34,8 +34,8 @@ pub use env::{
     redis_url, skip, unix_now, which,
 };
 pub use http::{
-    delivery_status, echo_created, order_body, order_request, post_order, serve, HeldHandler,
-    Server,
+    created_json, delivery_status, echo_created, order_body, order_request, post_order, serve,
+    HeldHandler, Server,
 };
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
