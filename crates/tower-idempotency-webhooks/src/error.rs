@@ -150,42 +150,43 @@ impl VerifyError {
 
     /// The problem slug (the suffix of the problem `type`).
     pub fn slug(&self) -> &'static str {
-        match self {
-            Self::MissingHeader { .. } => "webhook-missing-header",
-            Self::MalformedHeader { .. } => "webhook-malformed-header",
-            Self::DuplicateHeader { .. } => "webhook-duplicate-header",
-            Self::HeaderTooLarge { .. } => "webhook-header-too-large",
-            Self::UnsupportedVersion { .. } => "webhook-unsupported-version",
-            Self::SignatureMismatch => "webhook-signature-mismatch",
-            Self::TimestampOutsideTolerance { .. } => "webhook-timestamp-outside-tolerance",
-            Self::InvalidTimestamp { .. } => "webhook-invalid-timestamp",
-            Self::BodyNotJson => "webhook-body-not-json",
-            Self::MalformedBody { .. } => "webhook-malformed-body",
-            Self::MissingEventId { .. } => "webhook-missing-event-id",
-            Self::InvalidEventId { .. } => "webhook-invalid-event-id",
-            Self::ApiVersionMismatch { .. } => "webhook-api-version-mismatch",
-            Self::MissingConfiguration { .. } => "webhook-missing-configuration",
-            Self::MethodNotAllowed => "webhook-method-not-allowed",
-        }
+        self.slug_and_title().0
     }
 
-    fn title(&self) -> &'static str {
+    /// The problem's slug and title.
+    fn slug_and_title(&self) -> (&'static str, &'static str) {
         match self {
-            Self::MissingHeader { .. } => "Webhook header missing",
-            Self::MalformedHeader { .. } => "Webhook header malformed",
-            Self::DuplicateHeader { .. } => "Webhook header repeated",
-            Self::HeaderTooLarge { .. } => "Webhook header too large",
-            Self::UnsupportedVersion { .. } => "Unsupported webhook signature version",
-            Self::SignatureMismatch => "Webhook signature mismatch",
-            Self::TimestampOutsideTolerance { .. } => "Webhook timestamp outside tolerance",
-            Self::InvalidTimestamp { .. } => "Invalid webhook timestamp",
-            Self::BodyNotJson => "Webhook body is not JSON",
-            Self::MalformedBody { .. } => "Webhook body malformed",
-            Self::MissingEventId { .. } => "Webhook event id missing",
-            Self::InvalidEventId { .. } => "Webhook event id invalid",
-            Self::ApiVersionMismatch { .. } => "Webhook API version mismatch",
-            Self::MissingConfiguration { .. } => "Webhook verifier not configured",
-            Self::MethodNotAllowed => "Webhook method not allowed",
+            Self::MissingHeader { .. } => ("webhook-missing-header", "Webhook header missing"),
+            Self::MalformedHeader { .. } => {
+                ("webhook-malformed-header", "Webhook header malformed")
+            }
+            Self::DuplicateHeader { .. } => ("webhook-duplicate-header", "Webhook header repeated"),
+            Self::HeaderTooLarge { .. } => ("webhook-header-too-large", "Webhook header too large"),
+            Self::UnsupportedVersion { .. } => (
+                "webhook-unsupported-version",
+                "Unsupported webhook signature version",
+            ),
+            Self::SignatureMismatch => ("webhook-signature-mismatch", "Webhook signature mismatch"),
+            Self::TimestampOutsideTolerance { .. } => (
+                "webhook-timestamp-outside-tolerance",
+                "Webhook timestamp outside tolerance",
+            ),
+            Self::InvalidTimestamp { .. } => {
+                ("webhook-invalid-timestamp", "Invalid webhook timestamp")
+            }
+            Self::BodyNotJson => ("webhook-body-not-json", "Webhook body is not JSON"),
+            Self::MalformedBody { .. } => ("webhook-malformed-body", "Webhook body malformed"),
+            Self::MissingEventId { .. } => ("webhook-missing-event-id", "Webhook event id missing"),
+            Self::InvalidEventId { .. } => ("webhook-invalid-event-id", "Webhook event id invalid"),
+            Self::ApiVersionMismatch { .. } => (
+                "webhook-api-version-mismatch",
+                "Webhook API version mismatch",
+            ),
+            Self::MissingConfiguration { .. } => (
+                "webhook-missing-configuration",
+                "Webhook verifier not configured",
+            ),
+            Self::MethodNotAllowed => ("webhook-method-not-allowed", "Webhook method not allowed"),
         }
     }
 }
@@ -195,7 +196,7 @@ impl From<VerifyError> for Problem {
         Problem {
             status: error.status(),
             slug: error.slug(),
-            title: error.title(),
+            title: error.slug_and_title().1,
             detail: Cow::Owned(error.to_string()),
             retry_after: None,
         }
