@@ -56,11 +56,11 @@ pub struct Sql {
     pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
     insert: String,
-    claim: String,
+    pub(crate) claim: String,
     complete: String,
     fail: String,
     due: String,
-    renew: String,
+    pub(crate) renew: String,
     exhaust: String,
     list: String,
     get: String,
@@ -89,6 +89,11 @@ const SUMMARY: &str =
     "provider, event_id, state, attempts, received_at, available_at, finished_at, last_error";
 /// Pending, due, and not leased by a live worker.
 const DUE: &str = "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
+/// [`DUE`] in a statement that names its events' keys. `state + 0` keeps the planner on the
+/// primary key: without statistics (a table a burst filled before it was analysed) it would
+/// otherwise find each key by walking every pending row of a backlog in an index led by `state`.
+const DUE_BY_KEY: &str =
+    "state + 0 = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
 /// The last error of an event whose attempts were spent without one recording its end.
 pub(crate) const SPENT: &str =
     "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
@@ -110,7 +115,7 @@ impl Sql {
                  $9::int8[]) AS x(p, e, h, b, a, r, k, t, u) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id"
             ),
-            ordered: OrderedSql::new(table, DUE, postgres),
+            ordered: OrderedSql::new(table, (DUE, DUE_BY_KEY), postgres),
             schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
@@ -139,7 +144,7 @@ impl Sql {
             ),
             renew: format!(
                 "UPDATE {table} SET lease_until = $4 \
-                 WHERE provider = $1 AND event_id = $2 AND lease_token = $3 AND state = 0"
+                 WHERE provider = $1 AND event_id = $2 AND lease_token = $3 AND state + 0 = 0"
             ),
             exhaust: format!(
                 "UPDATE {table} SET state = 2, finished_at = $1, last_error = $3, \
@@ -194,7 +199,7 @@ impl Sql {
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
              WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} \
-             WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
+             WHERE provider = $2 AND event_id = $3 AND {DUE_BY_KEY} AND attempts < $6 \
              FOR UPDATE SKIP LOCKED) \
              RETURNING headers, body, received_at, attempts"
         );
@@ -205,7 +210,7 @@ impl Sql {
              WHERE (provider, event_id) IN (SELECT provider, event_id FROM {table} \
              WHERE (provider, event_id) IN (SELECT p COLLATE \"C\", e COLLATE \"C\" \
              FROM unnest($2::text[], $3::text[]) AS x(p, e)) \
-             AND {DUE} AND attempts < $6 FOR UPDATE SKIP LOCKED) \
+             AND {DUE_BY_KEY} AND attempts < $6 FOR UPDATE SKIP LOCKED) \
              RETURNING provider, event_id, headers, body, received_at, attempts"
         );
         Self {
@@ -249,18 +254,15 @@ impl Sql {
         );
         let claim = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE provider = $2 AND event_id = $3 AND {DUE} AND attempts < $6 \
+             WHERE provider = $2 AND event_id = $3 AND {DUE_BY_KEY} AND attempts < $6 \
              RETURNING headers, body, received_at, attempts"
         );
-        // The keys arrive as two JSON arrays of strings, paired by position. `+state` keeps the
-        // planner (which has no statistics) on the primary key: on the due index it would read
-        // every pending row of a backlog for each claim.
-        let due = DUE.replacen("state = 0", "+state = 0", 1);
+        // The keys arrive as two JSON arrays of strings, paired by position.
         let claim_many = format!(
             "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
              WHERE (provider, event_id) IN (SELECT p.value, e.value \
              FROM json_each($2) AS p JOIN json_each($3) AS e ON e.key = p.key) \
-             AND {due} AND attempts < $6 \
+             AND {DUE_BY_KEY} AND attempts < $6 \
              RETURNING provider, event_id, headers, body, received_at, attempts"
         );
         Self {

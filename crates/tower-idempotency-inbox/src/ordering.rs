@@ -143,11 +143,16 @@ pub struct OrderedSql {
 }
 
 impl OrderedSql {
-    pub(crate) fn new(table: &str, due: &str, postgres: bool) -> Self {
+    /// `due` selects due events; `due_by_key` is the same condition for a statement that names
+    /// its event's key (kept on the primary key).
+    pub(crate) fn new(table: &str, (due, due_by_key): (&str, &str), postgres: bool) -> Self {
+        // `o.state + 0` keeps the planner on the ordering index, which holds the key's events:
+        // one led by `state` would walk every pending event of the provider instead.
         let earlier_or_running = |e: &str| {
             format!(
                 "NOT EXISTS (SELECT 1 FROM {table} o WHERE o.provider = {e}.provider \
-                 AND o.order_key = {e}.order_key AND o.state = 0 AND o.event_id <> {e}.event_id \
+                 AND o.order_key = {e}.order_key AND o.state + 0 = 0 \
+                 AND o.event_id <> {e}.event_id \
                  AND ((o.event_time, o.received_at, o.event_id) \
                  < ({e}.event_time, {e}.received_at, {e}.event_id) OR o.lease_until > $1))"
             )
@@ -160,7 +165,7 @@ impl OrderedSql {
             let claim = format!(
                 "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
                  WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} e \
-                 WHERE provider = $2 AND event_id = $3 AND {due} AND attempts < $6 AND {} \
+                 WHERE provider = $2 AND event_id = $3 AND {due_by_key} AND attempts < $6 AND {} \
                  FOR UPDATE SKIP LOCKED) \
                  RETURNING headers, body, received_at, attempts",
                 earlier_or_running("e")
@@ -169,7 +174,7 @@ impl OrderedSql {
         } else {
             let claim = format!(
                 "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-                 WHERE provider = $2 AND event_id = $3 AND {due} AND attempts < $6 AND {} \
+                 WHERE provider = $2 AND event_id = $3 AND {due_by_key} AND attempts < $6 AND {} \
                  RETURNING headers, body, received_at, attempts",
                 earlier_or_running(table)
             );

@@ -144,21 +144,25 @@ impl Retention {
 
 #[cfg(test)]
 mod tests {
-    //! The plans of the gauges', the purge's and (SQLite) the batch claim's statements on a
-    //! table of many processed rows: none reads the table, or its pending rows, from end to end.
+    //! The plans of the gauges', the purge's and the claims' statements on a table of many
+    //! processed rows, or of a backlog of pending ones: none reads the table, or its pending
+    //! rows, from end to end.
 
     use super::*;
 
     const PROCESSED: i64 = 20_000;
 
-    /// Fills `table` with [`PROCESSED`] processed rows and a few pending and failed ones.
-    fn fill(table: &str, body: &str) -> String {
+    /// The state of the `i`-th row [`fill`] writes: processed, but for a few pending and failed.
+    const MOSTLY_PROCESSED: &str =
+        "CASE WHEN i % 5000 = 0 THEN 0 WHEN i % 5000 = 1 THEN 2 ELSE 1 END";
+
+    /// Fills `table` with [`PROCESSED`] rows in the `state` the SQL expression gives the `i`-th.
+    fn fill(table: &str, body: &str, state: &str) -> String {
         format!(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {PROCESSED}) \
              INSERT INTO {table} (provider, event_id, headers, body, received_at, state, \
              available_at, finished_at) \
-             SELECT 'stripe', 'evt_' || i, '[]', {body}, i, CASE WHEN i % 5000 = 0 THEN 0 \
-             WHEN i % 5000 = 1 THEN 2 ELSE 1 END, i, i FROM n"
+             SELECT 'stripe', 'evt_' || i, '[]', {body}, i, {state}, i, i FROM n"
         )
     }
 
@@ -174,7 +178,7 @@ mod tests {
             .unwrap();
         let inbox = Inbox::new(pool.clone(), "plans").unwrap();
         inbox.migrate().await.unwrap();
-        pool.execute(fill("plans", "x'7b7d'").as_str())
+        pool.execute(fill("plans", "x'7b7d'", MOSTLY_PROCESSED).as_str())
             .await
             .unwrap();
         let plan = |statement: String, binds: usize| {
@@ -224,7 +228,7 @@ mod tests {
         let table = format!("plans_{:x}", fastrand::u64(..));
         let inbox = Inbox::new(pool.clone(), &table).unwrap();
         inbox.migrate().await.unwrap();
-        pool.execute(fill(&table, "'\\x7b7d'").as_str())
+        pool.execute(fill(&table, "'\\x7b7d'", MOSTLY_PROCESSED).as_str())
             .await
             .unwrap();
         // As autovacuum does after such a load: the planner needs the table's statistics.
@@ -259,5 +263,61 @@ mod tests {
         assert!(purge.contains(&format!("{table}_finished_idx")), "{purge}");
         assert!(!purge.contains("Seq Scan"), "{purge}");
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_claims_find_their_keys_by_the_primary_key() {
+        use sqlx::Executor;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = sqlx::PgPool::connect(&url).await.expect("Postgres");
+        let table = format!("claims_{:x}", fastrand::u64(..));
+        let inbox = Inbox::new(pool.clone(), &table).unwrap();
+        inbox.migrate().await.unwrap();
+        // A backlog of pending events that autovacuum has not analysed yet: a burst.
+        pool.execute(fill(&table, "'\\x7b7d'", "0").as_str())
+            .await
+            .unwrap();
+        let explain = |statement: &str| format!("EXPLAIN {statement}");
+        let (now, token, until, max) = (0_i64, 7_i64, 0_i64, 25_i32);
+        let (claim_many, claim, ordered) = (
+            explain(&inbox.sql.claim_many),
+            explain(&inbox.sql.claim),
+            explain(&inbox.sql.ordered.claim),
+        );
+        let many = sqlx::query_scalar(&claim_many)
+            .bind(now)
+            .bind(vec!["stripe"])
+            .bind(vec!["evt_5"])
+            .bind(token)
+            .bind(until)
+            .bind(max);
+        let mut plans: Vec<Vec<String>> = vec![many.fetch_all(&pool).await.unwrap()];
+        for statement in [&claim, &ordered] {
+            let one = sqlx::query_scalar(statement)
+                .bind(now)
+                .bind("stripe")
+                .bind("evt_5")
+                .bind(token)
+                .bind(until)
+                .bind(max);
+            plans.push(one.fetch_all(&pool).await.unwrap());
+        }
+        let renew = explain(&inbox.sql.renew);
+        let renew = sqlx::query_scalar(&renew)
+            .bind("stripe")
+            .bind("evt_5")
+            .bind(token)
+            .bind(until);
+        plans.push(renew.fetch_all(&pool).await.unwrap());
+        pool.execute(format!("DROP TABLE {table}").as_str())
+            .await
+            .unwrap();
+        for plan in plans.iter().map(|lines| lines.join("\n")) {
+            assert!(plan.contains(&format!("{table}_pkey")), "{plan}");
+            assert!(!plan.contains("_open_idx"), "{plan}");
+            assert!(!plan.contains("_due_idx"), "{plan}");
+        }
     }
 }
