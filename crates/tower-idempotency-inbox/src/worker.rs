@@ -309,10 +309,12 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                 deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
                 permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
             };
-            // A due sweep runs before the next event is handed out, however busy the queue is,
-            // and again at once when the last one found a full batch and it has been taken.
+            // A sweep runs before the next event is handed out once the last one's events have
+            // all been taken: at the tick, however busy the queue is, and at once when the last
+            // one found a full batch (a backlog). Sweeping again while its events are still at
+            // hand would scan the backlog for events already found.
             let tick = sweep.tick().now_or_never().is_some();
-            if tick || (sweep_again && swept.is_empty()) {
+            if (tick || sweep_again) && swept.is_empty() {
                 sweep_again = self.sweep(&mut swept).await;
             }
             let key = match self.at_hand(&mut swept, &mut swept_turn) {
