@@ -25,6 +25,24 @@ pub struct Table {
     pub postgres: &'static str,
 }
 
+/// A pool of `max_connections` on the database `options` name, `ddl` run once on it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+async fn connect<DB: sqlx::Database>(
+    options: <DB::Connection as sqlx::Connection>::Options,
+    max_connections: u32,
+    ddl: &'static str,
+) -> Result<sqlx::Pool<DB>, BoxError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await?;
+    sqlx::raw_sql(ddl).execute(&pool).await?;
+    Ok(pool)
+}
+
 impl Pool {
     /// Opens `max_connections` on the store's database (SQLite in WAL mode when `wal`) and
     /// creates `table`; `None` for a store that is not SQL.
@@ -45,20 +63,13 @@ impl Pool {
                 if wal {
                     options = options.journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
                 }
-                let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(max_connections)
-                    .connect_with(options)
-                    .await?;
-                sqlx::raw_sql(table.sqlite).execute(&pool).await?;
+                let pool = connect(options, max_connections, table.sqlite).await?;
                 Ok(Some(Self::Sqlite(pool)))
             }
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
-                let pool = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(max_connections)
-                    .connect(url)
-                    .await?;
-                sqlx::raw_sql(table.postgres).execute(&pool).await?;
+                let options = url.parse::<sqlx::postgres::PgConnectOptions>()?;
+                let pool = connect(options, max_connections, table.postgres).await?;
                 Ok(Some(Self::Postgres(pool)))
             }
             _ => Ok(None),
