@@ -7,15 +7,22 @@
 //!   worker (16 handlers, on a pool of 32 connections of its own: the reference receiver's
 //!   defaults) inserts the row in the event's transaction afterwards;
 //! - `inbox, batch of 1`: the same with `max_ack_batch(1)`: each acknowledgement commits alone;
+//! - `inbox, burst`: the same route on an inbox of its own whose worker starts only once the
+//!   senders stop: the acknowledgements alone, then the backlog drained with nothing else running
+//!   (a provider replaying a day of retries after an outage);
 //! - `peer queue (apalis)`, Postgres only: the same route shape enqueueing each verified event
 //!   into apalis 1.0's Postgres storage (answered once the enqueue committed), whose worker (16
 //!   handlers and 32 connections, like the inbox's) inserts the row;
 //! - `floor`: no HTTP, one `INSERT .. ON CONFLICT DO NOTHING` per transaction from as many
-//!   connections as there are senders: what one commit per delivery allows.
+//!   connections as there are senders: what one commit per delivery allows;
+//! - `floor: the worker's statements per event`: no worker, from as many connections as it has
+//!   handlers, on an inbox table filled with pending events: the claim of one event, then in one
+//!   transaction the handler's insert and the fenced completion: what the worker's drain allows
+//!   while each event keeps a transaction of its own.
 //!
 //! For each route and 1, 16 and 64 concurrent senders it prints the answers per second and their
 //! p50/p99; for the inbox and the peer also the processing rate: events processed per second from
-//! the start of the run until no event was left pending. A second table prints the ratios the
+//! the start of the run until no event was left pending (for the burst, from the worker's start). A second table prints the ratios the
 //! inbox is held to: its acknowledgements and processing against the floor, the synchronous route
 //! and the peer.
 //!
@@ -45,7 +52,9 @@ use axum::{
     Router,
 };
 use tower_idempotency_core::{IdempotencyLayer, Store};
-use tower_idempotency_inbox::{HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent};
+use tower_idempotency_inbox::{
+    HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler, InboxWorker,
+};
 use tower_idempotency_sqlx::{
     sqlx::{self, Pool, Postgres, Sqlite},
     PostgresStore, SqliteStore,
@@ -117,14 +126,16 @@ macro_rules! handlers {
 handlers!(sync_sqlite, inbox_sqlite, Sqlite);
 handlers!(sync_pg, inbox_pg, Postgres);
 
-/// The one-commit-per-delivery floor on each database: `connections` connections of `pool`,
-/// held for the run, each committing `insert` (one new id, its own transaction) after another
-/// for `seconds`.
+/// A floor on each database: `connections` connections of `pool`, held for the run, each running
+/// `statements` in turn for one id after another for `seconds` (the id bound as `$1` where a
+/// statement has one; `BEGIN` and `COMMIT` have none). The one-commit-per-delivery floor is one
+/// `INSERT` of a new id; the drain floor is the worker's statements for one event.
 macro_rules! floor {
     ($name:ident, $db:ty) => {
         async fn $name(
             pool: &Pool<$db>,
-            insert: &str,
+            statements: &[String],
+            run: &str,
             connections: usize,
             seconds: u64,
         ) -> Result<Run, BoxError> {
@@ -132,25 +143,35 @@ macro_rules! floor {
             for _ in 0..connections {
                 held.push(pool.acquire().await?);
             }
-            let run = suffix();
             let stop = Instant::now() + Duration::from_secs(seconds);
             let tasks: Vec<_> = held
                 .into_iter()
                 .enumerate()
                 .map(|(worker, mut connection)| {
-                    let (insert, run) = (insert.to_owned(), run.clone());
+                    let (statements, run) = (statements.to_vec(), run.to_owned());
                     tokio::spawn(async move {
                         let (mut latencies, mut errors, mut n) = (Vec::new(), 0u64, 0u64);
                         while Instant::now() < stop {
                             n += 1;
-                            let sent = Instant::now();
-                            match sqlx::query(&insert)
-                                .bind(format!("{run}_{worker}_{n}"))
-                                .execute(&mut *connection)
-                                .await
-                            {
-                                Ok(_) if Instant::now() <= stop => latencies.push(sent.elapsed()),
-                                Ok(_) => {}
+                            let (sent, id) = (Instant::now(), format!("{run}_{worker}_{n}"));
+                            let mut done = Ok(());
+                            for statement in &statements {
+                                let query = sqlx::query(statement);
+                                let query = if statement.contains("$1") {
+                                    query.bind(&id)
+                                } else {
+                                    query
+                                };
+                                if let Err(error) = query.execute(&mut *connection).await {
+                                    // A transaction a failed statement left open ends here.
+                                    let _ = sqlx::query("ROLLBACK").execute(&mut *connection).await;
+                                    done = Err(error);
+                                    break;
+                                }
+                            }
+                            match done {
+                                Ok(()) if Instant::now() <= stop => latencies.push(sent.elapsed()),
+                                Ok(()) => {}
                                 Err(_) => errors += 1,
                             }
                         }
@@ -172,6 +193,52 @@ macro_rules! floor {
 floor!(floor_sqlite, Sqlite);
 floor!(floor_pg, Postgres);
 
+/// The drain floor's statements and set-up on an inbox table: what the worker sends for one
+/// event without the worker (the claim, then the handler's insert and the fenced completion in
+/// one transaction), on events that wait pending under the floor's ids.
+struct DrainFloor {
+    /// Fills `inbox` with `per_connection` pending events for each of `connections`, named as
+    /// the floor names its ids.
+    fill: String,
+    statements: Vec<String>,
+}
+
+impl DrainFloor {
+    /// Its row's route.
+    const ROUTE: &'static str = "floor: the worker's statements per event (senders: handlers)";
+
+    /// `begin` is how the worker opens an event's transaction; `body` a literal of a body.
+    fn new(inbox: &str, effects: &str, run: &str, begin: &str, body: &str) -> Self {
+        let fill = format!(
+            "WITH RECURSIVE c(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM c WHERE j + 1 < $1), \
+             n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $2) \
+             INSERT INTO {inbox} (provider, event_id, headers, body, received_at, available_at) \
+             SELECT 'floor', '{run}_' || j || '_' || i, '{{}}', {body}, 0, 0 FROM c, n"
+        );
+        let event = "provider = 'floor' AND event_id = $1";
+        let statements = vec![
+            format!(
+                "UPDATE {inbox} SET attempts = attempts + 1, lease_token = 7, \
+                 lease_until = 9000000000000 WHERE {event} AND state + 0 = 0 \
+                 RETURNING headers, body, received_at, attempts"
+            ),
+            begin.to_owned(),
+            format!("INSERT INTO {effects} (event_id) VALUES ($1)"),
+            format!(
+                "UPDATE {inbox} SET state = 1, finished_at = 0, last_error = NULL, \
+                 lease_token = NULL, lease_until = NULL WHERE {event} AND lease_token = 7"
+            ),
+            "COMMIT".to_owned(),
+        ];
+        Self { fill, statements }
+    }
+
+    /// Events enough for `connections` floor connections over `seconds`.
+    fn per_connection(seconds: u64) -> i64 {
+        2_000 * i64::try_from(seconds).unwrap_or(60)
+    }
+}
+
 /// The sender counts of every route.
 const SENDERS: [usize; 3] = [1, 16, 64];
 
@@ -185,7 +252,48 @@ struct Rates {
     inbox_p99_ms: f64,
     alone: f64,
     alone_drain: f64,
+    burst: f64,
+    burst_drain: f64,
+    /// The worker's statements per event without the worker, from as many connections as it
+    /// has handlers (the same at every sender count).
+    drain_floor: f64,
     peer: Option<(f64, f64)>,
+}
+
+/// An inbox whose worker is not running while deliveries arrive; `worker` starts one on it.
+struct Burst<DB: InboxDatabase> {
+    inbox: Inbox<DB>,
+    worker: Box<dyn Fn() -> InboxWorker + Send + Sync>,
+}
+
+impl<DB: InboxDatabase> Burst<DB> {
+    /// An inbox on `table` of `pool`, migrated, whose workers run `handler()`.
+    async fn new<H: InboxHandler<DB>>(
+        pool: Pool<DB>,
+        table: &str,
+        handler: impl Fn() -> H + Send + Sync + 'static,
+    ) -> Result<Self, BoxError> {
+        let inbox = Inbox::new(pool, table)?;
+        inbox.migrate().await?;
+        let on = inbox.clone();
+        Ok(Self {
+            inbox,
+            worker: Box::new(move || start(&on, handler())),
+        })
+    }
+}
+
+/// A worker on `inbox` at the reference receiver's defaults.
+fn start<DB: InboxDatabase>(inbox: &Inbox<DB>, handler: impl InboxHandler<DB>) -> InboxWorker {
+    inbox.worker(handler).concurrency(workers::<DB>()).spawn()
+}
+
+/// Polls `inbox` until no event is pending. Every 100 ms: each poll counts the table's rows,
+/// which costs the drain it measures more, the more often it runs.
+async fn until_drained<DB: InboxDatabase>(inbox: &Inbox<DB>) {
+    while inbox.counts().await.expect("counts").pending > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A new signed event per request.
@@ -217,11 +325,8 @@ async fn send_events(url: String, clients: usize, seconds: u64) -> Run {
 fn row(label: &str, route: &str, clients: usize, run: &Run, processing: Option<f64>) {
     let processing = processing.map_or("-".to_owned(), |rate| format!("{rate:.0}"));
     println!(
-        "| {label} | {route} | {clients} | {:.0} | {:.2} | {:.2} | {:.0} | {processing} | {} |",
-        run.rate,
-        run.p50.as_secs_f64() * 1e3,
-        run.p99.as_secs_f64() * 1e3,
-        run.max.as_secs_f64() * 1e3,
+        "| {label} | {route} | {clients} | {} | {processing} | {} |",
+        run.cells(),
         run.errors
     );
 }
@@ -232,14 +337,16 @@ async fn measure<DB: InboxDatabase>(
     label: &str,
     base: &str,
     inbox: &Inbox<DB>,
+    burst: &Burst<DB>,
     peer: Option<&Peer>,
-    floors: &[f64],
+    (floors, drain_floor): (&[f64], f64),
     seconds: u64,
 ) -> Vec<(usize, Rates)> {
     let mut all = Vec::new();
     for (clients, floor) in SENDERS.into_iter().zip(floors) {
         let mut rates = Rates {
             floor: *floor,
+            drain_floor,
             ..Rates::default()
         };
         let sync = send_events(format!("{base}/sync"), clients, seconds).await;
@@ -248,9 +355,7 @@ async fn measure<DB: InboxDatabase>(
         for (path, route) in [("inbox", "inbox"), ("inbox-alone", "inbox, batch of 1")] {
             let started = Instant::now();
             let acked = send_events(format!("{base}/{path}"), clients, seconds).await;
-            while inbox.counts().await.expect("counts").pending > 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            until_drained(inbox).await;
             let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
             row(label, route, clients, &acked, Some(processing));
             if path == "inbox" {
@@ -260,6 +365,14 @@ async fn measure<DB: InboxDatabase>(
                 (rates.alone, rates.alone_drain) = (acked.rate, processing);
             }
         }
+        let acked = send_events(format!("{base}/burst"), clients, seconds).await;
+        let started = Instant::now();
+        let worker = (burst.worker)();
+        until_drained(&burst.inbox).await;
+        let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
+        worker.drain(Duration::from_secs(10)).await;
+        row(label, "inbox, burst", clients, &acked, Some(processing));
+        (rates.burst, rates.burst_drain) = (acked.rate, processing);
         if let Some(peer) = peer {
             let started = Instant::now();
             let acked = send_events(format!("{base}/peer"), clients, seconds).await;
@@ -310,7 +423,8 @@ fn ratios(label: &str, rates: &[(usize, Rates)]) {
             (ratio(r.inbox, a), ratio(r.inbox_drain, d))
         });
         println!(
-            "| {label} | {clients} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {label} | {clients} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} \
+             | {} |",
             ratio(r.inbox, r.floor),
             ratio(r.inbox_drain, r.floor),
             ratio(r.inbox, r.sync),
@@ -320,6 +434,10 @@ fn ratios(label: &str, rates: &[(usize, Rates)]) {
             peer_drain,
             ratio(r.alone, r.floor),
             ratio(r.alone_drain, r.floor),
+            ratio(r.burst, r.floor),
+            ratio(r.burst_drain, r.floor),
+            ratio(r.inbox_drain, r.drain_floor),
+            ratio(r.burst_drain, r.drain_floor),
         );
     }
 }
@@ -328,6 +446,7 @@ fn router<S: Clone + Send + Sync + 'static, DB: InboxDatabase, H, T>(
     state: S,
     store: Arc<dyn Store>,
     inbox: &Inbox<DB>,
+    burst: &Burst<DB>,
     sync: H,
 ) -> Router
 where
@@ -355,6 +474,10 @@ where
                     .ack(StripeVerifier::new([SECRET])),
             ),
         )
+        .route(
+            "/burst",
+            post_service(burst.inbox.ack(StripeVerifier::new([SECRET]))),
+        )
 }
 
 #[tokio::main]
@@ -372,9 +495,10 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "| database | senders | inbox acks / floor | inbox drain / floor | inbox acks / sync \
          | inbox drain / sync | inbox p99 ms | inbox acks / peer | inbox drain / peer \
-         | batch of 1: acks / floor | batch of 1: drain / floor |"
+         | batch of 1: acks / floor | batch of 1: drain / floor | burst: acks / floor \
+         | burst: drain / floor | inbox drain / drain floor | burst: drain / drain floor |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     ratios("sqlite", &sqlite);
     ratios("postgres", &postgres);
     Ok(())
@@ -407,7 +531,8 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
                 .connect_with(options)
                 .await?;
             let insert = "INSERT INTO floor (id) VALUES ($1) ON CONFLICT DO NOTHING";
-            let run = floor_sqlite(&floor_pool, insert, clients, seconds).await;
+            let run =
+                floor_sqlite(&floor_pool, &[insert.into()], &suffix(), clients, seconds).await;
             floor_pool.close().await;
             run
         }
@@ -420,15 +545,40 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         .max_connections(pool_size::<sqlx::Sqlite>())
         .connect_with(options.clone())
         .await?;
+    let drain_floor = {
+        let (run, handlers) = (suffix(), workers::<sqlx::Sqlite>());
+        let floor = DrainFloor::new("bench_drain", "effects", &run, "BEGIN IMMEDIATE", "X'7B7D'");
+        Inbox::new(inbox_pool.clone(), "bench_drain")?
+            .migrate()
+            .await?;
+        sqlx::query(&floor.fill)
+            .bind(handlers as i64)
+            .bind(DrainFloor::per_connection(seconds))
+            .execute(&inbox_pool)
+            .await?;
+        let drained = floor_sqlite(&inbox_pool, &floor.statements, &run, handlers, seconds).await?;
+        row("sqlite", DrainFloor::ROUTE, handlers, &drained, None);
+        drained.rate
+    };
     let inbox = Inbox::new(inbox_pool.clone(), "bench_inbox")?;
     inbox.migrate().await?;
-    let worker = inbox
-        .worker(inbox_sqlite(effects.clone()))
-        .concurrency(workers::<sqlx::Sqlite>())
-        .sweep_every(Duration::from_millis(50))
-        .spawn();
-    let base = serve(router((pool, effects), store, &inbox, sync_sqlite)).await?;
-    let rates = measure("sqlite", &base, &inbox, None, &floor_rates, seconds).await;
+    let worker = start(&inbox, inbox_sqlite(effects.clone()));
+    let burst = Burst::new(inbox_pool, "bench_burst", {
+        let effects = effects.clone();
+        move || inbox_sqlite(effects.clone())
+    })
+    .await?;
+    let base = serve(router((pool, effects), store, &inbox, &burst, sync_sqlite)).await?;
+    let rates = measure(
+        "sqlite",
+        &base,
+        &inbox,
+        &burst,
+        None,
+        (&floor_rates, drain_floor),
+        seconds,
+    )
+    .await;
     worker.drain(Duration::from_secs(10)).await;
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -456,7 +606,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
             .await?;
             let insert =
                 format!("INSERT INTO {floor_table} (id) VALUES ($1) ON CONFLICT DO NOTHING");
-            let run = floor_pg(&floor_pool, &insert, clients, seconds).await;
+            let run = floor_pg(&floor_pool, &[insert], &suffix(), clients, seconds).await;
             floor_pool.close().await;
             run
         }
@@ -482,13 +632,31 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         .max_connections(pool_size::<sqlx::Postgres>())
         .connect(&url)
         .await?;
+    let drain_table = format!("bench_drain_{}", suffix());
+    let drain_floor = {
+        let (run, handlers) = (suffix(), workers::<sqlx::Postgres>());
+        let floor = DrainFloor::new(&drain_table, &effects_table, &run, "BEGIN", "'\\x7b7d'");
+        Inbox::new(inbox_pool.clone(), &drain_table)?
+            .migrate()
+            .await?;
+        sqlx::query(&floor.fill)
+            .bind(handlers as i64)
+            .bind(DrainFloor::per_connection(seconds))
+            .execute(&inbox_pool)
+            .await?;
+        let drained = floor_pg(&inbox_pool, &floor.statements, &run, handlers, seconds).await?;
+        row("postgres", DrainFloor::ROUTE, handlers, &drained, None);
+        drained.rate
+    };
     let inbox = Inbox::new(inbox_pool.clone(), &inbox_table)?;
     inbox.migrate().await?;
-    let worker = inbox
-        .worker(inbox_pg(effects.clone()))
-        .concurrency(workers::<sqlx::Postgres>())
-        .sweep_every(Duration::from_millis(50))
-        .spawn();
+    let worker = start(&inbox, inbox_pg(effects.clone()));
+    let burst_table = format!("bench_burst_{}", suffix());
+    let burst = Burst::new(inbox_pool, &burst_table, {
+        let effects = effects.clone();
+        move || inbox_pg(effects.clone())
+    })
+    .await?;
     // The peer: a pool as large as the inbox's, and as many handlers as the inbox's worker.
     let peer = Peer::start(
         &url,
@@ -500,21 +668,23 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     )
     .await?;
     let base =
-        serve(router((pool.clone(), effects), store, &inbox, sync_pg).merge(peer.router())).await?;
+        serve(router((pool.clone(), effects), store, &inbox, &burst, sync_pg).merge(peer.router()))
+            .await?;
     let rates = measure(
         "postgres",
         &base,
         &inbox,
+        &burst,
         Some(&peer),
-        &floor_rates,
+        (&floor_rates, drain_floor),
         seconds,
     )
     .await;
     worker.drain(Duration::from_secs(10)).await;
     peer.stop().await?;
     sqlx::raw_sql(&format!(
-        "DROP TABLE {effects_table}; DROP TABLE {inbox_table}; DROP TABLE {records}; \
-         DROP TABLE {floor_table};"
+        "DROP TABLE {effects_table}; DROP TABLE {inbox_table}; DROP TABLE {burst_table}; \
+         DROP TABLE {drain_table}; DROP TABLE {records}; DROP TABLE {floor_table};"
     ))
     .execute(&pool)
     .await?;
