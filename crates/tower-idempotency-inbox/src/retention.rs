@@ -218,16 +218,23 @@ mod tests {
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
+    /// A migrated inbox on a Postgres table of its own, named `<prefix>_<random>`.
+    #[cfg(feature = "postgres")]
+    async fn postgres_inbox(prefix: &str) -> (sqlx::PgPool, String, Inbox<sqlx::Postgres>) {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = sqlx::PgPool::connect(&url).await.expect("Postgres");
+        let table = format!("{prefix}_{:x}", fastrand::u64(..));
+        let inbox = Inbox::new(pool.clone(), &table).unwrap();
+        inbox.migrate().await.unwrap();
+        (pool, table, inbox)
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_plans_use_the_indexes() {
         use sqlx::Executor;
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = sqlx::PgPool::connect(&url).await.expect("Postgres");
-        let table = format!("plans_{:x}", fastrand::u64(..));
-        let inbox = Inbox::new(pool.clone(), &table).unwrap();
-        inbox.migrate().await.unwrap();
+        let (pool, table, inbox) = postgres_inbox("plans").await;
         pool.execute(fill(&table, "'\\x7b7d'", MOSTLY_PROCESSED).as_str())
             .await
             .unwrap();
@@ -269,12 +276,7 @@ mod tests {
     #[tokio::test]
     async fn postgres_claims_find_their_keys_by_the_primary_key() {
         use sqlx::Executor;
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = sqlx::PgPool::connect(&url).await.expect("Postgres");
-        let table = format!("claims_{:x}", fastrand::u64(..));
-        let inbox = Inbox::new(pool.clone(), &table).unwrap();
-        inbox.migrate().await.unwrap();
+        let (pool, table, inbox) = postgres_inbox("claims").await;
         // A backlog of pending events that autovacuum has not analysed yet: a burst.
         pool.execute(fill(&table, "'\\x7b7d'", "0").as_str())
             .await

@@ -130,8 +130,11 @@ handlers!(sync_pg, inbox_pg, Postgres);
 /// `statements` in turn for one id after another for `seconds` (the id bound as `$1` where a
 /// statement has one; `BEGIN` and `COMMIT` have none). The one-commit-per-delivery floor is one
 /// `INSERT` of a new id; the drain floor is the worker's statements for one event.
+///
+/// With it, the drain floor on each database ([`DrainFloor`]): `label` names the database in the
+/// rows, `begin` is how its worker opens an event's transaction, `body` a literal of a body.
 macro_rules! floor {
-    ($name:ident, $db:ty) => {
+    ($name:ident, $drain:ident, $db:ty, $label:literal, $begin:literal, $body:literal) => {
         async fn $name(
             pool: &Pool<$db>,
             statements: &[String],
@@ -187,11 +190,45 @@ macro_rules! floor {
             }
             Ok(summarize(all, errors, seconds))
         }
+
+        /// The drain floor on the inbox table `inbox` (created here) of `pool`'s database, whose
+        /// handler inserts into `effects`; prints its row and answers its rate.
+        async fn $drain(
+            pool: &Pool<$db>,
+            (inbox, effects): (&str, &str),
+            seconds: u64,
+        ) -> Result<f64, BoxError> {
+            let (run, handlers) = (suffix(), workers::<$db>());
+            let floor = DrainFloor::new(inbox, effects, &run, $begin, $body);
+            Inbox::new(pool.clone(), inbox)?.migrate().await?;
+            sqlx::query(&floor.fill)
+                .bind(handlers as i64)
+                .bind(DrainFloor::per_connection(seconds))
+                .execute(pool)
+                .await?;
+            let drained = $name(pool, &floor.statements, &run, handlers, seconds).await?;
+            row($label, DrainFloor::ROUTE, handlers, &drained, None);
+            Ok(drained.rate)
+        }
     };
 }
 
-floor!(floor_sqlite, Sqlite);
-floor!(floor_pg, Postgres);
+floor!(
+    floor_sqlite,
+    drain_floor_sqlite,
+    Sqlite,
+    "sqlite",
+    "BEGIN IMMEDIATE",
+    "X'7B7D'"
+);
+floor!(
+    floor_pg,
+    drain_floor_pg,
+    Postgres,
+    "postgres",
+    "BEGIN",
+    "'\\x7b7d'"
+);
 
 /// The drain floor's statements and set-up on an inbox table: what the worker sends for one
 /// event without the worker (the claim, then the handler's insert and the fenced completion in
@@ -545,21 +582,7 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         .max_connections(pool_size::<sqlx::Sqlite>())
         .connect_with(options.clone())
         .await?;
-    let drain_floor = {
-        let (run, handlers) = (suffix(), workers::<sqlx::Sqlite>());
-        let floor = DrainFloor::new("bench_drain", "effects", &run, "BEGIN IMMEDIATE", "X'7B7D'");
-        Inbox::new(inbox_pool.clone(), "bench_drain")?
-            .migrate()
-            .await?;
-        sqlx::query(&floor.fill)
-            .bind(handlers as i64)
-            .bind(DrainFloor::per_connection(seconds))
-            .execute(&inbox_pool)
-            .await?;
-        let drained = floor_sqlite(&inbox_pool, &floor.statements, &run, handlers, seconds).await?;
-        row("sqlite", DrainFloor::ROUTE, handlers, &drained, None);
-        drained.rate
-    };
+    let drain_floor = drain_floor_sqlite(&inbox_pool, ("bench_drain", "effects"), seconds).await?;
     let inbox = Inbox::new(inbox_pool.clone(), "bench_inbox")?;
     inbox.migrate().await?;
     let worker = start(&inbox, inbox_sqlite(effects.clone()));
@@ -633,21 +656,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         .connect(&url)
         .await?;
     let drain_table = format!("bench_drain_{}", suffix());
-    let drain_floor = {
-        let (run, handlers) = (suffix(), workers::<sqlx::Postgres>());
-        let floor = DrainFloor::new(&drain_table, &effects_table, &run, "BEGIN", "'\\x7b7d'");
-        Inbox::new(inbox_pool.clone(), &drain_table)?
-            .migrate()
-            .await?;
-        sqlx::query(&floor.fill)
-            .bind(handlers as i64)
-            .bind(DrainFloor::per_connection(seconds))
-            .execute(&inbox_pool)
-            .await?;
-        let drained = floor_pg(&inbox_pool, &floor.statements, &run, handlers, seconds).await?;
-        row("postgres", DrainFloor::ROUTE, handlers, &drained, None);
-        drained.rate
-    };
+    let drain_floor = drain_floor_pg(&inbox_pool, (&drain_table, &effects_table), seconds).await?;
     let inbox = Inbox::new(inbox_pool.clone(), &inbox_table)?;
     inbox.migrate().await?;
     let worker = start(&inbox, inbox_pg(effects.clone()));
