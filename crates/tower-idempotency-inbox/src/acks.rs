@@ -2,10 +2,12 @@
 //! inserted by the next one, in one statement (Postgres: `INSERT .. SELECT FROM unnest(..) ..
 //! RETURNING`) or one transaction (SQLite), and each is answered once its row is committed.
 //!
-//! One flush runs at a time per inbox, on a task of its own (so a sender that goes away does not
-//! strand the others): it takes up to [`MAX_BATCH`] (or the configured bound) queued deliveries, inserts them, answers each
-//! (inserted, or a duplicate: its key or its authenticator was already stored), and goes on while
-//! deliveries are queued. When a batch fails, its deliveries are inserted one by one, so a
+//! A flush runs on a task of its own (so a sender that goes away does not strand the others): it
+//! takes up to [`MAX_BATCH`] (or the configured bound) queued deliveries, inserts them, answers
+//! each (inserted, or a duplicate: its key or its authenticator was already stored), and goes on
+//! while deliveries are queued. Up to [`InboxDatabase::ACK_COMMITS`] flushes run at once per inbox
+//! (or [`Inbox::ack_commits_in_flight`](crate::Inbox::ack_commits_in_flight)): a delivery that
+//! arrives while they are all in flight waits for the first to finish, not for the last. When a batch fails, its deliveries are inserted one by one, so a
 //! delivery that would have succeeded alone is not failed by another's row.
 
 use std::{
@@ -15,7 +17,10 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use crate::backend::{InboxDatabase, NewEvent, Sql};
+use crate::{
+    backend::{InboxDatabase, NewEvent, Sql},
+    writer::OneWriter,
+};
 
 /// The most deliveries one batch inserts, unless configured otherwise
 /// ([`Inbox::max_ack_batch`](crate::Inbox::max_ack_batch)).
@@ -30,27 +35,35 @@ struct Waiting {
 #[derive(Default)]
 struct Queue {
     waiting: Vec<Waiting>,
-    flushing: bool,
+    /// Flushes running.
+    flushing: usize,
 }
 
 /// The inbox's acknowledgement writer; shared by an inbox's clones.
 pub(crate) struct Acks {
     queue: Mutex<Queue>,
     max_batch: usize,
-}
-
-impl Default for Acks {
-    fn default() -> Self {
-        Self::new(MAX_BATCH)
-    }
+    /// Flushes that may run at once.
+    in_flight: usize,
 }
 
 impl Acks {
-    pub(crate) fn new(max_batch: usize) -> Self {
+    pub(crate) fn new(max_batch: usize, in_flight: usize) -> Self {
         Self {
             queue: Mutex::default(),
             max_batch: max_batch.max(1),
+            in_flight: in_flight.max(1),
         }
+    }
+
+    /// The same bounds with `max_batch` deliveries a commit.
+    pub(crate) fn with_max_batch(&self, max_batch: usize) -> Self {
+        Self::new(max_batch, self.in_flight)
+    }
+
+    /// The same bounds with `in_flight` commits at once.
+    pub(crate) fn with_in_flight(&self, in_flight: usize) -> Self {
+        Self::new(self.max_batch, in_flight)
     }
 
     /// Inserts `event` with the deliveries queued beside it; `true` when its row was inserted,
@@ -59,21 +72,26 @@ impl Acks {
         self: &Arc<Self>,
         pool: &sqlx::Pool<DB>,
         sql: &Arc<Sql>,
+        writer: &Arc<OneWriter>,
         event: NewEvent,
     ) -> sqlx::Result<bool> {
         if self.max_batch == 1 {
             // Each delivery its own commit, side by side on the pool: no queue to wait in.
+            let _turn = writer.turn().await;
             return DB::insert(pool, sql, &event).await;
         }
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
             queue.waiting.push(Waiting { event, answer });
-            !std::mem::replace(&mut queue.flushing, true)
+            let start = queue.flushing < self.in_flight;
+            queue.flushing += usize::from(start);
+            start
         };
         if start {
-            let (acks, pool, sql) = (self.clone(), pool.clone(), sql.clone());
-            tokio::spawn(async move { acks.flush(&pool, &sql).await });
+            let (acks, pool, sql, writer) =
+                (self.clone(), pool.clone(), sql.clone(), writer.clone());
+            tokio::spawn(async move { acks.flush(&pool, &sql, &writer).await });
         }
         answered
             .await
@@ -81,34 +99,48 @@ impl Acks {
     }
 
     /// Inserts what is queued, batch after batch, until the queue is empty.
-    async fn flush<DB: InboxDatabase>(&self, pool: &sqlx::Pool<DB>, sql: &Sql) {
-        let _flushing = Flushing(self);
+    async fn flush<DB: InboxDatabase>(&self, pool: &sqlx::Pool<DB>, sql: &Sql, writer: &OneWriter) {
+        let mut flushing = Flushing {
+            acks: self,
+            finished: false,
+        };
         loop {
             let batch = {
                 let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 if queue.waiting.is_empty() {
-                    queue.flushing = false;
+                    queue.flushing -= 1;
+                    flushing.finished = true;
                     return;
                 }
                 let take = queue.waiting.len().min(self.max_batch);
                 queue.waiting.drain(..take).collect::<Vec<_>>()
             };
+            let _turn = writer.turn().await;
             insert_batch(pool, sql, batch).await;
         }
     }
 }
 
-/// Ends a flush that stopped early (its task was dropped with its runtime, or panicked): the
-/// deliveries still queued are answered with an error (`503`: the provider retries), and the
-/// next delivery starts a flush again. A flush that ran to its end finds the queue empty.
-struct Flushing<'a>(&'a Acks);
+/// Ends a flush that stopped early (its task was dropped with its runtime, or panicked): when
+/// it was the last one running, the deliveries still queued are answered with an error (`503`:
+/// the provider retries); the next delivery starts a flush again. A flush that ran to its end
+/// counted itself out when it found the queue empty, under the same lock.
+struct Flushing<'a> {
+    acks: &'a Acks,
+    finished: bool,
+}
 
 impl Drop for Flushing<'_> {
     fn drop(&mut self) {
-        let mut queue = self.0.queue.lock().unwrap_or_else(|p| p.into_inner());
-        queue.flushing = false;
-        for waiting in queue.waiting.drain(..) {
-            let _ = waiting.answer.send(Err(sqlx::Error::WorkerCrashed));
+        if self.finished {
+            return;
+        }
+        let mut queue = self.acks.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.flushing -= 1;
+        if queue.flushing == 0 {
+            for waiting in queue.waiting.drain(..) {
+                let _ = waiting.answer.send(Err(sqlx::Error::WorkerCrashed));
+            }
         }
     }
 }

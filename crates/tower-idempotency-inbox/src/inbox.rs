@@ -13,6 +13,7 @@ use crate::{
     backend::{InboxDatabase, Sql},
     event::EventKey,
     ordering::Ordering,
+    writer::OneWriter,
 };
 
 /// The table name [`Inbox::new`] is usually given.
@@ -53,6 +54,8 @@ pub struct Inbox<DB: InboxDatabase> {
     pub(crate) ordering: Option<Ordering>,
     /// The acknowledgements' writer, which commits deliveries that arrive together at once.
     pub(crate) acks: Arc<Acks>,
+    /// SQLite: the turn its writers in this process take for the one write lock.
+    pub(crate) writer: Arc<OneWriter>,
     /// The running worker's queue, fed at acknowledgement; `None` without a worker.
     queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
 }
@@ -65,6 +68,7 @@ impl<DB: InboxDatabase> Clone for Inbox<DB> {
             table: self.table.clone(),
             ordering: self.ordering.clone(),
             acks: self.acks.clone(),
+            writer: self.writer.clone(),
             queue: self.queue.clone(),
         }
     }
@@ -90,7 +94,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
             sql: Arc::new(DB::statements(table)),
             table: table.into(),
             ordering: None,
-            acks: Arc::default(),
+            acks: Arc::new(Acks::new(crate::MAX_ACK_BATCH, DB::ACK_COMMITS)),
+            writer: Arc::new(OneWriter::new(DB::ONE_WRITER)),
             queue: Arc::default(),
         })
     }
@@ -100,7 +105,15 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// pool). Deliveries that arrive while a commit is in flight are inserted together by the
     /// next one, and each is answered once its row is committed.
     pub fn max_ack_batch(mut self, max: usize) -> Self {
-        self.acks = Arc::new(Acks::new(max));
+        self.acks = Arc::new(self.acks.with_max_batch(max));
+        self
+    }
+
+    /// Bounds how many acknowledgement commits run at once (default
+    /// [`InboxDatabase::ACK_COMMITS`]: 4 on Postgres, 1 on SQLite). A delivery that arrives while
+    /// every one is in flight is inserted by the first to finish, with the others queued beside it.
+    pub fn ack_commits_in_flight(mut self, commits: usize) -> Self {
+        self.acks = Arc::new(self.acks.with_in_flight(commits));
         self
     }
 

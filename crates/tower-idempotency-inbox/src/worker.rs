@@ -309,12 +309,13 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                 deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
                 permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
             };
-            // A sweep runs before the next event is handed out once the last one's events have
-            // all been taken: at the tick, however busy the queue is, and at once when the last
-            // one found a full batch (a backlog). Sweeping again while its events are still at
-            // hand would scan the backlog for events already found.
+            // A sweep runs before the next event is handed out at the tick, however busy the
+            // queue is and whatever the last sweep found (a retry that fell due since is found
+            // ahead of them), and when the last one found a full batch (a backlog) once its
+            // events have all been taken: sweeping at every event while they are at hand would
+            // scan the backlog for events already found.
             let tick = sweep.tick().now_or_never().is_some();
-            if (tick || sweep_again) && swept.is_empty() {
+            if tick || (sweep_again && swept.is_empty()) {
                 sweep_again = self.sweep(&mut swept).await;
             }
             let key = match self.at_hand(&mut swept, &mut swept_turn) {
@@ -380,7 +381,11 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         let inbox = &self.shared.inbox;
         crate::metrics::refresh(inbox, &mut self.lagging).await;
         let (now, max) = (now_ms(), self.shared.max_attempts());
-        match DB::exhaust(&inbox.pool, &inbox.sql, now, max).await {
+        let exhausted = {
+            let _turn = inbox.writer.turn().await;
+            DB::exhaust(&inbox.pool, &inbox.sql, now, max).await
+        };
+        match exhausted {
             Ok(providers) => {
                 for provider in providers {
                     tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
@@ -392,6 +397,9 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             }
         }
         let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
+        // The time after the exhaustion's write, which may have waited for its turn: an event
+        // whose retry fell due meanwhile is in this sweep, not behind the events it finds.
+        let now = now_ms();
         let due = if inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential)
         {
             DB::due_in_order(&inbox.pool, &inbox.sql, now, limit, max).await
@@ -526,6 +534,7 @@ impl<DB: InboxDatabase> Shared<DB> {
             let claims = keys.into_iter().map(|key| async move {
                 let token = fastrand::i64(0..i64::MAX);
                 let (pool, sql) = (&inbox.pool, &inbox.sql);
+                let _turn = inbox.writer.turn().await;
                 match DB::claim_in_order(pool, sql, &key, now, token, lease_until, max).await {
                     Ok(row) => row.map(|row| (key, token, row)),
                     Err(error) => {
@@ -537,6 +546,7 @@ impl<DB: InboxDatabase> Shared<DB> {
             return join_all(claims).await.into_iter().flatten().collect();
         }
         let token = fastrand::i64(0..i64::MAX);
+        let _turn = inbox.writer.turn().await;
         match DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max).await {
             Ok(rows) => rows
                 .into_iter()
@@ -578,6 +588,8 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// this returns, so SQLite's write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
+        // Held until the transaction has committed or rolled back, when this returns.
+        let _turn = self.inbox.writer.transaction_turn().await;
         let mut transaction = self
             .inbox
             .pool
@@ -705,7 +717,11 @@ impl<DB: InboxDatabase> Shared<DB> {
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
         let last = failure.permanent || attempt >= self.max_attempts;
         let error = &failure.text;
-        match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
+        let failed = {
+            let _turn = self.inbox.writer.turn().await;
+            DB::fail(pool, sql, key, now, token, max, retry_at, error).await
+        };
+        match failed {
             Ok(true) if last => {
                 tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
                 Some("failed")

@@ -1,6 +1,8 @@
 //! Acknowledgements committed together, over real HTTP on a SQLite file and on Postgres: a burst
 //! of deliveries (with copies of some inside it) is answered `200` once each row is stored, each
-//! event once; a row the database refuses fails only its own delivery, not the batch it was in.
+//! event once; a row the database refuses fails only its own delivery, not the batch it was in;
+//! on Postgres, deliveries behind a commit that hangs are committed by the others in flight; on
+//! SQLite, the inbox's writers take the write lock in turn without its busy handler.
 
 #[macro_use]
 mod common;
@@ -100,6 +102,129 @@ async fn a_refused_row_fails_only_its_own_delivery<DB: Fixture>() {
     assert_eq!(counts.pending, 40, "{}", DB::LABEL);
     drop_refusal(&setup, table).await;
     setup.cleanup().await;
+}
+
+/// Postgres runs several acknowledgement commits at once: while one delivery's insert waits on
+/// a lock the test holds (a trigger takes it), ten deliveries sent after it are all stored and
+/// answered `200`; the held one is answered once the lock is released. With one commit at a
+/// time the ten would wait behind it, and the bound below would fail the test.
+#[tokio::test]
+async fn postgres_deliveries_behind_a_hanging_commit_are_committed_beside_it() {
+    let setup = Setup::<sqlx::Postgres>::new().await;
+    let table = &setup.inbox_table;
+    let trigger = format!(
+        "CREATE FUNCTION {table}_refuse() RETURNS trigger AS $$ BEGIN \
+         IF NEW.event_id = 'evt_held' THEN PERFORM pg_advisory_xact_lock_shared(hashtext('{table}')); END IF; \
+         RETURN NEW; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
+         FOR EACH ROW EXECUTE FUNCTION {table}_refuse()"
+    );
+    <sqlx::Postgres as Fixture>::exec(&setup.pool, &trigger).await;
+    let mut holder = setup.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+        .bind(table)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let url = serve(&setup.inbox).await;
+    let held = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let client = reqwest::Client::new();
+            deliver(
+                &client,
+                &url,
+                SECRET,
+                &event_body("evt_held", "charge.succeeded"),
+            )
+            .await
+        }
+    });
+    // The held delivery's insert is waiting on the test's lock.
+    let blocked = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+         WHERE l.locktype = 'advisory' AND NOT l.granted AND a.query LIKE '%{table}%'"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(&blocked)
+            .fetch_one(&setup.pool)
+            .await
+            .unwrap();
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held insert never blocked"
+        );
+        tokio::task::yield_now().await;
+    }
+    let bodies: Vec<String> = ids("evt_beside", 10)
+        .iter()
+        .map(|id| event_body(id, "charge.succeeded"))
+        .collect();
+    let statuses = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        deliver_together(&url, &bodies),
+    )
+    .await
+    .expect("the deliveries behind the hanging commit are answered");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert!(
+        !held.is_finished(),
+        "the held delivery waits for its commit"
+    );
+    assert_eq!(setup.inbox.counts().await.unwrap().pending, 10);
+    sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+        .bind(table)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    drop(holder);
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(setup.inbox.counts().await.unwrap().pending, 11);
+    drop_refusal(&setup, table).await;
+    setup.cleanup().await;
+}
+
+/// SQLite's writers in one process take the write lock in turn, not in the busy handler: on a
+/// pool whose busy timeout is zero (a writer that finds the lock taken fails at once), 150
+/// deliveries (30 of them copies) sent at once while the worker drains are all answered `200`,
+/// and each event is processed once.
+#[tokio::test]
+async fn sqlite_writers_take_turns_without_the_busy_handler() {
+    let dir = std::env::temp_dir().join(format!("tidem-inbox-{}", suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/inbox.db", dir.display());
+    let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)
+        .unwrap()
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::ZERO);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let setup = Setup::<sqlx::Sqlite>::on(pool, &format!("t{}", suffix()), Some(dir)).await;
+    let probe = setup.probe();
+    let worker = setup.inbox.worker(probe.handler()).spawn();
+    let url = serve(&setup.inbox).await;
+    let ids = ids("evt_turns", 120);
+    let mut bodies: Vec<String> = ids
+        .iter()
+        .map(|id| event_body(id, "charge.succeeded"))
+        .collect();
+    bodies.extend((0..30).map(|i| event_body(&ids[i * 4], "charge.succeeded")));
+    let statuses = deliver_together(&url, &bodies).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    for id in &ids {
+        setup.wait_for(id, EventState::Processed).await;
+        assert_eq!(setup.effects(id).await, 1, "{id}");
+        assert_eq!(probe.runs(id), 1, "{id}");
+    }
+    setup.finish(worker).await;
 }
 
 on_both!(
