@@ -5,9 +5,9 @@
 //! A flush runs on a task of its own (so a sender that goes away does not strand the others): it
 //! takes up to [`MAX_BATCH`] (or the configured bound) queued deliveries, inserts them, answers
 //! each (inserted, or a duplicate: its key or its authenticator was already stored), and goes on
-//! while deliveries are queued. Up to [`InboxDatabase::ACK_COMMITS`] flushes run at once per inbox
-//! (or [`Inbox::ack_commits_in_flight`](crate::Inbox::ack_commits_in_flight)): a delivery that
-//! arrives while they are all in flight waits for the first to finish, not for the last. When a batch fails, its deliveries are inserted one by one, so a
+//! while deliveries are queued. One flush runs at a time per inbox unless
+//! [`Inbox::ack_commits_in_flight`](crate::Inbox::ack_commits_in_flight) allows more: then a
+//! delivery that arrives while they are all in flight waits for the first to finish. When a batch fails, its deliveries are inserted one by one, so a
 //! delivery that would have succeeded alone is not failed by another's row.
 
 use std::{

@@ -292,12 +292,6 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
     /// [`WorkerBuilder::concurrency`]: crate::WorkerBuilder::concurrency
     const DEFAULT_CONCURRENCY: usize;
 
-    /// Acknowledgement commits in flight at once unless
-    /// [`Inbox::ack_commits_in_flight`](crate::Inbox::ack_commits_in_flight) says otherwise:
-    /// 4 on Postgres, where a delivery need not wait for the batch ahead of it to commit; 1 on
-    /// SQLite, whose commits take the one write lock in turn.
-    const ACK_COMMITS: usize = 1;
-
     /// Whether the database takes one write lock at a time, so that the inbox's writers in one
     /// process queue for it in turn (see `writer.rs`) rather than in the busy handler.
     #[doc(hidden)]
@@ -579,7 +573,6 @@ macro_rules! backend {
         $statements:path,
         $begin:literal,
         $concurrency:literal,
-        $ack_commits:literal,
         $one_writer:literal,
         $insert_many:path,
         $keys:path
@@ -634,7 +627,6 @@ macro_rules! backend {
             impl InboxDatabase for $db {
                 const BEGIN: &'static str = $begin;
                 const DEFAULT_CONCURRENCY: usize = $concurrency;
-                const ACK_COMMITS: usize = $ack_commits;
                 const ONE_WRITER: bool = $one_writer;
 
                 fn statements(table: &str) -> Sql {
@@ -1045,7 +1037,6 @@ backend!(
     Sql::postgres,
     "BEGIN",
     16,
-    4,
     false,
     insert_many_postgres,
     keys_postgres
@@ -1060,7 +1051,6 @@ backend!(
     Sql::sqlite,
     "BEGIN IMMEDIATE",
     4,
-    1,
     true,
     insert_many_sqlite,
     keys_sqlite

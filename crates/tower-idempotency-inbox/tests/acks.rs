@@ -1,8 +1,8 @@
 //! Acknowledgements committed together, over real HTTP on a SQLite file and on Postgres: a burst
 //! of deliveries (with copies of some inside it) is answered `200` once each row is stored, each
 //! event once; a row the database refuses fails only its own delivery, not the batch it was in;
-//! on Postgres, deliveries behind a commit that hangs are committed by the others in flight; on
-//! SQLite, the inbox's writers take the write lock in turn without its busy handler.
+//! with more than one commit in flight, deliveries behind one that hangs are committed by the
+//! others; on SQLite, the inbox's writers take the write lock in turn without its busy handler.
 
 #[macro_use]
 mod common;
@@ -104,10 +104,11 @@ async fn a_refused_row_fails_only_its_own_delivery<DB: Fixture>() {
     setup.cleanup().await;
 }
 
-/// Postgres runs several acknowledgement commits at once: while one delivery's insert waits on
-/// a lock the test holds (a trigger takes it), ten deliveries sent after it are all stored and
-/// answered `200`; the held one is answered once the lock is released. With one commit at a
-/// time the ten would wait behind it, and the bound below would fail the test.
+/// With `ack_commits_in_flight(4)`, Postgres runs several acknowledgement commits at once:
+/// while one delivery's insert waits on a lock the test holds (a trigger takes it), ten
+/// deliveries sent after it are all stored and answered `200`; the held one is answered once the
+/// lock is released. With one commit at a time the ten would wait behind it, and the bound
+/// below would fail the test.
 #[tokio::test]
 async fn postgres_deliveries_behind_a_hanging_commit_are_committed_beside_it() {
     let setup = Setup::<sqlx::Postgres>::new().await;
@@ -126,7 +127,7 @@ async fn postgres_deliveries_behind_a_hanging_commit_are_committed_beside_it() {
         .execute(&mut *holder)
         .await
         .unwrap();
-    let url = serve(&setup.inbox).await;
+    let url = serve(&setup.inbox.clone().ack_commits_in_flight(4)).await;
     let held = tokio::spawn({
         let url = url.clone();
         async move {

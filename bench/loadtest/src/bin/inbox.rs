@@ -10,6 +10,8 @@
 //! - `inbox, burst`: the same route on an inbox of its own whose worker starts only once the
 //!   senders stop: the acknowledgements alone, then the backlog drained with nothing else running
 //!   (a provider replaying a day of retries after an outage);
+//! - `inbox, burst, 4 commits in flight`, Postgres only: the burst's acknowledgements with
+//!   `ack_commits_in_flight(4)`, on the same table, drained afterwards without a measurement;
 //! - `peer queue (apalis)`, Postgres only: the same route shape enqueueing each verified event
 //!   into apalis 1.0's Postgres storage (answered once the enqueue committed), whose worker (16
 //!   handlers and 32 connections, like the inbox's) inserts the row;
@@ -410,6 +412,19 @@ async fn measure<DB: InboxDatabase>(
         worker.drain(Duration::from_secs(10)).await;
         row(label, "inbox, burst", clients, &acked, Some(processing));
         (rates.burst, rates.burst_drain) = (acked.rate, processing);
+        if label == "postgres" {
+            let acked = send_events(format!("{base}/burst-four-commits"), clients, seconds).await;
+            row(
+                label,
+                "inbox, burst, 4 commits in flight",
+                clients,
+                &acked,
+                None,
+            );
+            let worker = (burst.worker)();
+            until_drained(&burst.inbox).await;
+            worker.drain(Duration::from_secs(10)).await;
+        }
         if let Some(peer) = peer {
             let started = Instant::now();
             let acked = send_events(format!("{base}/peer"), clients, seconds).await;
@@ -514,6 +529,17 @@ where
         .route(
             "/burst",
             post_service(burst.inbox.ack(StripeVerifier::new([SECRET]))),
+        )
+        // The burst's table, four acknowledgement commits in flight.
+        .route(
+            "/burst-four-commits",
+            post_service(
+                burst
+                    .inbox
+                    .clone()
+                    .ack_commits_in_flight(4)
+                    .ack(StripeVerifier::new([SECRET])),
+            ),
         )
 }
 
