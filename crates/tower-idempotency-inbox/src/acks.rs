@@ -7,8 +7,9 @@
 //! each (inserted, or a duplicate: its key or its authenticator was already stored), and goes on
 //! while deliveries are queued. One flush runs at a time per inbox unless
 //! [`Inbox::ack_commits_in_flight`](crate::Inbox::ack_commits_in_flight) allows more: then a
-//! delivery that arrives while they are all in flight waits for the first to finish. When a batch fails, its deliveries are inserted one by one, so a
-//! delivery that would have succeeded alone is not failed by another's row.
+//! delivery that arrives while they are all in flight waits for the first to finish. When a
+//! batch fails, its deliveries are inserted one by one, so a delivery that would have succeeded
+//! alone is not failed by another's row.
 
 use std::{
     collections::HashSet,
