@@ -169,10 +169,10 @@ impl<V: Verifier, DB: InboxDatabase> Inner<V, DB> {
             order: self.inbox.ordering.as_ref().and_then(|o| o.position(&body)),
         };
         let key = event.key.clone();
-        let inserted =
-            self.inbox
-                .acks
-                .insert(&self.inbox.pool, &self.inbox.sql, &self.inbox.writer, event);
+        let inserted = self
+            .inbox
+            .acks
+            .insert(&self.inbox.pool, &self.inbox.sql, event);
         match inserted.await {
             Ok(inserted) => {
                 crate::metrics::acknowledged(&key.provider, inserted);

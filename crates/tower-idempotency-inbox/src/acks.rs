@@ -18,10 +18,7 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use crate::{
-    backend::{InboxDatabase, NewEvent, Sql},
-    writer::OneWriter,
-};
+use crate::backend::{InboxDatabase, NewEvent, Sql};
 
 /// The most deliveries one batch inserts, unless configured otherwise
 /// ([`Inbox::max_ack_batch`](crate::Inbox::max_ack_batch)).
@@ -73,12 +70,10 @@ impl Acks {
         self: &Arc<Self>,
         pool: &sqlx::Pool<DB>,
         sql: &Arc<Sql>,
-        writer: &Arc<OneWriter>,
         event: NewEvent,
     ) -> sqlx::Result<bool> {
         if self.max_batch == 1 {
             // Each delivery its own commit, side by side on the pool: no queue to wait in.
-            let _turn = writer.turn().await;
             return DB::insert(pool, sql, &event).await;
         }
         let (answer, answered) = oneshot::channel();
@@ -90,9 +85,8 @@ impl Acks {
             start
         };
         if start {
-            let (acks, pool, sql, writer) =
-                (self.clone(), pool.clone(), sql.clone(), writer.clone());
-            tokio::spawn(async move { acks.flush(&pool, &sql, &writer).await });
+            let (acks, pool, sql) = (self.clone(), pool.clone(), sql.clone());
+            tokio::spawn(async move { acks.flush(&pool, &sql).await });
         }
         answered
             .await
@@ -100,7 +94,7 @@ impl Acks {
     }
 
     /// Inserts what is queued, batch after batch, until the queue is empty.
-    async fn flush<DB: InboxDatabase>(&self, pool: &sqlx::Pool<DB>, sql: &Sql, writer: &OneWriter) {
+    async fn flush<DB: InboxDatabase>(&self, pool: &sqlx::Pool<DB>, sql: &Sql) {
         let mut flushing = Flushing {
             acks: self,
             finished: false,
@@ -116,7 +110,6 @@ impl Acks {
                 let take = queue.waiting.len().min(self.max_batch);
                 queue.waiting.drain(..take).collect::<Vec<_>>()
             };
-            let _turn = writer.turn().await;
             insert_batch(pool, sql, batch).await;
         }
     }

@@ -292,11 +292,6 @@ pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDa
     /// [`WorkerBuilder::concurrency`]: crate::WorkerBuilder::concurrency
     const DEFAULT_CONCURRENCY: usize;
 
-    /// Whether the database takes one write lock at a time, so that the inbox's writers in one
-    /// process queue for it in turn (see `writer.rs`) rather than in the busy handler.
-    #[doc(hidden)]
-    const ONE_WRITER: bool = false;
-
     #[doc(hidden)]
     fn statements(table: &str) -> Sql;
 
@@ -573,7 +568,6 @@ macro_rules! backend {
         $statements:path,
         $begin:literal,
         $concurrency:literal,
-        $one_writer:literal,
         $insert_many:path,
         $keys:path
     ) => {
@@ -627,7 +621,6 @@ macro_rules! backend {
             impl InboxDatabase for $db {
                 const BEGIN: &'static str = $begin;
                 const DEFAULT_CONCURRENCY: usize = $concurrency;
-                const ONE_WRITER: bool = $one_writer;
 
                 fn statements(table: &str) -> Sql {
                     $statements(table)
@@ -1037,7 +1030,6 @@ backend!(
     Sql::postgres,
     "BEGIN",
     16,
-    false,
     insert_many_postgres,
     keys_postgres
 );
@@ -1051,7 +1043,6 @@ backend!(
     Sql::sqlite,
     "BEGIN IMMEDIATE",
     4,
-    true,
     insert_many_sqlite,
     keys_sqlite
 );

@@ -13,7 +13,6 @@ use crate::{
     backend::{InboxDatabase, Sql},
     event::EventKey,
     ordering::Ordering,
-    writer::OneWriter,
 };
 
 /// The table name [`Inbox::new`] is usually given.
@@ -54,8 +53,6 @@ pub struct Inbox<DB: InboxDatabase> {
     pub(crate) ordering: Option<Ordering>,
     /// The acknowledgements' writer, which commits deliveries that arrive together at once.
     pub(crate) acks: Arc<Acks>,
-    /// SQLite: the turn its writers in this process take for the one write lock.
-    pub(crate) writer: Arc<OneWriter>,
     /// The running worker's queue, fed at acknowledgement; `None` without a worker.
     queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
 }
@@ -68,7 +65,6 @@ impl<DB: InboxDatabase> Clone for Inbox<DB> {
             table: self.table.clone(),
             ordering: self.ordering.clone(),
             acks: self.acks.clone(),
-            writer: self.writer.clone(),
             queue: self.queue.clone(),
         }
     }
@@ -95,7 +91,6 @@ impl<DB: InboxDatabase> Inbox<DB> {
             table: table.into(),
             ordering: None,
             acks: Arc::new(Acks::new(crate::MAX_ACK_BATCH, 1)),
-            writer: Arc::new(OneWriter::new(DB::ONE_WRITER)),
             queue: Arc::default(),
         })
     }

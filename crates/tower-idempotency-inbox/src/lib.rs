@@ -80,7 +80,6 @@ mod retry;
 #[doc(hidden)]
 pub mod unavailable;
 mod worker;
-mod writer;
 
 pub use ack::Ack;
 pub use acks::MAX_BATCH as MAX_ACK_BATCH;

@@ -92,7 +92,6 @@ impl<DB: InboxDatabase> Inbox<DB> {
     pub async fn purge_batch(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let now = now_ms();
         let before = now.saturating_sub(duration_ms(retention));
-        let _turn = self.writer.turn().await;
         Ok(DB::purge_batch(&self.pool, &self.sql, before, now, i64::from(limit)).await?)
     }
 }

@@ -381,11 +381,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         let inbox = &self.shared.inbox;
         crate::metrics::refresh(inbox, &mut self.lagging).await;
         let (now, max) = (now_ms(), self.shared.max_attempts());
-        let exhausted = {
-            let _turn = inbox.writer.turn().await;
-            DB::exhaust(&inbox.pool, &inbox.sql, now, max).await
-        };
-        match exhausted {
+        match DB::exhaust(&inbox.pool, &inbox.sql, now, max).await {
             Ok(providers) => {
                 for provider in providers {
                     tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
@@ -397,8 +393,8 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
             }
         }
         let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
-        // The time after the exhaustion's write, which may have waited for its turn: an event
-        // whose retry fell due meanwhile is in this sweep, not behind the events it finds.
+        // The time after the exhaustion's write: an event whose retry fell due meanwhile is in
+        // this sweep, not behind the events it finds.
         let now = now_ms();
         let due = if inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential)
         {
@@ -534,7 +530,6 @@ impl<DB: InboxDatabase> Shared<DB> {
             let claims = keys.into_iter().map(|key| async move {
                 let token = fastrand::i64(0..i64::MAX);
                 let (pool, sql) = (&inbox.pool, &inbox.sql);
-                let _turn = inbox.writer.turn().await;
                 match DB::claim_in_order(pool, sql, &key, now, token, lease_until, max).await {
                     Ok(row) => row.map(|row| (key, token, row)),
                     Err(error) => {
@@ -546,7 +541,6 @@ impl<DB: InboxDatabase> Shared<DB> {
             return join_all(claims).await.into_iter().flatten().collect();
         }
         let token = fastrand::i64(0..i64::MAX);
-        let _turn = inbox.writer.turn().await;
         match DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max).await {
             Ok(rows) => rows
                 .into_iter()
@@ -588,8 +582,6 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// this returns, so SQLite's write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
-        // Held until the transaction has committed or rolled back, when this returns.
-        let _turn = self.inbox.writer.transaction_turn().await;
         let mut transaction = self
             .inbox
             .pool
@@ -717,11 +709,7 @@ impl<DB: InboxDatabase> Shared<DB> {
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
         let last = failure.permanent || attempt >= self.max_attempts;
         let error = &failure.text;
-        let failed = {
-            let _turn = self.inbox.writer.turn().await;
-            DB::fail(pool, sql, key, now, token, max, retry_at, error).await
-        };
-        match failed {
+        match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
             Ok(true) if last => {
                 tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
                 Some("failed")

@@ -2,7 +2,7 @@
 //! of deliveries (with copies of some inside it) is answered `200` once each row is stored, each
 //! event once; a row the database refuses fails only its own delivery, not the batch it was in;
 //! with more than one commit in flight, deliveries behind one that hangs are committed by the
-//! others; on SQLite, the inbox's writers take the write lock in turn without its busy handler.
+//! others.
 
 #[macro_use]
 mod common;
@@ -187,45 +187,6 @@ async fn postgres_deliveries_behind_a_hanging_commit_are_committed_beside_it() {
     assert_eq!(setup.inbox.counts().await.unwrap().pending, 11);
     drop_refusal(&setup, table).await;
     setup.cleanup().await;
-}
-
-/// SQLite's writers in one process take the write lock in turn, not in the busy handler: on a
-/// pool whose busy timeout is zero (a writer that finds the lock taken fails at once), 150
-/// deliveries (30 of them copies) sent at once while the worker drains are all answered `200`,
-/// and each event is processed once.
-#[tokio::test]
-async fn sqlite_writers_take_turns_without_the_busy_handler() {
-    let dir = std::env::temp_dir().join(format!("tidem-inbox-{}", suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}/inbox.db", dir.display());
-    let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(&url)
-        .unwrap()
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-        .busy_timeout(std::time::Duration::ZERO);
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let setup = Setup::<sqlx::Sqlite>::on(pool, &format!("t{}", suffix()), Some(dir)).await;
-    let probe = setup.probe();
-    let worker = setup.inbox.worker(probe.handler()).spawn();
-    let url = serve(&setup.inbox).await;
-    let ids = ids("evt_turns", 120);
-    let mut bodies: Vec<String> = ids
-        .iter()
-        .map(|id| event_body(id, "charge.succeeded"))
-        .collect();
-    bodies.extend((0..30).map(|i| event_body(&ids[i * 4], "charge.succeeded")));
-    let statuses = deliver_together(&url, &bodies).await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-    for id in &ids {
-        setup.wait_for(id, EventState::Processed).await;
-        assert_eq!(setup.effects(id).await, 1, "{id}");
-        assert_eq!(probe.runs(id), 1, "{id}");
-    }
-    setup.finish(worker).await;
 }
 
 on_both!(

@@ -212,11 +212,6 @@ pub struct Setup<DB: Fixture> {
 impl<DB: Fixture> Setup<DB> {
     pub async fn new() -> Self {
         let (pool, prefix, dir) = DB::open().await;
-        Self::on(pool, &prefix, dir).await
-    }
-
-    /// The tables `{prefix}_inbox` and `{prefix}_effects` on `pool`; `dir` is removed at cleanup.
-    pub async fn on(pool: sqlx::Pool<DB>, prefix: &str, dir: Option<PathBuf>) -> Self {
         let inbox_table = format!("{prefix}_inbox");
         let effects_table = format!("{prefix}_effects");
         let inbox = Inbox::new(pool.clone(), &inbox_table).unwrap();
