@@ -51,11 +51,24 @@ async fn interrupted(store: &str, event_id: &str) -> bool {
     scalars(store, sql, event_id).await[0] == 1
 }
 
+/// Waits until one of the messages whose scope starts with `prefix` is claimed by a delivery
+/// that has not finished (polled every 5 ms, at most 20 s).
+async fn delivery_in_flight(store: &str, prefix: &str) {
+    let sql =
+        "SELECT count(*) FROM outbox WHERE scope LIKE $1 || '%' AND state = 0 AND attempts > 0";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scalars(store, sql, prefix).await[0] == 0 {
+        assert!(Instant::now() < deadline, "{prefix}: no delivery started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// At least `rounds` times, and until kills have cut at least two deliveries short (at most 20
-/// rounds): six `test.outbox` events acknowledged by an upstream receiver, which is SIGKILLed at
-/// a random point of the next 600 ms (while handlers run, messages wait or deliveries are in
-/// flight); deliveries cut short are counted. A last upstream then finishes everything; the
-/// downstream ran each order once.
+/// rounds): six `test.outbox` events acknowledged by an upstream receiver, which is SIGKILLed
+/// at a random point of the next 600 ms (while handlers run, messages wait or deliveries are in
+/// flight) on even rounds, and as soon as a delivery is in flight on odd rounds; deliveries cut
+/// short are counted. A last upstream then finishes everything; the downstream ran each order
+/// once.
 async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     let client = reqwest::Client::new();
     let target = downstream();
@@ -63,8 +76,9 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     let mut cut_short = 0;
     let mut round = 0;
     while round < rounds || (cut_short < 2 && round < 20) {
+        let prefix = format!("evt_{}_{round}_", random_suffix());
         let round_ids: Vec<String> = (0..EVENTS_PER_ROUND)
-            .map(|n| format!("evt_{}_{round}_{n}", random_suffix()))
+            .map(|n| format!("{prefix}{n}"))
             .collect();
         let mut receiver = upstream(store, &target.base);
         let statuses = join_all(round_ids.iter().map(|id| {
@@ -77,8 +91,12 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
         }))
         .await;
         assert!(statuses.iter().all(|&s| s == 200), "{label}: {statuses:?}");
-        // The point of the crash is the point of this test: a random moment after the acks.
-        tokio::time::sleep(Duration::from_millis(random_below(600))).await;
+        if round % 2 == 0 {
+            // The point of the crash is the point of this test: a random moment after the acks.
+            tokio::time::sleep(Duration::from_millis(random_below(600))).await;
+        } else {
+            delivery_in_flight(store, &prefix).await;
+        }
         receiver.kill();
         for id in &round_ids {
             if interrupted(store, id).await {
