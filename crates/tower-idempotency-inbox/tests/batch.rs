@@ -91,20 +91,22 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
     setup.cleanup().await;
 }
 
-/// Six gated events claimed by a worker with twelve handlers (in batches), which is stopped
-/// without a grace period once a handler runs and two or more are claimed: the running transactions roll back (no effect).
-/// A second worker attempts them again once their 1 s lease ends; each is then processed once
-/// (one effect, one more run, one more attempt). On SQLite one handler at a time holds the write lock;
-/// the others wait for it in their claimed attempt.
+/// Six gated events, acknowledged before the worker starts, claimed by a worker with twelve
+/// handlers (in batches), which is stopped without a grace period once a handler runs and two or
+/// more are claimed: the running transactions roll back (no effect). A second worker attempts
+/// them again once their 1 s lease ends; each is then processed once (one effect, one more run,
+/// one more attempt). On SQLite one handler at a time holds the write lock; the others wait for
+/// it in their claimed attempt (and so would an acknowledgement, which is why every event is
+/// acknowledged before the first handler runs).
 async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
+    let sender = Sender::new(&setup.inbox).await;
+    let all = sender.deliver("evt_crash", 6, "test.gated").await;
     let first = quick(setup.inbox.worker(probe.handler::<DB>()))
         .concurrency(12)
         .lease(Duration::from_millis(1000))
         .spawn();
-    let sender = Sender::new(&setup.inbox).await;
-    let all = sender.deliver("evt_crash", 6, "test.gated").await;
     probe.wait_started(1).await;
     // At least a batch claimed: on SQLite a claim after the first batch waits for the write
     // lock the gated handler holds, so not every event need be claimed yet.
