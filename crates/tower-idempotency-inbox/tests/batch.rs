@@ -179,9 +179,10 @@ async fn two_workers_claim_disjoint_batches<DB: Fixture>() {
 }
 
 /// Three handlers that take three times the 1 s lease, delivered together so they are claimed
-/// in one batch, and ten quick events meanwhile: every claim is renewed, each slow event runs
-/// once on its first attempt, and the quick ones are processed too. (On SQLite the three run one
-/// after another, each holding the write lock: three stay below the pool's 10 s busy timeout.)
+/// in one batch, and ten quick events once two have started: every claim is renewed, each slow
+/// event runs once on its first attempt, and the quick ones are processed too. (On SQLite the
+/// three run one after another, each holding the write lock: the quick events' acknowledgement
+/// waits for at most the second and the third, well below the pool's 10 s busy timeout.)
 async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe().slow(Duration::from_millis(3000));
@@ -192,7 +193,7 @@ async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
         .spawn();
     let sender = Sender::new(&setup.inbox).await;
     let slow = sender.deliver("evt_slow", 3, "test.slow").await;
-    probe.wait_started(1).await;
+    probe.wait_started(2).await;
     let quick_ids = sender.deliver("evt_quick", 10, "charge.succeeded").await;
     each_processed_once(&setup, &probe, &quick_ids).await;
     each_processed_once(&setup, &probe, &slow).await;
