@@ -4,8 +4,8 @@
 //!
 //! - `sync`: `IdempotencyLayer::stripe(..)`; the handler inserts its row before answering;
 //! - `inbox`: `Inbox::ack(StripeVerifier)`; the answer comes once the event is stored, and a
-//!   worker (16 handlers, on a pool of 32 connections of its own: the reference receiver's
-//!   defaults) inserts the row in the event's transaction afterwards;
+//!   worker at the reference receiver's defaults (16 handlers on Postgres and 4 on SQLite, on a
+//!   pool of its own of twice that) inserts the row in the event's transaction afterwards;
 //! - `inbox, batch of 1`: the same with `max_ack_batch(1)`: each acknowledgement commits alone;
 //! - `inbox, burst`: the same route on an inbox of its own whose worker starts only once the
 //!   senders stop: the acknowledgements alone, then the backlog drained with nothing else running
