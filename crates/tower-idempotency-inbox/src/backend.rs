@@ -76,7 +76,7 @@ pub struct Sql {
 
 impl Sql {
     /// Counts one statement about to be sent.
-    fn sent(&self) {
+    pub(crate) fn sent(&self) {
         self.executed.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -974,16 +974,7 @@ macro_rules! backend {
                     now: i64,
                     limit: i64,
                 ) -> BoxFuture<'a, sqlx::Result<u64>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        let done = sqlx::query(&sql.queue.purge_batch)
-                            .bind(before)
-                            .bind(now)
-                            .bind(limit)
-                            .execute(pool)
-                            .await?;
-                        Ok(done.rows_affected())
-                    })
+                    <Self as crate::retention::Purge>::purge_batch(pool, sql, before, now, limit)
                 }
 
                 fn claim_many<'a>(

@@ -134,7 +134,8 @@ pub struct OrderedSql {
     /// (no earlier pending or running event of their key), so a backlog of events waiting for
     /// an earlier one never fills the sweep's batch. Bound as the plain sweep.
     pub(crate) due: String,
-    /// Whether a processed event of the event's key is strictly newer; answers its event id.
+    /// Whether a processed event of the event's key is strictly newer, in the table or in the
+    /// positions the retention kept; answers its event id.
     pub(crate) newer: String,
     /// Marks a claimed event skipped (fenced by its token).
     pub(crate) skip: String,
@@ -189,11 +190,19 @@ impl OrderedSql {
             lock,
             claim,
             due: due_now,
+            // A processed event still in the table, or the position the purge kept of the
+            // processed events it deleted: one statement, so a purge committing meanwhile is
+            // seen before or after, never half.
             newer: format!(
                 "SELECT o.event_id FROM {table} e JOIN {table} o ON o.provider = e.provider \
                  AND o.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND o.state = 1 \
-                 AND o.event_time > e.event_time LIMIT 1"
+                 AND o.event_time > e.event_time \
+                 UNION ALL \
+                 SELECT p.event_id FROM {table} e JOIN {table}_positions p \
+                 ON p.provider = e.provider AND p.order_key = e.order_key \
+                 WHERE e.provider = $1 AND e.event_id = $2 AND p.event_time > e.event_time \
+                 LIMIT 1"
             ),
             skip: format!(
                 "UPDATE {table} SET state = 3, finished_at = $3, last_error = $5, \

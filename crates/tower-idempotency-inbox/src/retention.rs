@@ -12,10 +12,23 @@
 //! own, so the refusal stays one unique index checked by the acknowledgement's single insert:
 //! a second table would need a second statement, or a check that a concurrent purge could
 //! pass between.
+//!
+//! **Positions.** Under [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale) an
+//! event is stale when a processed event of its object is newer. The purge keeps that
+//! knowledge when it deletes the processed rows: the newest position (event time and id) of each
+//! object among a batch's processed rows moves to `<table>_positions` in the same statement
+//! (Postgres) or transaction (SQLite) that deletes them, so the stale check, which reads the
+//! table and the positions in one statement, always finds it in one or the other. Writing it
+//! there rather than at each event's completion costs the worker's commits nothing. A position
+//! is purged on its own bound: once it was written longer ago than the retention (so an
+//! object's newest position is known for at least twice the retention after its event was
+//! processed; the default week is longer than every built-in provider's retry horizon) and its
+//! object has no pending or failed event left, which an operator's retry could still run.
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use crate::{
+    backend::{BoxFuture, Sql},
     event::{duration_ms, now_ms},
     EventState, Inbox, InboxDatabase, InboxError,
 };
@@ -45,29 +58,91 @@ pub(crate) struct QueueSql {
     /// DDL appended to the table's.
     pub(crate) schema: String,
     pub(crate) open_groups: String,
+    /// Postgres: deletes a batch of finished events and moves the newest processed position of
+    /// each object among them to the positions table, in one statement; answers the count.
+    /// SQLite: deletes the batch and answers each deleted row's state and position.
     pub(crate) purge_batch: String,
+    /// SQLite: records one object's position (`$1` provider, `$2` key, `$3` time, `$4` event
+    /// id, `$5` now), keeping the newer one.
+    pub(crate) keep_position: String,
+    /// Deletes up to `$2` positions written before `$1` whose object has no pending or failed
+    /// event.
+    pub(crate) purge_positions: String,
 }
 
+/// How the positions table keeps the newer of two positions of one object.
+const NEWER_POSITION: &str = "ON CONFLICT (provider, order_key) DO UPDATE SET \
+     updated_at = excluded.updated_at, \
+     event_id = CASE WHEN excluded.event_time > p.event_time \
+     THEN excluded.event_id ELSE p.event_id END, \
+     event_time = CASE WHEN excluded.event_time > p.event_time \
+     THEN excluded.event_time ELSE p.event_time END";
+
 impl QueueSql {
-    fn new(table: &str, lock: &str) -> Self {
+    /// `lock` ends a purge's selection; `text` is the type of the positions table's text
+    /// columns.
+    fn new(table: &str, lock: &str, text: &str, postgres: bool) -> Self {
+        let doomed = format!(
+            "DELETE FROM {table} WHERE (provider, event_id) IN (\
+             SELECT provider, event_id FROM {table} \
+             WHERE state IN (1, 3) AND finished_at < $1 \
+             AND (authenticator_until IS NULL OR authenticator_until <= $2) \
+             ORDER BY finished_at LIMIT $3{lock})"
+        );
+        let positions = format!("{table}_positions");
+        let purge_batch = if postgres {
+            // One statement: the rows and the positions they carry change together. DISTINCT
+            // ON: an upsert may not touch one row twice.
+            format!(
+                "WITH doomed AS ({doomed} \
+                 RETURNING provider, event_id, state, order_key, event_time), \
+                 newest AS (SELECT DISTINCT ON (provider, order_key) \
+                 provider, order_key, event_time, event_id FROM doomed \
+                 WHERE state = 1 AND order_key IS NOT NULL AND event_time IS NOT NULL \
+                 ORDER BY provider, order_key, event_time DESC, event_id DESC), \
+                 kept AS (INSERT INTO {positions} AS p \
+                 (provider, order_key, event_time, event_id, updated_at) \
+                 SELECT provider, order_key, event_time, event_id, $2 FROM newest \
+                 {NEWER_POSITION}) \
+                 SELECT count(*) FROM doomed"
+            )
+        } else {
+            format!("{doomed} RETURNING provider, event_id, state, order_key, event_time")
+        };
         Self {
             // The gauges read the first, which holds only open (pending and failed) rows, without
             // the table; the purge walks the finished (processed and skipped) rows of the second.
+            // The positions table holds the newest processed position of each object whose
+            // processed events were purged (see `Inbox::purge_batch`).
             schema: format!(
                 "CREATE INDEX IF NOT EXISTS {table}_open_idx ON {table} \
                  (state, provider, received_at) WHERE state IN (0, 2);\n\
-                 CREATE INDEX IF NOT EXISTS {table}_finished_idx ON {table} (state, finished_at);\n"
+                 CREATE INDEX IF NOT EXISTS {table}_finished_idx ON {table} (state, finished_at);\n\
+                 CREATE TABLE IF NOT EXISTS {positions} (\n\
+                 provider {text} NOT NULL,\n\
+                 order_key {text} NOT NULL,\n\
+                 event_time bigint NOT NULL,\n\
+                 event_id {text} NOT NULL,\n\
+                 updated_at bigint NOT NULL,\n\
+                 PRIMARY KEY (provider, order_key));\n\
+                 CREATE INDEX IF NOT EXISTS {table}_pos_idx ON {positions} (updated_at);\n"
             ),
             open_groups: format!(
                 "SELECT state, provider, count(*), min(received_at) FROM {table} \
                  WHERE state IN (0, 2) GROUP BY state, provider"
             ),
-            purge_batch: format!(
-                "DELETE FROM {table} WHERE (provider, event_id) IN (\
-                 SELECT provider, event_id FROM {table} \
-                 WHERE state IN (1, 3) AND finished_at < $1 \
-                 AND (authenticator_until IS NULL OR authenticator_until <= $2) \
-                 ORDER BY finished_at LIMIT $3{lock})"
+            purge_batch,
+            keep_position: format!(
+                "INSERT INTO {positions} AS p \
+                 (provider, order_key, event_time, event_id, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) {NEWER_POSITION}"
+            ),
+            purge_positions: format!(
+                "DELETE FROM {positions} WHERE (provider, order_key) IN (\
+                 SELECT provider, order_key FROM {positions} p WHERE updated_at < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.provider = p.provider \
+                 AND e.order_key = p.order_key AND e.state IN (0, 2)) \
+                 ORDER BY updated_at LIMIT $2{lock})"
             ),
         }
     }
@@ -75,12 +150,123 @@ impl QueueSql {
     /// Several instances purge side by side: a batch skips the rows another one is deleting.
     #[cfg(feature = "postgres")]
     pub(crate) fn postgres(table: &str) -> Self {
-        Self::new(table, " FOR UPDATE SKIP LOCKED")
+        Self::new(table, " FOR UPDATE SKIP LOCKED", "text COLLATE \"C\"", true)
     }
 
     #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(table: &str) -> Self {
-        Self::new(table, "")
+        Self::new(table, "", "TEXT", false)
+    }
+}
+
+/// A database's purge of one batch (see [`Inbox::purge_batch`]).
+pub(crate) trait Purge: sqlx::Database {
+    /// Deletes up to `limit` finished events before `before` whose authenticator horizon ended
+    /// by `now`, keeping the newest processed position of each object among them, and up to
+    /// `limit` positions written before `before` whose object has no open event; answers how
+    /// many events it deleted.
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
+}
+
+/// Deletes up to `limit` positions written before `before` whose object has no open event.
+async fn purge_positions<'e, DB, E>(
+    executor: E,
+    sql: &'e Sql,
+    before: i64,
+    limit: i64,
+) -> sqlx::Result<()>
+where
+    DB: sqlx::Database,
+    E: sqlx::Executor<'e, Database = DB>,
+    i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sql.sent();
+    sqlx::query(&sql.queue.purge_positions)
+        .bind(before)
+        .bind(limit)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+#[cfg(feature = "postgres")]
+impl Purge for sqlx::Postgres {
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>> {
+        Box::pin(async move {
+            sql.sent();
+            let purged: i64 = sqlx::query_scalar(&sql.queue.purge_batch)
+                .bind(before)
+                .bind(now)
+                .bind(limit)
+                .fetch_one(pool)
+                .await?;
+            purge_positions(pool, sql, before, limit).await?;
+            Ok(u64::try_from(purged).unwrap_or(0))
+        })
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Purge for sqlx::Sqlite {
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>> {
+        Box::pin(async move {
+            // One transaction: the rows and the positions they carry change together.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            sql.sent();
+            type Deleted = (String, String, i16, Option<String>, Option<i64>);
+            let deleted: Vec<Deleted> = sqlx::query_as(&sql.queue.purge_batch)
+                .bind(before)
+                .bind(now)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut newest: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
+            for (provider, event_id, state, key, time) in &deleted {
+                let (Some(key), Some(time), 1) = (key, time, state) else {
+                    continue;
+                };
+                // The newest by time, then by event id, as on Postgres.
+                let entry = newest
+                    .entry((provider, key))
+                    .or_insert((*time, event_id.as_str()));
+                if (*time, event_id.as_str()) > *entry {
+                    *entry = (*time, event_id);
+                }
+            }
+            for ((provider, key), (time, event_id)) in newest {
+                sql.sent();
+                sqlx::query(&sql.queue.keep_position)
+                    .bind(provider)
+                    .bind(key)
+                    .bind(time)
+                    .bind(event_id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            purge_positions(&mut *tx, sql, before, limit).await?;
+            tx.commit().await?;
+            Ok(u64::try_from(deleted.len()).unwrap_or(u64::MAX))
+        })
     }
 }
 
@@ -88,6 +274,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// Deletes up to `limit` events processed more than `retention` ago, oldest first, in one
     /// statement; answers how many. A row carrying an authenticator is kept until its provider's
     /// retry horizon has passed too (see [docs/inbox.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/inbox.md#retention)).
+    /// The newest processed position of each ordered object among them is kept in
+    /// `<table>_positions`, so an older event of it stays stale; up to `limit` positions
+    /// written more than `retention` ago whose object has no pending or failed event are
+    /// deleted (docs/inbox.md, "Retention").
     /// A running worker calls it in turn ([`WorkerBuilder::retention`](crate::WorkerBuilder::retention)).
     pub async fn purge_batch(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let now = now_ms();
@@ -207,6 +397,19 @@ mod tests {
         );
         let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
         assert!(purge.contains("USING INDEX plans_finished_idx"), "{purge}");
+        // The positions' purge finds an object's open events by the ordering index, and the
+        // stale check finds its newer events and position by their keys.
+        let positions = plan(inbox.sql.queue.purge_positions.clone(), 2).await;
+        assert!(
+            positions.contains("USING INDEX plans_pos_idx"),
+            "{positions}"
+        );
+        assert!(positions.contains("plans_order_idx"), "{positions}");
+        let newer = plan(inbox.sql.ordered.newer.clone(), 2).await;
+        assert!(
+            newer.contains("plans_positions_1 (provider=? AND order_key=?)"),
+            "{newer}"
+        );
         // The worker's batch claim finds its keys by the primary key, not by walking the due
         // rows of a backlog.
         let claim = plan(inbox.sql.claim_many.clone(), 6).await;
@@ -256,10 +459,19 @@ mod tests {
         };
         let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
         let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
+        let positions = plan(inbox.sql.queue.purge_positions.clone(), 2).await;
+        let newer = format!("EXPLAIN {}", inbox.sql.ordered.newer);
+        let newer: Vec<String> = sqlx::query_scalar(&newer)
+            .bind("stripe")
+            .bind("evt_5")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let newer = newer.join("\n");
         let groups = <sqlx::Postgres as InboxDatabase>::open_groups(&pool, &inbox.sql)
             .await
             .unwrap();
-        pool.execute(format!("DROP TABLE {table}").as_str())
+        pool.execute(format!("DROP TABLE {table}, {table}_positions").as_str())
             .await
             .unwrap();
         assert!(
@@ -269,6 +481,16 @@ mod tests {
         assert!(!gauges.contains("Seq Scan"), "{gauges}");
         assert!(purge.contains(&format!("{table}_finished_idx")), "{purge}");
         assert!(!purge.contains("Seq Scan"), "{purge}");
+        assert!(
+            positions.contains(&format!("{table}_pos_idx")),
+            "{positions}"
+        );
+        assert!(!positions.contains("Seq Scan"), "{positions}");
+        assert!(
+            newer.contains(&format!("{table}_positions_pkey")),
+            "{newer}"
+        );
+        assert!(!newer.contains("Seq Scan"), "{newer}");
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
@@ -313,7 +535,7 @@ mod tests {
             .bind(token)
             .bind(until);
         plans.push(renew.fetch_all(&pool).await.unwrap());
-        pool.execute(format!("DROP TABLE {table}").as_str())
+        pool.execute(format!("DROP TABLE {table}, {table}_positions").as_str())
             .await
             .unwrap();
         for plan in plans.iter().map(|lines| lines.join("\n")) {

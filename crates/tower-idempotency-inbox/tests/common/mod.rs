@@ -256,7 +256,10 @@ impl<DB: Fixture> Setup<DB> {
     }
 
     pub async fn cleanup(self) {
-        DB::drop_tables(&self.pool, &[&self.inbox_table, &self.effects_table]).await;
+        // The inbox's positions table (the retention's, see `Inbox::purge_batch`) with it.
+        let positions = format!("{}_positions", self.inbox_table);
+        let tables = [&self.inbox_table, &positions, &self.effects_table];
+        DB::drop_tables(&self.pool, &tables.map(String::as_str)).await;
         self.pool.close().await;
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
