@@ -25,6 +25,32 @@ pub struct NewRow {
     pub created_at: i64,
 }
 
+/// A stored message's payload, as [`OutboxDatabase::existing`] reads it back: method, URL,
+/// topic, headers (JSON text) and body.
+#[doc(hidden)]
+pub type Payload = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    Vec<u8>,
+);
+
+impl NewRow {
+    /// Whether `stored` is this row's message: the same method, URL or topic, headers and body.
+    pub(crate) fn same_as(&self, stored: &Payload) -> bool {
+        let (method, url, topic, headers, body) = stored;
+        (method, url, topic, headers, body)
+            == (
+                &self.method,
+                &self.url,
+                &self.topic,
+                &self.headers,
+                &self.body,
+            )
+    }
+}
+
 /// A claimed message's row.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -48,6 +74,7 @@ pub type DetailRow = (MessageSummary, String, Vec<u8>);
 pub struct Sql {
     pub(crate) schema: String,
     insert: String,
+    existing: String,
     claim: String,
     complete: String,
     fail: String,
@@ -78,6 +105,9 @@ impl Sql {
                 "INSERT INTO {table} (key, scope, method, url, topic, headers, body, \
                  created_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) \
                  ON CONFLICT (key) DO NOTHING"
+            ),
+            existing: format!(
+                "SELECT method, url, topic, headers, body FROM {table} WHERE key = $1"
             ),
             claim,
             complete: format!(
@@ -207,6 +237,15 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
         sql: &'a Sql,
         row: &'a NewRow,
     ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// The payload stored under `key`, read on the caller's connection (its transaction sees
+    /// its own inserts and, on Postgres, the row a conflicting insert waited for).
+    #[doc(hidden)]
+    fn existing<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        key: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<Option<Payload>>>;
 
     /// Claims up to `limit` due messages under `token` until `lease_until`.
     #[doc(hidden)]
@@ -399,6 +438,19 @@ macro_rules! backend {
                             .bind(&row.body)
                             .bind(row.created_at);
                         one_row(query, conn).await
+                    })
+                }
+
+                fn existing<'a>(
+                    conn: &'a mut Self::Connection,
+                    sql: &'a Sql,
+                    key: &'a str,
+                ) -> BoxFuture<'a, sqlx::Result<Option<Payload>>> {
+                    Box::pin(async move {
+                        sqlx::query_as(&sql.existing)
+                            .bind(key)
+                            .fetch_optional(conn)
+                            .await
                     })
                 }
 

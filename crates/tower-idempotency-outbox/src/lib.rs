@@ -8,15 +8,18 @@
 //!   `sqlx::Transaction`. The message exists if and only if the transaction commits, so a
 //!   handler that is rolled back and retried never leaves a message behind, and one that
 //!   commits never loses its message.
-//! - Each message has a key: the one it was given, `{scope}/{n}` for the `n`-th message of a
-//!   [`Scope`] (an inbox event's id, a request's idempotency key), or a random one. The relay
-//!   sends it as the `Idempotency-Key` of every attempt, so a receiver that honours the header
-//!   (this project's client-key layer, Stripe's API) runs the message once however often it is
-//!   delivered.
+//! - Each message has a key, unique in its outbox: the one it was given, `{scope}/{n}` for the
+//!   `n`-th message of a [`Scope`] (the provider, tenant and id of an inbox event, or of a
+//!   request's idempotency key), or a generated UUIDv7. The relay sends it as the
+//!   `Idempotency-Key` of every attempt, so a receiver that honours the header (this project's
+//!   client-key layer, Stripe's API) runs the message once however often it is delivered.
+//!   `enqueue` answers [`Enqueued::Inserted`], [`Enqueued::AlreadyThere`] (the same message
+//!   again) or [`OutboxError::KeyConflict`] (a different message holds the key).
 //! - [`Relay`] (from [`Outbox::relay`]) claims due messages under a lease (`FOR UPDATE SKIP
 //!   LOCKED` on Postgres, so several relays share the work), delivers them concurrently,
 //!   retries failures with the inbox's [`Backoff`], and marks a message
-//!   [`Failed`](MessageState::Failed) after its last attempt.
+//!   [`Failed`](MessageState::Failed) after its last attempt. It follows no redirect by
+//!   default: a `3xx` is a failed attempt, never a delivery.
 //! - [`Outbox::list`], [`Outbox::messages`], [`Outbox::message`], [`Outbox::retry`],
 //!   [`Outbox::discard`] and [`Outbox::purge_finished`] operate it; [`admin::router`] serves
 //!   them over HTTP, with an operator's page (failed messages, one message's detail, retry and
@@ -38,7 +41,9 @@
 //!         .await?;
 //!     // Stored with the update, or not at all; delivered after the commit.
 //!     let notice = serde_json::json!({ "event": event.key.event_id });
-//!     let mut scope = outbox.scope(event.key.event_id.clone());
+//!     // Keys are unique per outbox: the scope names the provider (and the tenant, when
+//!     // several share the outbox) as well as the event.
+//!     let mut scope = outbox.scope(format!("{}/{}", event.key.provider, event.key.event_id));
 //!     scope
 //!         .enqueue(&mut tx, Message::post_json("http://shipping.internal/shipments", &notice))
 //!         .await?;
@@ -86,10 +91,11 @@ mod relay;
 
 pub use backend::OutboxDatabase;
 pub use message::{Message, MessageDetail, MessagePage, MessageState, MessageSummary, StateCounts};
-pub use outbox::{Outbox, OutboxError, Scope, DEFAULT_TABLE};
+pub use outbox::{Enqueued, Outbox, OutboxError, Scope, DEFAULT_TABLE};
 pub use relay::{
-    Dispatch, DispatchError, Dispatcher, Relay, RelayHandle, Round, DEFAULT_ATTEMPT_TIMEOUT,
-    DEFAULT_BATCH, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY, MAX_ERROR_LEN,
+    same_method_redirects, Dispatch, DispatchError, Dispatcher, Relay, RelayHandle, Round,
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BATCH, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_POLL_EVERY, MAX_ERROR_LEN,
 };
 
 pub use tower_idempotency_inbox::Backoff;

@@ -8,10 +8,12 @@ use serde::Serialize;
 /// [`Dispatcher`](crate::Dispatcher) (a queue, an email API). Build it, then hand it to
 /// [`Outbox::enqueue`](crate::Outbox::enqueue) inside the transaction of the writes it belongs to.
 ///
-/// Its key names it for good: the relay sends it as the `Idempotency-Key` of every attempt, and
-/// enqueuing a second message under a key the outbox already holds does nothing. Without
-/// [`key`](Self::key), [`Scope::enqueue`](crate::Scope::enqueue) numbers it within its scope,
-/// and [`Outbox::enqueue`](crate::Outbox::enqueue) draws a random one.
+/// Its key names it for good: the relay sends it as the `Idempotency-Key` of every attempt.
+/// Enqueuing the same message again under its key does nothing
+/// ([`Enqueued::AlreadyThere`](crate::Enqueued::AlreadyThere)); a different message under a key
+/// the outbox holds is refused ([`OutboxError::KeyConflict`](crate::OutboxError::KeyConflict)).
+/// Without [`key`](Self::key), [`Scope::enqueue`](crate::Scope::enqueue) numbers it within its
+/// scope, and [`Outbox::enqueue`](crate::Outbox::enqueue) generates a UUIDv7.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub(crate) key: Option<String>,
@@ -62,7 +64,8 @@ impl Message {
 
     /// The message's key: visible ASCII, 1 to 255 bytes (the `Idempotency-Key` rule), checked
     /// at [`enqueue`](crate::Outbox::enqueue). Derive it from what the message is about
-    /// (`refund-for-ch_123`) so that running the same work twice enqueues it once.
+    /// (`refund-for-ch_123`) so that running the same work twice enqueues it once; keys are
+    /// unique per outbox, so include the tenant when tenants share one.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self

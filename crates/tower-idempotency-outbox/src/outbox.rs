@@ -32,6 +32,10 @@ pub enum OutboxError {
     /// An HTTP message's URL is not an absolute `http` or `https` URL.
     #[error("the message URL is not an absolute http(s) URL")]
     InvalidUrl,
+    /// The message's key is held by a different message (another method, URL, topic, header
+    /// or body): nothing was enqueued and the stored message is unchanged.
+    #[error("the message key is held by a different message")]
+    KeyConflict,
     /// A listing's cursor is not one [`Outbox::messages`] made.
     #[error("the cursor is not one the outbox made")]
     InvalidCursor,
@@ -43,6 +47,38 @@ pub enum OutboxError {
 impl From<sqlx::Error> for OutboxError {
     fn from(error: sqlx::Error) -> Self {
         Self::Database(error)
+    }
+}
+
+/// What [`Outbox::enqueue`] did with a message; both variants carry its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Enqueued {
+    /// The message was inserted: it is stored when the caller's transaction commits.
+    Inserted(String),
+    /// The same message (method, URL or topic, headers and body) was already stored under the
+    /// key: nothing was inserted, and the stored message stays as it is (delivered, pending,
+    /// failed or discarded).
+    AlreadyThere(String),
+}
+
+impl Enqueued {
+    /// The message's key, sent as its `Idempotency-Key`.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Inserted(key) | Self::AlreadyThere(key) => key,
+        }
+    }
+
+    /// The message's key, owned.
+    pub fn into_key(self) -> String {
+        match self {
+            Self::Inserted(key) | Self::AlreadyThere(key) => key,
+        }
+    }
+
+    /// Whether this call inserted the message.
+    pub fn inserted(&self) -> bool {
+        matches!(self, Self::Inserted(_))
     }
 }
 
@@ -116,9 +152,19 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     }
 
     /// Inserts `message` through `conn`, the caller's open transaction (`&mut *tx`), so it is
-    /// stored exactly when the transaction commits. Answers the message's key: the one it was
-    /// given, or a random one. A key the outbox already holds is left as it is (the message is
-    /// not enqueued twice).
+    /// stored exactly when the transaction commits, and answers what happened under its key
+    /// (the one it was given, or a generated UUIDv7):
+    ///
+    /// - [`Enqueued::Inserted`]: the key was free; the message is stored with the commit.
+    /// - [`Enqueued::AlreadyThere`]: the same message (method, URL or topic, headers and body)
+    ///   is stored under the key already, by an earlier commit or earlier in this transaction
+    ///   (a retried handler enqueuing the same work); nothing changes.
+    /// - [`OutboxError::KeyConflict`]: a different message holds the key; nothing changes.
+    ///
+    /// Keys are unique per outbox table, whatever enqueued them, and stay taken until the
+    /// message is purged. The insert skips a taken key (`ON CONFLICT DO NOTHING`) and reads
+    /// the stored message back on `conn`; on Postgres a concurrent transaction inserting the
+    /// same key makes this call wait for its outcome. Neither outcome aborts the transaction.
     ///
     /// Relays poll for new messages; call [`wake`](Self::wake) after the commit to start the
     /// delivery at once.
@@ -126,15 +172,22 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         &self,
         conn: &mut DB::Connection,
         message: Message,
-    ) -> Result<String, OutboxError> {
+    ) -> Result<Enqueued, OutboxError> {
         self.insert(conn, None, message).await
     }
 
     /// A scope that numbers the messages enqueued through it: the `n`-th message without a key
     /// of its own gets the key `{scope}/{n}` (from 0). Name the scope after what the
-    /// transaction processes (the inbox event's id, the request's idempotency key): a retry of
-    /// the same work, after a rollback, enqueues the same keys, so the receiver sees the same
-    /// `Idempotency-Key` whichever attempt committed.
+    /// transaction processes: a retry of the same work, after a rollback, enqueues the same
+    /// keys, so the receiver sees the same `Idempotency-Key` whichever attempt committed.
+    ///
+    /// Keys are unique per outbox, so the scope must be unique across everything that
+    /// enqueues into it: carry the provider and the tenant with the event's or request's id,
+    /// e.g. `outbox.scope(format!("{provider}/{tenant}/{event_id}"))` for an inbox event, or
+    /// `format!("payments/{tenant}/{idempotency_key}")` for a request. Two providers (or two
+    /// tenants) may use the same event id; scoped by the id alone, the second one's messages
+    /// would be [`OutboxError::KeyConflict`] or, worse, taken as
+    /// [`AlreadyThere`](Enqueued::AlreadyThere) when their content is the same.
     pub fn scope(&self, scope: impl Into<String>) -> Scope<DB> {
         Scope {
             outbox: self.clone(),
@@ -153,11 +206,11 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         conn: &mut DB::Connection,
         scope: Option<(&str, u32)>,
         message: Message,
-    ) -> Result<String, OutboxError> {
+    ) -> Result<Enqueued, OutboxError> {
         let key = match (message.key, scope) {
             (Some(key), _) => key,
             (None, Some((scope, n))) => format!("{scope}/{n}"),
-            (None, None) => format!("msg_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            (None, None) => uuid::Uuid::now_v7().to_string(),
         };
         if !valid_key(&key) {
             return Err(OutboxError::InvalidKey);
@@ -184,8 +237,20 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             body: message.body.to_vec(),
             created_at: now_ms(),
         };
-        DB::insert(conn, &self.sql, &row).await?;
-        Ok(row.key)
+        // The insert skips a key already stored (or being stored by a transaction it waited
+        // for); the read-back, on the same connection, tells the same message from another.
+        // A row that is gone by the read-back (purged meanwhile) is inserted again, once.
+        for _ in 0..2 {
+            if DB::insert(&mut *conn, &self.sql, &row).await? {
+                return Ok(Enqueued::Inserted(row.key));
+            }
+            match DB::existing(&mut *conn, &self.sql, &row.key).await? {
+                Some(stored) if row.same_as(&stored) => return Ok(Enqueued::AlreadyThere(row.key)),
+                Some(_) => return Err(OutboxError::KeyConflict),
+                None => continue,
+            }
+        }
+        Err(OutboxError::Database(sqlx::Error::RowNotFound))
     }
 }
 
@@ -207,13 +272,14 @@ impl<DB: OutboxDatabase> fmt::Debug for Scope<DB> {
 
 impl<DB: OutboxDatabase> Scope<DB> {
     /// Inserts `message` through `conn` (the caller's transaction), keyed `{scope}/{n}` for the
-    /// `n`-th message enqueued through this scope unless it has a key of its own; answers the
-    /// key. See [`Outbox::enqueue`].
+    /// `n`-th message enqueued through this scope unless it has a key of its own; answers
+    /// whether it was inserted or already there, or that the key holds a different message, as
+    /// [`Outbox::enqueue`] does.
     pub async fn enqueue(
         &mut self,
         conn: &mut DB::Connection,
         message: Message,
-    ) -> Result<String, OutboxError> {
+    ) -> Result<Enqueued, OutboxError> {
         let n = self.next;
         self.next = self.next.saturating_add(1);
         self.outbox

@@ -108,7 +108,8 @@ pub struct Round {
     /// Messages failed (their last attempt, or a permanent failure), spent ones included.
     pub failed: usize,
     /// Attempts whose outcome could not be recorded: the claim was lost to another relay, or
-    /// the database failed; the message is attempted again after its lease.
+    /// the database failed until the claim's lease ended; the message is attempted again
+    /// after its lease.
     pub unrecorded: usize,
 }
 
@@ -118,9 +119,17 @@ pub struct Round {
 /// HTTP messages are sent with the relay's `reqwest` client (the default one speaks plain HTTP
 /// only; give [`http_client`](Self::http_client) a client built with a TLS feature of `reqwest`
 /// for `https` URLs), with the message's key as `Idempotency-Key`. A `2xx` answer delivers the
-/// message; a `408`, `409` (a duplicate still in flight at a receiver that dedupes), `425`,
-/// `429`, any `5xx`, a timeout or a connection failure is retried after the backoff; any other
-/// answer fails the message at once. Dispatched messages go to the [`Dispatcher`].
+/// message; a `3xx` (the default client follows no redirect; see
+/// [`follow_same_method_redirects`](Self::follow_same_method_redirects)), a `408`, `409` (a
+/// duplicate still in flight at a receiver that dedupes), `425`, `429`, any `5xx`, a timeout or
+/// a connection failure is retried after the backoff; any other answer fails the message at
+/// once. Dispatched messages go to the [`Dispatcher`].
+///
+/// A delivery's outcome is written under the claim's fencing token. When that write fails
+/// (SQLite's write lock held past the busy timeout, a lost connection), the relay retries it
+/// with a backoff until the claim's lease ends; it never sends the message again because its
+/// outcome could not be written. Only a write still failing when the lease ends leaves the
+/// message to be delivered again after it.
 ///
 /// On Postgres several relays (threads or instances) share one outbox: each round claims a
 /// batch with `FOR UPDATE SKIP LOCKED`, so their batches are disjoint. On SQLite run one relay
@@ -173,7 +182,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     pub fn relay(&self) -> Relay<DB> {
         Relay {
             outbox: self.clone(),
-            http: reqwest::Client::new(),
+            http: client(reqwest::redirect::Policy::none()),
             dispatcher: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
@@ -186,9 +195,29 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 }
 
 impl<DB: OutboxDatabase> Relay<DB> {
-    /// The client HTTP messages are sent with (default: `reqwest::Client::new()`).
+    /// The client HTTP messages are sent with (default: reqwest's default client, except that
+    /// it follows no redirect: [`reqwest::redirect::Policy::none`]).
+    ///
+    /// The client's redirect policy is yours. reqwest's default one follows up to 10 redirects
+    /// and turns a `POST` answered `301`, `302` or `303` into a bodiless `GET` of the new
+    /// location, whose `2xx` would mark the message delivered though the target never received
+    /// it. Build the client with `.redirect(reqwest::redirect::Policy::none())` (every `3xx` is
+    /// a failed attempt) or `.redirect(`[`same_method_redirects()`]`)`.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http = client;
+        self
+    }
+
+    /// Follows same-method redirects: a `307` or `308` answer is followed (up to 10 in a
+    /// row) with the same method, body and `Idempotency-Key`, and the answer at its end decides
+    /// the attempt. A `301`, `302` or `303` (which a client follows as a bodiless `GET`) still
+    /// stops there and is a failed attempt. Off by default: every `3xx` is a failed attempt.
+    ///
+    /// This replaces the relay's client with a default one using [`same_method_redirects`];
+    /// for a client of your own ([`http_client`](Self::http_client)), build it with that
+    /// policy instead of calling this.
+    pub fn follow_same_method_redirects(mut self) -> Self {
+        self.http = client(same_method_redirects());
         self
     }
 
@@ -212,8 +241,10 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 
     /// How long a claim lasts (default [`DEFAULT_LEASE`]); keep it longer than the attempt
-    /// timeout. A message whose claim ends before its delivery is recorded is delivered again
-    /// by the next round, which the receiver's deduplication absorbs.
+    /// timeout. A delivery's outcome whose write fails is retried until the lease ends, so a
+    /// round may last up to the lease. A message whose claim ends before its delivery is
+    /// recorded is delivered again by the next round, which the receiver's deduplication
+    /// absorbs.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.max(Duration::from_millis(1));
         self
@@ -262,7 +293,11 @@ impl<DB: OutboxDatabase> Relay<DB> {
             failed: usize::try_from(spent).unwrap_or(usize::MAX),
             ..Round::default()
         };
-        let outcomes = join_all(rows.into_iter().map(|row| self.attempt(row, token))).await;
+        let outcomes = join_all(
+            rows.into_iter()
+                .map(|row| self.attempt(row, token, lease_until)),
+        )
+        .await;
         for outcome in outcomes {
             match outcome {
                 Recorded::Delivered => round.delivered += 1,
@@ -312,8 +347,9 @@ impl<DB: OutboxDatabase> Relay<DB> {
         }
     }
 
-    /// Delivers one claimed message and records the outcome.
-    async fn attempt(&self, row: ClaimedRow, token: i64) -> Recorded {
+    /// Delivers one claimed message and records the outcome, retrying the record until
+    /// `lease_until`.
+    async fn attempt(&self, row: ClaimedRow, token: i64, lease_until: i64) -> Recorded {
         let attempt = u32::try_from(row.attempts).unwrap_or(1);
         let key = row.key.clone();
         let delivery = AssertUnwindSafe(tokio::time::timeout(
@@ -335,7 +371,13 @@ impl<DB: OutboxDatabase> Relay<DB> {
         };
         let (pool, sql, now) = (&self.outbox.pool, &self.outbox.sql, now_ms());
         let recorded = match &result {
-            Ok(status) => DB::complete(pool, sql, &key, token, now, status.map(i32::from)).await,
+            Ok(status) => {
+                let status = status.map(i32::from);
+                until_written(lease_until, || {
+                    DB::complete(pool, sql, &key, token, now, status)
+                })
+                .await
+            }
             Err((status, error)) => {
                 let permanent = matches!(error, DispatchError::Permanent(_));
                 let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
@@ -343,7 +385,10 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 let max = if permanent { 0 } else { self.max() };
                 let text = bounded(error.to_string());
                 let status = status.map(i32::from);
-                DB::fail(pool, sql, &key, token, now, max, retry_at, status, &text).await
+                until_written(lease_until, || {
+                    DB::fail(pool, sql, &key, token, now, max, retry_at, status, &text)
+                })
+                .await
             }
         };
         match (recorded, result) {
@@ -362,7 +407,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 Recorded::Unrecorded
             }
             (Err(error), _) => {
-                tracing::warn!(%error, "recording an outbox delivery failed; attempted again after the lease");
+                tracing::warn!(%error, "recording an outbox delivery failed until its lease ended; attempted again");
                 Recorded::Unrecorded
             }
         }
@@ -396,9 +441,12 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     .await;
                 let response = sent.map_err(|error| (None, request_error(&error)))?;
                 let status = response.status();
+                let location = status
+                    .is_redirection()
+                    .then(|| location(response.url(), response.headers()));
                 // Read the answer so the connection can be reused; its content is not kept.
                 let _ = response.bytes().await;
-                classify(status)
+                classify(status, location.as_deref())
             }
             (_, _, Some(topic)) => {
                 let Some(dispatcher) = &self.dispatcher else {
@@ -436,11 +484,106 @@ enum Recorded {
     Unrecorded,
 }
 
-/// What an HTTP answer means for the message.
-fn classify(status: http::StatusCode) -> Result<Option<u16>, (Option<u16>, DispatchError)> {
+/// Writes a delivery's outcome with `write`, retrying a failed write with a backoff (10 ms
+/// doubling to 1 s) until `lease_until`: the claim's token fences the write, so a retry can only
+/// land while no other relay holds the message. Answers the last try's result.
+async fn until_written<'a>(
+    lease_until: i64,
+    mut write: impl FnMut() -> BoxFuture<'a, sqlx::Result<bool>>,
+) -> sqlx::Result<bool> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let error = match write().await {
+            Ok(written) => return Ok(written),
+            Err(error) => error,
+        };
+        let left = lease_until.saturating_sub(now_ms());
+        if left <= 0 {
+            return Err(error);
+        }
+        tracing::debug!(%error, "recording an outbox delivery failed; retrying within its lease");
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// A redirect policy for [`Relay::http_client`]'s client: follows `307` and `308` (the method,
+/// body and headers are sent again, the `Idempotency-Key` with them), up to 10 in a row, and
+/// stops at any other redirect (`301`, `302` and `303`, which a client would follow as a bodiless
+/// `GET`), whose answer is then a failed attempt. [`Relay::follow_same_method_redirects`] uses
+/// it.
+///
+/// ```
+/// let client = reqwest::Client::builder()
+///     .redirect(tower_idempotency_outbox::same_method_redirects())
+///     .build()
+///     .unwrap();
+/// # let _ = client;
+/// ```
+pub fn same_method_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        // `previous` holds every URL requested so far: the message's own and each followed.
+        let followed = attempt.previous().len().saturating_sub(1);
+        let same_method = matches!(attempt.status().as_u16(), 307 | 308);
+        if same_method && followed < 10 {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
+}
+
+/// A client with reqwest's defaults and `redirect`.
+fn client(redirect: reqwest::redirect::Policy) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(redirect)
+        .build()
+        .expect("a client without TLS settings builds")
+}
+
+/// Where a redirect points, for the message's error: its `Location` resolved against the URL
+/// requested, without user info, query or fragment (they may carry credentials), at most 200
+/// bytes.
+fn location(requested: &reqwest::Url, headers: &http::HeaderMap) -> String {
+    let Some(value) = headers.get(http::header::LOCATION) else {
+        return "no Location".to_owned();
+    };
+    let Ok(mut url) = value.to_str().map(|text| requested.join(text)) else {
+        return "a Location that is not text".to_owned();
+    };
+    let Ok(url) = url.as_mut() else {
+        return "a Location that is not a URL".to_owned();
+    };
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    let mut text = url.to_string();
+    if text.len() > 200 {
+        let mut end = 200;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+    format!("Location {text}")
+}
+
+/// What an HTTP answer means for the message; `location` describes a redirect's target.
+fn classify(
+    status: http::StatusCode,
+    location: Option<&str>,
+) -> Result<Option<u16>, (Option<u16>, DispatchError)> {
     let code = status.as_u16();
     if status.is_success() {
         return Ok(Some(code));
+    }
+    if status.is_redirection() {
+        let to = location.unwrap_or("no Location");
+        let text = format!("the receiver answered {code} with {to}: a redirect is not a delivery");
+        return Err((Some(code), DispatchError::retry(text)));
     }
     let retry = status.is_server_error() || matches!(code, 408 | 409 | 425 | 429);
     let error = if retry {
@@ -507,15 +650,32 @@ mod tests {
     #[test]
     fn answers_that_are_retried_and_answers_that_fail() {
         let code = |n| http::StatusCode::from_u16(n).unwrap();
-        assert_eq!(classify(code(201)).unwrap(), Some(201));
-        for retried in [408, 409, 425, 429, 500, 503] {
-            let (status, error) = classify(code(retried)).unwrap_err();
+        assert_eq!(classify(code(201), None).unwrap(), Some(201));
+        for retried in [301, 302, 307, 308, 408, 409, 425, 429, 500, 503] {
+            let (status, error) = classify(code(retried), None).unwrap_err();
             assert_eq!(status, Some(retried));
             assert!(matches!(error, DispatchError::Retry(_)), "{retried}");
         }
         for refused in [400, 401, 404, 422] {
-            let (_, error) = classify(code(refused)).unwrap_err();
+            let (_, error) = classify(code(refused), None).unwrap_err();
             assert!(matches!(error, DispatchError::Permanent(_)), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_redirect_location_loses_its_credentials() {
+        let requested = reqwest::Url::parse("http://svc.internal/x?token=a").unwrap();
+        let at = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::LOCATION, value.parse().unwrap());
+            location(&requested, &headers)
+        };
+        assert_eq!(at("/y?sig=secret#f"), "Location http://svc.internal/y");
+        assert_eq!(
+            at("https://user:pw@other.example/z?k=v"),
+            "Location https://other.example/z"
+        );
+        assert_eq!(location(&requested, &http::HeaderMap::new()), "no Location");
+        assert!(at(&format!("/{}", "a".repeat(300))).len() < 220);
     }
 }

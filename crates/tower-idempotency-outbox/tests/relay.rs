@@ -17,12 +17,14 @@ use std::{
 use axum::{
     extract::State,
     http::{HeaderMap, StatusCode},
+    response::IntoResponse,
     routing::post,
     Router,
 };
 use tower_idempotency_core::{IdempotencyLayer, MemoryStore};
 use tower_idempotency_outbox::{
-    admin, Backoff, Dispatch, DispatchError, Message, MessageState, Outbox, OutboxDatabase,
+    admin, Backoff, Dispatch, DispatchError, Enqueued, Message, MessageState, Outbox,
+    OutboxDatabase, OutboxError,
 };
 use tower_idempotency_sqlx::{sqlx, Backend, IdempotentTx, SqlStore};
 use tower_idempotency_testkit::{database_url, random_suffix, serve};
@@ -50,6 +52,27 @@ trait Fixture: OutboxDatabase + Backend + Sized {
     fn drop_table<'a>(_pool: &'a sqlx::Pool<Self>, _table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
+
+    /// The stored payload of the message `key` in `table`, read with SQL of its own.
+    fn stored<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Stored>>;
+}
+
+/// A message's stored payload: method, URL, topic, headers (JSON text) and body.
+type Stored = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    Vec<u8>,
+);
+
+/// The statement [`Fixture::stored`] runs.
+fn stored_sql(table: &str) -> String {
+    format!("SELECT method, url, topic, headers, body FROM {table} WHERE key = $1")
 }
 
 impl Fixture for sqlx::Sqlite {
@@ -71,6 +94,20 @@ impl Fixture for sqlx::Sqlite {
             (pool, "outbox".to_owned(), Some(dir))
         })
     }
+
+    fn stored<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Stored>> {
+        Box::pin(async move {
+            sqlx::query_as(&stored_sql(table))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+        })
+    }
 }
 
 impl Fixture for sqlx::Postgres {
@@ -89,6 +126,20 @@ impl Fixture for sqlx::Postgres {
         Box::pin(async move {
             let drop = format!("DROP TABLE IF EXISTS {table}");
             sqlx::raw_sql(&drop).execute(pool).await.unwrap();
+        })
+    }
+
+    fn stored<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Stored>> {
+        Box::pin(async move {
+            sqlx::query_as(&stored_sql(table))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap()
         })
     }
 }
@@ -112,7 +163,8 @@ impl<DB: Fixture> Env<DB> {
         let mut tx = self.outbox.pool().begin().await.unwrap();
         let mut keys = Vec::new();
         for message in messages {
-            keys.push(self.outbox.enqueue(&mut *tx, message).await.unwrap());
+            let enqueued = self.outbox.enqueue(&mut *tx, message).await.unwrap();
+            keys.push(enqueued.key().to_owned());
         }
         tx.commit().await.unwrap();
         keys
@@ -126,6 +178,10 @@ impl<DB: Fixture> Env<DB> {
             summary.last_status,
             summary.last_error,
         )
+    }
+
+    async fn stored(&self, key: &str) -> Option<Stored> {
+        DB::stored(self.outbox.pool(), self.outbox.table(), key).await
     }
 
     async fn finish(self) {
@@ -210,7 +266,8 @@ fn fast<DB: Fixture>(outbox: &Outbox<DB>) -> tower_idempotency_outbox::Relay<DB>
 }
 
 /// A rolled-back transaction leaves no message; a committed one leaves each, keyed by its
-/// scope and index or its own key, and a key enqueued again is kept once.
+/// scope and index or its own key, stored exactly as it was enqueued; a key enqueued again
+/// with other content leaves the stored message as it was.
 async fn enqueued_exactly_when_committed<DB: Fixture>() {
     let env = Env::<DB>::new().await;
     let outbox = &env.outbox;
@@ -228,7 +285,13 @@ async fn enqueued_exactly_when_committed<DB: Fixture>() {
     let mut tx = outbox.pool().begin().await.unwrap();
     let mut scope = outbox.scope("evt_1");
     let first = scope
-        .enqueue(&mut *tx, Message::http(http::Method::POST, url))
+        .enqueue(
+            &mut *tx,
+            Message::http(http::Method::PUT, url)
+                .header("x-trace", "t-1")
+                .header("content-type", "text/plain")
+                .body("first body"),
+        )
         .await
         .unwrap();
     let second = scope
@@ -240,33 +303,146 @@ async fn enqueued_exactly_when_committed<DB: Fixture>() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    assert_eq!((first.as_str(), second.as_str()), ("evt_1/0", "evt_1/1"));
-    assert_eq!(own, "refund-ch_1");
+    assert_eq!((first.key(), second.key()), ("evt_1/0", "evt_1/1"));
+    assert_eq!(own.key(), "refund-ch_1");
     let summary = outbox.get("evt_1/0").await.unwrap().unwrap();
     assert_eq!(summary.scope.as_deref(), Some("evt_1"));
-    assert_eq!(summary.url.as_deref(), Some(url));
     assert_eq!(summary.state, MessageState::Pending);
+    let http_row: Stored = (
+        Some("PUT".to_owned()),
+        Some(url.to_owned()),
+        None,
+        r#"[["x-trace","t-1"],["content-type","text/plain"]]"#.to_owned(),
+        b"first body".to_vec(),
+    );
+    let refund_row: Stored = (
+        None,
+        None,
+        Some("mail".to_owned()),
+        "[]".to_owned(),
+        b"x".to_vec(),
+    );
+    assert_eq!(env.stored("evt_1/0").await, Some(http_row.clone()));
+    assert_eq!(
+        env.stored("evt_1/1").await,
+        Some((
+            None,
+            None,
+            Some("mail".to_owned()),
+            "[]".to_owned(),
+            b"hello".to_vec()
+        ))
+    );
+    assert_eq!(env.stored("refund-ch_1").await, Some(refund_row.clone()));
 
-    // The same work committed again (a retried handler whose first commit's outcome was
-    // unknown) enqueues nothing new.
-    let keys = env
-        .commit(vec![Message::dispatch("mail", "again").key("refund-ch_1")])
-        .await;
-    assert_eq!(keys, ["refund-ch_1"]);
+    // The same keys enqueued again with other content: refused, and nothing stored changes.
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let other = Message::dispatch("mail", "again")
+        .header("x-other", "1")
+        .key("refund-ch_1");
+    let again = outbox.enqueue(&mut *tx, other).await;
+    let mut scope = outbox.scope("evt_1");
+    let moved = Message::http(http::Method::POST, "http://127.0.0.1:9/elsewhere");
+    let renumbered = scope.enqueue(&mut *tx, moved).await;
+    tx.commit().await.unwrap();
+    assert_eq!(env.stored("refund-ch_1").await, Some(refund_row));
+    assert_eq!(env.stored("evt_1/0").await, Some(http_row));
+    assert!(matches!(again, Err(OutboxError::KeyConflict)), "{again:?}");
+    assert!(
+        matches!(renumbered, Err(OutboxError::KeyConflict)),
+        "{renumbered:?}"
+    );
     assert_eq!(outbox.counts().await.unwrap().pending, 3);
 
     let mut tx = outbox.pool().begin().await.unwrap();
     let bad_key = Message::dispatch("mail", "x").key("has space");
     assert!(matches!(
         outbox.enqueue(&mut *tx, bad_key).await,
-        Err(tower_idempotency_outbox::OutboxError::InvalidKey)
+        Err(OutboxError::InvalidKey)
     ));
     let bad_url = Message::http(http::Method::POST, "/relative");
     assert!(matches!(
         outbox.enqueue(&mut *tx, bad_url).await,
-        Err(tower_idempotency_outbox::OutboxError::InvalidUrl)
+        Err(OutboxError::InvalidUrl)
     ));
     drop(tx);
+    env.finish().await;
+}
+
+/// `enqueue` says what it did: the first enqueue of a key inserts it, the same message again
+/// (in another transaction, or the same one) is already there and stays one row, and the key
+/// with a different method, URL, topic, header or body is a conflict that changes nothing.
+/// A message without a key of its own gets a UUIDv7.
+async fn enqueue_reports_inserted_already_there_or_conflict<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let outbox = &env.outbox;
+    let url = "http://127.0.0.1:9/orders";
+    let message = || {
+        Message::post_json(url, &serde_json::json!({ "sku": "a" }))
+            .header("x-tenant", "acme")
+            .key("order-1")
+    };
+    let enqueue = |message: Message| async move {
+        let mut tx = outbox.pool().begin().await.unwrap();
+        let result = outbox.enqueue(&mut *tx, message).await;
+        tx.commit().await.unwrap();
+        result
+    };
+    assert_eq!(
+        enqueue(message()).await.unwrap(),
+        Enqueued::Inserted("order-1".to_owned())
+    );
+    let stored = env.stored("order-1").await.expect("stored");
+    assert_eq!(
+        enqueue(message()).await.unwrap(),
+        Enqueued::AlreadyThere("order-1".to_owned())
+    );
+    // Twice in one transaction: the second sees the first.
+    let mut tx = outbox.pool().begin().await.unwrap();
+    let same = Message::dispatch("mail", "m").key("mail-1");
+    let inserted = outbox.enqueue(&mut *tx, same.clone()).await.unwrap();
+    let again = outbox.enqueue(&mut *tx, same).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(inserted, Enqueued::Inserted("mail-1".to_owned()));
+    assert_eq!(again, Enqueued::AlreadyThere("mail-1".to_owned()));
+    assert!(again.key() == "mail-1" && !again.inserted() && inserted.inserted());
+
+    let different = [
+        Message::post_json(url, &serde_json::json!({ "sku": "b" }))
+            .header("x-tenant", "acme")
+            .key("order-1"),
+        Message::post_json(
+            "http://127.0.0.1:9/other",
+            &serde_json::json!({ "sku": "a" }),
+        )
+        .header("x-tenant", "acme")
+        .key("order-1"),
+        Message::http(http::Method::PUT, url)
+            .header("content-type", "application/json")
+            .header("x-tenant", "acme")
+            .body(r#"{"sku":"a"}"#)
+            .key("order-1"),
+        Message::post_json(url, &serde_json::json!({ "sku": "a" }))
+            .header("x-tenant", "other")
+            .key("order-1"),
+        Message::dispatch("orders", r#"{"sku":"a"}"#)
+            .header("x-tenant", "acme")
+            .key("order-1"),
+    ];
+    for message in different {
+        let result = enqueue(message.clone()).await;
+        assert!(
+            matches!(result, Err(OutboxError::KeyConflict)),
+            "{message:?}: {result:?}"
+        );
+    }
+    assert_eq!(env.stored("order-1").await, Some(stored));
+    assert_eq!(outbox.counts().await.unwrap().pending, 2);
+
+    let generated = enqueue(Message::dispatch("mail", "no key")).await.unwrap();
+    let uuid = uuid::Uuid::parse_str(generated.key()).expect("a UUID");
+    assert_eq!(uuid.get_version(), Some(uuid::Version::SortRand));
+    assert_eq!(generated, Enqueued::Inserted(uuid.to_string()));
     env.finish().await;
 }
 
@@ -283,7 +459,8 @@ async fn retries_a_failing_receiver_with_the_same_key<DB: Fixture>() {
         .scope("evt_flaky")
         .enqueue(&mut *tx, message)
         .await
-        .unwrap();
+        .unwrap()
+        .into_key();
     tx.commit().await.unwrap();
 
     let relay = fast(&env.outbox).max_attempts(5);
@@ -424,21 +601,27 @@ async fn dispatched_messages_reach_the_dispatcher<DB: Fixture>() {
     env.finish().await;
 }
 
-/// A spawned relay delivers what a committed transaction enqueued, woken by `Outbox::wake`,
-/// and drains.
+/// A spawned relay that polls once an hour delivers what a committed transaction enqueued
+/// as soon as `Outbox::wake` is called, and drains. The message is committed after the relay's
+/// first round has ended (it delivered a message committed before the spawn), so only the wake
+/// can start the round that delivers it.
 async fn a_spawned_relay_delivers<DB: Fixture>() {
     let env = Env::<DB>::new().await;
     let seen = Seen::default();
     let base = receiver(seen.clone(), 0, StatusCode::OK).await;
-    // Polls rarely: the wake starts the round.
+    let hook = format!("{base}/hook");
+    env.commit(vec![Message::http(http::Method::POST, &hook).key("first")])
+        .await;
     let relay = fast(&env.outbox)
         .poll_every(Duration::from_secs(3600))
         .spawn();
-    env.commit(vec![Message::http(
-        http::Method::POST,
-        format!("{base}/hook"),
-    )
-    .key("woken")])
+    // The first round claims `first` (and nothing else: nothing else is committed yet).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.state("first").await.0 != MessageState::Delivered {
+        assert!(Instant::now() < deadline, "the first round did not deliver");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    env.commit(vec![Message::http(http::Method::POST, &hook).key("woken")])
         .await;
     env.outbox.wake();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -447,7 +630,76 @@ async fn a_spawned_relay_delivers<DB: Fixture>() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(relay.drain(Duration::from_secs(5)).await);
-    assert_eq!(seen.keys(), ["woken"]);
+    assert_eq!(seen.keys(), ["first", "woken"]);
+    env.finish().await;
+}
+
+/// What a redirecting target received: method, path and body of each request.
+type Received = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
+
+/// A target whose `POST /x` answers `301 Location: /y`, `POST /x308` answers `308 Location:
+/// /y`, and `/y` answers `200` to any method; it records every request.
+async fn redirecting_target(received: Received) -> String {
+    let record = move |method: http::Method, uri: http::Uri, body: axum::body::Bytes| {
+        let received = received.clone();
+        async move {
+            received.lock().unwrap().push((
+                method.to_string(),
+                uri.path().to_owned(),
+                body.to_vec(),
+            ));
+            match uri.path() {
+                "/x" => (StatusCode::MOVED_PERMANENTLY, [("location", "/y")]).into_response(),
+                "/x308" => (StatusCode::PERMANENT_REDIRECT, [("location", "/y")]).into_response(),
+                _ => StatusCode::OK.into_response(),
+            }
+        }
+    };
+    serve(Router::new().fallback(record)).await
+}
+
+/// A `301` to `/y` is a failed attempt naming the status and the location, not a delivery:
+/// the relay neither follows it as a bodiless `GET` nor sends anything to `/y`. With same-method
+/// redirects on, a `308` to `/y` delivers the `POST` with its body and key there, and a `301`
+/// still fails the attempt.
+async fn a_redirect_is_not_a_delivery<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let received = Received::default();
+    let base = redirecting_target(received.clone()).await;
+    let post = |path: &str, key: &str| {
+        Message::http(http::Method::POST, format!("{base}{path}"))
+            .body("the order")
+            .key(key)
+    };
+    env.commit(vec![post("/x", "moved")]).await;
+    let round = fast(&env.outbox).run_once().await.unwrap();
+    assert_eq!((round.claimed, round.delivered, round.retried), (1, 0, 1));
+    let (state, attempts, status, error) = env.state("moved").await;
+    assert_eq!(
+        (state, attempts, status),
+        (MessageState::Pending, 1, Some(301))
+    );
+    let error = error.expect("an error");
+    assert!(error.contains("301") && error.contains("/y"), "{error}");
+    assert_eq!(
+        *received.lock().unwrap(),
+        [("POST".to_owned(), "/x".to_owned(), b"the order".to_vec())]
+    );
+
+    received.lock().unwrap().clear();
+    env.commit(vec![post("/x308", "kept"), post("/x", "moved-again")])
+        .await;
+    let relay = fast(&env.outbox).follow_same_method_redirects();
+    rounds_until(&env, &relay, "kept", |s| s == MessageState::Delivered).await;
+    assert_eq!(env.state("kept").await.2, Some(200));
+    let (state, _, status, _) = env.state("moved-again").await;
+    assert_eq!((state, status), (MessageState::Pending, Some(301)));
+    let received = received.lock().unwrap().clone();
+    let at_y: Vec<_> = received.iter().filter(|r| r.1 == "/y").collect();
+    assert_eq!(
+        at_y,
+        [&("POST".to_owned(), "/y".to_owned(), b"the order".to_vec())]
+    );
     env.finish().await;
 }
 
@@ -634,13 +886,110 @@ macro_rules! on_both {
 
 on_both!(
     enqueued_exactly_when_committed,
+    enqueue_reports_inserted_already_there_or_conflict,
     enqueued_from_a_transactional_route,
     retries_a_failing_receiver_with_the_same_key,
     failed_messages_are_operated,
     messages_are_paged_and_shown,
     dispatched_messages_reach_the_dispatcher,
     a_spawned_relay_delivers,
+    a_redirect_is_not_a_delivery,
 );
+
+/// SQLite: another connection holds the write lock (`BEGIN IMMEDIATE`) from the moment the
+/// target has the request until well past the relay pool's busy timeout. The relay keeps
+/// retrying the record of the delivery, and once the lock is released the message is
+/// delivered, sent exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_records_a_delivery_made_while_the_write_lock_is_held() {
+    use sqlx::Connection;
+    let busy = Duration::from_millis(100);
+    let dir = std::env::temp_dir().join(format!("tidem-outbox-{}", random_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&format!(
+        "sqlite://{}/outbox.db",
+        dir.display()
+    ))
+    .unwrap()
+    .create_if_missing(true)
+    .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+    .busy_timeout(busy);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    let outbox = Outbox::new(pool, "outbox").unwrap();
+    outbox.migrate().await.unwrap();
+    let env = Env::<sqlx::Sqlite> {
+        outbox,
+        dir: Some(dir),
+    };
+
+    // The target tells the test when a request arrived and answers once the test says so.
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let answer = Arc::new(tokio::sync::Semaphore::new(0));
+    let app = Router::new().route(
+        "/hook",
+        post({
+            let answer = answer.clone();
+            move |headers: HeaderMap| {
+                let (arrived, answer) = (arrived.clone(), answer.clone());
+                async move {
+                    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                    arrived.send(key).unwrap();
+                    answer.acquire().await.unwrap().forget();
+                    StatusCode::OK
+                }
+            }
+        }),
+    );
+    let base = serve(app).await;
+    env.commit(vec![Message::http(
+        http::Method::POST,
+        format!("{base}/hook"),
+    )
+    .key("under-lock")])
+        .await;
+
+    let relay = fast(&env.outbox).lease(Duration::from_secs(30));
+    let round = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.run_once().await }
+    });
+    assert_eq!(arrivals.recv().await.as_deref(), Some("under-lock"));
+    let mut locker = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    answer.add_permits(1);
+    // The lock is held for ten busy timeouts: the relay's record of the delivery waits.
+    tokio::time::sleep(busy * 10).await;
+    assert!(
+        !round.is_finished(),
+        "the round ended with its record unwritten"
+    );
+    sqlx::raw_sql("COMMIT").execute(&mut locker).await.unwrap();
+    let round = round.await.unwrap().unwrap();
+    assert_eq!(
+        (round.claimed, round.delivered, round.unrecorded),
+        (1, 1, 0)
+    );
+    let (state, attempts, status, error) = env.state("under-lock").await;
+    assert_eq!(
+        (state, attempts, status, error),
+        (MessageState::Delivered, 1, Some(200), None)
+    );
+    // Delivered: nothing is claimed or sent again.
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(round.claimed, 0);
+    assert!(arrivals.try_recv().is_err(), "the message was sent twice");
+    locker.close().await.unwrap();
+    env.finish().await;
+}
 
 /// Executions per `Idempotency-Key` behind the client-key layer, and requests received.
 #[derive(Clone, Default)]
