@@ -14,8 +14,8 @@
 //!
 //! With the `outbox` feature and `OUTBOX_TARGET_URL` set, a `test.outbox` event also enqueues,
 //! in its transaction, one `POST {OUTBOX_TARGET_URL}` with the body `{"event": "<event id>"}`
-//! (key `<event id>/0`, sent as its `Idempotency-Key`); a relay with the inbox's lease, backoff,
-//! attempts and sweep interval delivers it.
+//! (scope `stripe/<event id>`, key `stripe/<event id>/0`, sent as its `Idempotency-Key`); a
+//! relay with the inbox's lease, backoff, attempts and sweep interval delivers it.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -189,8 +189,10 @@ macro_rules! handler {
                 let kind = event.json().ok().and_then(|json| json["type"].as_str().map(str::to_owned));
                 if kind.as_deref() == Some("test.outbox") {
                     let body = serde_json::json!({ "event": event.key.event_id });
+                    // Keys are unique per outbox: the scope names the provider with the event.
+                    let scope = format!("{}/{}", event.key.provider, event.key.event_id);
                     outbox
-                        .scope(event.key.event_id.clone())
+                        .scope(scope)
                         .enqueue(&mut *tx, Message::post_json(&**target, &body))
                         .await?;
                 }
