@@ -549,10 +549,10 @@ fn location(requested: &reqwest::Url, headers: &http::HeaderMap) -> String {
     let Some(value) = headers.get(http::header::LOCATION) else {
         return "no Location".to_owned();
     };
-    let Ok(mut url) = value.to_str().map(|text| requested.join(text)) else {
-        return "a Location that is not text".to_owned();
-    };
-    let Ok(url) = url.as_mut() else {
+    let Ok(mut url) = value.to_str().map_err(drop).and_then(|text| {
+        // Relative to the URL requested, as a client following it would resolve it.
+        requested.join(text).map_err(drop)
+    }) else {
         return "a Location that is not a URL".to_owned();
     };
     let _ = url.set_username("");
