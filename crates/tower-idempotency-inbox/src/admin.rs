@@ -81,10 +81,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `GET /pending?limit=N` | the same for pending events |
 /// | `GET /counts` | `200` [`StateCounts`] |
 /// | `GET /events?state=&provider=&type=&received_after=&received_before=&cursor=&limit=` | `200` [`EventPage`], newest first; times RFC 3339; `400` a bad filter or cursor |
-/// | `GET /events/{provider}/{event_id}` | `200` [`EventDetail`], `404` |
+/// | `GET /events/{provider}/{event_id}` | `200` [`EventDetail`] (credentials masked: [`Inbox::event`]), `404` |
 /// | `POST /failed/{provider}/{event_id}/retry` | `202` re-queued, `404` no such failed event |
 /// | `POST /events/{provider}/{event_id}/retry` | the same |
-/// | `POST /events/{provider}/{event_id}/discard` | `204` deleted, `404` no such failed event |
+/// | `POST /events/{provider}/{event_id}/discard` | `204` discarded ([`Inbox::discard`]: deleted, or kept without its body until its authenticator's horizon), `404` no such failed event |
 /// | `POST /retry` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkRetry`] (the filter's fields as [`EventFilter`]) |
 /// | `POST /purge?older_than_secs=N` | `200 {"purged": n}` |
 ///
@@ -190,7 +190,7 @@ fn list<DB: InboxDatabase>(state: EventState) -> MethodRouter<Inbox<DB>> {
 enum Change {
     /// Re-queues a failed event: `202`.
     Retry,
-    /// Deletes a failed event: `204`.
+    /// Discards a failed event ([`Inbox::discard`]): `204`.
     Discard,
 }
 

@@ -37,7 +37,9 @@ pub enum EventState {
     Failed,
     /// Older than the newest processed event of its ordering key under
     /// [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale): never handed to the
-    /// handler. Its last error says which event made it stale.
+    /// handler. Its last error says which event made it stale. Also a failed event an operator
+    /// discarded while its authenticator must still refuse replays
+    /// ([`Inbox::discard`](crate::Inbox::discard)).
     Skipped,
 }
 

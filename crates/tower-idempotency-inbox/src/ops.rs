@@ -21,9 +21,9 @@ pub const MAX_PAGE: u32 = 500;
 /// Rows read per statement while a listing or a bulk retry scans.
 const SCAN_BATCH: i64 = 500;
 
-/// Header names whose values [`Inbox::event`] never shows, whatever the acknowledgement kept:
-/// a name containing one of these (ASCII case-insensitive) is redacted.
-const SECRET_HEADER_PARTS: [&str; 7] = [
+/// Header and body field names whose values [`Inbox::event`] never shows: a name containing one
+/// of these (ASCII case-insensitive) is redacted.
+const SECRET_NAME_PARTS: [&str; 14] = [
     "authorization",
     "cookie",
     "signature",
@@ -31,10 +31,20 @@ const SECRET_HEADER_PARTS: [&str; 7] = [
     "token",
     "hmac",
     "api-key",
+    "api_key",
+    "apikey",
+    "auth-key",
+    "password",
+    "passwd",
+    "session",
+    "credential",
 ];
 
 /// What a redacted header's value reads.
 pub const REDACTED: &str = "[redacted]";
+
+/// What a masked query value or fragment of a shown URL reads.
+pub const MASKED: &str = "***";
 
 /// Which events a listing or a bulk retry takes. Every field left `None` matches all.
 ///
@@ -101,11 +111,16 @@ pub struct EventDetail {
     #[serde(flatten)]
     pub record: EventRecord,
     /// The headers the acknowledgement kept, `[name, value]`; a value whose name looks like a
-    /// credential (signature, token, authorization, cookie, ...) reads [`REDACTED`].
+    /// credential (signature, token, authorization, cookie, apikey, password, session, ...)
+    /// reads [`REDACTED`], and a URL value is shown without user-info and with its query values
+    /// masked.
     pub headers: Vec<(String, String)>,
-    /// The body as text (invalid UTF-8 replaced).
+    /// The body as text (invalid UTF-8 replaced). A JSON body is shown with the string or
+    /// number of each field named like a credential (Mailgun's `signature.token` and
+    /// `signature.signature`, a `client_secret`, ...) reading [`REDACTED`] and its URLs masked
+    /// as the headers' (then re-serialized); other bodies as they came.
     pub body: String,
-    /// The body pretty-printed, when it is JSON.
+    /// The body pretty-printed, when it is JSON, masked as `body`.
     pub body_pretty: Option<String>,
 }
 
@@ -238,16 +253,140 @@ fn decode_cursor(cursor: &str) -> Result<(i64, String, String), InboxError> {
     serde_json::from_slice(&bytes).map_err(|_| InboxError::InvalidCursor)
 }
 
-/// `value`, or [`REDACTED`] when the header `name` looks like a credential (signature, token,
-/// authorization, cookie, ...): the rule of [`Inbox::event`], which the outbox's page shares.
+/// Whether a header or body field `name` looks like a credential's: it contains (ASCII
+/// case-insensitive) `authorization`, `cookie`, `signature`, `secret`, `token`, `hmac`,
+/// `api-key`, `api_key`, `apikey`, `auth-key`, `password`, `passwd`, `session` or `credential`.
+pub fn is_secret_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    SECRET_NAME_PARTS.iter().any(|part| lower.contains(part))
+}
+
+/// `value`, or [`REDACTED`] when the header `name` looks like a credential's
+/// ([`is_secret_name`]); an `http(s)` URL value as [`redact_url`] shows it. The rule of
+/// [`Inbox::event`], which the outbox's page shares.
 #[doc(hidden)]
 pub fn redact(name: &str, value: String) -> String {
-    let lower = name.to_ascii_lowercase();
-    if SECRET_HEADER_PARTS.iter().any(|part| lower.contains(part)) {
+    if is_secret_name(name) {
         REDACTED.to_owned()
     } else {
-        value
+        redact_url_text(value)
     }
+}
+
+/// A URL as an operator is shown it: without user-info, each query value and the fragment
+/// [`MASKED`] (names stay), parsed by the `url` crate. Text that is not an absolute URL reads
+/// [`REDACTED`]: it cannot be told apart from a credential.
+///
+/// ```
+/// use tower_idempotency_inbox::page::redact_url;
+///
+/// assert_eq!(
+///     redact_url("https://user:pass@api.example.com/hook?token=abc&mode=live#sig"),
+///     "https://api.example.com/hook?token=***&mode=***#***"
+/// );
+/// assert_eq!(redact_url("https://api.example.com/hook"), "https://api.example.com/hook");
+/// ```
+pub fn redact_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(url) => masked_url(url),
+        Err(_) => REDACTED.to_owned(),
+    }
+}
+
+fn masked_url(mut url: url::Url) -> String {
+    if url.cannot_be_a_base() {
+        // `mailto:`, `data:`, ...: nothing of a host, user-info or path to keep apart.
+        return REDACTED.to_owned();
+    }
+    // Both succeed on a URL that can be a base.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    if url.query().is_some() {
+        let pairs: Vec<(String, &str)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if value.is_empty() { "" } else { MASKED };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    if url.fragment().is_some_and(|fragment| !fragment.is_empty()) {
+        url.set_fragment(Some(MASKED));
+    }
+    url.to_string()
+}
+
+/// `text` as [`redact_url`] shows it when it is an `http(s)` URL carrying user-info, a query or
+/// a fragment; else unchanged.
+fn redact_url_text(text: String) -> String {
+    let lower = text.get(..8).unwrap_or(&text).to_ascii_lowercase();
+    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
+        return text;
+    }
+    match url::Url::parse(text.trim()) {
+        Ok(url)
+            if !url.username().is_empty()
+                || url.password().is_some()
+                || url.query().is_some()
+                || url.fragment().is_some() =>
+        {
+            masked_url(url)
+        }
+        Ok(_) => text,
+        Err(_) => REDACTED.to_owned(),
+    }
+}
+
+/// Masks a JSON value for an operator: the string or number of a field whose name looks like a
+/// credential's ([`is_secret_name`]) reads [`REDACTED`] (an object or array under such a name
+/// is masked field by field: Mailgun's `signature` object keeps its `timestamp`), and a URL
+/// string reads as [`redact_url`] shows it. Answers whether anything changed.
+fn redact_json(value: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => {
+            let mut changed = false;
+            for (name, field) in fields.iter_mut() {
+                match field {
+                    Value::String(_) | Value::Number(_) if is_secret_name(name) => {
+                        *field = Value::String(REDACTED.to_owned());
+                        changed = true;
+                    }
+                    _ => changed |= redact_json(field),
+                }
+            }
+            changed
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, item| redact_json(item) | changed),
+        Value::String(text) => {
+            let shown = redact_url_text(text.clone());
+            let changed = shown != *text;
+            *text = shown;
+            changed
+        }
+        _ => false,
+    }
+}
+
+/// A body as an operator is shown it: as text, and pretty-printed when it is JSON, with
+/// credential fields and URLs masked as [`Inbox::event`] says (the outbox's page shares it). A
+/// JSON body that needed masking is shown re-serialized.
+#[doc(hidden)]
+pub fn shown_body(body: &[u8]) -> (String, Option<String>) {
+    let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return (String::from_utf8_lossy(body).into_owned(), None);
+    };
+    let changed = redact_json(&mut json);
+    let pretty = serde_json::to_string_pretty(&json).ok();
+    let text = if changed {
+        json.to_string()
+    } else {
+        String::from_utf8_lossy(body).into_owned()
+    };
+    (text, pretty)
 }
 
 impl<DB: InboxDatabase> Inbox<DB> {
@@ -336,8 +475,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
         })
     }
 
-    /// One event in full (kept headers with credentials redacted, body, attempts, last error),
-    /// when the inbox holds it.
+    /// One event in full (kept headers, body, attempts, last error), when the inbox holds it;
+    /// credentials in the headers and a JSON body are masked as [`EventDetail`] says.
     pub async fn event(&self, key: &EventKey) -> Result<Option<EventDetail>, InboxError> {
         let Some(row) = <DB as OpsDatabase>::detail(&self.pool, self.table(), key).await? else {
             return Ok(None);
@@ -350,21 +489,24 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 (name, value)
             })
             .collect();
-        let body_pretty = serde_json::from_slice::<serde_json::Value>(&row.body)
-            .ok()
-            .and_then(|json| serde_json::to_string_pretty(&json).ok());
+        let (body, body_pretty) = shown_body(&row.body);
         Ok(Some(EventDetail {
-            body: String::from_utf8_lossy(&row.body).into_owned(),
+            body,
             record: record(row.summary, &row.body),
             headers,
             body_pretty,
         }))
     }
 
-    /// Deletes a failed event; answers `false` when the event is not failed. A provider's later
-    /// redelivery of it is stored and processed as a new event.
+    /// Discards a failed event; answers `false` when the event is not failed. It is deleted,
+    /// and a provider's later redelivery of it is stored and processed as a new event; but an
+    /// event whose delivery carried an authenticator (GitHub, Shopify, Linear, Mailgun) is kept
+    /// until its provider's retry horizon, without its body and headers, as
+    /// [`Skipped`](EventState::Skipped) with a last error that says so: its authenticator
+    /// still refuses the captured delivery re-sent under a new id (and a redelivery under the
+    /// same id is a duplicate), and the retention purges it after the horizon.
     pub async fn discard(&self, key: &EventKey) -> Result<bool, InboxError> {
-        Ok(<DB as OpsDatabase>::discard(&self.pool, self.table(), key).await?)
+        Ok(<DB as OpsDatabase>::discard(&self.pool, self.table(), key, now_ms()).await?)
     }
 
     /// Puts every failed event matching `filter` (its `state` is ignored: only failed events
@@ -488,6 +630,97 @@ mod tests {
             redact("content-type", "application/json".into()),
             "application/json"
         );
+    }
+
+    #[test]
+    fn credential_names_are_redacted_whatever_their_case() {
+        for name in [
+            "apikey",
+            "X-ApiKey",
+            "api_key",
+            "x-api-key",
+            "Password",
+            "x-session-id",
+            "X-Auth-Key",
+            "cookie",
+            "Set-Cookie",
+            "Proxy-Authorization",
+            "x-amz-security-token",
+            "X-Shopify-Hmac-Sha256",
+            "client_secret",
+            "X-Hub-Signature-256",
+            "x-client-credential",
+        ] {
+            assert_eq!(redact(name, "v".into()), REDACTED, "{name}");
+        }
+        for name in [
+            "content-type",
+            "x-github-event",
+            "user-agent",
+            "x-request-id",
+        ] {
+            assert_eq!(redact(name, "v".into()), "v", "{name}");
+        }
+    }
+
+    #[test]
+    fn urls_lose_their_user_info_and_query_values() {
+        assert_eq!(
+            redact_url("https://user:pa%20ss@api.example.com:8443/hook?token=a%26b&flag&x=1#frag"),
+            "https://api.example.com:8443/hook?token=***&flag=&x=***#***"
+        );
+        assert_eq!(redact_url("http://token@h.example/p"), "http://h.example/p");
+        assert_eq!(redact_url("https://h.example/p/q"), "https://h.example/p/q");
+        // Not an absolute URL, or nothing but an opaque payload: nothing of it is shown.
+        for text in [
+            "not a url",
+            "/relative?token=x",
+            "mailto:someone@example.com",
+        ] {
+            assert_eq!(redact_url(text), REDACTED, "{text}");
+        }
+        // A header value that is a URL is shown as one; other values stay whole.
+        assert_eq!(
+            redact("referer", "https://u:p@h.example/?code=1".into()),
+            "https://h.example/?code=***"
+        );
+        assert_eq!(
+            redact("referer", "https://h.example/a".into()),
+            "https://h.example/a"
+        );
+        assert_eq!(redact("x-note", "see https:".into()), "see https:");
+    }
+
+    #[test]
+    fn mailgun_signature_fields_and_body_urls_are_masked() {
+        let body = serde_json::json!({
+            "signature": {"timestamp": "1700000000", "token": "tok", "signature": "ab12"},
+            "event-data": {
+                "id": "e1",
+                "client_secret": 42,
+                "tokens": ["kept: an array under a credential name is masked field by field"],
+                "links": [{"href": "https://u:p@h.example/x?k=v"}, "https://h.example/plain"],
+            },
+        });
+        let (text, pretty) = shown_body(body.to_string().as_bytes());
+        let shown: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            shown,
+            serde_json::json!({
+                "signature": {"timestamp": "1700000000", "token": REDACTED, "signature": REDACTED},
+                "event-data": {
+                    "id": "e1",
+                    "client_secret": REDACTED,
+                    "tokens": ["kept: an array under a credential name is masked field by field"],
+                    "links": [{"href": "https://h.example/x?k=***"}, "https://h.example/plain"],
+                },
+            })
+        );
+        assert_eq!(pretty, serde_json::to_string_pretty(&shown).ok());
+        // A body with nothing to mask is shown as it came; one that is not JSON as text.
+        let plain = br#"{"b": 1,  "a": "x"}"#;
+        assert_eq!(shown_body(plain).0, r#"{"b": 1,  "a": "x"}"#);
+        assert_eq!(shown_body(b"token=abc"), ("token=abc".to_owned(), None));
     }
 
     #[test]

@@ -53,6 +53,31 @@ pub(crate) fn scan_sql(table: &str) -> String {
     )
 }
 
+/// The last error of a discarded event kept for its authenticator.
+pub(crate) const DISCARDED: &str = "discarded by an operator; kept without its body and headers \
+     until its provider's retry horizon, so that its delivery re-sent under another id is still \
+     refused";
+
+/// Discards a failed event whose authenticator must still refuse a replay: finished as skipped
+/// (never run again; purged once past the retention and the horizon), its body and headers
+/// dropped, its authenticator kept. Bound: provider, event id, now, an empty body, the error.
+fn keep_sql(table: &str) -> String {
+    format!(
+        "UPDATE {table} SET state = 3, body = $4, headers = '[]', finished_at = $3, \
+         last_error = $5, lease_token = NULL, lease_until = NULL \
+         WHERE provider = $1 AND event_id = $2 AND state = 2 \
+         AND authenticator IS NOT NULL AND authenticator_until > $3"
+    )
+}
+
+/// Deletes a failed event without an authenticator to keep. Bound: provider, event id, now.
+fn delete_sql(table: &str) -> String {
+    format!(
+        "DELETE FROM {table} WHERE provider = $1 AND event_id = $2 AND state = 2 \
+         AND (authenticator IS NULL OR authenticator_until IS NULL OR authenticator_until <= $3)"
+    )
+}
+
 /// The operator's statements on one database. Sealed with [`InboxDatabase`](crate::InboxDatabase);
 /// not a public API.
 #[doc(hidden)]
@@ -71,12 +96,15 @@ pub trait OpsDatabase: sqlx::Database {
         key: &'a EventKey,
     ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>>;
 
-    /// Deletes a failed event; whether it did.
+    /// Discards a failed event: deletes it, or, while its authenticator must still refuse a
+    /// replay (`authenticator_until` after `now`), keeps its row finished without its body
+    /// and headers; whether it did either.
     #[doc(hidden)]
     fn discard<'a>(
         pool: &'a sqlx::Pool<Self>,
         table: &'a str,
         key: &'a EventKey,
+        now: i64,
     ) -> BoxFuture<'a, sqlx::Result<bool>>;
 
     /// `(provider, state, count)` for every provider and state present.
@@ -180,14 +208,26 @@ macro_rules! ops_backend {
                     pool: &'a sqlx::Pool<Self>,
                     table: &'a str,
                     key: &'a EventKey,
+                    now: i64,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let statement = format!(
-                            "DELETE FROM {table} WHERE provider = $1 AND event_id = $2 AND state = 2"
-                        );
-                        let done = sqlx::query(&statement)
+                        // Each statement checks the horizon itself, so whichever matches the
+                        // row does the right thing.
+                        let kept = sqlx::query(&keep_sql(table))
                             .bind(&key.provider)
                             .bind(&key.event_id)
+                            .bind(now)
+                            .bind(Vec::<u8>::new())
+                            .bind(DISCARDED)
+                            .execute(pool)
+                            .await?;
+                        if kept.rows_affected() == 1 {
+                            return Ok(true);
+                        }
+                        let done = sqlx::query(&delete_sql(table))
+                            .bind(&key.provider)
+                            .bind(&key.event_id)
+                            .bind(now)
                             .execute(pool)
                             .await?;
                         Ok(done.rows_affected() == 1)

@@ -3,7 +3,7 @@
 //! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
 //! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
 //!
-//! The outbox crate's page is built from the same parts: [`shell`], [`headers_and_body`], [`html_response`], [`redact`],
+//! The outbox crate's page is built from the same parts: [`shell`], [`headers_and_body`], [`html_response`], [`redact`], [`redact_url`], [`shown_body`],
 //! [`time_ms`], [`relative`] and [`encode`] (not a stable API).
 
 use std::time::Duration;
@@ -24,7 +24,7 @@ use crate::{
     EventRecord, EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
 };
 
-pub use crate::ops::redact;
+pub use crate::ops::{is_secret_name, redact, redact_url, shown_body, MASKED};
 
 /// Events per page of the overview.
 const PAGE_SIZE: u32 = 50;
@@ -493,7 +493,7 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                     button #retry type="button" data-post=(action_path(event, "retry"))
                         data-done="Retried: the event is pending and the worker takes it." { "Retry" }
                     button #discard type="button" data-post=(action_path(event, "discard"))
-                        data-done="Discarded: the event is deleted." { "Discard" }
+                        data-done="Discarded: the event is never run again." { "Discard" }
                 }
             }
             (headers_and_body(
