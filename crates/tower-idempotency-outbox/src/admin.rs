@@ -79,11 +79,15 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         })
     }
 
-    /// One message in full: its fields, headers (credentials redacted) and body.
+    /// One message in full, as an operator is shown it: its fields (the URL without
+    /// user-info and with its query values masked), headers (a value whose name looks like a
+    /// credential's reads `[redacted]`) and body (a JSON body's credential fields masked, as
+    /// the inbox's event detail shows them).
     pub async fn message(&self, key: &str) -> Result<Option<MessageDetail>, OutboxError> {
         let Some((summary, headers, body)) = DB::detail(&self.pool, &self.sql, key).await? else {
             return Ok(None);
         };
+        let summary = shown(summary);
         let headers: Vec<(String, String)> = serde_json::from_str(&headers).unwrap_or_default();
         let headers = headers
             .into_iter()
@@ -92,13 +96,11 @@ impl<DB: OutboxDatabase> Outbox<DB> {
                 (name, value)
             })
             .collect();
-        let body_pretty = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|json| serde_json::to_string_pretty(&json).ok());
+        let (body, body_pretty) = tower_idempotency_inbox::page::shown_body(&body);
         Ok(Some(MessageDetail {
             summary,
             headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
+            body,
             body_pretty,
         }))
     }
@@ -138,6 +140,16 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     }
 }
 
+/// `message` as an operator is shown it: its URL without user-info and with its query values
+/// masked.
+pub(crate) fn shown(mut message: MessageSummary) -> MessageSummary {
+    message.url = message
+        .url
+        .as_deref()
+        .map(tower_idempotency_inbox::page::redact_url);
+    message
+}
+
 /// The outbox's operations over HTTP, JSON in and out. Mount it behind your own authentication
 /// (`Router::nest("/admin/outbox", admin::router(outbox).layer(auth))`): it lists messages and
 /// changes their state.
@@ -146,8 +158,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 /// |---|---|
 /// | `GET /page?state=&cursor=` | the operator's page: counts, messages newest first (state `failed` unless another is chosen), retry and discard buttons (`GET /` redirects to it; docs/outbox.md) |
 /// | `GET /detail?key=..` | one message's page |
-/// | `GET /messages?state=&cursor=&limit=` | `200` [`MessagePage`], newest first (any state when `state` is absent); `400` a bad state or cursor |
-/// | `GET /message?key=..` | `200` [`MessageDetail`], `404` |
+/// | `GET /messages?state=&cursor=&limit=` | `200` [`MessagePage`], newest first (any state when `state` is absent; URLs without user-info, query values masked); `400` a bad state or cursor |
+/// | `GET /message?key=..` | `200` [`MessageDetail`] (credentials masked: [`Outbox::message`]), `404` |
 /// | `GET /{state}?limit=N` | `200`, an array of [`MessageSummary`] in that state (`pending`, `delivered`, `failed`, `discarded`; default limit 100) |
 /// | `GET /counts` | `200` [`StateCounts`] |
 /// | `POST /retry` `{"key": ".."}` | `202` re-queued, `404` no such failed message |
@@ -203,6 +215,7 @@ async fn list<DB: OutboxDatabase>(
         _ => return Ok(StatusCode::NOT_FOUND.into_response()),
     };
     let messages = outbox.list(state, limit.limit.unwrap_or(100)).await?;
+    let messages: Vec<MessageSummary> = messages.into_iter().map(shown).collect();
     Ok(Json(messages).into_response())
 }
 
@@ -221,7 +234,11 @@ async fn messages<DB: OutboxDatabase>(
         .messages(state, cursor, listing.limit.unwrap_or(100))
         .await
     {
-        Ok(page) => Ok(Json(page).into_response()),
+        Ok(page) => Ok(Json(MessagePage {
+            messages: page.messages.into_iter().map(shown).collect(),
+            ..page
+        })
+        .into_response()),
         Err(OutboxError::InvalidCursor) => Ok(StatusCode::BAD_REQUEST.into_response()),
         Err(error) => Err(error.into()),
     }
@@ -287,4 +304,63 @@ async fn purge<DB: OutboxDatabase>(
     let older_than = Duration::from_secs(purge.older_than_secs);
     let purged = outbox.purge_finished(older_than).await?;
     Ok(Json(serde_json::json!({ "purged": purged })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+
+    /// A message to a credentialed URL, with a credential in its JSON body, on a SQLite outbox:
+    /// `show` (the method, `GET /message`) and the listings (`GET /messages`, `GET /pending`)
+    /// show the URL without user-info and with query values masked, and the body field masked.
+    #[tokio::test]
+    async fn shown_messages_carry_no_credentials() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let outbox = Outbox::new(pool.clone(), "redacted").unwrap();
+        outbox.migrate().await.unwrap();
+        let url = "https://ops:hunter2@api.example.com/hook?token=tk_live_9&v=2";
+        let body = serde_json::json!({"api_key": "sk_body_7", "n": 1});
+        let mut conn = pool.acquire().await.unwrap();
+        let message = Message::post_json(url, &body).key("m1");
+        outbox.enqueue(&mut conn, message).await.unwrap();
+        drop(conn);
+        let shown_url = "https://api.example.com/hook?token=***&v=***";
+        let assert_clean = |label: &str, text: &str| {
+            for secret in ["hunter2", "tk_live_9", "sk_body_7"] {
+                assert!(!text.contains(secret), "{label} shows {secret}: {text}");
+            }
+        };
+
+        let detail = outbox.message("m1").await.unwrap().expect("m1");
+        assert_eq!(detail.summary.url.as_deref(), Some(shown_url));
+        assert_clean("show", &serde_json::to_string(&detail).unwrap());
+        assert!(detail.body.contains("\"n\":1"), "{}", detail.body);
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = router(outbox.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = reqwest::Client::new();
+        for path in [
+            "/message?key=m1",
+            "/messages",
+            "/pending",
+            "/page?state=",
+            "/detail?key=m1",
+        ] {
+            let response = client.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(response.status(), 200, "{path}");
+            let text = response.text().await.unwrap();
+            assert_clean(path, &text);
+            assert!(
+                text.contains(shown_url) || text.contains(&shown_url.replace('&', "&amp;")),
+                "{path}: {text}"
+            );
+        }
+    }
 }

@@ -12,7 +12,9 @@ use axum::{
     Router,
 };
 use maud::{html, Markup};
-use tower_idempotency_inbox::page::{encode, headers_and_body, html_response, shell, time_ms};
+use tower_idempotency_inbox::page::{
+    encode, headers_and_body, html_response, redact_url, shell, time_ms,
+};
 
 use crate::{
     http::{state_filter, KeyQuery, Listing, Unavailable},
@@ -140,11 +142,12 @@ fn detail_link(message: &MessageSummary) -> String {
     format!("detail?key={}", encode(&message.key))
 }
 
-/// Where a message goes: `POST https://..` or `topic ..`.
+/// Where a message goes: `POST https://..` (without user-info, query values masked) or
+/// `topic ..`.
 fn target(message: &MessageSummary) -> Markup {
     html! {
         @if let Some(url) = &message.url {
-            (message.method.as_deref().unwrap_or("")) " " (url)
+            (message.method.as_deref().unwrap_or("")) " " (redact_url(url))
         } @else if let Some(topic) = &message.topic {
             "topic " (topic)
         }
@@ -243,8 +246,8 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
     )
 }
 
-/// One message: its fields, headers (credentials redacted), pretty body, and the retry and
-/// discard actions.
+/// One message: its fields (the URL without user-info, query values masked), headers and body
+/// (credentials redacted), and the retry and discard actions.
 pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
     let message = &detail.summary;
     let failed = message.state == MessageState::Failed;
@@ -260,7 +263,7 @@ pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
                     tr { th scope="row" { "scope" } td { (message.scope.as_deref().unwrap_or("")) } }
                     @if let Some(url) = &message.url {
                         tr { th scope="row" { "method" } td #method { (message.method.as_deref().unwrap_or("")) } }
-                        tr { th scope="row" { "URL" } td #url { (url) } }
+                        tr { th scope="row" { "URL" } td #url { (redact_url(url)) } }
                     }
                     @if let Some(topic) = &message.topic {
                         tr { th scope="row" { "topic" } td #topic { (topic) } }
@@ -369,6 +372,38 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("<td id=\"method\">POST</td>"), "{html}");
+    }
+
+    #[test]
+    fn a_credentialed_target_url_is_shown_redacted() {
+        let mut message = summary("msg-3");
+        message.url = Some("https://ops:hunter2@api.example.com/hook?token=tk_live_9&v=2".into());
+        let shown = "https://api.example.com/hook?token=***&amp;v=***";
+        let view = Overview {
+            counts: StateCounts::default(),
+            state: String::new(),
+            page: MessagePage {
+                messages: vec![message.clone()],
+                next_cursor: None,
+            },
+            now_ms: 0,
+        };
+        let detail = MessageDetail {
+            summary: message,
+            headers: Vec::new(),
+            body: String::new(),
+            body_pretty: None,
+        };
+        for html in [
+            render_overview(&view).into_string(),
+            render_detail(&detail, 0).into_string(),
+        ] {
+            assert!(
+                !html.contains("hunter2") && !html.contains("tk_live_9"),
+                "{html}"
+            );
+            assert!(html.contains(shown), "{html}");
+        }
     }
 
     #[test]
