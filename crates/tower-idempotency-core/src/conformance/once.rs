@@ -2,19 +2,26 @@
 //! stored result, a lost lease lets another caller take over, and results end with their TTL.
 
 use std::{
+    collections::HashSet,
     future::Future,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::Duration,
 };
 
 use futures_util::future::BoxFuture;
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{watch, Notify},
+    time::Instant,
+};
 
-use super::fresh_key;
-use crate::{OnceError, Outcome, Ran, RunOnce, Store};
+use super::{
+    fresh_key,
+    hooked::{Hooked, Hooks},
+};
+use crate::{store::Call, OnceError, Outcome, Ran, RunOnce, Store};
 
 /// How long a check waits for something the store must do eventually (a lease or TTL ending).
 const EVENTUALLY: Duration = Duration::from_secs(30);
@@ -86,30 +93,82 @@ async fn once_not_in_flight(
     }
 }
 
-/// Twenty-five concurrent callers of one key, waiting for the result: the work runs once, one
-/// caller gets [`Outcome::Executed`] and the rest its stored value, [`Outcome::Replayed`].
+tokio::task_local! {
+    /// The caller of [`run_once_has_one_run_under_concurrent_callers`] whose task calls the store.
+    static CALLER: usize;
+}
+
+/// Hooks noting the callers whose claims the store has answered.
+#[derive(Default)]
+struct ClaimsAnswered {
+    callers: Mutex<HashSet<usize>>,
+    changed: Notify,
+}
+
+impl ClaimsAnswered {
+    fn callers(&self) -> usize {
+        self.callers.lock().expect("never poisoned").len()
+    }
+}
+
+impl Hooks for ClaimsAnswered {
+    fn after(&self, call: Call, _key: &str) {
+        if call == Call::Claim {
+            if let Ok(caller) = CALLER.try_with(|caller| *caller) {
+                self.callers.lock().expect("never poisoned").insert(caller);
+                self.changed.notify_waiters();
+            }
+        }
+    }
+}
+
+/// Twenty-five concurrent callers of one key, waiting for the result. The work of the caller
+/// that claims the key is held until the store has answered a claim of every caller, so each
+/// other caller met the key in flight (against a store whose claim is not atomic, it ran the
+/// work too). Then: the work ran once, one caller got [`Outcome::Executed`] and the rest its
+/// stored value, [`Outcome::Replayed`]. Each caller is bounded by a timeout, so one left waiting
+/// fails the check instead of hanging it.
 pub async fn run_once_has_one_run_under_concurrent_callers(store: Arc<dyn Store>) {
-    let once = RunOnce::new(store).wait_for_result(EVENTUALLY);
+    const CALLERS: usize = 25;
+    let hooked = Arc::new(Hooked::wrap(store, ClaimsAnswered::default()));
+    let once = RunOnce::new(hooked.clone()).wait_for_result(EVENTUALLY);
     let key = once_key("concurrent");
     let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(Notify::new());
-    let callers: Vec<_> = (0..25)
+    let (open, gate) = watch::channel(false);
+    let callers: Vec<_> = (0..CALLERS)
         .map(|i| {
-            let (once, key) = (once.clone(), key.clone());
-            let work = counted(&runs, Some(gate.clone()), &format!("result of caller {i}"));
-            tokio::spawn(async move { once.run(&key, work).await })
+            let (once, key, runs, mut gate) =
+                (once.clone(), key.clone(), runs.clone(), gate.clone());
+            let work = move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let _ = gate.wait_for(|open| *open).await;
+                Ok::<_, std::io::Error>(format!("result of caller {i}"))
+            };
+            let call = async move { tokio::time::timeout(EVENTUALLY, once.run(&key, work)).await };
+            tokio::spawn(CALLER.scope(i, call))
         })
         .collect();
-    // The winner's work waits for the gate, so the others meet the key in flight.
     let deadline = Instant::now() + EVENTUALLY;
-    while runs.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "no caller ran the work");
-        tokio::task::yield_now().await;
+    loop {
+        let changed = hooked.hooks.changed.notified();
+        if hooked.hooks.callers() == CALLERS {
+            break;
+        }
+        let answered = hooked.hooks.callers();
+        tokio::time::timeout_at(deadline, changed)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the store answered the claims of {answered} callers of {CALLERS}")
+            });
     }
-    gate.notify_one();
+    open.send_replace(true);
     let mut results = Vec::new();
     for caller in callers {
-        results.push(caller.await.expect("caller task").expect("a value"));
+        let ran = caller
+            .await
+            .expect("caller task")
+            .expect("a caller still waited at the timeout");
+        results.push(ran.expect("a value"));
     }
     assert_eq!(
         runs.load(Ordering::SeqCst),
