@@ -430,6 +430,8 @@ proptest! {
         rotate in 0usize..12,
         with_port in any::<bool>(),
         which in any::<prop::sample::Index>(),
+        added_name in "[A-Za-z]{1,12}",
+        added_value in ".{0,40}",
     ) {
         params.push(("CallSid".into(), "CA42".into()));
         let borrowed: Vec<(&str, &str)> = params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -441,13 +443,38 @@ proptest! {
         let list = form(&sig);
         let hook = post(&v, "/in?x=1", &headers(&list), &encode(&params));
         prop_assert!(hook.is_ok(), "{:?}", hook.err());
-        // Change one value.
         let i = which.index(params.len());
-        params[i].1.push('!');
-        prop_assert_eq!(
-            post(&v, "/in?x=1", &headers(&list), &encode(&params)).unwrap_err(),
-            VerifyError::SignatureMismatch
-        );
+        // One value changed, one name changed (the case of its first letter), one parameter
+        // dropped, one added: each changes what Twilio signs, so each is refused.
+        let mut changed_value = params.clone();
+        changed_value[i].1.push('!');
+        let mut renamed = params.clone();
+        let name = &mut renamed[i].0;
+        let first = name.remove(0);
+        let flipped = if first.is_ascii_uppercase() {
+            first.to_ascii_lowercase()
+        } else {
+            first.to_ascii_uppercase()
+        };
+        name.insert(0, flipped);
+        let mut dropped = params.clone();
+        dropped.remove(i);
+        let mut added = params.clone();
+        added.insert(i, (added_name, added_value));
+        for (change, tampered) in [
+            ("value", changed_value),
+            ("name", renamed),
+            ("dropped", dropped),
+            ("added", added),
+        ] {
+            prop_assert_eq!(
+                post(&v, "/in?x=1", &headers(&list), &encode(&tampered)).err(),
+                Some(VerifyError::SignatureMismatch),
+                "{} {:?}",
+                change,
+                tampered
+            );
+        }
     }
 
     #[test]
