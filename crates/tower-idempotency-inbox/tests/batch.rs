@@ -8,15 +8,28 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use tower_idempotency_inbox::{EventState, Inbox};
+use tower_idempotency_inbox::{EventState, Inbox, InboxWorker};
 use tower_idempotency_sqlx::sqlx;
 
-/// Waits until every one of `ids` is processed, then asserts that each ran once, on its
-/// `attempts`-th attempt, with one effect.
-async fn each_processed_once<DB: Fixture>(setup: &Setup<DB>, probe: &Probe, ids: &[String]) {
+/// Waits until every one of `ids` is processed, drains `workers` (no attempt runs or starts
+/// after that), then asserts that each ran once, on its first attempt, with one effect: a second
+/// run that started after the event was processed is counted too.
+async fn each_processed_once<DB: Fixture>(
+    setup: &Setup<DB>,
+    probe: &Probe,
+    ids: &[String],
+    workers: impl IntoIterator<Item = InboxWorker>,
+) {
     for id in ids {
-        let attempts = setup.wait_for(id, EventState::Processed).await;
-        assert_eq!(attempts, 1, "{}: {id}", DB::LABEL);
+        setup.wait_for(id, EventState::Processed).await;
+    }
+    for worker in workers {
+        assert!(worker.drain(Duration::from_secs(30)).await, "{}", DB::LABEL);
+    }
+    for id in ids {
+        let event = setup.event(id).await;
+        assert_eq!(event.state, EventState::Processed, "{}: {id}", DB::LABEL);
+        assert_eq!(event.attempts, 1, "{}: {id}", DB::LABEL);
         assert_eq!(probe.runs(id), 1, "{}: {id}", DB::LABEL);
         assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
     }
@@ -83,9 +96,8 @@ async fn failed_batch_claim_loses_nothing<DB: Fixture>() {
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!(counts.pending, 40, "{}", DB::LABEL);
     DB::exec(&setup.pool, &format!("UPDATE {flag} SET fail = {clear}")).await;
-    each_processed_once(&setup, &probe, &all).await;
+    each_processed_once(&setup, &probe, &all, [worker]).await;
     assert_eq!(probe.total_runs(), 40, "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
     DB::drop_tables(&setup.pool, &[&flag]).await;
     drop_refusal(&setup, &flag).await;
     setup.cleanup().await;
@@ -147,8 +159,8 @@ async fn worker_aborted_mid_batch_processes_each_once<DB: Fixture>() {
 }
 
 /// Two inboxes on one table, each with its worker (eight handlers) and its own HTTP route, and
-/// 300 events delivered to both alternately, each event to both: every event is processed
-/// once, on its first attempt, with one effect.
+/// 300 events delivered to both alternately, each event to both: once every event is processed
+/// and both workers are drained, each ran once, on its first attempt, with one effect.
 async fn two_workers_claim_disjoint_batches<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let other = Inbox::new(setup.pool.clone(), &setup.inbox_table).unwrap();
@@ -168,38 +180,63 @@ async fn two_workers_claim_disjoint_batches<DB: Fixture>() {
             deliver_all(&client, b, chunk, "charge.succeeded"),
         );
     }
-    each_processed_once(&setup, &probe, &all).await;
+    each_processed_once(&setup, &probe, &all, workers).await;
     assert_eq!(probe.total_runs(), 300, "{}", DB::LABEL);
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (300, 0), "{}", DB::LABEL);
-    for worker in workers {
-        assert!(worker.drain(Duration::from_secs(30)).await);
-    }
     setup.cleanup().await;
 }
 
-/// Three handlers that take three times the 1 s lease, delivered together so they are claimed
-/// in one batch, and ten quick events once two have started: every claim is renewed, each slow
-/// event runs once on its first attempt, and the quick ones are processed too. (On SQLite the
-/// three run one after another, each holding the write lock: the quick events' acknowledgement
-/// waits for at most the second and the third, well below the pool's 10 s busy timeout.)
+/// The claim tokens of the events whose ids start with `prefix`, read from the table: the events
+/// one claim statement took share its token.
+async fn lease_tokens<DB: Fixture>(setup: &Setup<DB>, prefix: &str) -> Vec<Option<i64>> {
+    let sql = format!(
+        "SELECT lease_token FROM {} WHERE event_id LIKE '{prefix}%' ORDER BY event_id",
+        setup.inbox_table
+    );
+    let pool: &dyn std::any::Any = &setup.pool;
+    if let Some(pool) = pool.downcast_ref::<sqlx::PgPool>() {
+        sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+    } else {
+        let pool = pool
+            .downcast_ref::<sqlx::SqlitePool>()
+            .expect("SQLite or Postgres");
+        sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+    }
+}
+
+/// Three handlers that take three times the 1 s lease, acknowledged before the worker starts, so
+/// its first sweep finds them together and claims them in one statement: while they run, the
+/// three rows hold that statement's one claim token. Ten quick events follow once two have
+/// started. Every claim is renewed: once all are processed and the worker drained, each slow
+/// event ran once, on its first attempt, and the quick ones are processed too. (Where an attempt
+/// holds SQLite's write lock for its whole transaction, the three run one after another and the
+/// quick events' acknowledgement waits for at most the second and the third, well below the
+/// pool's 10 s busy timeout.)
 async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe().slow(Duration::from_millis(3000));
+    let sender = Sender::new(&setup.inbox).await;
+    let slow = sender.deliver("evt_slow", 3, "test.slow").await;
     let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
         .concurrency(8)
         .lease(Duration::from_millis(1000))
         .max_attempts(4)
         .spawn();
-    let sender = Sender::new(&setup.inbox).await;
-    let slow = sender.deliver("evt_slow", 3, "test.slow").await;
+    probe.wait_started(1).await;
+    let tokens = lease_tokens(&setup, "evt_slow").await;
+    assert_eq!(tokens.len(), 3, "{}", DB::LABEL);
+    assert!(
+        tokens[0].is_some() && tokens.iter().all(|t| *t == tokens[0]),
+        "{}: the slow events were not claimed in one statement: {tokens:?}",
+        DB::LABEL
+    );
     probe.wait_started(2).await;
     let quick_ids = sender.deliver("evt_quick", 10, "charge.succeeded").await;
-    each_processed_once(&setup, &probe, &quick_ids).await;
-    each_processed_once(&setup, &probe, &slow).await;
+    let all: Vec<String> = quick_ids.into_iter().chain(slow).collect();
+    each_processed_once(&setup, &probe, &all, [worker]).await;
     let counts = setup.inbox.counts().await.unwrap();
     assert_eq!((counts.processed, counts.failed), (13, 0), "{}", DB::LABEL);
-    assert!(worker.drain(Duration::from_secs(30)).await);
     setup.cleanup().await;
 }
 
@@ -218,8 +255,7 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
         .concurrency(16)
         .sweep_every(Duration::from_secs(3600))
         .spawn();
-    each_processed_once(&setup, &probe, &all).await;
-    assert!(worker.drain(Duration::from_secs(30)).await);
+    each_processed_once(&setup, &probe, &all, [worker]).await;
     let sent = working.statements_executed();
     assert!(
         sent < 2 * 50,
