@@ -48,10 +48,11 @@ async fn slow_handler_keeps_its_lease<DB: Fixture>() {
     setup.finish(worker).await;
 }
 
-/// A handler that never returns, with `concurrency(2)`, a 1.5 s attempt timeout and two
-/// attempts, while ten other events are delivered: the ten are processed once each; each
-/// attempt of the hanging event is cancelled (rolled back, no effect) and it ends failed after
-/// two attempts with the timeout as its last error.
+/// A handler that writes its effect, then never returns, with `concurrency(2)`, a 1.5 s attempt
+/// timeout and two attempts, while ten other events are delivered: the ten are processed once
+/// each; each attempt of the hanging event is cancelled, its write rolled back (no effect), and
+/// it ends failed after two attempts with the timeout as its last error. (On SQLite its write
+/// holds the database's write lock until the attempt is cancelled: the others wait for that.)
 async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
@@ -63,7 +64,7 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
         .spawn();
     let url = serve(&setup.inbox).await;
     let client = reqwest::Client::new();
-    let hang = event_body("evt_hang", "test.hang");
+    let hang = event_body("evt_hang", "test.write_hang");
     assert_eq!(deliver(&client, &url, SECRET, &hang).await, 200);
     probe.wait_started(1).await;
     let others = ids("evt_other", 10);

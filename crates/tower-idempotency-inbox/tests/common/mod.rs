@@ -296,7 +296,7 @@ pub async fn wait_for_state<DB: InboxDatabase>(
 /// waits for [`Probe::open_gate`] before writing, `test.slow` takes [`Probe::slow`] before
 /// writing, `test.hang` never returns, `test.readwrite` reads the effects table in its
 /// transaction before writing, `test.flaky_once` fails its first attempt, `test.permanent` fails
-/// permanently.
+/// permanently, `test.write_hang` writes, then never returns.
 #[derive(Clone)]
 pub struct Probe {
     effects_table: Arc<str>,
@@ -415,6 +415,7 @@ impl Probe {
             )),
             "test.flaky_once" if run == 1 => Err("flaky: the first attempt fails".into()),
             "test.panic" if run == 1 => panic!("the test handler panics on its first run"),
+            "test.write_hang" => std::future::pending().await,
             _ => Ok(()),
         }
     }
