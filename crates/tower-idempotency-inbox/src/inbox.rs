@@ -3,13 +3,14 @@
 use std::{
     fmt,
     sync::{Arc, RwLock},
+    time::Duration,
 };
 
 use tokio::sync::mpsc;
 use tower_idempotency_sqlx::{validate_table_name, ConfigError};
 
 use crate::{
-    acks::Acks,
+    acks::{AckSettings, Acks},
     backend::{InboxDatabase, Sql},
     event::EventKey,
     ordering::Ordering,
@@ -90,7 +91,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             sql: Arc::new(DB::statements(table)),
             table: table.into(),
             ordering: None,
-            acks: Arc::new(Acks::new(crate::MAX_ACK_BATCH, 1)),
+            acks: Arc::new(Acks::new(AckSettings::default())),
             queue: Arc::default(),
         })
     }
@@ -100,7 +101,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// pool). Deliveries that arrive while a commit is in flight are inserted together by the
     /// next one, and each is answered once its row is committed.
     pub fn max_ack_batch(mut self, max: usize) -> Self {
-        self.acks = Arc::new(self.acks.with_max_batch(max));
+        self.acks = Arc::new(Acks::new(AckSettings {
+            max_batch: max,
+            ..self.acks.settings()
+        }));
         self
     }
 
@@ -111,8 +115,43 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// that arrives while every one is in flight is inserted by the first to finish, with the
     /// others queued beside it. SQLite commits one at a time whatever this says.
     pub fn ack_commits_in_flight(mut self, commits: usize) -> Self {
-        self.acks = Arc::new(self.acks.with_in_flight(commits));
+        self.acks = Arc::new(Acks::new(AckSettings {
+            in_flight: commits,
+            ..self.acks.settings()
+        }));
         self
+    }
+
+    /// How long an acknowledgement may take (default
+    /// [`DEFAULT_ACK_DEADLINE`](crate::DEFAULT_ACK_DEADLINE), 10 s, at least 1 ms): a delivery
+    /// whose row is not committed by then is answered `503` with `Retry-After`, so a locked or
+    /// unreachable database never holds a provider past its own timeout. Keep it below the
+    /// shortest delivery timeout of your providers. A row that commits after its caller was
+    /// answered is stored once, and the provider's retry is its duplicate.
+    pub fn ack_deadline(mut self, deadline: Duration) -> Self {
+        self.acks = Arc::new(Acks::new(AckSettings {
+            deadline,
+            ..self.acks.settings()
+        }));
+        self
+    }
+
+    /// How many deliveries may wait for their commit at once (default
+    /// [`DEFAULT_MAX_WAITING_ACKS`](crate::DEFAULT_MAX_WAITING_ACKS), at least 1): a delivery
+    /// that finds them all waiting is answered `503` with `Retry-After` at once, so a slow
+    /// database holds at most this many bodies in memory.
+    pub fn max_waiting_acks(mut self, max: usize) -> Self {
+        self.acks = Arc::new(Acks::new(AckSettings {
+            max_waiting: max,
+            ..self.acks.settings()
+        }));
+        self
+    }
+
+    /// How many deliveries wait for a commit now, behind the batches in flight (see
+    /// [`max_waiting_acks`](Self::max_waiting_acks)).
+    pub fn acks_waiting(&self) -> usize {
+        self.acks.waiting()
     }
 
     /// Orders the events of one object (see [`Ordering`]): their positions are stored at

@@ -82,7 +82,7 @@ pub mod unavailable;
 mod worker;
 
 pub use ack::Ack;
-pub use acks::MAX_BATCH as MAX_ACK_BATCH;
+pub use acks::{DEFAULT_ACK_DEADLINE, DEFAULT_MAX_WAITING_ACKS, MAX_BATCH as MAX_ACK_BATCH};
 pub use backend::InboxDatabase;
 pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
 #[doc(hidden)]

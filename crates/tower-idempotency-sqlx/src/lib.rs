@@ -40,7 +40,7 @@ pub mod conformance;
 pub use postgres::schema_sql as postgres_schema_sql;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{schema_sql as sqlite_schema_sql, SQLITE_BUSY_TIMEOUT};
-pub use store::{transactional, Backend, SqlStore};
+pub use store::{error::is_unavailable_error, transactional, Backend, SqlStore};
 pub use transactional::{IdempotentTx, TxHandle, TxRejection};
 
 /// The SQLite store: a [`SqlStore`] in an SQLite database file, the embedded default.

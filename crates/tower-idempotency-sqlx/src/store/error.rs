@@ -69,12 +69,33 @@ fn is_too_big(code: &str) -> bool {
     code == "54000" || sqlite_code(code).is_some_and(|c| c & 0xff == 18)
 }
 
+/// Whether `error` says that the database cannot serve statements now (a connection that failed
+/// or could not be had, a lock or busy wait that timed out, a server shutting down), rather than
+/// that it refused this one statement (a constraint, a value it cannot store). A caller retries
+/// the first kind later as a whole; the second kind fails only the statement's own row.
+pub fn is_unavailable_error(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_unavailable(&code)),
+        _ => false,
+    }
+}
+
 fn is_unavailable(code: &str) -> bool {
     // Postgres class 08 (connection exception), 57P01..57P03 (shutdown, cannot connect now),
-    // 53300 too many connections; SQLite SQLITE_BUSY (5) and SQLITE_LOCKED (6) after the busy
-    // timeout, and SQLITE_CANTOPEN (14).
+    // 53300 too many connections, 55P03 lock_not_available (a `lock_timeout` passed) and 57014
+    // query_canceled (a `statement_timeout` passed); SQLite SQLITE_BUSY (5) and SQLITE_LOCKED (6)
+    // after the busy timeout, and SQLITE_CANTOPEN (14).
     code.starts_with("08")
-        || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "53300" | "55P03" | "57014"
+        )
         || sqlite_code(code).is_some_and(|c| matches!(c & 0xff, 5 | 6 | 14))
 }
 
@@ -90,6 +111,9 @@ mod tests {
             assert!(!is_too_big(code), "{code}");
         }
         assert!(is_unavailable("5") && is_unavailable("517") && is_unavailable("08006"));
+        assert!(is_unavailable("55P03") && is_unavailable("57014"));
+        assert!(is_unavailable_error(&sqlx::Error::PoolTimedOut));
+        assert!(!is_unavailable_error(&sqlx::Error::RowNotFound));
         assert!(is_too_big("18") && is_too_big("54000"));
     }
 }
