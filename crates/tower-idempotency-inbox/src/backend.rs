@@ -281,9 +281,17 @@ impl Sql {
 /// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
 /// (feature `sqlite`). Sealed; its methods are the inbox's statements and not a public API.
 pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDatabase {
-    /// How an event's transaction starts.
+    /// How an event's transaction starts when the worker reads before the handler writes
+    /// (under [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale)), and when a lazy
+    /// start met a conflict.
     #[doc(hidden)]
     const BEGIN: &'static str;
+
+    /// How a handler's transaction starts otherwise: on SQLite `BEGIN` (deferred), which takes
+    /// no lock until the handler's first statement, so what a handler does before it (calling
+    /// another service, waiting) holds no lock.
+    #[doc(hidden)]
+    const BEGIN_LAZY: &'static str;
 
     /// Handlers a worker runs at once unless [`WorkerBuilder::concurrency`] says otherwise:
     /// 16 on Postgres, whose commits of many connections proceed side by side; 4 on SQLite,
@@ -567,6 +575,7 @@ macro_rules! backend {
         $feature:literal,
         $statements:path,
         $begin:literal,
+        $begin_lazy:literal,
         $concurrency:literal,
         $insert_many:path,
         $keys:path
@@ -620,6 +629,7 @@ macro_rules! backend {
 
             impl InboxDatabase for $db {
                 const BEGIN: &'static str = $begin;
+                const BEGIN_LAZY: &'static str = $begin_lazy;
                 const DEFAULT_CONCURRENCY: usize = $concurrency;
 
                 fn statements(table: &str) -> Sql {
@@ -1020,6 +1030,7 @@ backend!(
     "postgres",
     Sql::postgres,
     "BEGIN",
+    "BEGIN",
     16,
     insert_many_postgres,
     keys_postgres
@@ -1033,6 +1044,7 @@ backend!(
     "sqlite",
     Sql::sqlite,
     "BEGIN IMMEDIATE",
+    "BEGIN",
     4,
     insert_many_sqlite,
     keys_sqlite

@@ -15,7 +15,7 @@ use tokio::{
     task::{JoinHandle, JoinSet},
     time::MissedTickBehavior,
 };
-use tower_idempotency_sqlx::TxHandle;
+use tower_idempotency_sqlx::{is_unavailable_error, TxHandle};
 use tracing::Instrument;
 
 use crate::{
@@ -416,6 +416,31 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
     }
 }
 
+/// Runs `write` again while the database is unavailable (SQLite's write lock held past the busy
+/// timeout, a lost connection), 10 ms doubling to 1 s apart with jitter, until `within` has
+/// passed; answers the last result. For the worker's bookkeeping (claims, renewals, failure
+/// records), so that a busy moment does not leave an event for a whole lease.
+async fn persist<T, F, Fut>(within: Duration, mut write: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = sqlx::Result<T>>,
+{
+    let backoff = Backoff::exponential(Duration::from_millis(10), Duration::from_secs(1));
+    let until = Instant::now() + within;
+    let mut tries = 0;
+    loop {
+        match write().await {
+            Err(error) if is_unavailable_error(&error) && Instant::now() < until => {
+                tries += 1;
+                tracing::debug!(%error, tries, "an inbox bookkeeping write failed; trying it again");
+                let left = until.saturating_duration_since(Instant::now());
+                tokio::time::sleep(backoff.delay(tries).min(left)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// How an attempt ended.
 enum Ended {
     Processed,
@@ -439,6 +464,63 @@ impl From<String> for Failure {
             permanent: false,
         }
     }
+}
+
+/// How one try of an attempt's transaction failed.
+enum Tried {
+    Failed(Failure),
+    /// A lazily started transaction met a lock conflict: worth one more try at once, with the
+    /// write lock taken at the start.
+    Conflict(Failure),
+}
+
+impl Tried {
+    fn failure(self) -> Failure {
+        match self {
+            Self::Failed(failure) | Self::Conflict(failure) => failure,
+        }
+    }
+}
+
+impl From<String> for Tried {
+    fn from(text: String) -> Self {
+        Self::Failed(Failure::from(text))
+    }
+}
+
+impl From<Failure> for Tried {
+    fn from(failure: Failure) -> Self {
+        Self::Failed(failure)
+    }
+}
+
+/// Whether `error` is SQLite's refusal to take the write lock (`SQLITE_BUSY`, `SQLITE_LOCKED`
+/// and their extended codes, such as `SQLITE_BUSY_SNAPSHOT`): a read's snapshot that cannot
+/// become a write after another connection wrote. Postgres codes have five characters and are
+/// never read as SQLite's.
+fn lock_conflict(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    db.code()
+        .filter(|code| code.len() < 5)
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
+/// [`lock_conflict`] for a handler's error or any of its sources.
+fn lock_conflict_in(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error
+            .downcast_ref::<sqlx::Error>()
+            .is_some_and(lock_conflict)
+        {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// Claims the keys of `batch` that are due, free and not running in this worker, in one
@@ -530,7 +612,8 @@ impl<DB: InboxDatabase> Shared<DB> {
             let claims = keys.into_iter().map(|key| async move {
                 let token = fastrand::i64(0..i64::MAX);
                 let (pool, sql) = (&inbox.pool, &inbox.sql);
-                match DB::claim_in_order(pool, sql, &key, now, token, lease_until, max).await {
+                let claim = || DB::claim_in_order(pool, sql, &key, now, token, lease_until, max);
+                match persist(self.lease / 3, claim).await {
                     Ok(row) => row.map(|row| (key, token, row)),
                     Err(error) => {
                         failed(error);
@@ -541,7 +624,8 @@ impl<DB: InboxDatabase> Shared<DB> {
             return join_all(claims).await.into_iter().flatten().collect();
         }
         let token = fastrand::i64(0..i64::MAX);
-        match DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max).await {
+        let claim = || DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max);
+        match persist(self.lease / 3, claim).await {
             Ok(rows) => rows
                 .into_iter()
                 .map(|(key, row)| (key, token, row))
@@ -563,7 +647,8 @@ impl<DB: InboxDatabase> Shared<DB> {
         loop {
             tick.tick().await;
             let until = now_ms().saturating_add(duration_ms(self.lease));
-            match DB::renew(&self.inbox.pool, &self.inbox.sql, key, token, until).await {
+            let renew = || DB::renew(&self.inbox.pool, &self.inbox.sql, key, token, until);
+            match persist(every, renew).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(provider = %key.provider, "an inbox attempt lost its claim");
@@ -576,19 +661,77 @@ impl<DB: InboxDatabase> Shared<DB> {
         }
     }
 
-    /// Runs the handler in a transaction, renewing the claim and bounded by the attempt
-    /// timeout, and, when it succeeds, marks the event processed in that transaction (fenced by
-    /// `token`) and commits. On error, panic or timeout the transaction is rolled back before
-    /// this returns, so SQLite's write lock is free for the failure record.
+    /// Runs the attempt, bounded by the attempt timeout and renewing the claim from its start to
+    /// its end: the transaction's start (a wait for SQLite's write lock), the ordering check (a
+    /// wait for the object's lock), the handler, the completion and the commit. A lock wait
+    /// therefore cannot outlast the claim while this instance still runs the event. On error,
+    /// panic or timeout the transaction is rolled back (explicitly, or by its drop), so SQLite's
+    /// write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
+        let key = event.key.clone();
+        let timeout = self.attempt_timeout;
+        let ran = AssertUnwindSafe(tokio::time::timeout(timeout, self.transact(event, token)))
+            .catch_unwind();
+        let ran = tokio::select! {
+            ran = ran => ran,
+            never = self.keep_lease(&key, token) => match never {},
+        };
+        match ran {
+            Ok(Ok(ended)) => ended,
+            Ok(Err(_elapsed)) => Err(Failure::from(format!(
+                "the attempt timed out after {} ms",
+                timeout.as_millis()
+            ))),
+            Err(payload) => Err(Failure::from(panic_text(&*payload))),
+        }
+    }
+
+    /// The attempt's transaction. A handler's transaction starts lazily ([`InboxDatabase::BEGIN_LAZY`]:
+    /// on SQLite no lock is taken before its first statement). When that meets a lock conflict
+    /// (SQLite refuses to turn a handler's read into a write after another connection wrote),
+    /// the handler runs again at once in a transaction that takes the write lock at its start
+    /// ([`InboxDatabase::BEGIN`]), within the same claim and attempt.
+    async fn transact(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
+        let skip_stale =
+            self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale);
+        if skip_stale || DB::BEGIN_LAZY == DB::BEGIN {
+            return self
+                .in_transaction(DB::BEGIN, event, token)
+                .await
+                .map_err(Tried::failure);
+        }
+        match self
+            .in_transaction(DB::BEGIN_LAZY, event.clone(), token)
+            .await
+        {
+            Err(Tried::Conflict(failure)) => {
+                tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
+                self.in_transaction(DB::BEGIN, event, token)
+                    .await
+                    .map_err(Tried::failure)
+            }
+            ended => ended.map_err(Tried::failure),
+        }
+    }
+
+    /// Runs the handler in a transaction started by `begin` and, when it succeeds, marks the
+    /// event processed in that transaction (fenced by `token`) and commits.
+    async fn in_transaction(
+        &self,
+        begin: &'static str,
+        event: InboxEvent,
+        token: i64,
+    ) -> Result<Ended, Tried> {
         let key = event.key.clone();
         let mut transaction = self
             .inbox
             .pool
-            .begin_with(DB::BEGIN)
+            .begin_with(begin)
             .await
-            .map_err(|e| error_text(&e))?;
-        if self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale) {
+            .map_err(|e| Tried::Failed(Failure::from(error_text(&e))))?;
+        if begin == DB::BEGIN
+            && self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale)
+        {
             match self.skip_if_stale(&mut transaction, &key, token).await? {
                 Some(Ended::Skipped) => {
                     transaction.commit().await.map_err(|e| error_text(&e))?;
@@ -601,44 +744,46 @@ impl<DB: InboxDatabase> Shared<DB> {
         }
         let handle = TxHandle::new(transaction);
         let tx = handle.lock().expect("a new transaction is free");
-        let handler = self.handler.clone();
-        let timeout = self.attempt_timeout;
-        let ran = AssertUnwindSafe(tokio::time::timeout(timeout, async move {
-            handler.handle(event, tx).await
-        }))
-        .catch_unwind();
-        let ran = tokio::select! {
-            ran = ran => ran,
-            never = self.keep_lease(&key, token) => match never {},
-        };
-        let failure = match ran {
-            Ok(Ok(Ok(()))) => None,
-            Ok(Ok(Err(error))) => Some(Failure {
-                permanent: error.is::<Permanent>(),
-                text: error_text(&*error),
-            }),
-            Ok(Err(_elapsed)) => Some(Failure::from(format!(
-                "the attempt timed out after {} ms",
-                timeout.as_millis()
-            ))),
-            Err(payload) => Some(Failure::from(panic_text(&*payload))),
-        };
+        let ran = self.handler.handle(event, tx).await;
         let Some(mut transaction) = handle.take() else {
             // Still held (the handler kept it in a task): it rolls back when that drops it.
-            return Err(failure.unwrap_or_else(|| {
-                Failure::from("the handler kept its transaction past its return".to_owned())
+            return Err(Tried::Failed(match ran {
+                Err(error) => Failure {
+                    permanent: error.is::<Permanent>(),
+                    text: error_text(&*error),
+                },
+                Ok(()) => {
+                    Failure::from("the handler kept its transaction past its return".to_owned())
+                }
             }));
         };
-        if let Some(failure) = failure {
+        if let Err(error) = ran {
             if let Err(error) = transaction.rollback().await {
                 tracing::warn!(%error, "rolling back a failed attempt failed; the connection drops it");
             }
-            return Err(failure);
+            let failure = Failure {
+                permanent: error.is::<Permanent>(),
+                text: error_text(&*error),
+            };
+            return Err(if begin != DB::BEGIN && lock_conflict_in(&*error) {
+                Tried::Conflict(failure)
+            } else {
+                Tried::Failed(failure)
+            });
         }
         let (sql, now) = (&self.inbox.sql, now_ms());
-        let current = DB::complete(&mut *transaction, sql, &key, now, token)
-            .await
-            .map_err(|e| error_text(&e))?;
+        let current = match DB::complete(&mut *transaction, sql, &key, now, token).await {
+            Ok(current) => current,
+            Err(error) => {
+                let _ = transaction.rollback().await;
+                let failure = Failure::from(error_text(&error));
+                return Err(if begin != DB::BEGIN && lock_conflict(&error) {
+                    Tried::Conflict(failure)
+                } else {
+                    Tried::Failed(failure)
+                });
+            }
+        };
         if !current {
             let _ = transaction.rollback().await;
             return Ok(Ended::Stale);
@@ -709,7 +854,8 @@ impl<DB: InboxDatabase> Shared<DB> {
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
         let last = failure.permanent || attempt >= self.max_attempts;
         let error = &failure.text;
-        match DB::fail(pool, sql, key, now, token, max, retry_at, error).await {
+        let fail = || DB::fail(pool, sql, key, now, token, max, retry_at, error);
+        match persist(self.lease, fail).await {
             Ok(true) if last => {
                 tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
                 Some("failed")
