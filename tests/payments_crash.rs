@@ -63,41 +63,62 @@ async fn rows(store: &str, key: &str) -> Vec<i64> {
 }
 
 /// `rounds` times: 4 payments sent at once to a receiver whose handlers hold their transaction
-/// for 300 ms after writing, SIGKILLed at a random point of the first 450 ms; then, in a new
-/// process, every key is retried until it succeeds. Each key ends with exactly one row, its
-/// replay names that row, and `GET /effects` (read from the database) counts one.
+/// for 300 ms after writing, SIGKILLed at a random point of the first 450 ms (on odd rounds, as
+/// soon as one payment is answered `201`); then, in a new process, every key is retried until it
+/// succeeds. Each key ends with exactly one row, its replay names that row, `GET /effects` (read
+/// from the database) counts one, and a payment answered `201` before the kill is the one the
+/// new process replays (same body, same payment id): a payment answered, lost and created again
+/// fails.
 async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let mut cut = 0;
+    let (mut cut, mut compared) = (0, 0);
     for round in 0..rounds {
         let keys: Vec<String> = (0..4)
             .map(|n| format!("pay-{}-{round}-{n}", random_suffix()))
             .collect();
         let mut first = start_receiver(store, HANDLER_DELAY_MS);
-        let sent = send_each(
-            &client,
-            &first.base,
-            &keys,
-            |client, base, key| async move { pay(&client, &base, &key).await },
-        );
-        // The point of the crash is the point of this test: a random moment after the sends.
-        tokio::time::sleep(Duration::from_millis(random_below(
-            HANDLER_DELAY_MS * 3 / 2,
-        )))
-        .await;
+        let (answered, mut first_answer) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let sent = send_each(&client, &first.base, &keys, |client, base, key| {
+            let answered = answered.clone();
+            async move {
+                let paid = pay(&client, &base, &key).await;
+                if matches!(&paid, Ok(paid) if paid.status == 201) {
+                    let _ = answered.send(());
+                }
+                paid
+            }
+        });
+        drop(answered);
+        if round % 2 == 1 {
+            // Ends early when every payment was answered without a 201.
+            let _ = tokio::time::timeout(Duration::from_secs(10), first_answer.recv()).await;
+        } else {
+            // The point of the crash is the point of this test: a random moment after the sends.
+            tokio::time::sleep(Duration::from_millis(random_below(
+                HANDLER_DELAY_MS * 3 / 2,
+            )))
+            .await;
+        }
         first.kill();
-        for task in sent {
+        // The body of each payment answered 201 before the kill.
+        let mut created = std::collections::HashMap::new();
+        for (key, task) in keys.iter().zip(sent) {
             match task.await.unwrap() {
                 // 503: on SQLite a claim waits for the write lock that other payments'
                 // transactions hold, and gives up after the store timeout (a third of the lease).
-                Ok(paid) => assert!(
-                    matches!(paid.status, 201 | 409 | 503),
-                    "{label}: {}",
-                    paid.status
-                ),
+                Ok(paid) => {
+                    assert!(
+                        matches!(paid.status, 201 | 409 | 503),
+                        "{label}: {}",
+                        paid.status
+                    );
+                    if paid.status == 201 {
+                        created.insert(key.clone(), paid.body);
+                    }
+                }
                 Err(_) => cut += 1,
             }
         }
@@ -121,6 +142,14 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
                 assert!(Instant::now() < deadline, "{label}: {key} is stuck");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
+            if let Some(before) = created.get(key) {
+                assert_eq!(
+                    (&paid.body, paid.replayed),
+                    (before, true),
+                    "{label}: {key}: the payment answered 201 before the kill is the one kept"
+                );
+                compared += 1;
+            }
             let replay = pay(&client, &second.base, key).await.expect("replay");
             assert!(replay.replayed, "{label}: {key}");
             assert_eq!(replay.body, paid.body, "{label}: {key}");
@@ -141,8 +170,12 @@ async fn killed_at_random_points(store: &str, label: &str, rounds: usize) {
         cut > 0,
         "{label}: no kill cut a request; the test proved nothing"
     );
+    assert!(
+        compared > 0,
+        "{label}: no payment was answered before a kill; nothing was compared"
+    );
     eprintln!(
-        "{label}: {rounds} kills cut {cut} of {} payments",
+        "{label}: {rounds} kills cut {cut} of {} payments; {compared} answered before a kill",
         rounds * 4
     );
 }
