@@ -362,3 +362,144 @@ async fn one_by_one<DB: InboxDatabase>(
     }
     Ok(())
 }
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::{str::FromStr, time::Instant};
+
+    use sqlx::{
+        sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+        Executor, SqlitePool,
+    };
+
+    use super::*;
+    use crate::EventKey;
+
+    /// A SQLite file of its own, whose waits for the write lock last up to 30 s.
+    async fn open(name: &str, connections: u32) -> (SqlitePool, Arc<Sql>, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "tidem-acks-{name}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}/inbox.db", dir.display());
+        let options = SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await
+            .unwrap();
+        let sql = Arc::new(<sqlx::Sqlite as InboxDatabase>::statements("inbox"));
+        <sqlx::Sqlite as InboxDatabase>::migrate(&pool, &sql)
+            .await
+            .unwrap();
+        (pool, sql, dir)
+    }
+
+    fn event(id: &str) -> NewEvent {
+        NewEvent {
+            key: EventKey::new("stripe", id),
+            headers: "[]".to_owned(),
+            body: b"{}".to_vec(),
+            authenticator: None,
+            received_at: 1,
+            order: None,
+            authenticator_until: None,
+        }
+    }
+
+    /// Waits until `ready` holds (a signal polled: the flush and the queue have no hook).
+    async fn until(what: &str, ready: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn stored(pool: &SqlitePool, id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM inbox WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    /// A delivery whose caller went away while it was queued (its provider timed out) is
+    /// skipped: its row is not inserted, while the one queued beside it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_gone_before_its_batch_is_skipped() {
+        let (pool, sql, dir) = open("gone", 4).await;
+        let acks = Arc::new(Acks::new(AckSettings::default()));
+        let mut held = pool.acquire().await.unwrap();
+        held.execute("BEGIN IMMEDIATE").await.unwrap();
+        let insert = |id: &str| {
+            let (acks, pool, sql, event) = (acks.clone(), pool.clone(), sql.clone(), event(id));
+            tokio::spawn(async move { acks.insert(&pool, &sql, event).await })
+        };
+        let first = insert("evt_first");
+        until("the first insert was sent", || sql.executed() >= 1).await;
+        let gone = insert("evt_gone");
+        until("the delivery queued", || acks.waiting() == 1).await;
+        gone.abort();
+        assert!(gone.await.unwrap_err().is_cancelled());
+        let kept = insert("evt_kept");
+        until("the second delivery queued", || acks.waiting() == 2).await;
+        held.execute("ROLLBACK").await.unwrap();
+        assert!(first.await.unwrap().unwrap());
+        assert!(kept.await.unwrap().unwrap());
+        assert_eq!(stored(&pool, "evt_gone").await, 0);
+        assert_eq!(stored(&pool, "evt_kept").await, 1);
+        drop(held);
+        pool.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The flush's task stops (its runtime shuts down) while a delivery waits behind it: that
+    /// delivery is answered at once with [`AckError::WriterStopped`] (a `503`), and the next
+    /// delivery starts a flush again and is stored. The flush waits for the pool's one
+    /// connection, which the test holds.
+    #[test]
+    fn a_writer_that_stops_answers_the_deliveries_behind_it() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let flushing = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (pool, sql, dir) = runtime.block_on(open("stopped", 1));
+        let acks = Arc::new(Acks::new(AckSettings::default()));
+        let held = runtime.block_on(pool.acquire()).unwrap();
+        let insert = |id: &str| {
+            let (acks, pool, sql, event) = (acks.clone(), pool.clone(), sql.clone(), event(id));
+            async move { acks.insert(&pool, &sql, event).await }
+        };
+        // The flush starts on the runtime that is shut down below.
+        let _first = flushing.spawn(insert("evt_first"));
+        runtime.block_on(until("the first insert was sent", || sql.executed() >= 1));
+        let behind = runtime.spawn(insert("evt_behind"));
+        runtime.block_on(until("the delivery queued", || acks.waiting() == 1));
+        flushing.shutdown_timeout(Duration::from_secs(10));
+        let answered = runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), behind).await })
+            .expect("the queued delivery is answered")
+            .unwrap();
+        assert!(
+            matches!(answered, Err(AckError::WriterStopped)),
+            "{answered:?}"
+        );
+        // A pool connection goes back to the pool on a task: dropped inside the runtime.
+        runtime.block_on(async move { drop(held) });
+        let next = runtime.block_on(insert("evt_next"));
+        assert!(next.unwrap(), "the next delivery is stored");
+        assert_eq!(runtime.block_on(stored(&pool, "evt_behind")), 0);
+        runtime.block_on(pool.close());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
