@@ -209,10 +209,9 @@ async fn lease_tokens<DB: Fixture>(setup: &Setup<DB>, prefix: &str) -> Vec<Optio
 /// its first sweep finds them together and claims them in one statement: while they run, the
 /// three rows hold that statement's one claim token. Ten quick events follow once two have
 /// started. Every claim is renewed: once all are processed and the worker drained, each slow
-/// event ran once, on its first attempt, and the quick ones are processed too. (Where an attempt
-/// holds SQLite's write lock for its whole transaction, the three run one after another and the
-/// quick events' acknowledgement waits for at most the second and the third, well below the
-/// pool's 10 s busy timeout.)
+/// event ran once, on its first attempt, and the quick ones are processed too. (On SQLite a
+/// handler's transaction takes the write lock at its first statement, after the slow handlers'
+/// delay, so the quick events' acknowledgements wait at most for a write.)
 async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe().slow(Duration::from_millis(3000));

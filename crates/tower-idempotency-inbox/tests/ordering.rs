@@ -196,10 +196,9 @@ async fn sequential_backlog_larger_than_a_sweep<DB: Fixture>() {
 /// Twelve events of one object, acknowledged newest first through two inboxes that share the
 /// table (each with its own queue and worker), before the workers start: every event runs once,
 /// in event-time order (1 to 12), whichever worker claims it. On Postgres no two runs overlap
-/// either. That check runs on Postgres only: on SQLite each attempt's transaction holds the
-/// database's write lock, which keeps the handlers' writes apart whatever the policy, so the
-/// check could not tell a working policy from a broken one there. The order is the policy's on
-/// both.
+/// either. That check runs on Postgres only: on SQLite the database's single write lock, not the
+/// policy, decides how much of two runs can overlap (and a run whose write meets that lock runs
+/// again), so there only the order is the policy's to keep.
 async fn sequential_holds_across_two_workers<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let first = ordered(&setup, OrderingPolicy::Sequential);
