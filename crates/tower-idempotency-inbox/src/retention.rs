@@ -25,10 +25,9 @@
 //! processed; the default week is longer than every built-in provider's retry horizon) and its
 //! object has no pending or failed event left, which an operator's retry could still run.
 
-use std::{collections::HashMap, time::Duration};
+use std::time::Duration;
 
 use crate::{
-    backend::{BoxFuture, Sql},
     event::{duration_ms, now_ms},
     EventState, Inbox, InboxDatabase, InboxError,
 };
@@ -156,117 +155,6 @@ impl QueueSql {
     #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(table: &str) -> Self {
         Self::new(table, "", "TEXT", false)
-    }
-}
-
-/// A database's purge of one batch (see [`Inbox::purge_batch`]).
-pub(crate) trait Purge: sqlx::Database {
-    /// Deletes up to `limit` finished events before `before` whose authenticator horizon ended
-    /// by `now`, keeping the newest processed position of each object among them, and up to
-    /// `limit` positions written before `before` whose object has no open event; answers how
-    /// many events it deleted.
-    fn purge_batch<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        before: i64,
-        now: i64,
-        limit: i64,
-    ) -> BoxFuture<'a, sqlx::Result<u64>>;
-}
-
-/// Deletes up to `limit` positions written before `before` whose object has no open event.
-async fn purge_positions<'e, DB, E>(
-    executor: E,
-    sql: &'e Sql,
-    before: i64,
-    limit: i64,
-) -> sqlx::Result<()>
-where
-    DB: sqlx::Database,
-    E: sqlx::Executor<'e, Database = DB>,
-    i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-{
-    sql.sent();
-    sqlx::query(&sql.queue.purge_positions)
-        .bind(before)
-        .bind(limit)
-        .execute(executor)
-        .await?;
-    Ok(())
-}
-
-#[cfg(feature = "postgres")]
-impl Purge for sqlx::Postgres {
-    fn purge_batch<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        before: i64,
-        now: i64,
-        limit: i64,
-    ) -> BoxFuture<'a, sqlx::Result<u64>> {
-        Box::pin(async move {
-            sql.sent();
-            let purged: i64 = sqlx::query_scalar(&sql.queue.purge_batch)
-                .bind(before)
-                .bind(now)
-                .bind(limit)
-                .fetch_one(pool)
-                .await?;
-            purge_positions(pool, sql, before, limit).await?;
-            Ok(u64::try_from(purged).unwrap_or(0))
-        })
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl Purge for sqlx::Sqlite {
-    fn purge_batch<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        before: i64,
-        now: i64,
-        limit: i64,
-    ) -> BoxFuture<'a, sqlx::Result<u64>> {
-        Box::pin(async move {
-            // One transaction: the rows and the positions they carry change together.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            sql.sent();
-            type Deleted = (String, String, i16, Option<String>, Option<i64>);
-            let deleted: Vec<Deleted> = sqlx::query_as(&sql.queue.purge_batch)
-                .bind(before)
-                .bind(now)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?;
-            let mut newest: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
-            for (provider, event_id, state, key, time) in &deleted {
-                let (Some(key), Some(time), 1) = (key, time, state) else {
-                    continue;
-                };
-                // The newest by time, then by event id, as on Postgres.
-                let entry = newest
-                    .entry((provider, key))
-                    .or_insert((*time, event_id.as_str()));
-                if (*time, event_id.as_str()) > *entry {
-                    *entry = (*time, event_id);
-                }
-            }
-            for ((provider, key), (time, event_id)) in newest {
-                sql.sent();
-                sqlx::query(&sql.queue.keep_position)
-                    .bind(provider)
-                    .bind(key)
-                    .bind(time)
-                    .bind(event_id)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            purge_positions(&mut *tx, sql, before, limit).await?;
-            tx.commit().await?;
-            Ok(u64::try_from(deleted.len()).unwrap_or(u64::MAX))
-        })
     }
 }
 
