@@ -34,6 +34,7 @@
 //! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`] |
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
+//! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
 //! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records, and with `inbox` `inbox list` and `inbox retry` ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
@@ -120,6 +121,11 @@ pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection}
 
 #[cfg(feature = "redis")]
 pub use tower_idempotency_redis::RedisStore;
+
+/// [`RedisStore::connect_with`]'s options: the eviction check, and with `redis-tls` the root
+/// certificates of `rediss://` servers.
+#[cfg(feature = "redis")]
+pub use tower_idempotency_redis::ConnectOptions as RedisConnectOptions;
 
 /// The redis version [`RedisStore`] is built on, re-exported so connections and clients match it.
 #[cfg(feature = "redis")]

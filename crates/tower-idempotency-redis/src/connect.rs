@@ -50,6 +50,20 @@ pub enum ConnectError {
 #[non_exhaustive]
 pub struct ConnectOptions {
     allow_eviction: bool,
+    #[cfg(feature = "tls")]
+    root_certificates: Option<Pem>,
+}
+
+/// PEM bytes, which `Debug` counts rather than prints.
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+struct Pem(Vec<u8>);
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes of PEM>", self.0.len())
+    }
 }
 
 impl ConnectOptions {
@@ -65,6 +79,55 @@ impl ConnectOptions {
     pub fn allow_eviction(mut self, allow: bool) -> Self {
         self.allow_eviction = allow;
         self
+    }
+
+    /// Trusts only the certificates in `pem` (one or more PEM `CERTIFICATE` blocks: a private
+    /// CA, or a managed service's own) for the servers of `rediss://` URLs, instead of the
+    /// system's root certificates. The server's name must still match its certificate.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates = Some(Pem(pem.into()));
+        self
+    }
+
+    /// A client for `url`: over TLS for a `rediss://` URL, trusting
+    /// [`root_certificates`](Self::root_certificates) when they are set.
+    fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+        #[cfg(feature = "tls")]
+        {
+            ensure_crypto_provider();
+            if let Some(certificates) = self.certificates() {
+                return redis::Client::build_with_tls(url, certificates);
+            }
+        }
+        redis::Client::open(url)
+    }
+
+    /// The root certificates for redis's TLS connections, when they are set.
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.root_certificates
+            .as_ref()
+            .map(|Pem(pem)| redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            })
+    }
+}
+
+/// Installs ring as the process's rustls crypto provider when none is installed yet. rustls
+/// picks a provider by itself only when exactly one provider feature is enabled in the build;
+/// an application whose other dependencies enable aws-lc-rs too (reqwest's default TLS does)
+/// would otherwise have no provider for the store's connections. An application that installs
+/// its own provider before connecting keeps it (aws-lc-rs's, for post-quantum key exchange,
+/// which rustls deprecates ring's provider for lacking).
+#[cfg(feature = "tls")]
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one between the check and here: theirs stays.
+        #[allow(deprecated)] // ring: no C toolchain beyond cc, and a light build.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
@@ -83,8 +146,9 @@ pub fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
 }
 
 impl RedisStore {
-    /// Connects to one Redis server (`redis://host:port/db`) with a 2 s connection and response
-    /// timeout and 3 reconnection attempts, checks that the server does not evict keys (see
+    /// Connects to one Redis server (`redis://host:port/db`, or `rediss://host:port/db` over
+    /// TLS with the `tls` feature) with a 2 s connection and response timeout and 3 reconnection
+    /// attempts, checks that the server does not evict keys (see
     /// [`ConnectError::EvictingPolicy`]), and preloads the scripts.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ConnectError> {
         Self::connect_with(url, prefix, ConnectOptions::new()).await
@@ -97,7 +161,7 @@ impl RedisStore {
         options: ConnectOptions,
     ) -> Result<Self, ConnectError> {
         validate_prefix(prefix)?;
-        let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
+        let client = options.client(url).map_err(ConnectError::Redis)?;
         let notices = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
@@ -112,7 +176,8 @@ impl RedisStore {
             .await
     }
 
-    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port`) with a 2 s
+    /// Connects to a Redis Cluster through any of its nodes (`redis://host:port`, or
+    /// `rediss://host:port` over TLS with the `tls` feature) with a 2 s
     /// connection and response timeout, checks that no master evicts keys (see
     /// [`ConnectError::EvictingPolicy`]), and preloads the scripts on every master.
     pub async fn connect_cluster<'a>(
@@ -132,14 +197,18 @@ impl RedisStore {
         let nodes: Vec<&str> = nodes.into_iter().collect();
         let notices = nodes
             .iter()
-            .map(|node| redis::Client::open(*node))
+            .map(|node| options.client(node))
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConnectError::Redis)?;
-        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+        let builder = redis::cluster::ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Duration::from_secs(2))
-            .build()
-            .map_err(ConnectError::Redis)?;
+            .response_timeout(Duration::from_secs(2));
+        #[cfg(feature = "tls")]
+        let builder = match options.certificates() {
+            Some(certificates) => builder.certs(certificates),
+            None => builder,
+        };
+        let client = builder.build().map_err(ConnectError::Redis)?;
         let connection = client
             .get_async_connection()
             .await

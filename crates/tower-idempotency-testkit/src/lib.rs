@@ -13,7 +13,10 @@
 //!   [`order_request`]), and an order posted over HTTP ([`post_order`]).
 //! - Polling: asking again until a condition holds, failing after a bound ([`poll_until`]).
 //! - A loopback TCP [`Proxy`] that injects faults and counts what clients send.
-//! - Throw-away `redis-server` processes and a 3-master [`Cluster`], on reserved ports.
+//! - Throw-away `redis-server` processes (plain, or serving TLS too) and a 3-master
+//!   [`Cluster`], on reserved ports.
+//! - Certificates for TLS servers: a CA of the test's own and a server certificate it signed
+//!   ([`TestCertificates`]).
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
 //!   [`CountingStore`], [`Outage`]).
 #![warn(missing_docs)]
@@ -28,6 +31,7 @@ mod ports;
 mod proxy;
 mod redis_server;
 mod stores;
+mod tls;
 
 pub use env::{
     database_url, host_port, in_ci, postgres_or_skip, random_suffix, random_u64, reachable,
@@ -44,3 +48,4 @@ pub use ports::ReservedPort;
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
 pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};
+pub use tls::{CertificateFiles, TestCertificates};

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{env::random_u64, skip, which, ReservedPort};
+use crate::{env::random_u64, skip, which, ReservedPort, TestCertificates};
 
 /// Extra arguments for a server that loses no acknowledged write to a SIGKILL (an append-only
 /// file, fsynced on every write), for tests that kill and restart it.
@@ -36,6 +36,13 @@ pub struct RedisServer {
     extra: Vec<String>,
     dir: PathBuf,
     running: Option<(Child, ChildStdin)>,
+    tls: Option<Tls>,
+}
+
+/// A server's TLS port and the certificates it serves.
+struct Tls {
+    port: u16,
+    certificates: TestCertificates,
 }
 
 /// Why a `redis-server` did not come up.
@@ -59,7 +66,7 @@ impl RedisServer {
     /// defaults: no snapshots, no append-only file), or answers `None` after [`skip`]ping when
     /// it cannot run (fails under CI).
     pub fn start(extra: &[&str]) -> Option<Self> {
-        match Self::start_with(extra, None) {
+        match Self::start_with(extra, None, false) {
             Ok(server) => Some(server),
             Err(why) => {
                 skip("a throw-away redis-server", &why);
@@ -68,16 +75,34 @@ impl RedisServer {
         }
     }
 
+    /// Starts a server that serves TLS on a second reserved port ([`tls_url`](Self::tls_url))
+    /// with a certificate for 127.0.0.1 signed by a CA of its own ([`ca_pem`](Self::ca_pem)),
+    /// besides plain connections on [`port`](Self::port); clients need no certificate. Answers
+    /// `None` after [`skip`]ping when it cannot run (fails under CI), e.g. when the
+    /// `redis-server` binary was built without TLS.
+    pub fn start_tls() -> Option<Self> {
+        match Self::start_with(&[], None, true) {
+            Ok(server) => Some(server),
+            Err(why) => {
+                skip("a throw-away TLS redis-server", &why);
+                None
+            }
+        }
+    }
+
     /// Starts a server on a reserved port with `extra` arguments, plus the arguments `bus` makes
-    /// from a second reserved port of its own (a cluster node's bus port); on ports that
-    /// something outside the tests holds, it tries again on new ones.
+    /// from a second reserved port of its own (a cluster node's bus port), plus a TLS port with
+    /// fresh certificates when `tls`; on ports that something outside the tests holds, it tries
+    /// again on new ones.
     fn start_with(
         extra: &[&str],
         bus: Option<&dyn Fn(u16) -> Vec<String>>,
+        tls: bool,
     ) -> Result<Self, String> {
         if !which("redis-server") {
             return Err("redis-server is not installed".to_owned());
         }
+        let mut certificates = tls.then(TestCertificates::generate);
         for _ in 0..PORT_ATTEMPTS {
             let dir = std::env::temp_dir().join(format!(
                 "tidem-redis-{}-{:08x}",
@@ -92,16 +117,27 @@ impl RedisServer {
                 extra.extend(bus(bus_port.port()));
                 ports.push(bus_port);
             }
+            let tls = certificates.take().map(|certificates| {
+                let tls_port = ReservedPort::new();
+                let port = tls_port.port();
+                ports.push(tls_port);
+                Tls { port, certificates }
+            });
             let mut server = Self {
                 port: ports[0].port(),
                 _ports: ports,
                 extra,
                 dir,
                 running: None,
+                tls,
             };
             match server.run() {
                 Ok(()) => return Ok(server),
-                Err(StartError::PortTaken) => continue,
+                Err(StartError::PortTaken) => {
+                    // The next attempt serves the same certificates.
+                    certificates = server.tls.take().map(|tls| tls.certificates);
+                    continue;
+                }
                 Err(StartError::Failed(why)) => return Err(why),
             }
         }
@@ -113,6 +149,29 @@ impl RedisServer {
     /// `redis://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:tls_port` of a server from [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    ///
+    /// When the server serves no TLS.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls().port)
+    }
+
+    /// The PEM certificate of the CA that signed the TLS certificate of a server from
+    /// [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    ///
+    /// When the server serves no TLS.
+    pub fn ca_pem(&self) -> &str {
+        &self.tls().certificates.ca_pem
+    }
+
+    fn tls(&self) -> &Tls {
+        self.tls.as_ref().expect("a server started with start_tls")
     }
 
     /// Kills the server with SIGKILL, as a crash would; its directory (and append-only file) and
@@ -142,18 +201,39 @@ impl RedisServer {
     fn args(&self) -> Vec<String> {
         let port = self.port.to_string();
         let dir = self.dir.display().to_string();
-        ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir]
+        let mut args: Vec<String> = ["--port", &port, "--bind", "127.0.0.1", "--dir", &dir]
             .into_iter()
             .chain(["--save", "", "--appendonly", "no", "--logfile", "redis.log"])
             .map(str::to_owned)
-            .chain(self.extra.iter().cloned())
-            .collect()
+            .collect();
+        if let Some(tls) = &self.tls {
+            let file = |name: &str| self.dir.join(name).display().to_string();
+            args.extend([
+                "--tls-port".to_owned(),
+                tls.port.to_string(),
+                "--tls-cert-file".to_owned(),
+                file("cert.pem"),
+                "--tls-key-file".to_owned(),
+                file("key.pem"),
+                "--tls-ca-cert-file".to_owned(),
+                file("ca.pem"),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ]);
+        }
+        args.extend(self.extra.iter().cloned());
+        args
     }
 
     fn run(&mut self) -> Result<(), StartError> {
         let log = self.dir.join("redis.log");
         // A log left by an earlier run (before a restart) would be read as this run's.
         let _ = std::fs::remove_file(&log);
+        if let Some(tls) = &self.tls {
+            tls.certificates
+                .write(&self.dir)
+                .map_err(|e| StartError::Failed(format!("cannot write the certificates ({e})")))?;
+        }
         let mut wrapper = Command::new("sh")
             .arg("-c")
             .arg(WRAPPER)
@@ -172,7 +252,10 @@ impl RedisServer {
             let written = std::fs::read_to_string(&log).unwrap_or_default();
             let failed = if written.contains("Address already in use") {
                 Some(StartError::PortTaken)
-            } else if written.contains("aborting") || written.contains("FATAL") {
+            } else if written.contains("aborting")
+                || written.contains("FATAL")
+                || written.contains("Failed to configure TLS")
+            {
                 Some(StartError::Failed(format!(
                     "redis-server exited: {}",
                     written.lines().last().unwrap_or_default()
@@ -263,7 +346,7 @@ impl Cluster {
                 "--cluster-config-file",
                 "nodes.conf",
             ];
-            let node = RedisServer::start_with(&cluster_args, Some(&bus_args))
+            let node = RedisServer::start_with(&cluster_args, Some(&bus_args), false)
                 .map_err(|why| format!("a cluster node did not start: {why}"))?;
             nodes.push(node);
         }
@@ -352,6 +435,7 @@ mod tests {
             extra: Vec::new(),
             dir,
             running: None,
+            tls: None,
         };
         let outcome = server.run();
         assert!(matches!(outcome, Err(StartError::PortTaken)), "{outcome:?}");

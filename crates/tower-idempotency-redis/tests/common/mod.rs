@@ -142,3 +142,26 @@ pub async fn cluster_store() -> Option<TestStore> {
     store.preload_scripts().await.expect("script load");
     Some(TestStore::new(store, Cleanup::new(cluster.urls(), &prefix)))
 }
+
+/// One throw-away `redis-server` serving TLS per test binary, started on first use, or `None`
+/// after [`skip`]ping (fails under CI). It is never dropped, so it dies with the test process.
+pub fn tls_server() -> Option<&'static RedisServer> {
+    static SERVER: std::sync::OnceLock<Option<RedisServer>> = std::sync::OnceLock::new();
+    SERVER.get_or_init(RedisServer::start_tls).as_ref()
+}
+
+/// A store on [`tls_server`] with its own prefix, connected through `rediss://` and trusting
+/// only the server's test CA; its keys are deleted over the plain port.
+#[cfg(feature = "tls")]
+pub async fn tls_store() -> Option<TestStore> {
+    let server = tls_server()?;
+    let prefix = random_prefix();
+    let options = tower_idempotency_redis::ConnectOptions::new().root_certificates(server.ca_pem());
+    let store = RedisStore::connect_with(&server.tls_url(), &prefix, options)
+        .await
+        .expect("a store over TLS");
+    Some(TestStore::new(
+        store,
+        Cleanup::new(vec![server.url()], &prefix),
+    ))
+}
