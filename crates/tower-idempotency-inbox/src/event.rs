@@ -98,9 +98,13 @@ impl InboxEvent {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The body parsed as JSON.
+    /// The body parsed as JSON. Of an object key repeated in the body, the first is kept, as
+    /// the verifier that keyed the delivery read it and as `VerifiedWebhook::json` does
+    /// ([`parse_json`](tower_idempotency_webhooks::parse_json)), so `json()["id"]` is the id the
+    /// event is keyed by. (serde_json's own `Value` keeps the last; [`deserialize`](Self::deserialize)
+    /// into a struct refuses repeated fields.)
     pub fn json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::from_slice(&self.body)
+        tower_idempotency_webhooks::parse_json(&self.body)
     }
 
     /// The body deserialized into the caller's own event type (async-stripe's `Event`, a struct
@@ -218,5 +222,14 @@ mod tests {
             repeated.deserialize::<Paid>().is_err(),
             "a repeated field is refused"
         );
+    }
+
+    /// The document keeps the first of repeated keys, as the verifier that keyed the delivery
+    /// read it and as `VerifiedWebhook::json` does, so `json()["id"]` is the id it was keyed by.
+    #[test]
+    fn json_keeps_the_first_of_repeated_keys() {
+        let repeated = event(r#"{"id":"a","id":"b"}"#);
+        assert_eq!(repeated.json().unwrap()["id"], "a");
+        assert!(event("a=1").json().is_err(), "not JSON");
     }
 }

@@ -18,11 +18,15 @@ mod seed;
 /// (serde_json's own `Value` keeps the last), so the id a delivery is keyed by and the document
 /// the handler reads never disagree.
 pub(crate) fn parse(body: &[u8]) -> Result<serde_json::Value, VerifyError> {
+    document(body).map_err(|_| VerifyError::BodyNotJson)
+}
+
+/// [`parse`], with serde_json's error.
+pub(crate) fn document(body: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
     document::Document
         .deserialize(&mut de)
         .and_then(|value| de.end().map(|()| value))
-        .map_err(|_| VerifyError::BodyNotJson)
 }
 
 /// A scalar read by [`fields`].

@@ -74,7 +74,7 @@ pub use headers::MAX_HEADER_LEN;
 pub use secret::{Secret, MIN_SECRET_LEN};
 pub use signature::{Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES};
 pub use timestamp::DEFAULT_TOLERANCE;
-pub use verified::{ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
+pub use verified::{parse_json, ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
 pub use verifier::{verify_delivery, Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 
 /// Internal parsers, exposed for the fuzz targets in the repository's `fuzz/` directory only.

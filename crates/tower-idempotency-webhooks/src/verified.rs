@@ -72,6 +72,14 @@ impl ChallengeResponse {
 #[error("webhook body is not valid JSON")]
 pub struct NotJson;
 
+/// Parses a delivery's body as JSON as the verifiers read it: of an object key repeated in the
+/// body, the first is kept (serde_json's own `Value` keeps the last; two objects under one key
+/// are merged, again first wins), so the document agrees with the id the delivery was keyed
+/// by. [`VerifiedWebhook::json`] and the inbox's `InboxEvent::json` read bodies with it.
+pub fn parse_json(body: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
+    crate::json::document(body)
+}
+
 impl VerifiedWebhook {
     /// A verified delivery. Custom [`Verifier`](crate::Verifier)s build one after checking the
     /// signature.
@@ -296,6 +304,15 @@ mod tests {
         assert_eq!(first, webhook.json().unwrap() as *const _);
         let not = VerifiedWebhook::new("t", "evt_1", Bytes::from_static(b"a=1"));
         assert_eq!(not.json(), Err(NotJson));
+    }
+
+    /// The first of repeated keys wins, as the verifiers' key reader reads the id.
+    #[test]
+    fn json_keeps_the_first_of_repeated_keys() {
+        let body = Bytes::from_static(br#"{"id":"a","id":"b"}"#);
+        let webhook = VerifiedWebhook::new("t", "a", body.clone());
+        assert_eq!(webhook.json().unwrap()["id"], "a");
+        assert_eq!(crate::parse_json(&body).unwrap()["id"], "a");
     }
 
     #[tokio::test]
