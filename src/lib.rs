@@ -31,7 +31,7 @@
 //! | `sqlite` | yes | [`SqliteStore`], the embedded durable store |
 //! | `webhooks` | yes | [`webhooks`]: signature verification and event keys for every shipped provider, `IdempotencyLayer::stripe(..)` and friends via [`WebhookLayerExt`]; the same as all the provider features below |
 //! | `stripe`, `github`, `standard-webhooks`, `slack`, `shopify`, `paddle`, `linear`, `gitlab`, `zoom`, `discord`, `sendgrid`, `mailgun`, `square`, `twilio` | with `webhooks` | one provider each (with `default-features = false`, pick only the providers you receive: `ed25519-dalek`, `p256` and `url` come with the providers that need them) |
-//! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`] |
+//! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`], [`VerifiedJson`] |
 //! | `postgres` | no | [`PostgresStore`] |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
@@ -108,7 +108,9 @@ pub mod metrics {
 #[cfg(feature = "custom-webhooks")]
 pub use tower_idempotency_webhooks as webhooks;
 #[cfg(feature = "custom-webhooks")]
-pub use tower_idempotency_webhooks::{VerifiedWebhook, WebhookLayerExt};
+pub use tower_idempotency_webhooks::{
+    VerifiedJson, VerifiedJsonRejection, VerifiedWebhook, WebhookLayerExt,
+};
 
 #[cfg(feature = "sqlite")]
 pub use tower_idempotency_sqlx::SqliteStore;

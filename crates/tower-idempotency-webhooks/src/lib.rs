@@ -24,7 +24,8 @@
 //!   core's [`KeySource`](tower_idempotency_core::KeySource).
 //! - [`WebhookLayerExt`] adds `IdempotencyLayer::stripe(..)`, `::github(..)`, ... and
 //!   `::webhook(verifier, store)` for [`generic::HmacVerifier`] or your own verifier.
-//! - [`VerifiedWebhook`] is the verified delivery and an axum extractor.
+//! - [`VerifiedWebhook`] is the verified delivery and an axum extractor; [`VerifiedJson`] is the
+//!   same delivery with its body deserialized into the handler's own event type.
 //! - Failures are [`VerifyError`]s, answered as RFC 9457 problems.
 //!
 //! Every verifier accepts several secrets (rotation), compares in constant time, bounds header
@@ -52,6 +53,7 @@ mod secret;
 mod signature;
 mod timestamp;
 mod verified;
+mod verified_json;
 mod verifier;
 
 pub mod batch;
@@ -75,6 +77,7 @@ pub use secret::{Secret, MIN_SECRET_LEN};
 pub use signature::{Encoding, HmacAlgorithm, MAX_ASYMMETRIC_SIGNATURES, MAX_SIGNATURES};
 pub use timestamp::DEFAULT_TOLERANCE;
 pub use verified::{parse_json, ChallengeResponse, NotJson, VerifiedWebhook, WebhookLayerMissing};
+pub use verified_json::{VerifiedJson, VerifiedJsonRejection};
 pub use verifier::{verify_delivery, Verifier, WebhookKeys, DEFAULT_WEBHOOK_TTL};
 
 /// Internal parsers, exposed for the fuzz targets in the repository's `fuzz/` directory only.
