@@ -19,9 +19,9 @@ use crate::{VerifiedWebhook, WebhookLayerMissing};
 /// It reads the exact bytes the signature was verified over
 /// ([`VerifiedWebhook::deserialize`]): a struct refuses an object key repeated in the body, so
 /// a field cannot say one thing to the key reader and another to the handler. A body that does
-/// not deserialize is answered with a problem ([`VerifiedJsonRejection`]) before the handler
-/// runs; under the webhook layer that answer is the delivery's recorded result, as any answer
-/// of the handler is.
+/// not deserialize is answered with a problem ([`VerifiedJsonRejection`]) and the handler does
+/// not run; the webhook layer treats that answer as any other of the route (by default only a
+/// `2xx` completes the key, so the provider's retry is read again).
 ///
 /// ```
 /// use serde::Deserialize;
