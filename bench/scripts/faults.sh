@@ -79,7 +79,8 @@ for store in $STORES; do
     case $store in
         sqlite)
             rm -rf "${OUT:?}/sqlite"
-            run_one sqlite "sqlite://$work/faults.db" 1 || failed=1
+            # On a violation the database is kept beside the summary, to be read.
+            run_one sqlite "sqlite://$work/faults.db" 1 || { failed=1; cp "$work"/faults.db* "$OUT/sqlite/"; }
             ;;
         postgres)
             rm -rf "${OUT:?}/postgres"

@@ -236,3 +236,171 @@ pub fn check(i: &Inputs<'_>) -> Vec<Invariant> {
         stale,
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::{InboxRow, OutboxRow};
+
+    fn sent(kind: Kind, created: i64, object: Option<&str>) -> Sent {
+        Sent {
+            kind,
+            object: object.map(str::to_owned),
+            created,
+            body: String::new(),
+            first_sent: 0.0,
+            acked_at: Some(0.1),
+            sends: 1,
+        }
+    }
+
+    fn row(state: i64) -> InboxRow {
+        InboxRow {
+            state,
+            attempts: 1,
+            last_error: String::new(),
+            available_at: 0,
+            lease_until: 0,
+            leased: false,
+        }
+    }
+
+    /// A consistent run: one plain event, one outbox event delivered, two ordered events run in
+    /// order and an older one skipped.
+    struct World {
+        events: BTreeMap<String, Sent>,
+        refused: Vec<Refused>,
+        last: Snapshot,
+        target: BTreeMap<String, KeySeen>,
+        landing_gets: u64,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let events = BTreeMap::from([
+                ("evt_1".to_owned(), sent(Kind::Plain, 1, None)),
+                ("evt_2".to_owned(), sent(Kind::Outbox, 2, None)),
+                ("evt_3".to_owned(), sent(Kind::Ordered, 3, Some("obj"))),
+                ("evt_4".to_owned(), sent(Kind::Ordered, 4, Some("obj"))),
+                ("evt_5".to_owned(), sent(Kind::Ordered, 2, Some("obj"))),
+            ]);
+            let last = Snapshot {
+                inbox: BTreeMap::from([
+                    ("evt_1".to_owned(), row(PROCESSED)),
+                    ("evt_2".to_owned(), row(PROCESSED)),
+                    ("evt_3".to_owned(), row(PROCESSED)),
+                    ("evt_4".to_owned(), row(PROCESSED)),
+                    ("evt_5".to_owned(), row(SKIPPED)),
+                ]),
+                effects: ["evt_1", "evt_2", "evt_3", "evt_4"]
+                    .into_iter()
+                    .map(|id| (id.to_owned(), 1))
+                    .collect(),
+                order: BTreeMap::from([("obj".to_owned(), vec!["evt_3".into(), "evt_4".into()])]),
+                outbox: BTreeMap::from([(
+                    "stripe/evt_2/0".to_owned(),
+                    OutboxRow {
+                        scope: "stripe/evt_2".into(),
+                        state: DELIVERED,
+                        attempts: 2,
+                    },
+                )]),
+            };
+            let target = BTreeMap::from([(
+                "stripe/evt_2/0".to_owned(),
+                KeySeen {
+                    posts: 2,
+                    runs: 1,
+                    answered_ok: 1,
+                    events: BTreeSet::from(["evt_2".to_owned()]),
+                },
+            )]);
+            Self {
+                events,
+                refused: vec![Refused {
+                    id: "evt_forged_9".into(),
+                    how: "forgery",
+                    at: 1.0,
+                    status: 401,
+                }],
+                last,
+                target,
+                landing_gets: 0,
+            }
+        }
+
+        /// The invariants that fail, by name.
+        fn broken(&self) -> Vec<&'static str> {
+            let failed = BTreeMap::new();
+            check(&Inputs {
+                events: &self.events,
+                refused: &self.refused,
+                last: &self.last,
+                failed_rows: &failed,
+                pending_after_drain: &[],
+                target: &self.target,
+                target_keyless: 0,
+                landing_gets: self.landing_gets,
+            })
+            .into_iter()
+            .filter(|i| !i.violations.is_empty())
+            .map(|i| i.name)
+            .collect()
+        }
+    }
+
+    #[test]
+    fn a_consistent_run_holds_every_invariant() {
+        assert_eq!(World::new().broken(), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn an_acknowledged_event_never_committed_is_a_violation() {
+        let mut world = World::new();
+        world.last.effects.remove("evt_1");
+        world.last.inbox.insert("evt_1".into(), row(0));
+        assert_eq!(world.broken(), vec![
+            "every acknowledged event processed exactly once (poison/permanent: failed, never committed; stale under skip-stale: skipped)"
+        ]);
+    }
+
+    #[test]
+    fn a_forgery_stored_is_a_violation() {
+        let mut world = World::new();
+        world
+            .last
+            .inbox
+            .insert("evt_forged_9".into(), row(PROCESSED));
+        assert!(world
+            .broken()
+            .iter()
+            .any(|name| name.starts_with("no forgery")));
+    }
+
+    #[test]
+    fn a_redirect_counted_delivered_is_a_violation() {
+        let mut world = World::new();
+        // The relay followed the 301 as a GET: the target never ran the key.
+        world.target.clear();
+        world.landing_gets = 1;
+        let broken = world.broken();
+        assert!(broken
+            .iter()
+            .any(|name| name.starts_with("no message counted delivered")));
+        assert!(broken
+            .iter()
+            .any(|name| name.starts_with("every committed test.outbox")));
+    }
+
+    #[test]
+    fn an_older_event_run_after_a_newer_one_is_a_violation() {
+        let mut world = World::new();
+        world
+            .last
+            .order
+            .insert("obj".into(), vec!["evt_4".into(), "evt_3".into()]);
+        assert_eq!(world.broken(), vec![
+            "skip-stale: no older event run after a newer one of its object; a skipped event has a newer one run"
+        ]);
+    }
+}

@@ -28,6 +28,10 @@ pub struct InboxRow {
     pub state: i64,
     pub attempts: i64,
     pub last_error: String,
+    /// `available_at` and `lease_until` (Unix ms; 0 when NULL), and whether a lease token is set.
+    pub available_at: i64,
+    pub lease_until: i64,
+    pub leased: bool,
 }
 
 /// One outbox row.
@@ -122,20 +126,27 @@ impl Db {
     pub async fn snapshot(&self) -> Result<Snapshot, BoxError> {
         let inbox_sql = format!(
             "SELECT event_id, CAST(state AS BIGINT), CAST(attempts AS BIGINT), \
-             COALESCE(last_error, '') FROM {INBOX}"
+             COALESCE(last_error, ''), CAST(available_at AS BIGINT), \
+             CAST(COALESCE(lease_until, 0) AS BIGINT), lease_token IS NOT NULL FROM {INBOX}"
         );
-        let rows: Vec<(String, i64, i64, String)> =
+        type Row = (String, i64, i64, String, i64, i64, bool);
+        let rows: Vec<Row> =
             on_pool!(self, pool => sqlx::query_as(&inbox_sql).fetch_all(pool).await?);
         let inbox = rows
             .into_iter()
-            .map(|(id, state, attempts, last_error)| {
-                let row = InboxRow {
-                    state,
-                    attempts,
-                    last_error,
-                };
-                (id, row)
-            })
+            .map(
+                |(id, state, attempts, last_error, available_at, lease_until, leased)| {
+                    let row = InboxRow {
+                        state,
+                        attempts,
+                        last_error,
+                        available_at,
+                        lease_until,
+                        leased,
+                    };
+                    (id, row)
+                },
+            )
             .collect();
         let effects_sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
         let rows: Vec<(String, i64)> =

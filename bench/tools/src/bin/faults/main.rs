@@ -356,14 +356,27 @@ impl Run {
                     .inbox
                     .iter()
                     .filter(|(_, row)| row.state == 0)
-                    .map(|(id, row)| format!("event {id} (attempts {})", row.attempts))
+                    .map(|(id, row)| {
+                        let now = unix_ms();
+                        format!(
+                            "{id}: pending event, attempts {}, available in {} ms, lease token {}, \
+                             lease ends in {} ms, last error {:?}",
+                            row.attempts,
+                            row.available_at - now,
+                            row.leased,
+                            row.lease_until - now,
+                            row.last_error
+                        )
+                    })
                     .collect();
                 pending.extend(
                     snapshot
                         .outbox
                         .iter()
                         .filter(|(_, row)| row.state == 0)
-                        .map(|(key, row)| format!("message {key} (attempts {})", row.attempts)),
+                        .map(|(key, row)| {
+                            format!("{key}: pending message, attempts {}", row.attempts)
+                        }),
                 );
                 return Ok((started.elapsed().as_secs_f64(), pending));
             }
@@ -386,6 +399,12 @@ impl Run {
         }
         retried
     }
+}
+
+/// Now, in Unix milliseconds (the tables' times).
+fn unix_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The receiver's Postgres URL through the proxy (the same database, user and options).
@@ -704,7 +723,11 @@ fn report_violations(
         );
         for (n, case) in invariant.violations.iter().enumerate().take(20) {
             println!("  {case}");
-            let id = case.split_whitespace().next().unwrap_or_default();
+            let id = case
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches(':');
             let Some(sent) = events.get(id) else { continue };
             if n >= 5 {
                 continue;
