@@ -83,7 +83,8 @@ impl ConnectOptions {
 
     /// Trusts only the certificates in `pem` (one or more PEM `CERTIFICATE` blocks: a private
     /// CA, or a managed service's own) for the servers of `rediss://` URLs, instead of the
-    /// system's root certificates. The server's name must still match its certificate.
+    /// system's root certificates; `redis://` URLs stay plain. The server's name must still
+    /// match its certificate.
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -95,7 +96,7 @@ impl ConnectOptions {
     /// [`root_certificates`](Self::root_certificates) when they are set.
     fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
         #[cfg(feature = "tls")]
-        {
+        if url.starts_with("rediss:") {
             ensure_crypto_provider();
             if let Some(certificates) = self.certificates() {
                 return redis::Client::build_with_tls(url, certificates);
@@ -116,10 +117,11 @@ impl ConnectOptions {
     }
 }
 
-/// Installs ring as the process's rustls crypto provider when none is installed yet. rustls
-/// picks a provider by itself only when exactly one provider feature is enabled in the build;
-/// an application whose other dependencies enable aws-lc-rs too (reqwest's default TLS does)
-/// would otherwise have no provider for the store's connections. An application that installs
+/// Installs ring as the process's rustls crypto provider when none is installed yet (before
+/// the first `rediss://` connection). rustls picks a provider by itself only when exactly one
+/// provider feature is enabled in the build; an application whose other dependencies enable
+/// aws-lc-rs too (reqwest's default TLS does) would otherwise have no provider for the store's
+/// connections. An application that installs
 /// its own provider before connecting keeps it (aws-lc-rs's, for post-quantum key exchange,
 /// which rustls deprecates ring's provider for lacking).
 #[cfg(feature = "tls")]
@@ -200,13 +202,16 @@ impl RedisStore {
             .map(|node| options.client(node))
             .collect::<Result<Vec<_>, _>>()
             .map_err(ConnectError::Redis)?;
+        #[cfg(feature = "tls")]
+        let tls = nodes.iter().any(|node| node.starts_with("rediss:"));
         let builder = redis::cluster::ClusterClientBuilder::new(nodes)
             .connection_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_secs(2));
+        // The certificates turn TLS on for every node: only for `rediss://` nodes.
         #[cfg(feature = "tls")]
         let builder = match options.certificates() {
-            Some(certificates) => builder.certs(certificates),
-            None => builder,
+            Some(certificates) if tls => builder.certs(certificates),
+            _ => builder,
         };
         let client = builder.build().map_err(ConnectError::Redis)?;
         let connection = client

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use tower_idempotency_core::{ClaimOutcome, FencingToken, Fingerprint, Store};
-use tower_idempotency_redis::{ConnectError, RedisStore};
+use tower_idempotency_redis::{ConnectError, ConnectOptions, RedisStore};
 
 tower_idempotency_core::store_conformance_tests!(common::tls_store());
 
@@ -52,4 +52,25 @@ async fn a_claim_over_tls_is_stored_on_the_server() {
         "{outcome:?}"
     );
     assert_eq!(store.guard().count_keys(), before + 1, "{}", server.url());
+}
+
+/// Root certificates apply to `rediss://` URLs only: with them, `redis://` URLs of a server and
+/// of a cluster stay plain.
+#[tokio::test]
+async fn root_certificates_leave_plain_urls_plain() {
+    let Some(server) = common::tls_server() else {
+        return;
+    };
+    let options = || ConnectOptions::new().root_certificates(server.ca_pem());
+    let prefix = common::random_prefix();
+    RedisStore::connect_with(&server.url(), &prefix, options())
+        .await
+        .expect("a plain server with root certificates set");
+    let Some(cluster) = common::Cluster::shared() else {
+        return;
+    };
+    let urls = cluster.urls();
+    RedisStore::connect_cluster_with(urls.iter().map(String::as_str), &prefix, options())
+        .await
+        .expect("a plain cluster with root certificates set");
 }
