@@ -74,8 +74,10 @@ async fn slow_handler_keeps_its_lease<DB: Fixture>() {
 /// each; each attempt of the hanging event is cancelled, its write rolled back (no effect), and
 /// it ends failed after two attempts with the timeout as its last error. (On SQLite its write
 /// holds the database's write lock until the attempt is cancelled: the others wait for that,
-/// and a handler whose first statement meets that lock runs again in the same attempt, so there
-/// the runs are counted at least once, the attempts and effects exactly.)
+/// within their own attempt timeout, and a handler whose first statement meets that lock runs
+/// again in the same attempt. There an other event may spend its first attempt waiting through
+/// both of the hanging event's attempts, so its attempts are at most two and its runs at least
+/// its attempts; the effects are exact on both databases.)
 async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
@@ -101,12 +103,12 @@ async fn hanging_handler_holds_only_its_permit<DB: Fixture>() {
         }
     };
     for id in &others {
-        assert_eq!(
-            setup.wait_for(id, EventState::Processed).await,
-            1,
-            "{}: {id}",
-            DB::LABEL
-        );
+        let attempts = setup.wait_for(id, EventState::Processed).await;
+        if DB::LABEL == "postgres" {
+            assert_eq!(attempts, 1, "postgres: {id}");
+        } else {
+            assert!(attempts <= 2, "sqlite: {id}: {attempts} attempts");
+        }
         assert!(
             ran(probe.runs(id), 1),
             "{}: {id}: {}",
