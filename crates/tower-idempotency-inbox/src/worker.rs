@@ -686,15 +686,25 @@ impl<DB: InboxDatabase> Shared<DB> {
         }
     }
 
+    /// Whether the event is checked for staleness before its handler runs: under
+    /// [`OrderingPolicy::SkipStale`], when it has an ordering key.
+    fn skips_stale(&self, event: &InboxEvent) -> bool {
+        self.inbox.ordering.as_ref().is_some_and(|ordering| {
+            ordering.policy() == OrderingPolicy::SkipStale
+                && ordering.position(&event.body).is_some()
+        })
+    }
+
     /// The attempt's transaction. A handler's transaction starts lazily ([`InboxDatabase::BEGIN_LAZY`]:
     /// on SQLite no lock is taken before its first statement). When that meets a lock conflict
     /// (SQLite refuses to turn a handler's read into a write after another connection wrote),
     /// the handler runs again at once in a transaction that takes the write lock at its start
-    /// ([`InboxDatabase::BEGIN`]), within the same claim and attempt.
+    /// ([`InboxDatabase::BEGIN`]), within the same claim and attempt. An event checked for
+    /// staleness holds its key's lock from the check to the commit, so its transaction starts
+    /// with the lock (on SQLite the write lock); an event without an ordering key starts lazily
+    /// under every policy.
     async fn transact(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
-        let skip_stale =
-            self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale);
-        if skip_stale || DB::BEGIN_LAZY == DB::BEGIN {
+        if self.skips_stale(&event) || DB::BEGIN_LAZY == DB::BEGIN {
             return self
                 .in_transaction(DB::BEGIN, event, token)
                 .await
@@ -729,9 +739,7 @@ impl<DB: InboxDatabase> Shared<DB> {
             .begin_with(begin)
             .await
             .map_err(|e| Tried::Failed(Failure::from(error_text(&e))))?;
-        if begin == DB::BEGIN
-            && self.inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::SkipStale)
-        {
+        if begin == DB::BEGIN && self.skips_stale(&event) {
             match self.skip_if_stale(&mut transaction, &key, token).await? {
                 Some(Ended::Skipped) => {
                     transaction.commit().await.map_err(|e| error_text(&e))?;

@@ -61,6 +61,54 @@ async fn acknowledgements_pass_handlers_waiting_before_their_first_statement<DB:
     setup.finish(worker).await;
 }
 
+/// Under skip-stale, an event without an ordering key (no `data.object.id`) needs no lock on a
+/// key: on SQLite its handler's transaction takes the write lock at its first statement, as
+/// without ordering. Four such handlers wait at a gate before their first statement; five
+/// deliveries sent meanwhile are all answered `200` while the gate is still closed.
+async fn skip_stale_leaves_unordered_events_lazy<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let inbox = setup
+        .inbox
+        .clone()
+        .ordering(Ordering::stripe(OrderingPolicy::SkipStale));
+    let probe = setup.probe();
+    let worker = quick(inbox.worker(probe.handler::<DB>()))
+        .concurrency(4)
+        .spawn();
+    let url = serve(&inbox).await;
+    let client = reqwest::Client::new();
+    let gated = ids("evt_unordered_gated", 4);
+    deliver_all(&client, &url, &gated, "test.gated").await;
+    probe.wait_started(4).await;
+    let later = ids("evt_unordered_later", 5);
+    let bodies: Vec<String> = later
+        .iter()
+        .map(|id| event_body(id, "charge.succeeded"))
+        .collect();
+    let statuses = tokio::time::timeout(
+        Duration::from_secs(5),
+        join_all(bodies.iter().map(|b| deliver(&client, &url, SECRET, b))),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{}: acknowledgements waited for the handlers", DB::LABEL));
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "{}: {statuses:?}",
+        DB::LABEL
+    );
+    probe.open_gate();
+    for id in gated.iter().chain(&later) {
+        assert_eq!(
+            setup.wait_for(id, EventState::Processed).await,
+            1,
+            "{}",
+            DB::LABEL
+        );
+        assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
+    }
+    setup.finish(worker).await;
+}
+
 /// SQLite, a 100 ms busy timeout and a one-minute lease: the test takes the write lock while a
 /// handler waits at its gate and holds it well past the busy timeout, so the handler's write and
 /// then the worker's failure record meet a busy database. The record is written once the lock
@@ -218,5 +266,6 @@ async fn one_commit_per_delivery<DB: Fixture>() {
 
 on_both!(
     acknowledgements_pass_handlers_waiting_before_their_first_statement,
+    skip_stale_leaves_unordered_events_lazy,
     one_commit_per_delivery,
 );
