@@ -123,16 +123,18 @@ impl Db {
             .await
     }
 
-    pub async fn snapshot(&self) -> Result<Snapshot, BoxError> {
+    /// The inbox's rows, all or only the pending ones.
+    async fn inbox_rows(&self, pending_only: bool) -> Result<BTreeMap<String, InboxRow>, BoxError> {
+        let filter = if pending_only { "WHERE state = 0" } else { "" };
         let inbox_sql = format!(
             "SELECT event_id, CAST(state AS BIGINT), CAST(attempts AS BIGINT), \
              COALESCE(last_error, ''), CAST(available_at AS BIGINT), \
-             CAST(COALESCE(lease_until, 0) AS BIGINT), lease_token IS NOT NULL FROM {INBOX}"
+             CAST(COALESCE(lease_until, 0) AS BIGINT), lease_token IS NOT NULL FROM {INBOX} {filter}"
         );
         type Row = (String, i64, i64, String, i64, i64, bool);
         let rows: Vec<Row> =
             on_pool!(self, pool => sqlx::query_as(&inbox_sql).fetch_all(pool).await?);
-        let inbox = rows
+        Ok(rows
             .into_iter()
             .map(
                 |(id, state, attempts, last_error, available_at, lease_until, leased)| {
@@ -147,7 +149,16 @@ impl Db {
                     (id, row)
                 },
             )
-            .collect();
+            .collect())
+    }
+
+    /// The pending inbox rows.
+    pub async fn pending_rows(&self) -> Result<BTreeMap<String, InboxRow>, BoxError> {
+        self.inbox_rows(true).await
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, BoxError> {
+        let inbox = self.inbox_rows(false).await?;
         let effects_sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
         let rows: Vec<(String, i64)> =
             on_pool!(self, pool => sqlx::query_as(effects_sql).fetch_all(pool).await?);

@@ -319,6 +319,37 @@ impl Run {
         exits
     }
 
+    /// Until `stop`, the pending events' attempts and leases, a line at each change (written to
+    /// `trace-<name>.txt`: how an event late at the drain spent its time).
+    async fn trace(&self, stop: Arc<std::sync::atomic::AtomicBool>) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut last = BTreeMap::<String, (i64, bool, i64)>::new();
+        while !stop.load(Ordering::SeqCst) {
+            if let Ok(rows) = self.db.pending_rows().await {
+                let now = unix_ms();
+                for (id, row) in &rows {
+                    let seen = (row.attempts, row.leased, row.available_at);
+                    if last.get(id) != Some(&seen) {
+                        lines.push(format!(
+                            "[{:>8.3}s] {id} attempts {} leased {} available in {} ms, lease ends in {} ms",
+                            self.log.now(),
+                            row.attempts,
+                            row.leased,
+                            row.available_at - now,
+                            if row.leased { row.lease_until - now } else { 0 },
+                        ));
+                    }
+                }
+                last = rows
+                    .into_iter()
+                    .map(|(id, row)| (id, (row.attempts, row.leased, row.available_at)))
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lines
+    }
+
     /// The second half: every instance restarted with `INBOX_ORDERING=skip-stale`, then
     /// ordered events sent.
     async fn skip_stale_phase(&self) {
@@ -489,6 +520,9 @@ async fn run(config: Config) -> Result<bool, BoxError> {
     tasks.spawn(async move { r.database_faults(deadline, seed ^ 2).await });
     let r = run.clone();
     tasks.spawn(async move { r.target_faults(deadline, seed ^ 3).await });
+    let tracing_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (r, stop) = (run.clone(), tracing_stop.clone());
+    let tracer = tokio::spawn(async move { r.trace(stop).await });
     let r = run.clone();
     let supervisor = tokio::spawn(async move { r.supervise(deadline).await });
     if config.skip_stale {
@@ -546,6 +580,12 @@ async fn run(config: Config) -> Result<bool, BoxError> {
     for (id, row) in last.inbox.iter().filter(|(_, row)| row.state == 2) {
         failed_rows.insert(id.clone(), (row.attempts, row.last_error.clone()));
     }
+    tracing_stop.store(true, Ordering::SeqCst);
+    let trace = tracer.await.unwrap_or_default();
+    std::fs::write(
+        config.out.join(format!("trace-{}.txt", config.name)),
+        trace.join("\n"),
+    )?;
     let starts = instances.starts().await;
     instances.stop_all().await;
 
