@@ -639,6 +639,23 @@ async fn run(config: Config) -> Result<bool, BoxError> {
         deliveries.insert(format!("inbox rows {name}"), n);
     }
     deliveries.insert("outbox messages".into(), last.outbox.len() as u64);
+    let failed_messages: Vec<&String> = last
+        .outbox
+        .iter()
+        .filter(|(_, row)| row.state == 2)
+        .map(|(key, _)| key)
+        .collect();
+    deliveries.insert(
+        "outbox messages failed, attempts spent".into(),
+        failed_messages.len() as u64,
+    );
+    deliveries.insert(
+        "outbox messages failed, attempts spent, yet run by the target".into(),
+        failed_messages
+            .iter()
+            .filter(|key| target_keys.get(**key).is_some_and(|seen| seen.runs == 1))
+            .count() as u64,
+    );
     deliveries.insert(
         "events failed by faults, retried by the operator".into(),
         retried.len() as u64,
