@@ -14,7 +14,9 @@ import sys
 
 
 def version(text):
-    return tuple(int(part) for part in text.split(".")) if text else (0,)
+    """`text` as (major, minor, patch): "1.94" and "1.94.0" are the same version."""
+    parts = [int(part) for part in text.split(".")] if text else []
+    return tuple((parts + [0, 0, 0])[:3])
 
 
 def main():

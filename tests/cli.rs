@@ -173,14 +173,15 @@ async fn sqlite_inspect_forget_purge() {
     let purged = cli_json(&args, &["purge-expired"]).await;
     assert_eq!(purged["store"], "sqlite");
     assert_eq!(purged["purged"], 1, "{purged}");
-    let remaining: i64 = tower_idempotency_sqlx::sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM \"{table}\" WHERE key IN (?1, ?2)"
-    ))
-    .bind(&expired)
-    .bind(&live)
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
+    let remaining: i64 =
+        tower_idempotency_sqlx::sqlx::query_scalar(tower_idempotency_sqlx::sqlx::AssertSqlSafe(
+            &*format!("SELECT count(*) FROM \"{table}\" WHERE key IN (?1, ?2)"),
+        ))
+        .bind(&expired)
+        .bind(&live)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
     assert_eq!(remaining, 1, "the live record stays");
     drop(store);
     for suffix in ["", "-wal", "-shm"] {

@@ -228,9 +228,11 @@ async fn inbox_list_and_retry_postgres() {
     let table = format!("cli_inbox_{}", random_suffix());
     let inbox = Inbox::new(pool.clone(), &table).unwrap();
     list_and_retry(inbox, &url, "postgres").await;
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(&*format!(
+        "DROP TABLE IF EXISTS {table}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
     pool.close().await;
 }

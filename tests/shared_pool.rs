@@ -46,7 +46,11 @@ async fn create_order(
 ) -> StatusCode {
     let key = headers["idempotency-key"].to_str().unwrap_or_default();
     let insert = format!(r#"INSERT INTO "{}" (key) VALUES ($1)"#, tables.orders);
-    match sqlx::query(&insert).bind(key).execute(&pool).await {
+    match sqlx::query(sqlx::AssertSqlSafe(&*insert))
+        .bind(key)
+        .execute(&pool)
+        .await
+    {
         Ok(_) => StatusCode::CREATED,
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -81,7 +85,10 @@ async fn the_store_the_inbox_and_the_application_share_one_pool() {
         r#"CREATE TABLE "{}" (key text NOT NULL); CREATE TABLE "{}" (event_id text NOT NULL)"#,
         tables.orders, tables.charges
     );
-    sqlx::raw_sql(&ddl).execute(&pool).await.expect("ddl");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*ddl))
+        .execute(&pool)
+        .await
+        .expect("ddl");
 
     let store = PostgresStore::new(pool.clone(), &tables.records).expect("table");
     store.migrate().await.expect("migrate");
@@ -93,7 +100,7 @@ async fn the_store_the_inbox_and_the_application_share_one_pool() {
         .worker(move |event: InboxEvent, mut tx: IdempotentTx<Postgres>| {
             let insert = format!(r#"INSERT INTO "{charges}" (event_id) VALUES ($1)"#);
             async move {
-                sqlx::query(&insert)
+                sqlx::query(sqlx::AssertSqlSafe(&*insert))
                     .bind(&event.key.event_id)
                     .execute(&mut *tx)
                     .await?;
@@ -171,7 +178,7 @@ async fn the_store_the_inbox_and_the_application_share_one_pool() {
         let sql = format!(r#"SELECT count(*) FROM "{table}""#);
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(&sql)
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(&*sql))
                 .fetch_one(&pool)
                 .await
                 .expect("count")

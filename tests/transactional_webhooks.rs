@@ -29,7 +29,7 @@ macro_rules! handler {
             event: VerifiedWebhook,
         ) -> StatusCode {
             let sql = format!($insert, table = table);
-            sqlx::query(&sql)
+            sqlx::query(sqlx::AssertSqlSafe(&*sql))
                 .bind(event.event_id())
                 .execute(&mut *tx)
                 .await
@@ -57,14 +57,14 @@ handler!(
 async fn rows<DB: Database>(pool: &Pool<DB>, table: &str, event: &str) -> i64
 where
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    for<'q> <DB as Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let placeholder = if DB::NAME == "PostgreSQL" { "$1" } else { "?1" };
     let sql = format!(r#"SELECT count(*) FROM "{table}" WHERE event_id = {placeholder}"#);
-    sqlx::query_scalar(&sql)
+    sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
         .bind(event)
         .fetch_one(pool)
         .await
@@ -158,7 +158,7 @@ async fn webhook_layers_commit_effects_once_sqlite() {
     store.migrate().await.expect("migrate");
     let table = format!("events_{}", random_suffix());
     let ddl = format!(r#"CREATE TABLE "{table}" (event_id TEXT NOT NULL)"#);
-    sqlx::raw_sql(&ddl)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*ddl))
         .execute(store.pool())
         .await
         .expect("ddl");
@@ -181,9 +181,15 @@ async fn webhook_layers_commit_effects_once_postgres() {
     store.migrate().await.expect("migrate");
     let table = format!("events_{}", random_suffix());
     let ddl = format!(r#"CREATE TABLE "{table}" (event_id text NOT NULL)"#);
-    sqlx::raw_sql(&ddl).execute(&pool).await.expect("ddl");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*ddl))
+        .execute(&pool)
+        .await
+        .expect("ddl");
     let base = serve(app(store.clone(), &table, postgres_event)).await;
     check(&base, async |event: &str| rows(&pool, &table, event).await).await;
     let drop = format!(r#"DROP TABLE "{table}"; DROP TABLE "{records}";"#);
-    sqlx::raw_sql(&drop).execute(&pool).await.expect("drop");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
+        .execute(&pool)
+        .await
+        .expect("drop");
 }

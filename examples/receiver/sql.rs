@@ -39,7 +39,9 @@ where
         .max_connections(max_connections)
         .connect_with(options)
         .await?;
-    sqlx::raw_sql(ddl).execute(&pool).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&pool)
+        .await?;
     Ok(pool)
 }
 
@@ -80,9 +82,17 @@ impl Pool {
     pub async fn counts(&self, sql: &'static str) -> Result<Vec<(String, u64)>, BoxError> {
         let rows: Vec<(String, i64)> = match self {
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            Self::Sqlite(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            Self::Postgres(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
         };
         Ok(rows
             .into_iter()
@@ -95,9 +105,17 @@ impl Pool {
     pub async fn pairs(&self, sql: &'static str) -> Result<Vec<(String, String)>, BoxError> {
         Ok(match self {
             #[cfg(feature = "sqlite")]
-            Self::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            Self::Sqlite(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await?,
+            Self::Postgres(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
         })
     }
 }

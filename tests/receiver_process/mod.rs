@@ -103,7 +103,7 @@ pub async fn admin(sql: &str) {
     let pool = sqlx::PgPool::connect(&database_url())
         .await
         .expect("connect postgres");
-    pool.execute(sql).await.expect(sql);
+    pool.execute(sqlx::AssertSqlSafe(sql)).await.expect(sql);
     pool.close().await;
 }
 
@@ -149,14 +149,20 @@ impl Drop for Database {
 pub async fn scalars(store: &str, sql: &str, param: &str) -> Vec<i64> {
     if store.starts_with("sqlite:") {
         let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
-        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        let found = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(param)
+            .fetch_all(&pool)
+            .await;
         pool.close().await;
         found.expect(sql)
     } else {
         let pool = sqlx::PgPool::connect(store)
             .await
             .expect("connect postgres");
-        let found = sqlx::query_scalar(sql).bind(param).fetch_all(&pool).await;
+        let found = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(param)
+            .fetch_all(&pool)
+            .await;
         pool.close().await;
         found.expect(sql)
     }

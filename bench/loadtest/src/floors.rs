@@ -137,9 +137,9 @@ fn postgres(
     let table = store.table().to_owned();
     // A completed row written by the replay cells (1 KiB body).
     let key: Option<String> = rts.server.block_on(
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*format!(
             "SELECT key FROM \"{table}\" WHERE state = 1 AND length(body) = 1024 LIMIT 1"
-        ))
+        )))
         .fetch_optional(&pool),
     )?;
     let Some(key) = key else {
@@ -164,7 +164,7 @@ fn postgres(
             let (connections, key, select) = (connections.clone(), key.clone(), select.clone());
             async move {
                 let mut connection = connections[task].lock().await;
-                sqlx::query(&select)
+                sqlx::query(sqlx::AssertSqlSafe(select.as_str()))
                     .bind(&key)
                     .fetch_optional(&mut *connection)
                     .await

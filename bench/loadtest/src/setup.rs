@@ -327,10 +327,10 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
 pub(crate) fn cleanup(rts: &Runtimes, b: &Backends) {
     let pg = async {
         let pool = sqlx::PgPool::connect(&b.pg_url).await?;
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
             "DROP TABLE IF EXISTS \"{0}\"; DROP SEQUENCE IF EXISTS \"{0}_token_seq\"; DROP TABLE IF EXISTS \"{0}_floor\";",
             b.pg_table
-        ))
+        )))
         .execute(&pool)
         .await?;
         pool.close().await;

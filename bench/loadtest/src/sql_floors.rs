@@ -93,9 +93,9 @@ impl SqlFloor {
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Normal);
                 let mut connection = SqliteConnection::connect_with(&options).await?;
-                sqlx::raw_sql(&format!(
+                sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
                     "CREATE TABLE IF NOT EXISTS \"{table}\" (key TEXT PRIMARY KEY, state INTEGER NOT NULL, body BLOB)"
-                ))
+                )))
                 .execute(&mut connection)
                 .await?;
                 Connections::Sqlite(Mutex::new(connection))
@@ -106,9 +106,9 @@ impl SqlFloor {
                 for _ in 0..lanes {
                     connections.push(Mutex::new(PgConnection::connect(&b.pg_url).await?));
                 }
-                sqlx::raw_sql(&format!(
+                sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
                     "CREATE TABLE IF NOT EXISTS \"{table}\" (key text COLLATE \"C\" PRIMARY KEY, state smallint NOT NULL, body bytea) WITH (fillfactor = 80)"
-                ))
+                )))
                 .execute(&mut *connections[0].lock().await)
                 .await?;
                 Connections::Postgres(connections)
@@ -162,11 +162,11 @@ impl SqlFloor {
         macro_rules! insert_then_update {
             ($connection:expr) => {{
                 let connection = $connection;
-                sqlx::query(&self.insert)
+                sqlx::query(sqlx::AssertSqlSafe(&*self.insert))
                     .bind(key)
                     .execute(&mut *connection)
                     .await?;
-                sqlx::query(&self.update)
+                sqlx::query(sqlx::AssertSqlSafe(&*self.update))
                     .bind(key)
                     .bind(body)
                     .execute(&mut *connection)
@@ -186,13 +186,13 @@ impl SqlFloor {
         match &self.connections {
             Connections::Postgres(connections) => {
                 let mut connection = self.postgres(connections).await;
-                sqlx::query_scalar(&self.select)
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*self.select))
                     .bind(key)
                     .fetch_optional(&mut *connection)
                     .await
             }
             Connections::Sqlite(connection) => {
-                sqlx::query_scalar(&self.select)
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*self.select))
                     .bind(key)
                     .fetch_optional(&mut *connection.lock().await)
                     .await

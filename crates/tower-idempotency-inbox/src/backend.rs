@@ -13,6 +13,9 @@ use std::{
 };
 
 pub use crate::retention::OpenGroup;
+use sqlx::SqlStr;
+use tower_idempotency_sqlx::table_sql;
+
 use crate::{
     event::{EventKey, EventSummary, StateCounts},
     ordering::OrderedSql,
@@ -51,27 +54,27 @@ pub struct ClaimedRow {
 #[derive(Debug)]
 pub struct Sql {
     /// Postgres: the acknowledgement of many deliveries in one statement (see `acks.rs`).
-    insert_many: String,
+    insert_many: SqlStr,
     /// The statements of ordered events.
     pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
-    insert: String,
-    pub(crate) claim: String,
-    complete: String,
-    fail: String,
-    due: String,
-    pub(crate) renew: String,
-    exhaust: String,
-    list: String,
-    get: String,
-    retry: String,
-    counts: String,
+    insert: SqlStr,
+    pub(crate) claim: SqlStr,
+    complete: SqlStr,
+    fail: SqlStr,
+    due: SqlStr,
+    pub(crate) renew: SqlStr,
+    exhaust: SqlStr,
+    list: SqlStr,
+    get: SqlStr,
+    retry: SqlStr,
+    counts: SqlStr,
     /// The gauges' and the retention's statements ([`crate::retention`]).
     pub(crate) queue: crate::retention::QueueSql,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
     /// The claim of several events in one statement ([`InboxDatabase::claim_many`]).
-    pub(crate) claim_many: String,
+    pub(crate) claim_many: SqlStr,
 }
 
 impl Sql {
@@ -107,64 +110,68 @@ impl Sql {
         queue: crate::retention::QueueSql,
     ) -> Self {
         Self {
-            insert_many: format!(
+            insert_many: table_sql(format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
                  SELECT p, e, h, b, a, r, r, k, t, u FROM unnest($1::text[], $2::text[], \
                  $3::text[], $4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::int8[], \
                  $9::int8[]) AS x(p, e, h, b, a, r, k, t, u) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id"
-            ),
+            )),
             ordered: OrderedSql::new(table, (DUE, DUE_BY_KEY), postgres),
             schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
-            insert: format!(
+            insert: table_sql(format!(
                 "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
                  VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
-            ),
-            claim,
-            complete: format!(
+            )),
+            claim: table_sql(claim),
+            complete: table_sql(format!(
                 "UPDATE {table} SET state = 1, finished_at = $3, last_error = NULL, \
                  lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
-            ),
-            fail: format!(
+            )),
+            fail: table_sql(format!(
                 "UPDATE {table} SET \
                  state = CASE WHEN attempts >= $5 THEN 2 ELSE 0 END, \
                  finished_at = CASE WHEN attempts >= $5 THEN $3 ELSE NULL END, \
                  available_at = $6, last_error = $7, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
-            ),
+            )),
             // Retries and recovered events first: fresh ones are usually queued already.
-            due: format!(
+            due: table_sql(format!(
                 "SELECT provider, event_id FROM {table} WHERE {DUE} AND attempts < $3 \
                  ORDER BY attempts = 0, available_at LIMIT $2"
-            ),
-            renew: format!(
+            )),
+            renew: table_sql(format!(
                 "UPDATE {table} SET lease_until = $4 \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $3 AND state + 0 = 0"
-            ),
-            exhaust: format!(
+            )),
+            exhaust: table_sql(format!(
                 "UPDATE {table} SET state = 2, finished_at = $1, last_error = $3, \
                  lease_token = NULL, lease_until = NULL WHERE {DUE} AND attempts >= $2 \
                  RETURNING provider"
-            ),
-            list: format!(
+            )),
+            list: table_sql(format!(
                 "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
                  ORDER BY received_at, provider, event_id LIMIT $2"
-            ),
-            get: format!("SELECT {SUMMARY} FROM {table} WHERE provider = $1 AND event_id = $2"),
-            retry: format!(
+            )),
+            get: table_sql(format!(
+                "SELECT {SUMMARY} FROM {table} WHERE provider = $1 AND event_id = $2"
+            )),
+            retry: table_sql(format!(
                 "UPDATE {table} SET state = 0, attempts = 0, available_at = $3, \
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND state = 2"
-            ),
-            counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            )),
+            counts: table_sql(format!(
+                "SELECT state, count(*) FROM {table} GROUP BY state"
+            )),
             queue,
             executed: AtomicU64::new(0),
-            claim_many: String::new(),
+            claim_many: table_sql(String::new()),
         }
     }
 
@@ -214,7 +221,7 @@ impl Sql {
              RETURNING provider, event_id, headers, body, received_at, attempts"
         );
         Self {
-            claim_many,
+            claim_many: table_sql(claim_many),
             ..Self::new(
                 table,
                 schema,
@@ -266,7 +273,7 @@ impl Sql {
              RETURNING provider, event_id, headers, body, received_at, attempts"
         );
         Self {
-            claim_many,
+            claim_many: table_sql(claim_many),
             ..Self::new(
                 table,
                 schema,
@@ -582,12 +589,12 @@ macro_rules! backend {
     ) => {
         #[cfg(feature = $feature)]
         const _: () = {
-            type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>;
+            type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>;
 
             /// `statement`, counted, with the event's key bound as `$1` and `$2`.
-            fn keyed<'q>(sql: &Sql, statement: &'q str, key: &'q EventKey) -> Query<'q> {
+            fn keyed<'q>(sql: &Sql, statement: &SqlStr, key: &'q EventKey) -> Query<'q> {
                 sql.sent();
-                sqlx::query(statement)
+                sqlx::query(statement.clone())
                     .bind(&key.provider)
                     .bind(&key.event_id)
             }
@@ -605,14 +612,14 @@ macro_rules! backend {
             fn due_by<'a>(
                 pool: &'a sqlx::Pool<$db>,
                 sql: &'a Sql,
-                statement: &'a str,
+                statement: &'a SqlStr,
                 now: i64,
                 limit: i64,
                 max_attempts: i32,
             ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
                 Box::pin(async move {
                     sql.sent();
-                    let rows: Vec<(String, String)> = sqlx::query_as(statement)
+                    let rows: Vec<(String, String)> = sqlx::query_as(statement.clone())
                         .bind(now)
                         .bind(limit)
                         .bind(max_attempts)
@@ -641,7 +648,9 @@ macro_rules! backend {
                     sql: &'a Sql,
                 ) -> BoxFuture<'a, sqlx::Result<()>> {
                     Box::pin(async move {
-                        sqlx::raw_sql(&sql.schema).execute(pool).await?;
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.schema.as_str()))
+                            .execute(pool)
+                            .await?;
                         Ok(())
                     })
                 }
@@ -675,7 +684,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                     Box::pin(async move {
                         sql.sent();
-                        let row = sqlx::query(&sql.claim)
+                        let row = sqlx::query(sql.claim.clone())
                             .bind(now)
                             .bind(&key.provider)
                             .bind(&key.event_id)
@@ -743,7 +752,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
                     Box::pin(async move {
                         sql.sent();
-                        sqlx::query_scalar(&sql.exhaust)
+                        sqlx::query_scalar(sql.exhaust.clone())
                             .bind(now)
                             .bind(max_attempts)
                             .bind(SPENT)
@@ -780,7 +789,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
                     Box::pin(async move {
                         sql.sent();
-                        let rows = sqlx::query(&sql.list)
+                        let rows = sqlx::query(sql.list.clone())
                             .bind(state)
                             .bind(limit)
                             .fetch_all(pool)
@@ -848,7 +857,7 @@ macro_rules! backend {
                     Box::pin(async move {
                         sql.sent();
                         let rows: Vec<(i16, i64)> =
-                            sqlx::query_as(&sql.counts).fetch_all(pool).await?;
+                            sqlx::query_as(sql.counts.clone()).fetch_all(pool).await?;
                         let mut counts = StateCounts::default();
                         for (state, count) in rows {
                             let count = u64::try_from(count).unwrap_or(0);
@@ -883,7 +892,7 @@ macro_rules! backend {
                     Box::pin(async move {
                         let claim = |conn| {
                             sql.sent();
-                            sqlx::query(&sql.ordered.claim)
+                            sqlx::query(sql.ordered.claim.clone())
                                 .bind(now)
                                 .bind(&key.provider)
                                 .bind(&key.event_id)
@@ -921,7 +930,7 @@ macro_rules! backend {
                             keyed(sql, lock, key).fetch_all(&mut *conn).await?;
                         }
                         sql.sent();
-                        sqlx::query_scalar(&sql.ordered.newer)
+                        sqlx::query_scalar(sql.ordered.newer.clone())
                             .bind(&key.provider)
                             .bind(&key.event_id)
                             .fetch_optional(&mut *conn)
@@ -953,7 +962,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Option<String>>> {
                     Box::pin(async move {
                         sql.sent();
-                        sqlx::query_scalar(&sql.ordered.next)
+                        sqlx::query_scalar(sql.ordered.next.clone())
                             .bind(&key.provider)
                             .bind(&key.event_id)
                             .fetch_optional(pool)
@@ -968,7 +977,7 @@ macro_rules! backend {
                     Box::pin(async move {
                         sql.sent();
                         let rows: Vec<(i16, String, i64, i64)> =
-                            sqlx::query_as(&sql.queue.open_groups)
+                            sqlx::query_as(sql.queue.open_groups.clone())
                                 .fetch_all(pool)
                                 .await?;
                         Ok(rows
@@ -1006,7 +1015,7 @@ macro_rules! backend {
                     Box::pin(async move {
                         let (providers, event_ids) = $keys(keys);
                         sql.sent();
-                        let rows = sqlx::query(&sql.claim_many)
+                        let rows = sqlx::query(sql.claim_many.clone())
                             .bind(now)
                             .bind(providers)
                             .bind(event_ids)
@@ -1065,7 +1074,7 @@ async fn insert_many_postgres(
 ) -> sqlx::Result<HashSet<EventKey>> {
     let column = |f: &dyn Fn(&NewEvent) -> String| events.iter().map(|e| f(e)).collect::<Vec<_>>();
     sql.sent();
-    let rows: Vec<(String, String)> = sqlx::query_as(&sql.insert_many)
+    let rows: Vec<(String, String)> = sqlx::query_as(sql.insert_many.clone())
         .bind(column(&|e| e.key.provider.clone()))
         .bind(column(&|e| e.key.event_id.clone()))
         .bind(column(&|e| e.headers.clone()))
@@ -1115,7 +1124,7 @@ async fn insert_many_sqlite(
     let mut inserted = HashSet::new();
     for event in events {
         sql.sent();
-        let done = sqlx::query(&sql.insert)
+        let done = sqlx::query(sql.insert.clone())
             .bind(&event.key.provider)
             .bind(&event.key.event_id)
             .bind(&event.headers)
@@ -1180,10 +1189,10 @@ where
     DB: sqlx::Database,
     E: sqlx::Executor<'e, Database = DB>,
     i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
 {
     sql.sent();
-    sqlx::query(&sql.queue.purge_positions)
+    sqlx::query(sql.queue.purge_positions.clone())
         .bind(before)
         .bind(limit)
         .execute(executor)
@@ -1202,7 +1211,7 @@ impl Purge for sqlx::Postgres {
     ) -> BoxFuture<'a, sqlx::Result<u64>> {
         Box::pin(async move {
             sql.sent();
-            let purged: i64 = sqlx::query_scalar(&sql.queue.purge_batch)
+            let purged: i64 = sqlx::query_scalar(sql.queue.purge_batch.clone())
                 .bind(before)
                 .bind(now)
                 .bind(limit)
@@ -1228,7 +1237,7 @@ impl Purge for sqlx::Sqlite {
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
             sql.sent();
             type Deleted = (String, String, i16, Option<String>, Option<i64>);
-            let deleted: Vec<Deleted> = sqlx::query_as(&sql.queue.purge_batch)
+            let deleted: Vec<Deleted> = sqlx::query_as(sql.queue.purge_batch.clone())
                 .bind(before)
                 .bind(now)
                 .bind(limit)
@@ -1249,7 +1258,7 @@ impl Purge for sqlx::Sqlite {
             }
             for ((provider, key), (time, event_id)) in newest {
                 sql.sent();
-                sqlx::query(&sql.queue.keep_position)
+                sqlx::query(sql.queue.keep_position.clone())
                     .bind(provider)
                     .bind(key)
                     .bind(time)

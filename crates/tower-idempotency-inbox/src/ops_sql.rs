@@ -155,7 +155,7 @@ macro_rules! ops_backend {
                             }
                             None => (None, None, None),
                         };
-                        let rows = sqlx::query(&statement)
+                        let rows = sqlx::query(sqlx::AssertSqlSafe(&*statement))
                             .bind(params.state)
                             .bind(params.provider.as_deref())
                             .bind(params.from)
@@ -188,7 +188,7 @@ macro_rules! ops_backend {
                             "SELECT {SUMMARY}, headers, body FROM {table} \
                              WHERE provider = $1 AND event_id = $2"
                         );
-                        let row = sqlx::query(&statement)
+                        let row = sqlx::query(sqlx::AssertSqlSafe(&*statement))
                             .bind(&key.provider)
                             .bind(&key.event_id)
                             .fetch_optional(pool)
@@ -213,7 +213,7 @@ macro_rules! ops_backend {
                     Box::pin(async move {
                         // Each statement checks the horizon itself, so whichever matches the
                         // row does the right thing.
-                        let kept = sqlx::query(&keep_sql(table))
+                        let kept = sqlx::query(sqlx::AssertSqlSafe(&*keep_sql(table)))
                             .bind(&key.provider)
                             .bind(&key.event_id)
                             .bind(now)
@@ -224,7 +224,7 @@ macro_rules! ops_backend {
                         if kept.rows_affected() == 1 {
                             return Ok(true);
                         }
-                        let done = sqlx::query(&delete_sql(table))
+                        let done = sqlx::query(sqlx::AssertSqlSafe(&*delete_sql(table)))
                             .bind(&key.provider)
                             .bind(&key.event_id)
                             .bind(now)
@@ -243,7 +243,9 @@ macro_rules! ops_backend {
                             "SELECT provider, state, count(*) FROM {table} \
                              GROUP BY provider, state ORDER BY provider, state"
                         );
-                        sqlx::query_as(&statement).fetch_all(pool).await
+                        sqlx::query_as(sqlx::AssertSqlSafe(&*statement))
+                            .fetch_all(pool)
+                            .await
                     })
                 }
 
@@ -254,7 +256,9 @@ macro_rules! ops_backend {
                     Box::pin(async move {
                         let statement =
                             format!("SELECT min(received_at) FROM {table} WHERE state = 0");
-                        sqlx::query_scalar(&statement).fetch_one(pool).await
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(&*statement))
+                            .fetch_one(pool)
+                            .await
                     })
                 }
             }

@@ -2,6 +2,9 @@
 
 use std::{fmt, sync::Arc};
 
+use sqlx::SqlStr;
+use tower_idempotency_sqlx::table_sql;
+
 /// What the worker does with events of one ordering key that arrive out of order; see
 /// [`Ordering`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,21 +129,21 @@ impl Ordering {
 pub struct OrderedSql {
     /// Postgres: locks the event's ordering key for the transaction (no row for an unordered
     /// event). Bound: provider, event id.
-    pub(crate) lock: Option<String>,
+    pub(crate) lock: Option<SqlStr>,
     /// The claim under [`OrderingPolicy::Sequential`]: as the plain claim, and only when no
     /// other pending event of its key is earlier or running. Bound as the plain claim.
-    pub(crate) claim: String,
+    pub(crate) claim: SqlStr,
     /// The sweep under [`OrderingPolicy::Sequential`]: the due events a claim would take now
     /// (no earlier pending or running event of their key), so a backlog of events waiting for
     /// an earlier one never fills the sweep's batch. Bound as the plain sweep.
-    pub(crate) due: String,
+    pub(crate) due: SqlStr,
     /// Whether a processed event of the event's key is strictly newer, in the table or in the
     /// positions the retention kept; answers its event id.
-    pub(crate) newer: String,
+    pub(crate) newer: SqlStr,
     /// Marks a claimed event skipped (fenced by its token).
-    pub(crate) skip: String,
+    pub(crate) skip: SqlStr,
     /// The earliest pending event of the event's key, other than the event.
-    pub(crate) next: String,
+    pub(crate) next: SqlStr,
 }
 
 impl OrderedSql {
@@ -171,7 +174,7 @@ impl OrderedSql {
                  RETURNING headers, body, received_at, attempts",
                 earlier_or_running("e")
             );
-            (Some(lock), claim)
+            (Some(table_sql(lock)), table_sql(claim))
         } else {
             let claim = format!(
                 "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
@@ -179,7 +182,7 @@ impl OrderedSql {
                  RETURNING headers, body, received_at, attempts",
                 earlier_or_running(table)
             );
-            (None, claim)
+            (None, table_sql(claim))
         };
         let due_now = format!(
             "SELECT provider, event_id FROM {table} e WHERE {due} AND attempts < $3 AND {} \
@@ -189,11 +192,11 @@ impl OrderedSql {
         Self {
             lock,
             claim,
-            due: due_now,
+            due: table_sql(due_now),
             // A processed event still in the table, or the position the purge kept of the
             // processed events it deleted: one statement, so a purge committing meanwhile is
             // seen before or after, never half.
-            newer: format!(
+            newer: table_sql(format!(
                 "SELECT o.event_id FROM {table} e JOIN {table} o ON o.provider = e.provider \
                  AND o.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND o.state = 1 \
@@ -203,19 +206,19 @@ impl OrderedSql {
                  ON p.provider = e.provider AND p.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND p.event_time > e.event_time \
                  LIMIT 1"
-            ),
-            skip: format!(
+            )),
+            skip: table_sql(format!(
                 "UPDATE {table} SET state = 3, finished_at = $3, last_error = $5, \
                  lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
-            ),
-            next: format!(
+            )),
+            next: table_sql(format!(
                 "SELECT n.event_id FROM {table} e JOIN {table} n ON n.provider = e.provider \
                  AND n.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND n.state = 0 \
                  AND n.event_id <> e.event_id \
                  ORDER BY n.event_time, n.received_at, n.event_id LIMIT 1"
-            ),
+            )),
         }
     }
 }

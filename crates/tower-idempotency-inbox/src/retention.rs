@@ -27,6 +27,9 @@
 
 use std::time::Duration;
 
+use sqlx::SqlStr;
+use tower_idempotency_sqlx::table_sql;
+
 use crate::{
     event::{duration_ms, now_ms},
     EventState, Inbox, InboxDatabase, InboxError,
@@ -56,17 +59,17 @@ pub struct OpenGroup {
 pub(crate) struct QueueSql {
     /// DDL appended to the table's.
     pub(crate) schema: String,
-    pub(crate) open_groups: String,
+    pub(crate) open_groups: SqlStr,
     /// Postgres: deletes a batch of finished events and moves the newest processed position of
     /// each object among them to the positions table, in one statement; answers the count.
     /// SQLite: deletes the batch and answers each deleted row's state and position.
-    pub(crate) purge_batch: String,
+    pub(crate) purge_batch: SqlStr,
     /// SQLite: records one object's position (`$1` provider, `$2` key, `$3` time, `$4` event
     /// id, `$5` now), keeping the newer one.
-    pub(crate) keep_position: String,
+    pub(crate) keep_position: SqlStr,
     /// Deletes up to `$2` positions written before `$1` whose object has no pending or failed
     /// event.
-    pub(crate) purge_positions: String,
+    pub(crate) purge_positions: SqlStr,
 }
 
 /// How the positions table keeps the newer of two positions of one object.
@@ -126,23 +129,23 @@ impl QueueSql {
                  PRIMARY KEY (provider, order_key));\n\
                  CREATE INDEX IF NOT EXISTS {table}_pos_idx ON {positions} (updated_at);\n"
             ),
-            open_groups: format!(
+            open_groups: table_sql(format!(
                 "SELECT state, provider, count(*), min(received_at) FROM {table} \
                  WHERE state IN (0, 2) GROUP BY state, provider"
-            ),
-            purge_batch,
-            keep_position: format!(
+            )),
+            purge_batch: table_sql(purge_batch),
+            keep_position: table_sql(format!(
                 "INSERT INTO {positions} AS p \
                  (provider, order_key, event_time, event_id, updated_at) \
                  VALUES ($1, $2, $3, $4, $5) {NEWER_POSITION}"
-            ),
-            purge_positions: format!(
+            )),
+            purge_positions: table_sql(format!(
                 "DELETE FROM {positions} WHERE (provider, order_key) IN (\
                  SELECT provider, order_key FROM {positions} p WHERE updated_at < $1 \
                  AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.provider = p.provider \
                  AND e.order_key = p.order_key AND e.state IN (0, 2)) \
                  ORDER BY updated_at LIMIT $2{lock})"
-            ),
+            )),
         }
     }
 
@@ -256,14 +259,18 @@ mod tests {
             .unwrap();
         let inbox = Inbox::new(pool.clone(), "plans").unwrap();
         inbox.migrate().await.unwrap();
-        pool.execute(fill("plans", "x'7b7d'", MOSTLY_PROCESSED).as_str())
-            .await
-            .unwrap();
-        let plan = |statement: String, binds: usize| {
+        pool.execute(sqlx::AssertSqlSafe(fill(
+            "plans",
+            "x'7b7d'",
+            MOSTLY_PROCESSED,
+        )))
+        .await
+        .unwrap();
+        let plan = |statement: sqlx::SqlStr, binds: usize| {
             let pool = pool.clone();
             async move {
-                let explain = format!("EXPLAIN QUERY PLAN {statement}");
-                let mut query = sqlx::query_as(&explain);
+                let explain = format!("EXPLAIN QUERY PLAN {}", statement.as_str());
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(&*explain));
                 for _ in 0..binds {
                     query = query.bind(0_i64);
                 }
@@ -326,18 +333,22 @@ mod tests {
     async fn postgres_plans_use_the_indexes() {
         use sqlx::Executor;
         let (pool, table, inbox) = postgres_inbox("plans").await;
-        pool.execute(fill(&table, "'\\x7b7d'", MOSTLY_PROCESSED).as_str())
-            .await
-            .unwrap();
+        pool.execute(sqlx::AssertSqlSafe(fill(
+            &table,
+            "'\\x7b7d'",
+            MOSTLY_PROCESSED,
+        )))
+        .await
+        .unwrap();
         // As autovacuum does after such a load: the planner needs the table's statistics.
-        pool.execute(format!("ANALYZE {table}").as_str())
+        pool.execute(sqlx::AssertSqlSafe(format!("ANALYZE {table}").as_str()))
             .await
             .unwrap();
-        let plan = |statement: String, binds: usize| {
+        let plan = |statement: sqlx::SqlStr, binds: usize| {
             let pool = pool.clone();
             async move {
-                let explain = format!("EXPLAIN {statement}");
-                let mut query = sqlx::query_scalar(&explain);
+                let explain = format!("EXPLAIN {}", statement.as_str());
+                let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(&*explain));
                 for _ in 0..binds {
                     query = query.bind(0_i64);
                 }
@@ -348,8 +359,8 @@ mod tests {
         let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
         let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
         let positions = plan(inbox.sql.queue.purge_positions.clone(), 2).await;
-        let newer = format!("EXPLAIN {}", inbox.sql.ordered.newer);
-        let newer: Vec<String> = sqlx::query_scalar(&newer)
+        let newer = format!("EXPLAIN {}", inbox.sql.ordered.newer.as_str());
+        let newer: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(&*newer))
             .bind("stripe")
             .bind("evt_5")
             .fetch_all(&pool)
@@ -359,9 +370,11 @@ mod tests {
         let groups = <sqlx::Postgres as InboxDatabase>::open_groups(&pool, &inbox.sql)
             .await
             .unwrap();
-        pool.execute(format!("DROP TABLE {table}, {table}_positions").as_str())
-            .await
-            .unwrap();
+        pool.execute(sqlx::AssertSqlSafe(
+            format!("DROP TABLE {table}, {table}_positions").as_str(),
+        ))
+        .await
+        .unwrap();
         assert!(
             gauges.contains(&format!("Index Only Scan using {table}_open_idx")),
             "{gauges}"
@@ -388,17 +401,17 @@ mod tests {
         use sqlx::Executor;
         let (pool, table, inbox) = postgres_inbox("claims").await;
         // A backlog of pending events that autovacuum has not analysed yet: a burst.
-        pool.execute(fill(&table, "'\\x7b7d'", "0").as_str())
+        pool.execute(sqlx::AssertSqlSafe(fill(&table, "'\\x7b7d'", "0")))
             .await
             .unwrap();
-        let explain = |statement: &str| format!("EXPLAIN {statement}");
+        let explain = |statement: &sqlx::SqlStr| format!("EXPLAIN {}", statement.as_str());
         let (now, token, until, max) = (0_i64, 7_i64, 0_i64, 25_i32);
         let (claim_many, claim, ordered) = (
             explain(&inbox.sql.claim_many),
             explain(&inbox.sql.claim),
             explain(&inbox.sql.ordered.claim),
         );
-        let many = sqlx::query_scalar(&claim_many)
+        let many = sqlx::query_scalar(sqlx::AssertSqlSafe(&*claim_many))
             .bind(now)
             .bind(vec!["stripe"])
             .bind(vec!["evt_5"])
@@ -407,7 +420,7 @@ mod tests {
             .bind(max);
         let mut plans: Vec<Vec<String>> = vec![many.fetch_all(&pool).await.unwrap()];
         for statement in [&claim, &ordered] {
-            let one = sqlx::query_scalar(statement)
+            let one = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str()))
                 .bind(now)
                 .bind("stripe")
                 .bind("evt_5")
@@ -417,15 +430,17 @@ mod tests {
             plans.push(one.fetch_all(&pool).await.unwrap());
         }
         let renew = explain(&inbox.sql.renew);
-        let renew = sqlx::query_scalar(&renew)
+        let renew = sqlx::query_scalar(sqlx::AssertSqlSafe(&*renew))
             .bind("stripe")
             .bind("evt_5")
             .bind(token)
             .bind(until);
         plans.push(renew.fetch_all(&pool).await.unwrap());
-        pool.execute(format!("DROP TABLE {table}, {table}_positions").as_str())
-            .await
-            .unwrap();
+        pool.execute(sqlx::AssertSqlSafe(
+            format!("DROP TABLE {table}, {table}_positions").as_str(),
+        ))
+        .await
+        .unwrap();
         for plan in plans.iter().map(|lines| lines.join("\n")) {
             assert!(plan.contains(&format!("{table}_pkey")), "{plan}");
             assert!(!plan.contains("_open_idx"), "{plan}");

@@ -148,7 +148,7 @@ async fn postgres_deliveries_behind_a_hanging_commit_are_committed_beside_it() {
     );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let (waiting,): (i64,) = sqlx::query_as(&blocked)
+        let (waiting,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(&*blocked))
             .fetch_one(&setup.pool)
             .await
             .unwrap();

@@ -196,12 +196,18 @@ async fn lease_tokens<DB: Fixture>(setup: &Setup<DB>, prefix: &str) -> Vec<Optio
     );
     let pool: &dyn std::any::Any = &setup.pool;
     if let Some(pool) = pool.downcast_ref::<sqlx::PgPool>() {
-        sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+            .fetch_all(pool)
+            .await
+            .unwrap()
     } else {
         let pool = pool
             .downcast_ref::<sqlx::SqlitePool>()
             .expect("SQLite or Postgres");
-        sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap()
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+            .fetch_all(pool)
+            .await
+            .unwrap()
     }
 }
 

@@ -209,7 +209,7 @@ async fn postgres_a_wait_for_the_ordering_lock_keeps_the_claim() {
     // One attempt waits for the lock.
     let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
     let deadline = Instant::now() + Duration::from_secs(20);
-    while sqlx::query_scalar::<_, i64>(waiting)
+    while sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(waiting))
         .fetch_one(&setup.pool)
         .await
         .unwrap()

@@ -93,9 +93,11 @@ impl Held for sqlx::Postgres {
     async fn hold(pool: &sqlx::PgPool, table: &str) -> sqlx::pool::PoolConnection<Self> {
         let mut conn = pool.acquire().await.unwrap();
         conn.execute("BEGIN").await.unwrap();
-        conn.execute(format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE").as_str())
-            .await
-            .unwrap();
+        conn.execute(sqlx::AssertSqlSafe(
+            format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE").as_str(),
+        ))
+        .await
+        .unwrap();
         conn
     }
 
@@ -105,7 +107,10 @@ impl Held for sqlx::Postgres {
              WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO {table} %' \
              AND pid <> pg_backend_pid()"
         );
-        sqlx::query_scalar(&cut).fetch_one(pool).await.unwrap()
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*cut))
+            .fetch_one(pool)
+            .await
+            .unwrap()
     }
 }
 

@@ -7,6 +7,9 @@
 
 use std::{future::Future, pin::Pin};
 
+use sqlx::SqlStr;
+use tower_idempotency_sqlx::table_sql;
+
 use crate::message::{MessageState, MessageSummary, StateCounts};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -73,20 +76,20 @@ pub type DetailRow = (MessageSummary, String, Vec<u8>);
 #[derive(Debug)]
 pub struct Sql {
     pub(crate) schema: String,
-    insert: String,
-    existing: String,
-    claim: String,
-    complete: String,
-    fail: String,
-    exhaust: String,
-    list: String,
-    page: String,
-    get: String,
-    detail: String,
-    retry: String,
-    discard: String,
-    purge: String,
-    counts: String,
+    insert: SqlStr,
+    existing: SqlStr,
+    claim: SqlStr,
+    complete: SqlStr,
+    fail: SqlStr,
+    exhaust: SqlStr,
+    list: SqlStr,
+    page: SqlStr,
+    get: SqlStr,
+    detail: SqlStr,
+    retry: SqlStr,
+    discard: SqlStr,
+    purge: SqlStr,
+    counts: SqlStr,
 }
 
 const SUMMARY: &str = "key, scope, method, url, topic, state, attempts, created_at, \
@@ -101,55 +104,61 @@ impl Sql {
     fn new(table: &str, schema: String, claim: String) -> Self {
         Self {
             schema,
-            insert: format!(
+            insert: table_sql(format!(
                 "INSERT INTO {table} (key, scope, method, url, topic, headers, body, \
                  created_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) \
                  ON CONFLICT (key) DO NOTHING"
-            ),
-            existing: format!(
+            )),
+            existing: table_sql(format!(
                 "SELECT method, url, topic, headers, body FROM {table} WHERE key = $1"
-            ),
-            claim,
-            complete: format!(
+            )),
+            claim: table_sql(claim),
+            complete: table_sql(format!(
                 "UPDATE {table} SET state = 1, finished_at = $3, last_status = $4, \
                  last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE key = $1 AND lease_token = $2"
-            ),
-            fail: format!(
+            )),
+            fail: table_sql(format!(
                 "UPDATE {table} SET \
                  state = CASE WHEN attempts >= $4 THEN 2 ELSE 0 END, \
                  finished_at = CASE WHEN attempts >= $4 THEN $3 ELSE NULL END, \
                  available_at = $5, last_status = $6, last_error = $7, \
                  lease_token = NULL, lease_until = NULL \
                  WHERE key = $1 AND lease_token = $2"
-            ),
-            exhaust: format!(
+            )),
+            exhaust: table_sql(format!(
                 "UPDATE {table} SET state = 2, finished_at = $1, last_error = $3, \
                  lease_token = NULL, lease_until = NULL WHERE {DUE} AND attempts >= $2"
-            ),
-            list: format!(
+            )),
+            list: table_sql(format!(
                 "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
                  ORDER BY created_at, key LIMIT $2"
-            ),
-            page: format!(
+            )),
+            page: table_sql(format!(
                 "SELECT {SUMMARY} FROM {table} WHERE ($1 < 0 OR state = $1) \
                  AND (created_at < $2 OR (created_at = $2 AND key < $3)) \
                  ORDER BY created_at DESC, key DESC LIMIT $4"
-            ),
-            get: format!("SELECT {SUMMARY} FROM {table} WHERE key = $1"),
-            detail: format!("SELECT {SUMMARY}, headers, body FROM {table} WHERE key = $1"),
-            retry: format!(
+            )),
+            get: table_sql(format!("SELECT {SUMMARY} FROM {table} WHERE key = $1")),
+            detail: table_sql(format!(
+                "SELECT {SUMMARY}, headers, body FROM {table} WHERE key = $1"
+            )),
+            retry: table_sql(format!(
                 "UPDATE {table} SET state = 0, attempts = 0, available_at = $2, \
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE key = $1 AND state = 2"
-            ),
-            discard: format!(
+            )),
+            discard: table_sql(format!(
                 "UPDATE {table} SET state = 3, finished_at = $2, \
                  lease_token = NULL, lease_until = NULL WHERE key = $1 AND (state = 2 OR \
                  (state = 0 AND (lease_until IS NULL OR lease_until <= $2)))"
-            ),
-            purge: format!("DELETE FROM {table} WHERE state IN (1, 3) AND finished_at < $1"),
-            counts: format!("SELECT state, count(*) FROM {table} GROUP BY state"),
+            )),
+            purge: table_sql(format!(
+                "DELETE FROM {table} WHERE state IN (1, 3) AND finished_at < $1"
+            )),
+            counts: table_sql(format!(
+                "SELECT state, count(*) FROM {table} GROUP BY state"
+            )),
         }
     }
 
@@ -396,7 +405,7 @@ macro_rules! backend {
         #[cfg(feature = $feature)]
         const _: () = {
             async fn one_row<'e, E>(
-                query: sqlx::query::Query<'e, $db, <$db as sqlx::Database>::Arguments<'e>>,
+                query: sqlx::query::Query<'e, $db, <$db as sqlx::Database>::Arguments>,
                 executor: E,
             ) -> sqlx::Result<bool>
             where
@@ -417,7 +426,9 @@ macro_rules! backend {
                     sql: &'a Sql,
                 ) -> BoxFuture<'a, sqlx::Result<()>> {
                     Box::pin(async move {
-                        sqlx::raw_sql(&sql.schema).execute(pool).await?;
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.schema.as_str()))
+                            .execute(pool)
+                            .await?;
                         Ok(())
                     })
                 }
@@ -428,7 +439,7 @@ macro_rules! backend {
                     row: &'a NewRow,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let query = sqlx::query(&sql.insert)
+                        let query = sqlx::query(sql.insert.clone())
                             .bind(&row.key)
                             .bind(&row.scope)
                             .bind(&row.method)
@@ -447,7 +458,7 @@ macro_rules! backend {
                     key: &'a str,
                 ) -> BoxFuture<'a, sqlx::Result<Option<Payload>>> {
                     Box::pin(async move {
-                        sqlx::query_as(&sql.existing)
+                        sqlx::query_as(sql.existing.clone())
                             .bind(key)
                             .fetch_optional(conn)
                             .await
@@ -465,7 +476,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Vec<ClaimedRow>>> {
                     Box::pin(async move {
                         use sqlx::Row;
-                        let rows = sqlx::query(&sql.claim)
+                        let rows = sqlx::query(sql.claim.clone())
                             .bind(now)
                             .bind(token)
                             .bind(lease_until)
@@ -498,7 +509,7 @@ macro_rules! backend {
                     status: Option<i32>,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let query = sqlx::query(&sql.complete)
+                        let query = sqlx::query(sql.complete.clone())
                             .bind(key)
                             .bind(token)
                             .bind(now)
@@ -519,7 +530,7 @@ macro_rules! backend {
                     error: &'a str,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let query = sqlx::query(&sql.fail)
+                        let query = sqlx::query(sql.fail.clone())
                             .bind(key)
                             .bind(token)
                             .bind(now)
@@ -538,7 +549,7 @@ macro_rules! backend {
                     max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<u64>> {
                     Box::pin(async move {
-                        let done = sqlx::query(&sql.exhaust)
+                        let done = sqlx::query(sql.exhaust.clone())
                             .bind(now)
                             .bind(max_attempts)
                             .bind(SPENT)
@@ -555,7 +566,7 @@ macro_rules! backend {
                     limit: i64,
                 ) -> BoxFuture<'a, sqlx::Result<Vec<MessageSummary>>> {
                     Box::pin(async move {
-                        let rows = sqlx::query(&sql.list)
+                        let rows = sqlx::query(sql.list.clone())
                             .bind(state)
                             .bind(limit)
                             .fetch_all(pool)
@@ -572,7 +583,7 @@ macro_rules! backend {
                     limit: i64,
                 ) -> BoxFuture<'a, sqlx::Result<Vec<MessageSummary>>> {
                     Box::pin(async move {
-                        let rows = sqlx::query(&sql.page)
+                        let rows = sqlx::query(sql.page.clone())
                             .bind(state)
                             .bind(before.0)
                             .bind(before.1)
@@ -590,7 +601,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<Option<DetailRow>>> {
                     Box::pin(async move {
                         use sqlx::Row;
-                        let row = sqlx::query(&sql.detail)
+                        let row = sqlx::query(sql.detail.clone())
                             .bind(key)
                             .fetch_optional(pool)
                             .await?;
@@ -605,7 +616,10 @@ macro_rules! backend {
                     key: &'a str,
                 ) -> BoxFuture<'a, sqlx::Result<Option<MessageSummary>>> {
                     Box::pin(async move {
-                        let row = sqlx::query(&sql.get).bind(key).fetch_optional(pool).await?;
+                        let row = sqlx::query(sql.get.clone())
+                            .bind(key)
+                            .fetch_optional(pool)
+                            .await?;
                         row.as_ref().map(summary).transpose()
                     })
                 }
@@ -617,7 +631,7 @@ macro_rules! backend {
                     now: i64,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let query = sqlx::query(&sql.retry).bind(key).bind(now);
+                        let query = sqlx::query(sql.retry.clone()).bind(key).bind(now);
                         one_row(query, pool).await
                     })
                 }
@@ -629,7 +643,7 @@ macro_rules! backend {
                     now: i64,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let query = sqlx::query(&sql.discard).bind(key).bind(now);
+                        let query = sqlx::query(sql.discard.clone()).bind(key).bind(now);
                         one_row(query, pool).await
                     })
                 }
@@ -640,7 +654,10 @@ macro_rules! backend {
                     before: i64,
                 ) -> BoxFuture<'a, sqlx::Result<u64>> {
                     Box::pin(async move {
-                        let done = sqlx::query(&sql.purge).bind(before).execute(pool).await?;
+                        let done = sqlx::query(sql.purge.clone())
+                            .bind(before)
+                            .execute(pool)
+                            .await?;
                         Ok(done.rows_affected())
                     })
                 }
@@ -651,7 +668,7 @@ macro_rules! backend {
                 ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
                     Box::pin(async move {
                         let rows: Vec<(i16, i64)> =
-                            sqlx::query_as(&sql.counts).fetch_all(pool).await?;
+                            sqlx::query_as(sql.counts.clone()).fetch_all(pool).await?;
                         let mut counts = StateCounts::default();
                         for (state, count) in rows {
                             let count = u64::try_from(count).unwrap_or(0);

@@ -101,7 +101,7 @@ impl Fixture for sqlx::Sqlite {
         key: &'a str,
     ) -> BoxFuture<'a, Option<Stored>> {
         Box::pin(async move {
-            sqlx::query_as(&stored_sql(table))
+            sqlx::query_as(sqlx::AssertSqlSafe(&*stored_sql(table)))
                 .bind(key)
                 .fetch_optional(pool)
                 .await
@@ -125,7 +125,10 @@ impl Fixture for sqlx::Postgres {
     fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let drop = format!("DROP TABLE IF EXISTS {table}");
-            sqlx::raw_sql(&drop).execute(pool).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
+                .execute(pool)
+                .await
+                .unwrap();
         })
     }
 
@@ -135,7 +138,7 @@ impl Fixture for sqlx::Postgres {
         key: &'a str,
     ) -> BoxFuture<'a, Option<Stored>> {
         Box::pin(async move {
-            sqlx::query_as(&stored_sql(table))
+            sqlx::query_as(sqlx::AssertSqlSafe(&*stored_sql(table)))
                 .bind(key)
                 .fetch_optional(pool)
                 .await

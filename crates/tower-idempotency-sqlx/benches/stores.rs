@@ -105,7 +105,7 @@ fn group<DB>(
     DB: sqlx::Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
     for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> Vec<u8>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     (Vec<u8>,): for<'r> sqlx::FromRow<'r, DB::Row>,
@@ -115,7 +115,7 @@ fn group<DB>(
     let replay_key = rt.block_on(completed_key(store, &response));
     let select_key = fresh_key();
     rt.block_on(
-        sqlx::query(&floor.insert)
+        sqlx::query(sqlx::AssertSqlSafe(&*floor.insert))
             .bind(&select_key)
             .bind(&blob)
             .execute(pool),
@@ -130,7 +130,7 @@ fn group<DB>(
     });
     group.bench_function("raw_insert", |b| {
         b.to_async(rt).iter(|| async {
-            sqlx::query(&floor.insert)
+            sqlx::query(sqlx::AssertSqlSafe(&*floor.insert))
                 .bind(fresh_key())
                 .bind(&blob)
                 .execute(&mut **floor_connection.lock().await)
@@ -143,7 +143,7 @@ fn group<DB>(
     });
     group.bench_function("raw_select", |b| {
         b.to_async(rt).iter(|| async {
-            let value: Vec<u8> = sqlx::query_scalar(&floor.select)
+            let value: Vec<u8> = sqlx::query_scalar(sqlx::AssertSqlSafe(&*floor.select))
                 .bind(&select_key)
                 .fetch_one(&mut **floor_connection.lock().await)
                 .await
@@ -205,7 +205,9 @@ fn postgres(c: &mut Criterion) {
     group(c, "postgres", &rt, &store, store.pool(), &floor_sql);
     rt.block_on(async {
         let drop = format!("DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {floor}");
-        let _ = sqlx::raw_sql(&drop).execute(store.pool()).await;
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
+            .execute(store.pool())
+            .await;
     });
 }
 
@@ -220,9 +222,9 @@ async fn postgres_store(table: &str, floor: &str) -> Result<PostgresStore, Strin
         .map_err(|e| e.to_string())?;
     let store = PostgresStore::new(pool, table).expect("table name");
     store.migrate().await.map_err(|e| e.to_string())?;
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "CREATE TABLE {floor} (key text COLLATE \"C\" PRIMARY KEY, value bytea NOT NULL)"
-    ))
+    )))
     .execute(store.pool())
     .await
     .map_err(|e| e.to_string())?;

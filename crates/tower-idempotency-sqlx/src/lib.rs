@@ -122,6 +122,15 @@ pub fn validate_table_name(table: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// SQL text built from this crate family's fixed statements and a table name that
+/// [`validate_table_name`] accepted, as sqlx 0.9 takes dynamic SQL: audited
+/// ([`sqlx::AssertSqlSafe`]), since no value a caller sends is spliced into it, and shared (a
+/// clone is a reference count, not a copy). Values always go in as bound parameters.
+pub fn table_sql(text: String) -> sqlx::SqlStr {
+    use sqlx::SqlSafeStr;
+    sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -161,7 +161,7 @@ async fn replays_and_duplicates_do_not_write() {
             r#"SELECT xmin::text FROM "{}" WHERE key = $1"#,
             store.table()
         );
-        sqlx::query_scalar::<_, String>(&sql)
+        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(&*sql))
             .bind(key)
             .fetch_one(store.pool())
             .await
@@ -241,31 +241,35 @@ async fn tokens_stay_unique_after_a_lossy_failover() {
     // Where a sequence exists, remember its position before the claim, to rewind it.
     let position: Option<(i64, bool)> = if has_sequence(store.pool().clone()).await {
         Some(
-            sqlx::query_as(&format!("SELECT last_value, is_called FROM {sequence}"))
-                .fetch_one(store.pool())
-                .await
-                .expect("last_value"),
+            sqlx::query_as(sqlx::AssertSqlSafe(&*format!(
+                "SELECT last_value, is_called FROM {sequence}"
+            )))
+            .fetch_one(store.pool())
+            .await
+            .expect("last_value"),
         )
     } else {
         None
     };
     let lost = token_of(claim(&store, &key, 1, lease).await);
     // The failover: the promoted replica never saw the claim, nor the sequence advance.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(&*format!(
         r#"DELETE FROM "{}" WHERE key = $1"#,
         store.table()
-    ))
+    )))
     .bind(&key)
     .execute(store.pool())
     .await
     .expect("lose the claim");
     if let Some((value, called)) = position {
-        sqlx::query(&format!("SELECT setval('{sequence}', $1, $2)"))
-            .bind(value)
-            .bind(called)
-            .execute(store.pool())
-            .await
-            .expect("rewind the sequence");
+        sqlx::query(sqlx::AssertSqlSafe(&*format!(
+            "SELECT setval('{sequence}', $1, $2)"
+        )))
+        .bind(value)
+        .bind(called)
+        .execute(store.pool())
+        .await
+        .expect("rewind the sequence");
     }
     let current = token_of(claim(&store, &key, 1, lease).await);
     assert_ne!(
@@ -543,10 +547,12 @@ async fn migrate_creates_the_index_beside_its_own_table() {
     let suffix = random_suffix();
     let (old, new) = (format!("mig_old_{suffix}"), format!("mig_new_{suffix}"));
     for schema in [&old, &new] {
-        sqlx::query(&format!(r#"CREATE SCHEMA "{schema}""#))
-            .execute(&admin)
-            .await
-            .expect("create schema");
+        sqlx::query(sqlx::AssertSqlSafe(&*format!(
+            r#"CREATE SCHEMA "{schema}""#
+        )))
+        .execute(&admin)
+        .await
+        .expect("create schema");
     }
     let pool_on = |search_path: String| async move {
         sqlx::postgres::PgPoolOptions::new()
@@ -554,10 +560,12 @@ async fn migrate_creates_the_index_beside_its_own_table() {
             .after_connect(move |conn, _| {
                 let search_path = search_path.clone();
                 Box::pin(async move {
-                    sqlx::query(&format!("SET search_path TO {search_path}"))
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
+                    sqlx::query(sqlx::AssertSqlSafe(&*format!(
+                        "SET search_path TO {search_path}"
+                    )))
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
                 })
             })
             .connect(&pg_url())
@@ -590,10 +598,12 @@ async fn migrate_creates_the_index_beside_its_own_table() {
     old_pool.close().await;
     new_pool.close().await;
     for schema in [&old, &new] {
-        sqlx::query(&format!(r#"DROP SCHEMA "{schema}" CASCADE"#))
-            .execute(&admin)
-            .await
-            .expect("drop schema");
+        sqlx::query(sqlx::AssertSqlSafe(&*format!(
+            r#"DROP SCHEMA "{schema}" CASCADE"#
+        )))
+        .execute(&admin)
+        .await
+        .expect("drop schema");
     }
     let mut expected = vec![new.clone(), old.clone()];
     expected.sort();

@@ -258,10 +258,10 @@ async fn migrate_adds_the_watched_column_to_an_older_table() {
     };
     let kept = random_key("kept");
     let kept_token = claimed(&a, &kept).await;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(&*format!(
         r#"ALTER TABLE "{}" DROP COLUMN watched"#,
         table.name
-    ))
+    )))
     .execute(a.pool())
     .await
     .expect("drop the column");
@@ -296,10 +296,10 @@ async fn a_mark_and_a_completion_race_in_either_order_and_the_waiter_finishes() 
     let mut waiter = notices.subscribe(&key);
     let token = claimed(&a, &key).await;
     let mut marking = b.pool().begin().await.expect("begin");
-    let marked = sqlx::query(&format!(
+    let marked = sqlx::query(sqlx::AssertSqlSafe(&*format!(
         r#"UPDATE "{}" SET watched = true WHERE key = $1 AND state = 0"#,
         table.name
-    ))
+    )))
     .bind(&key)
     .execute(&mut *marking)
     .await

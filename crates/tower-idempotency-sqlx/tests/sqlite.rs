@@ -362,11 +362,11 @@ async fn queued_claims_behind_the_write_lock(failing: &str) -> Vec<(String, bool
     let store = guarded.store.clone();
     for action in ["ABORT", "ROLLBACK"] {
         let name = action.to_lowercase();
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
             r#"CREATE TRIGGER "{name}" BEFORE INSERT ON "{table}"
                WHEN NEW.key LIKE '{name}-%' BEGIN SELECT RAISE({action}, 'refused'); END"#,
             table = store.table()
-        ))
+        )))
         .execute(store.pool())
         .await
         .expect("trigger");

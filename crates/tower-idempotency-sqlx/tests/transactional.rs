@@ -231,7 +231,7 @@ CREATE CONSTRAINT TRIGGER "{table}_die" AFTER INSERT ON "{table}"
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.amount = 1)
     EXECUTE FUNCTION "{table}_die"();"#
     );
-    sqlx::raw_sql(&ddl)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*ddl))
         .execute(&fixture.pool)
         .await
         .expect("trigger");
@@ -247,7 +247,7 @@ CREATE CONSTRAINT TRIGGER "{table}_die" AFTER INSERT ON "{table}"
     assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");
     assert_eq!(server.rows(&key).await, 1);
     let drop_function = format!(r#"DROP FUNCTION "{table}_die"() CASCADE"#);
-    sqlx::raw_sql(&drop_function)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop_function))
         .execute(&fixture.pool)
         .await
         .expect("drop trigger");

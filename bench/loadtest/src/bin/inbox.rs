@@ -93,7 +93,7 @@ macro_rules! handlers {
             State((pool, effects)): State<(Pool<$db>, Arc<Effects>)>,
             webhook: VerifiedWebhook,
         ) -> StatusCode {
-            sqlx::query(&effects.insert)
+            sqlx::query(sqlx::AssertSqlSafe(&*effects.insert))
                 .bind(webhook.event_id())
                 .execute(&pool)
                 .await
@@ -114,7 +114,7 @@ macro_rules! handlers {
             move |event, mut tx| {
                 let effects = effects.clone();
                 Box::pin(async move {
-                    sqlx::query(&effects.insert)
+                    sqlx::query(sqlx::AssertSqlSafe(&*effects.insert))
                         .bind(&event.key.event_id)
                         .execute(&mut *tx)
                         .await?;
@@ -161,7 +161,7 @@ macro_rules! floor {
                             let (sent, id) = (Instant::now(), format!("{run}_{worker}_{n}"));
                             let mut done = Ok(());
                             for statement in &statements {
-                                let query = sqlx::query(statement);
+                                let query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()));
                                 let query = if statement.contains("$1") {
                                     query.bind(&id)
                                 } else {
@@ -203,7 +203,7 @@ macro_rules! floor {
             let (run, handlers) = (suffix(), workers::<$db>());
             let floor = DrainFloor::new(inbox, effects, &run, $begin, $body);
             Inbox::new(pool.clone(), inbox)?.migrate().await?;
-            sqlx::query(&floor.fill)
+            sqlx::query(sqlx::AssertSqlSafe(&*floor.fill))
                 .bind(handlers as i64)
                 .bind(DrainFloor::per_connection(seconds))
                 .execute(pool)
@@ -648,9 +648,9 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
                 .max_connections(clients as u32)
                 .connect(&url)
                 .await?;
-            sqlx::raw_sql(&format!(
+            sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
                 "CREATE TABLE IF NOT EXISTS {floor_table} (id text PRIMARY KEY)"
-            ))
+            )))
             .execute(&floor_pool)
             .await?;
             let insert =
@@ -669,9 +669,9 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     );
     let store = Arc::new(PostgresStore::new(pool.clone(), &records)?.with_connection_lanes(16));
     store.migrate().await?;
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "CREATE TABLE {effects_table} (event_id text NOT NULL)"
-    ))
+    )))
     .execute(&pool)
     .await?;
     let effects = Arc::new(Effects {
@@ -717,10 +717,10 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     .await;
     worker.drain(Duration::from_secs(10)).await;
     peer.stop().await?;
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "DROP TABLE {effects_table}; DROP TABLE {inbox_table}; DROP TABLE {burst_table}; \
          DROP TABLE {drain_table}; DROP TABLE {records}; DROP TABLE {floor_table};"
-    ))
+    )))
     .execute(&pool)
     .await?;
     Ok(rates)

@@ -37,7 +37,7 @@ macro_rules! handlers {
     ($bare:ident, $tx:ident, $db:ty, $begin:literal) => {
         async fn $bare(State((pool, sql)): State<(Pool<$db>, Arc<Sql>)>) -> StatusCode {
             let mut tx = pool.begin_with($begin).await.expect("begin");
-            sqlx::query(&sql.insert)
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.insert))
                 .bind(1_i64)
                 .execute(&mut *tx)
                 .await
@@ -50,7 +50,7 @@ macro_rules! handlers {
             State((_, sql)): State<(Pool<$db>, Arc<Sql>)>,
             mut tx: IdempotentTx<$db>,
         ) -> StatusCode {
-            sqlx::query(&sql.insert)
+            sqlx::query(sqlx::AssertSqlSafe(&*sql.insert))
                 .bind(1_i64)
                 .execute(&mut *tx)
                 .await
@@ -147,9 +147,11 @@ async fn main() -> Result<(), BoxError> {
     let effects = format!("bench_effects_{}", suffix());
     let store = Arc::new(PostgresStore::new(pool.clone(), &table)?.with_connection_lanes(16));
     store.migrate().await?;
-    sqlx::raw_sql(&format!("CREATE TABLE {effects} (amount bigint NOT NULL)"))
-        .execute(&pool)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+        "CREATE TABLE {effects} (amount bigint NOT NULL)"
+    )))
+    .execute(&pool)
+    .await?;
     let sql = Arc::new(Sql {
         insert: format!("INSERT INTO {effects} (amount) VALUES ($1)"),
     });
@@ -157,8 +159,10 @@ async fn main() -> Result<(), BoxError> {
     let base = serve(router).await?;
     let urls = ["bare", "plain", "transactional"].map(|r| (r, format!("{base}/{r}")));
     measure("postgres", urls, seconds).await;
-    sqlx::raw_sql(&format!("DROP TABLE {effects}; DROP TABLE {table};"))
-        .execute(&pool)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+        "DROP TABLE {effects}; DROP TABLE {table};"
+    )))
+    .execute(&pool)
+    .await?;
     Ok(())
 }

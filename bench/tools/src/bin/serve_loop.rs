@@ -129,9 +129,9 @@ async fn serve(target: &str, size: usize, requests: usize, connections: usize) {
         .expect("start the load generator");
     server.abort();
     if let Some(pool) = postgres {
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
             "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_floor\";"
-        ))
+        )))
         .execute(&pool)
         .await
         .expect("drop the run's table");
@@ -158,9 +158,9 @@ impl Floor {
             connections.push(Mutex::new(connection));
         }
         let pool = sqlx::PgPool::connect(&url).await.expect("connect");
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
             "CREATE TABLE \"{table}_floor\" (key text COLLATE \"C\" PRIMARY KEY, state smallint NOT NULL, body bytea) WITH (fillfactor = 80)"
-        ))
+        )))
         .execute(&pool)
         .await
         .expect("create the floor's table");
@@ -181,11 +181,11 @@ impl Floor {
             Some(connection) => connection,
             None => self.connections[start % n].lock().await,
         };
-        sqlx::query(&self.insert)
+        sqlx::query(sqlx::AssertSqlSafe(&*self.insert))
             .bind(key)
             .execute(&mut *connection)
             .await?;
-        sqlx::query(&self.update)
+        sqlx::query(sqlx::AssertSqlSafe(&*self.update))
             .bind(key)
             .bind(body)
             .execute(&mut *connection)

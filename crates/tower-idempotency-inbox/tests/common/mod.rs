@@ -95,7 +95,9 @@ macro_rules! same_sql {
         fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
             Box::pin(async move {
                 let sql = format!("CREATE TABLE {table} (event_id text NOT NULL)");
-                pool.execute(sql.as_str()).await.unwrap();
+                pool.execute(sqlx::AssertSqlSafe(sql.as_str()))
+                    .await
+                    .unwrap();
             })
         }
 
@@ -106,7 +108,10 @@ macro_rules! same_sql {
         ) -> BoxFuture<'a, sqlx::Result<()>> {
             Box::pin(async move {
                 let sql = format!("INSERT INTO {table} (event_id) VALUES ($1)");
-                sqlx::query(&sql).bind(event_id).execute(&mut **tx).await?;
+                sqlx::query(sqlx::AssertSqlSafe(&*sql))
+                    .bind(event_id)
+                    .execute(&mut **tx)
+                    .await?;
                 Ok(())
             })
         }
@@ -118,7 +123,7 @@ macro_rules! same_sql {
         ) -> BoxFuture<'a, i64> {
             Box::pin(async move {
                 let sql = format!("SELECT count(*) FROM {table} WHERE event_id = $1");
-                sqlx::query_scalar(&sql)
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
                     .bind(event_id)
                     .fetch_one(pool)
                     .await
@@ -132,7 +137,9 @@ macro_rules! same_sql {
         ) -> BoxFuture<'a, sqlx::Result<i64>> {
             Box::pin(async move {
                 let sql = format!("SELECT count(*) FROM {table}");
-                sqlx::query_scalar(&sql).fetch_one(&mut **tx).await
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+                    .fetch_one(&mut **tx)
+                    .await
             })
         }
 
@@ -140,7 +147,9 @@ macro_rules! same_sql {
             Box::pin(async move {
                 for table in tables {
                     let _ = pool
-                        .execute(format!("DROP TABLE IF EXISTS {table}").as_str())
+                        .execute(sqlx::AssertSqlSafe(
+                            format!("DROP TABLE IF EXISTS {table}").as_str(),
+                        ))
                         .await;
                 }
             })
@@ -148,7 +157,7 @@ macro_rules! same_sql {
 
         fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
             Box::pin(async move {
-                pool.execute(sql).await.expect(sql);
+                pool.execute(sqlx::AssertSqlSafe(sql)).await.expect(sql);
             })
         }
     };

@@ -79,7 +79,10 @@ async fn run_script<DB: Database>(pool: &Pool<DB>, script: String) -> Result<(),
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    sqlx::raw_sql(&script).execute(pool).await.map(drop)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(script))
+        .execute(pool)
+        .await
+        .map(drop)
 }
 
 /// The typed calls, the same for each database; the SQL comes from its [`Dialect`].
@@ -110,7 +113,7 @@ macro_rules! effects_db {
             ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
                 Box::pin(async move {
                     let sql = $dialect.insert(table);
-                    sqlx::query(&sql)
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
                         .bind(key)
                         .bind(amount)
                         .bind(parent)
@@ -127,7 +130,10 @@ macro_rules! effects_db {
             ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
                 Box::pin(async move {
                     let sql = $dialect.count(table);
-                    sqlx::query_scalar(&sql).bind(key).fetch_one(pool).await
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .bind(key)
+                        .fetch_one(pool)
+                        .await
                 })
             }
         }

@@ -33,7 +33,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use sqlx::{postgres::PgRow, PgPool, Postgres, Row};
+use sqlx::{postgres::PgRow, PgPool, Postgres, Row, SqlStr};
 use tokio::sync::oneshot;
 
 use super::notices::notify_each;
@@ -239,7 +239,7 @@ fn changed_keys(rows: &[PgRow]) -> Result<HashSet<String>, sqlx::Error> {
 /// One kind of call's queue, and its statements.
 struct Queue<J> {
     /// The batch statement.
-    batch: String,
+    batch: SqlStr,
     state: Mutex<State<J>>,
 }
 
@@ -260,7 +260,7 @@ struct Waiting<J> {
 impl<J> Queue<J> {
     fn new(batch: &str) -> Self {
         Self {
-            batch: compact(batch),
+            batch: crate::table_sql(compact(batch)),
             state: Mutex::new(State {
                 waiting: Vec::new(),
                 running: false,
@@ -287,7 +287,7 @@ trait Job: Send + Sync + Sized + 'static {
     /// The key it writes.
     fn key(&self) -> &str;
     /// The batch statement over `jobs`.
-    fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres>;
+    fn bind_batch<'q>(sql: &SqlStr, jobs: &[&'q Self]) -> Statement<'q, Postgres>;
 }
 
 /// A claim of a key with no row (the store's plain insert).
@@ -307,8 +307,8 @@ impl Job for Claim {
         &self.key
     }
 
-    fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
-        sqlx::query(sql)
+    fn bind_batch<'q>(sql: &SqlStr, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
+        sqlx::query(sql.clone())
             .bind(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| &j.fingerprint[..]).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.lease_ms).collect::<Vec<_>>())
@@ -336,8 +336,8 @@ impl Job for Completion {
         &self.key
     }
 
-    fn bind_batch<'q>(sql: &'q str, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
-        sqlx::query(sql)
+    fn bind_batch<'q>(sql: &SqlStr, jobs: &[&'q Self]) -> Statement<'q, Postgres> {
+        sqlx::query(sql.clone())
             .bind(jobs.iter().map(|j| j.key.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.token).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.status).collect::<Vec<_>>())

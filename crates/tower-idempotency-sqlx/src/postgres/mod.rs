@@ -51,10 +51,10 @@ impl Backend for Postgres {
         statements(table)
     }
 
-    fn bind<'q>(sql: &'q str, _now: i64, params: Params<'q>) -> Statement<'q, Self> {
+    fn bind<'q>(sql: &sqlx::SqlStr, _now: i64, params: Params<'q>) -> Statement<'q, Self> {
         // Rows are dated by the database's clock (`statement_timestamp()`), so application
         // hosts need no synchronised clocks; the store's clock is not bound.
-        let query = sqlx::query(sql);
+        let query = sqlx::query(sql.clone());
         match params {
             Params::Claim(claim) => query
                 .bind(claim.key)

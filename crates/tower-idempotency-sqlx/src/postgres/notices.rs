@@ -19,7 +19,7 @@
 //! to its waiters in this process. When that connection fails, it is opened again ([`Subscriber`]);
 //! meanwhile waiters re-claim on their timer. Dropping the store closes it.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin};
 
 use sqlx::{
     postgres::{PgListener, PgPoolOptions},
@@ -93,11 +93,11 @@ type Marking = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
 /// The step of [`Settlements::watch`]: [`watch_sql`] on the store's pool.
 fn watch(pool: &PgPool, table: &str) -> impl Fn(&str) -> Marking + Send + Sync + 'static {
     let pool = pool.clone();
-    let sql: Arc<str> = watch_sql(table).into();
+    let sql = crate::table_sql(watch_sql(table));
     move |key| {
         let (pool, sql, key) = (pool.clone(), sql.clone(), key.to_owned());
         Box::pin(async move {
-            let done = sqlx::query(&sql)
+            let done = sqlx::query(sql)
                 .bind(key)
                 .execute(&pool)
                 .await

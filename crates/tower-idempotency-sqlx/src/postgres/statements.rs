@@ -1,7 +1,12 @@
 //! Postgres's SQL: the DDL and the statements.
 
 use super::notices::notify_each;
-use crate::store::backend::{Statements, PURGE_BATCH};
+use sqlx::SqlStr;
+
+use crate::{
+    store::backend::{Statements, PURGE_BATCH},
+    table_sql,
+};
 
 /// The DDL [`PostgresStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their own migrations.
 ///
@@ -57,8 +62,13 @@ const RETURNED: &str = "token, fingerprint, state, \
 /// `sql` with each run of whitespace as one space. sqlx finds a prepared statement by hashing
 /// and comparing its text on every call, so the layout kept above for reading would cost on
 /// every statement; none of the statements holds a string literal or comment that this changes.
-fn compact(sql: String) -> String {
-    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+fn compact(sql: SqlStr) -> SqlStr {
+    table_sql(
+        sql.as_str()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }
 
 pub(crate) fn statements(table: &str) -> Statements {
@@ -79,11 +89,11 @@ fn readable_statements(table: &str) -> Statements {
     let expired = "cur.expires_at <= statement_timestamp()";
     let notify = notify_each(table, "done");
     Statements {
-        insert: format!(
+        insert: table_sql(format!(
             r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
 VALUES ($1, $2, $4, 0, statement_timestamp() + $3::bigint * interval '1 millisecond')
 ON CONFLICT (key) DO NOTHING"#
-        ),
+        )),
         // One statement, one round trip, in every case.
         //
         // `live`: a live row in the statement's snapshot is reported as it is, read-only, so
@@ -95,7 +105,7 @@ ON CONFLICT (key) DO NOTHING"#
         // snapshot) it writes the row's own values back, which locks the newest version and
         // makes RETURNING report it; a plain fallback `SELECT` would read the snapshot and
         // find nothing. On an expired row it installs the new claim.
-        claim: format!(
+        claim: table_sql(format!(
             r#"WITH live AS (
     SELECT {RETURNED} FROM "{table}"
     WHERE key = $1 AND expires_at > statement_timestamp()
@@ -120,13 +130,13 @@ ins AS (
     RETURNING {RETURNED}
 )
 SELECT * FROM live UNION ALL SELECT * FROM ins"#
-        ),
+        )),
         // A completed live row of the same token is a resend of the completion that landed: it
         // counts as changed (`Current`) and keeps its values.
         // Completion, release and forget notify waiters in other instances (see
         // `notices.rs`) for the row they changed if a waiter marked it; the command tag
         // still counts the rows changed, and forget still returns the row it deleted.
-        complete: format!(
+        complete: table_sql(format!(
             r#"WITH done AS (
 UPDATE "{table}" SET state = 1,
     status       = CASE WHEN state = 0 THEN $3 ELSE status END,
@@ -139,34 +149,34 @@ WHERE key = $1 AND token = $2 AND (state = 0 OR expires_at > statement_timestamp
 RETURNING key, watched
 )
 SELECT {notify}"#
-        ),
-        renew: format!(
+        )),
+        renew: table_sql(format!(
             r#"UPDATE "{table}"
 SET expires_at = statement_timestamp() + $3::bigint * interval '1 millisecond'
 WHERE key = $1 AND token = $2 AND state = 0"#
-        ),
-        release: format!(
+        )),
+        release: table_sql(format!(
             r#"WITH done AS (
 DELETE FROM "{table}" WHERE key = $1 AND token = $2 AND state = 0 RETURNING key, watched
 )
 SELECT {notify}"#
-        ),
-        get: format!(
+        )),
+        get: table_sql(format!(
             r#"SELECT {RETURNED} FROM "{table}"
 WHERE key = $1 AND expires_at > statement_timestamp()"#
-        ),
+        )),
         // Deletes one record whatever its state, and returns it.
-        forget: format!(
+        forget: table_sql(format!(
             r#"WITH done AS (
 DELETE FROM "{table}" WHERE key = $1 RETURNING {RETURNED}, key, watched
 )
 SELECT done.*, {notify}"#
-        ),
+        )),
         // Batched, skipping rows a claimer holds locked, so purging never blocks requests.
-        purge: format!(
+        purge: table_sql(format!(
             r#"DELETE FROM "{table}" WHERE key IN (
     SELECT key FROM "{table}" WHERE expires_at <= statement_timestamp()
     LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED)"#
-        ),
+        )),
     }
 }

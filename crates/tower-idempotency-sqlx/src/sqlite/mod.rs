@@ -93,10 +93,10 @@ impl Backend for Sqlite {
         statements(table)
     }
 
-    fn bind<'q>(sql: &'q str, now: i64, params: Params<'q>) -> Statement<'q, Self> {
+    fn bind<'q>(sql: &sqlx::SqlStr, now: i64, params: Params<'q>) -> Statement<'q, Self> {
         values(now, params)
             .into_iter()
-            .fold(sqlx::query(sql), |query, value| match value {
+            .fold(sqlx::query(sql.clone()), |query, value| match value {
                 Value::Int(value) => query.bind(value),
                 Value::Text(value) => query.bind(value),
                 Value::Blob(Cow::Borrowed(value)) => query.bind(value),
@@ -147,4 +147,22 @@ impl Backend for Sqlite {
             writer: SqliteWriter::for_pool(pool, table),
         }
     }
+}
+
+/// The parameters of the pool's options as sqlx renders them as a URL (`mode`, `vfs` and
+/// `immutable` tell whether the database is a plain file), or `None` for a database named as a
+/// SQLite URI (`file:...`): sqlx names every in-memory database so (`file:sqlx-in-memory-N`),
+/// and sqlx 0.9's `to_url_lossy` cannot render such a name (it panics), so it is not asked.
+fn url_parameters(options: &SqliteConnectOptions) -> Option<Vec<(String, String)>> {
+    use sqlx::ConnectOptions;
+    let name = options.get_filename().to_str()?;
+    if name.starts_with("file:") || name == ":memory:" {
+        return None;
+    }
+    let url = options.to_url_lossy();
+    Some(
+        url.query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    )
 }

@@ -24,7 +24,7 @@ use std::{
 };
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
-use sqlx::{ConnectOptions, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::statements::decode_rusqlite;
 use crate::store::record::RawRecord;
@@ -69,8 +69,8 @@ impl InlineReads {
     /// plain file (in memory, or behind a VFS). Opens nothing yet: connections open on first use.
     pub(crate) fn for_pool(pool: &SqlitePool, table: &str) -> Option<Self> {
         let options = pool.connect_options();
-        let url = options.to_url_lossy();
-        let plain_file = url.query_pairs().all(|(name, value)| match &*name {
+        let parameters = super::url_parameters(&options)?;
+        let plain_file = parameters.iter().all(|(name, value)| match name.as_str() {
             "mode" => value != "memory",
             "vfs" | "immutable" => false,
             _ => true,

@@ -6,6 +6,7 @@ use crate::store::{
     backend::{Statements, PURGE_BATCH},
     record::{Params, RawRecord},
 };
+use crate::table_sql;
 
 /// The DDL [`SqliteStore::migrate`](crate::SqlStore::migrate) runs, for teams that run their
 /// own migrations.
@@ -36,14 +37,14 @@ pub(crate) fn statements(table: &str) -> Statements {
     // ?1 key, ?2 fingerprint, ?3 new token, ?4 now (unix ms), ?5 lease end (unix ms).
     let expired = "expires_at <= ?4";
     Statements {
-        insert: format!(
+        insert: table_sql(format!(
             r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
 VALUES (?1, ?2, ?3, 0, ?5) ON CONFLICT (key) DO NOTHING"#
-        ),
+        )),
         // One statement, like the Postgres claim: the update always fires so RETURNING
         // reports the existing row to a duplicate. Rewriting a live row with its own values
         // is cheap in SQLite: pages whose content is unchanged are not written.
-        claim: format!(
+        claim: table_sql(format!(
             r#"INSERT INTO "{table}" (key, fingerprint, token, state, expires_at)
 VALUES (?1, ?2, ?3, 0, ?5)
 ON CONFLICT (key) DO UPDATE SET
@@ -56,10 +57,10 @@ ON CONFLICT (key) DO UPDATE SET
     body_omitted = CASE WHEN {expired} THEN 0 ELSE body_omitted END,
     expires_at   = CASE WHEN {expired} THEN excluded.expires_at ELSE expires_at END
 RETURNING {RETURNED}"#
-        ),
+        )),
         // A completed row of the same token is a resend of the completion that landed: it
         // counts as changed (`Current`) and keeps its values.
-        complete: format!(
+        complete: table_sql(format!(
             r#"UPDATE "{table}" SET state = 1,
     status       = CASE WHEN state = 0 THEN ?3 ELSE status END,
     headers      = CASE WHEN state = 0 THEN ?4 ELSE headers END,
@@ -67,18 +68,24 @@ RETURNING {RETURNED}"#
     body_omitted = CASE WHEN state = 0 THEN ?6 ELSE body_omitted END,
     expires_at   = CASE WHEN state = 0 THEN ?7 ELSE expires_at END
 WHERE key = ?1 AND token = ?2"#
-        ),
-        renew: format!(
+        )),
+        renew: table_sql(format!(
             r#"UPDATE "{table}" SET expires_at = ?3 WHERE key = ?1 AND token = ?2 AND state = 0"#
-        ),
-        release: format!(r#"DELETE FROM "{table}" WHERE key = ?1 AND token = ?2 AND state = 0"#),
-        get: format!(r#"SELECT {RETURNED} FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#),
+        )),
+        release: table_sql(format!(
+            r#"DELETE FROM "{table}" WHERE key = ?1 AND token = ?2 AND state = 0"#
+        )),
+        get: table_sql(format!(
+            r#"SELECT {RETURNED} FROM "{table}" WHERE key = ?1 AND expires_at > ?2"#
+        )),
         // Deletes one record whatever its state, and returns it.
-        forget: format!(r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING {RETURNED}"#),
-        purge: format!(
+        forget: table_sql(format!(
+            r#"DELETE FROM "{table}" WHERE key = ?1 RETURNING {RETURNED}"#
+        )),
+        purge: table_sql(format!(
             r#"DELETE FROM "{table}" WHERE rowid IN (
     SELECT rowid FROM "{table}" WHERE expires_at <= ?1 LIMIT {PURGE_BATCH})"#
-        ),
+        )),
     }
 }
 

@@ -42,7 +42,7 @@ use std::{
 };
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
-use sqlx::{ConnectOptions, SqlitePool};
+use sqlx::SqlitePool;
 use tokio::sync::oneshot;
 use tower_idempotency_core::StoreError;
 
@@ -175,8 +175,8 @@ impl SqliteWriter {
     /// a plain file opened for writing. Starts nothing yet.
     pub(crate) fn for_pool(pool: &SqlitePool, table: &str) -> Option<Self> {
         let options = pool.connect_options();
-        let url = options.to_url_lossy();
-        let writable_file = url.query_pairs().all(|(name, value)| match &*name {
+        let parameters = super::url_parameters(&options)?;
+        let writable_file = parameters.iter().all(|(name, value)| match name.as_str() {
             "mode" => value == "rw" || value == "rwc",
             "vfs" | "immutable" => false,
             _ => true,
@@ -337,7 +337,7 @@ impl Job {
             // The caller gave up: nobody reads this answer, and the write is not made.
             return Ok(Done::Changed(0));
         }
-        let mut statement = connection.prepare_cached(statements.text(self.pick))?;
+        let mut statement = connection.prepare_cached(statements.text(self.pick).as_str())?;
         let values = rusqlite::params_from_iter(&self.values);
         match self.returns {
             Returns::Changes => statement

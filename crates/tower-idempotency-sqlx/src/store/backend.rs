@@ -5,13 +5,13 @@
 
 use std::{fmt::Debug, future::Future, pin::Pin};
 
-use sqlx::{query::Query, Database, Executor, IntoArguments, Pool};
+use sqlx::{query::Query, Database, Executor, IntoArguments, Pool, SqlStr};
 use tower_idempotency_core::{Settlements, StoreError};
 
 use super::record::{Params, RawRecord};
 
 /// A statement with its parameters bound, ready to run.
-pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments<'q>>;
+pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments>;
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -40,7 +40,7 @@ pub trait Execute: Database {
 impl<DB: Database> Execute for DB
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
 {
     fn fetch_optional<'e, 'q: 'e>(
         conn: &'e mut DB::Connection,
@@ -61,7 +61,9 @@ where
         sql: &'e str,
     ) -> BoxFuture<'e, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            sqlx::raw_sql(sql).execute(pool).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(pool)
+                .await?;
             Ok(())
         })
     }
@@ -75,14 +77,14 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 pub struct Statements {
     /// A claim of a key with no row: inserts it, or changes nothing when the key has a row.
     /// Bound like [`Params::Claim`].
-    pub(crate) insert: String,
-    pub(crate) claim: String,
-    pub(crate) complete: String,
-    pub(crate) renew: String,
-    pub(crate) release: String,
-    pub(crate) get: String,
-    pub(crate) forget: String,
-    pub(crate) purge: String,
+    pub(crate) insert: SqlStr,
+    pub(crate) claim: SqlStr,
+    pub(crate) complete: SqlStr,
+    pub(crate) renew: SqlStr,
+    pub(crate) release: SqlStr,
+    pub(crate) get: SqlStr,
+    pub(crate) forget: SqlStr,
+    pub(crate) purge: SqlStr,
 }
 
 /// Which of a store's [`Statements`] a call runs.
@@ -108,7 +110,7 @@ pub enum Pick {
 
 impl Statements {
     /// The text of the statement `pick` names.
-    pub(crate) fn text(&self, pick: Pick) -> &str {
+    pub(crate) fn text(&self, pick: Pick) -> &SqlStr {
         match pick {
             Pick::Insert => &self.insert,
             Pick::Claim => &self.claim,
@@ -161,7 +163,7 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
 
     /// Binds `params` to `sql`, the statement of [`Statements`] they belong to.
     #[doc(hidden)]
-    fn bind<'q>(sql: &'q str, now_ms: i64, params: Params<'q>) -> Statement<'q, Self>;
+    fn bind<'q>(sql: &SqlStr, now_ms: i64, params: Params<'q>) -> Statement<'q, Self>;
 
     /// Decodes a row the claim, get or forget statement returned; `now_ms` is the time the
     /// statement was bound with.

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::Pool;
+use sqlx::{Pool, SqlStr};
 use tower_idempotency_core::{
     CachedResponse, ClaimOutcome, FencingToken, Fingerprint, Ownership, RecordState, Settlements,
     Store, StoreError,
@@ -292,7 +292,7 @@ impl<DB: Backend> SqlStore<DB> {
         DB::decode(row, now).map_err(|e| self.map_error(e, None))
     }
 
-    fn bind<'q>(&self, sql: &'q str, params: Params<'q>) -> Statement<'q, DB> {
+    fn bind<'q>(&self, sql: &SqlStr, params: Params<'q>) -> Statement<'q, DB> {
         DB::bind(sql, self.engine.now_ms(), params)
     }
 
@@ -325,7 +325,7 @@ impl<DB: Backend> SqlStore<DB> {
     async fn fenced(
         &self,
         conn: &mut DB::Connection,
-        sql: &str,
+        sql: &SqlStr,
         params: Params<'_>,
         size: Option<usize>,
     ) -> Result<Ownership, StoreError> {
@@ -539,7 +539,7 @@ impl<DB: Backend> SqlStore<DB> {
     async fn fetch_on(
         &self,
         lanes: &Lanes<DB>,
-        sql: &str,
+        sql: &SqlStr,
         params: Params<'_>,
     ) -> Result<Option<(DB::Row, i64)>, StoreError> {
         self.on(lanes, async |conn| {
