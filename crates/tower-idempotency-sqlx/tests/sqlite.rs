@@ -43,6 +43,26 @@ async fn invalid_table_names_are_rejected() {
     ));
 }
 
+/// An in-memory database (`sqlite::memory:`, one connection) holds keys like a file: its first
+/// claim is `Claimed`, and once completed a second claim replays the response. (sqlx names an
+/// in-memory database `file:sqlx-in-memory-N`, which its `to_url_lossy` cannot render: the
+/// store must not ask it.)
+#[tokio::test]
+async fn an_in_memory_database_holds_keys() {
+    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    store.migrate().await.unwrap();
+    let key = random_key("memory");
+    let first = claim(&store, &key, 1, Duration::from_secs(60)).await;
+    assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
+    let done = random_key("memory_done");
+    completed(&store, &done, &response("done")).await;
+    let replay = claim(&store, &done, 2, Duration::from_secs(60)).await;
+    assert!(
+        matches!(replay, ClaimOutcome::Completed { .. }),
+        "{replay:?}"
+    );
+}
+
 /// A closed pool answers nothing: not a new key, and not a replay of a key the store has seen
 /// (which it would otherwise read inline, on a connection of its own).
 #[tokio::test]
