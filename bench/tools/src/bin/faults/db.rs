@@ -94,7 +94,7 @@ impl Db {
     async fn count(&self, sql: &str) -> Result<i64, BoxError> {
         // A table the receivers have not created yet has no rows.
         let result: Result<(i64,), sqlx::Error> =
-            on_pool!(self, pool => sqlx::query_as(sql).fetch_one(pool).await);
+            on_pool!(self, pool => sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(pool).await);
         match result {
             Ok((n,)) => Ok(n),
             Err(error) if error.to_string().contains("no such table") => Ok(0),
@@ -132,8 +132,7 @@ impl Db {
              CAST(COALESCE(lease_until, 0) AS BIGINT), lease_token IS NOT NULL FROM {INBOX} {filter}"
         );
         type Row = (String, i64, i64, String, i64, i64, bool);
-        let rows: Vec<Row> =
-            on_pool!(self, pool => sqlx::query_as(&inbox_sql).fetch_all(pool).await?);
+        let rows: Vec<Row> = on_pool!(self, pool => sqlx::query_as(sqlx::AssertSqlSafe(&*inbox_sql)).fetch_all(pool).await?);
         Ok(rows
             .into_iter()
             .map(
@@ -160,12 +159,10 @@ impl Db {
     pub async fn snapshot(&self) -> Result<Snapshot, BoxError> {
         let inbox = self.inbox_rows(false).await?;
         let effects_sql = "SELECT event_id, count(*) FROM inbox_effects GROUP BY event_id";
-        let rows: Vec<(String, i64)> =
-            on_pool!(self, pool => sqlx::query_as(effects_sql).fetch_all(pool).await?);
+        let rows: Vec<(String, i64)> = on_pool!(self, pool => sqlx::query_as(sqlx::AssertSqlSafe(effects_sql)).fetch_all(pool).await?);
         let effects = rows.into_iter().collect();
         let order_sql = "SELECT object_id, event_id FROM inbox_order ORDER BY seq";
-        let rows: Vec<(String, String)> =
-            on_pool!(self, pool => sqlx::query_as(order_sql).fetch_all(pool).await?);
+        let rows: Vec<(String, String)> = on_pool!(self, pool => sqlx::query_as(sqlx::AssertSqlSafe(order_sql)).fetch_all(pool).await?);
         let mut order = BTreeMap::<String, Vec<String>>::new();
         for (object, event) in rows {
             order.entry(object).or_default().push(event);
@@ -174,8 +171,7 @@ impl Db {
             "SELECT key, COALESCE(scope, ''), CAST(state AS BIGINT), CAST(attempts AS BIGINT) \
              FROM {OUTBOX}"
         );
-        let rows: Vec<(String, String, i64, i64)> =
-            on_pool!(self, pool => sqlx::query_as(&outbox_sql).fetch_all(pool).await?);
+        let rows: Vec<(String, String, i64, i64)> = on_pool!(self, pool => sqlx::query_as(sqlx::AssertSqlSafe(&*outbox_sql)).fetch_all(pool).await?);
         let outbox = rows
             .into_iter()
             .map(|(key, scope, state, attempts)| {
@@ -234,7 +230,9 @@ impl Db {
             let asked = std::time::Instant::now();
             let mut tx = conn.begin().await?;
             let lock = format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE");
-            sqlx::raw_sql(&lock).execute(&mut *tx).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(&*lock))
+                .execute(&mut *tx)
+                .await?;
             let waited = asked.elapsed();
             tokio::time::sleep(hold).await;
             tx.rollback().await?;
