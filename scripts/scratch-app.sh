@@ -4,10 +4,12 @@
 # Fails unless it resolves, builds, and its lockfile holds exactly one `sqlx` and one
 # `libsqlite3-sys` (cargo's `links = "sqlite3"` rule allows no second one).
 #
-#   scripts/scratch-app.sh      (CARGO_TARGET_DIR is honoured; the app lives in a temp dir)
+#   scripts/scratch-app.sh      (the app lives in a temp dir; it builds in this workspace's target
+#                                directory, or CARGO_TARGET_DIR, to reuse the crates compiled there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 app=$(mktemp -d)
 trap 'rm -rf "$app"' EXIT
 mkdir -p "$app/src"
