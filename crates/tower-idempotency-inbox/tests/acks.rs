@@ -72,21 +72,7 @@ async fn a_burst_is_committed_together_and_stored_once<DB: Fixture>() {
 async fn a_refused_row_fails_only_its_own_delivery<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let table = &setup.inbox_table;
-    let trigger = if DB::LABEL == "postgres" {
-        format!(
-            "CREATE FUNCTION {table}_refuse() RETURNS trigger AS $$ BEGIN \
-             IF NEW.event_id = 'evt_refused' THEN RAISE EXCEPTION 'refused'; END IF; \
-             RETURN NEW; END $$ LANGUAGE plpgsql; \
-             CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
-             FOR EACH ROW EXECUTE FUNCTION {table}_refuse()"
-        )
-    } else {
-        format!(
-            "CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
-             WHEN NEW.event_id = 'evt_refused' BEGIN SELECT RAISE(ABORT, 'refused'); END"
-        )
-    };
-    DB::exec(&setup.pool, &trigger).await;
+    refuse_row(&setup.pool, table, "evt_refused").await;
     let url = serve(&setup.inbox).await;
     let ids: Vec<String> = (0..40).map(|i| format!("evt_ok_{i}")).collect();
     let mut bodies = vec![event_body("evt_refused", "charge.succeeded")];

@@ -182,6 +182,23 @@ impl<DB: Held> Outage<DB> {
         }
     }
 
+    /// Awaits every answer of `sent` while the database stays held, cutting (on Postgres) every
+    /// insert that waits on the hold until all are answered.
+    async fn answered_while_cut(
+        &self,
+        sent: Vec<JoinHandle<(u16, Option<String>)>>,
+    ) -> Vec<(u16, Option<String>)> {
+        tokio::time::timeout(HANG, async {
+            while !sent.iter().all(|s| s.is_finished()) {
+                DB::cut(&self.pool, &self.table).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answers(sent).await
+        })
+        .await
+        .expect("every delivery is answered while the database is unavailable")
+    }
+
     /// Whether `id` is stored.
     async fn stored(&self, id: &str) -> bool {
         let key = EventKey::new("stripe", id);
@@ -213,21 +230,7 @@ async fn answers(sent: Vec<JoinHandle<(u16, Option<String>)>>) -> Vec<(u16, Opti
 async fn copies_of_a_refused_row_share_its_failure<DB: Held>() {
     let setup = Outage::<DB>::new(Duration::from_secs(30), |inbox| inbox).await;
     let table = &setup.table;
-    let trigger = if DB::LABEL == "postgres" {
-        format!(
-            "CREATE FUNCTION {table}_refuse() RETURNS trigger AS $$ BEGIN \
-             IF NEW.event_id = 'evt_refused' THEN RAISE EXCEPTION 'refused'; END IF; \
-             RETURN NEW; END $$ LANGUAGE plpgsql; \
-             CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
-             FOR EACH ROW EXECUTE FUNCTION {table}_refuse()"
-        )
-    } else {
-        format!(
-            "CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
-             WHEN NEW.event_id = 'evt_refused' BEGIN SELECT RAISE(ABORT, 'refused'); END"
-        )
-    };
-    DB::exec(&setup.pool, &trigger).await;
+    refuse_row(&setup.pool, table, "evt_refused").await;
     let held = DB::hold(&setup.pool, table).await;
     let first = setup.send("evt_first");
     setup.sent(1).await;
@@ -249,7 +252,7 @@ async fn copies_of_a_refused_row_share_its_failure<DB: Held>() {
     for id in &good {
         assert!(setup.stored(id).await, "{}: {id}", DB::LABEL);
     }
-    drop_refusal_on(&setup.pool, table, DB::LABEL).await;
+    drop_refusal_on(&setup.pool, table).await;
     setup.cleanup().await;
 }
 
@@ -267,17 +270,7 @@ async fn copies_behind_an_outage_are_never_answered_stored<DB: Held>() {
     // Cut every insert that waits on the lock until all three are answered.
     let mut sent = vec![first];
     sent.extend(copies);
-    let answered = tokio::time::timeout(HANG, async {
-        loop {
-            if sent.iter().all(|s| s.is_finished()) {
-                break answers(sent).await;
-            }
-            DB::cut(&setup.pool, &setup.table).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("every delivery is answered while the database is unavailable");
+    let answered = setup.answered_while_cut(sent).await;
     DB::release(held).await;
     for (status, retry_after) in &answered {
         assert_eq!(*status, 503, "{}: {answered:?}", DB::LABEL);
@@ -304,17 +297,7 @@ async fn an_outage_fails_the_queue_without_a_statement_each<DB: Held>() {
     setup.queued(6).await;
     let mut sent = vec![first];
     sent.extend(queued);
-    let answered = tokio::time::timeout(HANG, async {
-        loop {
-            if sent.iter().all(|s| s.is_finished()) {
-                break answers(sent).await;
-            }
-            DB::cut(&setup.pool, &setup.table).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("every delivery is answered while the database is unavailable");
+    let answered = setup.answered_while_cut(sent).await;
     let statements = setup.inbox.statements_executed();
     DB::release(held).await;
     assert!(
@@ -393,16 +376,6 @@ async fn a_full_queue_answers_at_once<DB: Held>() {
         DB::LABEL
     );
     setup.cleanup().await;
-}
-
-/// Drops the refusal trigger of `table` (and its function, on Postgres).
-async fn drop_refusal_on<DB: Fixture>(pool: &sqlx::Pool<DB>, table: &str, label: &str) {
-    let drop = if label == "postgres" {
-        format!("DROP TRIGGER {table}_refuse ON {table}; DROP FUNCTION {table}_refuse()")
-    } else {
-        format!("DROP TRIGGER {table}_refuse")
-    };
-    DB::exec(pool, &drop).await;
 }
 
 on_both!(

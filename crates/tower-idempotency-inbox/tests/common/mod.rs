@@ -480,10 +480,35 @@ impl Sender {
 /// Drops the Postgres trigger function `{name}_refuse` a test created, and its trigger with it;
 /// SQLite's triggers have no function.
 pub async fn drop_refusal<DB: Fixture>(setup: &Setup<DB>, name: &str) {
+    drop_refusal_on(&setup.pool, name).await;
+}
+
+/// [`drop_refusal`] on `pool`.
+pub async fn drop_refusal_on<DB: Fixture>(pool: &sqlx::Pool<DB>, name: &str) {
     if DB::LABEL == "postgres" {
         let sql = format!("DROP FUNCTION IF EXISTS {name}_refuse() CASCADE");
-        DB::exec(&setup.pool, &sql).await;
+        DB::exec(pool, &sql).await;
     }
+}
+
+/// Makes `table` refuse the row of `event_id` (a trigger `{table}_refuse` raises an error): its
+/// insert fails as a row the database refuses, the other rows of its batch are fine.
+pub async fn refuse_row<DB: Fixture>(pool: &sqlx::Pool<DB>, table: &str, event_id: &str) {
+    let trigger = if DB::LABEL == "postgres" {
+        format!(
+            "CREATE FUNCTION {table}_refuse() RETURNS trigger AS $$ BEGIN \
+             IF NEW.event_id = '{event_id}' THEN RAISE EXCEPTION 'refused'; END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
+             FOR EACH ROW EXECUTE FUNCTION {table}_refuse()"
+        )
+    } else {
+        format!(
+            "CREATE TRIGGER {table}_refuse BEFORE INSERT ON {table} \
+             WHEN NEW.event_id = '{event_id}' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    };
+    DB::exec(pool, &trigger).await;
 }
 
 /// `n` event ids starting with `prefix`.
