@@ -23,64 +23,39 @@ use tower_idempotency_sqlx::sqlx::{self, Executor};
 /// lock yet). Then every event is processed once.
 async fn acknowledgements_pass_handlers_waiting_before_their_first_statement<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
-    let probe = setup.probe();
-    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
-        .concurrency(4)
-        .spawn();
-    let url = serve(&setup.inbox).await;
-    let client = reqwest::Client::new();
-    let gated = ids("evt_gated", 4);
-    deliver_all(&client, &url, &gated, "test.gated").await;
-    probe.wait_started(4).await;
-    let later = ids("evt_later", 5);
-    let bodies: Vec<String> = later
-        .iter()
-        .map(|id| event_body(id, "charge.succeeded"))
-        .collect();
-    let statuses = tokio::time::timeout(
-        Duration::from_secs(5),
-        join_all(bodies.iter().map(|b| deliver(&client, &url, SECRET, b))),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{}: acknowledgements waited for the handlers", DB::LABEL));
-    assert!(
-        statuses.iter().all(|&s| s == 200),
-        "{}: {statuses:?}",
-        DB::LABEL
-    );
-    probe.open_gate();
-    for id in gated.iter().chain(&later) {
-        assert_eq!(
-            setup.wait_for(id, EventState::Processed).await,
-            1,
-            "{}",
-            DB::LABEL
-        );
-        assert_eq!(setup.effects(id).await, 1, "{}: {id}", DB::LABEL);
-    }
-    setup.finish(worker).await;
+    let inbox = setup.inbox.clone();
+    acknowledged_while_handlers_wait(setup, inbox, "evt").await;
 }
 
 /// Under skip-stale, an event without an ordering key (no `data.object.id`) needs no lock on a
 /// key: on SQLite its handler's transaction takes the write lock at its first statement, as
-/// without ordering. Four such handlers wait at a gate before their first statement; five
-/// deliveries sent meanwhile are all answered `200` while the gate is still closed.
+/// without ordering, so the same holds as above.
 async fn skip_stale_leaves_unordered_events_lazy<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let inbox = setup
         .inbox
         .clone()
         .ordering(Ordering::stripe(OrderingPolicy::SkipStale));
+    acknowledged_while_handlers_wait(setup, inbox, "evt_unordered").await;
+}
+
+/// Four handlers of `inbox` wait at a gate before their first statement while five deliveries
+/// are sent: all five are answered `200` before the gate opens; then all nine are processed once.
+async fn acknowledged_while_handlers_wait<DB: Fixture>(
+    setup: Setup<DB>,
+    inbox: Inbox<DB>,
+    prefix: &str,
+) {
     let probe = setup.probe();
     let worker = quick(inbox.worker(probe.handler::<DB>()))
         .concurrency(4)
         .spawn();
     let url = serve(&inbox).await;
     let client = reqwest::Client::new();
-    let gated = ids("evt_unordered_gated", 4);
+    let gated = ids(&format!("{prefix}_gated"), 4);
     deliver_all(&client, &url, &gated, "test.gated").await;
     probe.wait_started(4).await;
-    let later = ids("evt_unordered_later", 5);
+    let later = ids(&format!("{prefix}_later"), 5);
     let bodies: Vec<String> = later
         .iter()
         .map(|id| event_body(id, "charge.succeeded"))
