@@ -9,6 +9,8 @@
 //! tower-idempotency --store URL [--json] inbox retry [--dry-run] [--per-second N] [--from-provider P] [--type T] [--received-after TIME] [--received-before TIME]
 //! tower-idempotency --store URL [--json] inbox events [--state S] [--provider P] [--type T] [--received-after TIME] [--received-before TIME] [--cursor C] [--limit N]
 //! tower-idempotency --store URL [--json] inbox counts | show PROVIDER EVENT_ID | discard PROVIDER EVENT_ID | purge --older-than-secs N
+//! tower-idempotency --store URL [--json] outbox list [--state failed|pending|delivered|discarded] [--limit N]
+//! tower-idempotency --store URL [--json] outbox show KEY | retry KEY | discard KEY | purge --older-than-secs N
 //! ```
 //!
 //! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
@@ -20,6 +22,10 @@ compile_error!("the `cli` feature needs at least one store feature: sqlite, post
 #[cfg(feature = "inbox")]
 #[path = "cli_inbox/mod.rs"]
 mod inbox;
+
+#[cfg(feature = "outbox")]
+#[path = "cli_outbox/mod.rs"]
+mod outbox;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -72,6 +78,11 @@ enum Command {
     #[cfg(feature = "inbox")]
     #[command(subcommand)]
     Inbox(inbox::InboxCommand),
+    /// The transactional outbox's messages (SQLite, Postgres): list, show, retry, discard,
+    /// purge.
+    #[cfg(feature = "outbox")]
+    #[command(subcommand)]
+    Outbox(outbox::OutboxCommand),
 }
 
 /// A record's key: the scoped store key, or the parts the layer builds it from.
@@ -126,6 +137,9 @@ enum CliError {
     #[cfg(feature = "inbox")]
     #[error("the webhook inbox lives in a SQLite or Postgres database")]
     NotSql,
+    #[cfg(feature = "outbox")]
+    #[error("the outbox lives in a SQLite or Postgres database")]
+    OutboxNotSql,
     #[cfg(feature = "inbox")]
     #[error("no failed event with this provider and event id")]
     NotFailed,
@@ -135,6 +149,15 @@ enum CliError {
     #[cfg(feature = "inbox")]
     #[error("the cursor is not one the inbox made")]
     BadCursor,
+    #[cfg(feature = "outbox")]
+    #[error("no message with this key")]
+    NoMessage,
+    #[cfg(feature = "outbox")]
+    #[error("no failed message with this key")]
+    NotFailedMessage,
+    #[cfg(feature = "outbox")]
+    #[error("no failed or idle pending message with this key")]
+    NotDiscardable,
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.
@@ -375,6 +398,8 @@ enum Answer {
     Report(Report),
     #[cfg(feature = "inbox")]
     Inbox(inbox::Answer),
+    #[cfg(feature = "outbox")]
+    Outbox(outbox::Answer),
 }
 
 impl Answer {
@@ -383,6 +408,8 @@ impl Answer {
             Self::Report(report) => report.print(as_json),
             #[cfg(feature = "inbox")]
             Self::Inbox(answer) => answer.print(as_json),
+            #[cfg(feature = "outbox")]
+            Self::Outbox(answer) => answer.print(as_json),
         }
     }
 }
@@ -392,6 +419,11 @@ async fn run(cli: Cli) -> Result<Answer, CliError> {
     if let Command::Inbox(command) = &cli.command {
         let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
         return inbox::run(url, command).await.map(Answer::Inbox);
+    }
+    #[cfg(feature = "outbox")]
+    if let Command::Outbox(command) = &cli.command {
+        let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
+        return outbox::run(url, command).await.map(Answer::Outbox);
     }
     run_store(cli).await.map(Answer::Report)
 }

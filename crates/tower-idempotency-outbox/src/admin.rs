@@ -141,8 +141,9 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 }
 
 /// `message` as an operator is shown it: its URL without user-info and with its query values
-/// masked.
-pub(crate) fn shown(mut message: MessageSummary) -> MessageSummary {
+/// masked. [`Outbox::list`] and [`Outbox::messages`] answer the stored URL; pass their
+/// summaries through this before showing them to anyone.
+pub fn shown(mut message: MessageSummary) -> MessageSummary {
     message.url = message
         .url
         .as_deref()
