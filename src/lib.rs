@@ -37,7 +37,7 @@
 //! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
 //! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
-//! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records, and with `inbox` `inbox list` and `inbox retry` ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
+//! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records; with `inbox` the `inbox` commands (`list`, `events`, `show`, `retry`, `discard`, `purge`, `counts`); with `outbox` the `outbox` commands (`list`, `show`, `retry`, `discard`, `purge`) ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
 #![cfg_attr(docsrs, feature(doc_cfg))]
