@@ -275,6 +275,48 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
     }
 }
 
+/// The pool of the SQL database a URL names, for the inbox and outbox commands.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+enum SqlPool {
+    #[cfg(feature = "sqlite")]
+    Sqlite(tower_idempotency::sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(tower_idempotency::sqlx::PgPool),
+}
+
+/// Opens the SQLite or Postgres database `url` names, without creating anything (a SQLite file
+/// must exist); answers `not_sql` for a store that is not SQL (memory, Redis).
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+async fn sql_pool(url: &str, not_sql: CliError) -> Result<SqlPool, CliError> {
+    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
+    match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            check_sqlite_file(url)?;
+            tower_idempotency::sqlx::SqlitePool::connect(url)
+                .await
+                .map(SqlPool::Sqlite)
+                .map_err(|e| connect_error("sqlite", &e, url))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => tower_idempotency::sqlx::PgPool::connect(url)
+            .await
+            .map(SqlPool::Postgres)
+            .map_err(|e| connect_error("postgres", &e, url)),
+        "memory" | "redis" | "rediss" => Err(not_sql),
+        _ => Err(CliError::UnsupportedScheme),
+    }
+}
+
+/// A failure to open `store` at `url` (or to name its table there).
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn connect_error(store: &'static str, error: &dyn std::error::Error, url: &str) -> CliError {
+    CliError::Connect {
+        store,
+        reason: describe(error, url),
+    }
+}
+
 /// Refuses a SQLite URL whose file does not exist: connecting would create an empty database.
 #[cfg(feature = "sqlite")]
 fn check_sqlite_file(url: &str) -> Result<(), CliError> {

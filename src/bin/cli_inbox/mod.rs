@@ -354,34 +354,20 @@ impl InboxCommand {
 /// Runs `command` on the inbox of the database `url` names (SQLite or Postgres), without
 /// creating anything.
 pub async fn run(url: &str, command: &InboxCommand) -> Result<Answer, CliError> {
-    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
-    let connect = |store: &'static str| {
-        move |error: &dyn std::error::Error| CliError::Connect {
-            store,
-            reason: describe(error, url),
-        }
-    };
     let failed = |error: InboxError| CliError::Store(describe(&error, url));
-    match scheme {
+    match crate::sql_pool(url, CliError::NotSql).await? {
         #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            crate::check_sqlite_file(url)?;
-            let pool = tower_idempotency::sqlx::SqlitePool::connect(url)
-                .await
-                .map_err(|e| connect("sqlite")(&e))?;
-            let inbox = Inbox::new(pool, command.table()).map_err(|e| connect("sqlite")(&e))?;
+        crate::SqlPool::Sqlite(pool) => {
+            let inbox = Inbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("sqlite", &e, url))?;
             execute(&inbox, command).await.map_err(failed)?
         }
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let pool = tower_idempotency::sqlx::PgPool::connect(url)
-                .await
-                .map_err(|e| connect("postgres")(&e))?;
-            let inbox = Inbox::new(pool, command.table()).map_err(|e| connect("postgres")(&e))?;
+        crate::SqlPool::Postgres(pool) => {
+            let inbox = Inbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("postgres", &e, url))?;
             execute(&inbox, command).await.map_err(failed)?
         }
-        "memory" | "redis" | "rediss" => Err(CliError::NotSql),
-        _ => Err(CliError::UnsupportedScheme),
     }
 }
 

@@ -208,34 +208,20 @@ fn print_table(messages: &[MessageSummary]) {
 /// Runs `command` on the outbox of the database `url` names (SQLite or Postgres), without
 /// creating anything.
 pub async fn run(url: &str, command: &OutboxCommand) -> Result<Answer, CliError> {
-    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
-    let connect = |store: &'static str| {
-        move |error: &dyn std::error::Error| CliError::Connect {
-            store,
-            reason: describe(error, url),
-        }
-    };
     let failed = |error: OutboxError| CliError::Store(describe(&error, url));
-    match scheme {
+    match crate::sql_pool(url, CliError::OutboxNotSql).await? {
         #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            crate::check_sqlite_file(url)?;
-            let pool = tower_idempotency::sqlx::SqlitePool::connect(url)
-                .await
-                .map_err(|e| connect("sqlite")(&e))?;
-            let outbox = Outbox::new(pool, command.table()).map_err(|e| connect("sqlite")(&e))?;
+        crate::SqlPool::Sqlite(pool) => {
+            let outbox = Outbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("sqlite", &e, url))?;
             execute(&outbox, command).await.map_err(failed)?
         }
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let pool = tower_idempotency::sqlx::PgPool::connect(url)
-                .await
-                .map_err(|e| connect("postgres")(&e))?;
-            let outbox = Outbox::new(pool, command.table()).map_err(|e| connect("postgres")(&e))?;
+        crate::SqlPool::Postgres(pool) => {
+            let outbox = Outbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("postgres", &e, url))?;
             execute(&outbox, command).await.map_err(failed)?
         }
-        "memory" | "redis" | "rediss" => Err(CliError::OutboxNotSql),
-        _ => Err(CliError::UnsupportedScheme),
     }
 }
 
