@@ -275,6 +275,31 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
     }
 }
 
+/// Prints `header` and `rows` as columns padded to their widest cell, two spaces apart, without
+/// trailing spaces. Hand-written: a dozen lines, and a table crate's borders or wrapping would
+/// change what scripts that read the listings see.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
 /// The pool of the SQL database a URL names, for the inbox and outbox commands.
 #[cfg(any(feature = "inbox", feature = "outbox"))]
 enum SqlPool {
