@@ -136,7 +136,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
     let client = reqwest::Client::new();
     // The event id (and so the message key) is text on the page, not markup.
     let event = "evt_outbox_page<script>";
-    let key = format!("stripe/{event}/0");
+    let key = format!("{event}/0");
     deliver(&client, &base, SECRET, &body(event)).await;
     let failed = message_until(&client, &base, &key, |m| m["state"] == "failed").await;
     assert_eq!(failed["attempts"], 1, "a 400 fails the message at once");

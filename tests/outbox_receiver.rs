@@ -44,20 +44,18 @@ fn downstream() -> Receiver {
     ])
 }
 
-/// Whether `event_id`'s message (scope `stripe/<event id>`) was claimed by a delivery that did
-/// not finish: pending with an attempt counted (the claim commits before the request is sent,
-/// its outcome after the answer).
+/// Whether `event_id`'s message was claimed by a delivery that did not finish: pending with an
+/// attempt counted (the claim commits before the request is sent, its outcome after the answer).
 async fn interrupted(store: &str, event_id: &str) -> bool {
-    let sql = "SELECT count(*) FROM outbox WHERE scope = 'stripe/' || $1 AND state = 0 \
-               AND attempts > 0";
+    let sql = "SELECT count(*) FROM outbox WHERE scope = $1 AND state = 0 AND attempts > 0";
     scalars(store, sql, event_id).await[0] == 1
 }
 
-/// Waits until one of the messages of the events whose id starts with `prefix` is claimed by a
-/// delivery that has not finished (polled every 5 ms, at most 20 s).
+/// Waits until one of the messages whose scope starts with `prefix` is claimed by a delivery
+/// that has not finished (polled every 5 ms, at most 20 s).
 async fn delivery_in_flight(store: &str, prefix: &str) {
-    let sql = "SELECT count(*) FROM outbox WHERE scope LIKE 'stripe/' || $1 || '%' \
-               AND state = 0 AND attempts > 0";
+    let sql =
+        "SELECT count(*) FROM outbox WHERE scope LIKE $1 || '%' AND state = 0 AND attempts > 0";
     let deadline = Instant::now() + Duration::from_secs(20);
     while scalars(store, sql, prefix).await[0] == 0 {
         assert!(Instant::now() < deadline, "{prefix}: no delivery started");
@@ -113,10 +111,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let upstream_effects = loop {
         let effects = get_json(&client, format!("{}/effects", &last.base)).await;
-        if ids
-            .iter()
-            .all(|id| effects[format!("outbox:stripe/{id}")] == 1)
-        {
+        if ids.iter().all(|id| effects[format!("outbox:{id}")] == 1) {
             break effects;
         }
         assert!(
@@ -138,7 +133,7 @@ async fn killed_while_relaying(store: &str, label: &str, rounds: usize) {
     assert_eq!(ran.len(), ids.len(), "{label}: {orders}");
     for id in &ids {
         assert_eq!(
-            orders[format!("orders:stripe/{id}/0")],
+            orders[format!("orders:{id}/0")],
             1,
             "{label}: {id}: {orders}"
         );

@@ -22,7 +22,7 @@
 //! | `INBOX_POOL_SIZE` | `POST /inbox/stripe`: connections the inbox's pool opens at most (default twice `INBOX_CONCURRENCY`) |
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `INBOX_ORDERING` | `POST /inbox/stripe`: `sequential` or `skip-stale` orders Stripe events by `data.object.id` and `created` (unset: no ordering) |
-//! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one `POST` of `{"event": "<event id>"}` here, with `Idempotency-Key: stripe/<event id>/0`, relayed after its transaction commits (unset: no outbox) |
+//! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one `POST` of `{"event": "<event id>"}` here, with `Idempotency-Key: <event id>/0`, relayed after its transaction commits (unset: no outbox) |
 //! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, and with the outbox on (`OUTBOX_TARGET_URL`) the outbox's at `/admin/outbox` (page `/admin/outbox/page`), without authentication (a fixture) |
 //! | `INBOX_HEAL_FILE` | a path; while that file exists, `test.poison` and `test.permanent` events succeed |
 //! | `INBOX_RETENTION_SECS` | `POST /inbox/stripe`: how long processed events are kept before the worker purges them, at its start and every minute (default 604800, a week) |
@@ -74,9 +74,9 @@
 //! `GET /effects` counts how many times each handler ran per key, named `<route>:<event key>`.
 //! The counts live in this process's memory: they count the executions of this process only and
 //! start from zero after a restart (persisting them would make them survive one; out of scope).
-//! The exceptions are `payments:<key>`, `inbox:<event id>` and `outbox:stripe/<event id>`: the
-//! rows of `payments` for that key, of `inbox_effects` for that event, and the event's outbox
-//! messages the target acknowledged, read from the database, so they survive restarts.
+//! The exceptions are `payments:<key>`, `inbox:<event id>` and `outbox:<event id>`: the rows of
+//! `payments` for that key, of `inbox_effects` for that event, and the event's outbox messages
+//! the target acknowledged, read from the database, so they survive restarts.
 //!
 //! Modules by job: `config` (variables), `webhook` (providers), `orders`, `payments`
 //! (transactional), `inbox`, `effects`, `log` (request log), `metrics`, `app` (the router).

@@ -122,7 +122,7 @@ pub fn check(i: &Inputs<'_>) -> Vec<Invariant> {
     pending.checked = (i.last.inbox.len() + i.last.outbox.len()) as u64;
     pending.violations = i.pending_after_drain.to_vec();
 
-    // The outbox: the receiver's message for event E has scope `stripe/E`.
+    // The outbox: the receiver's message for event E has scope `E`.
     let by_scope: BTreeMap<&str, (&String, &crate::db::OutboxRow)> = i
         .last
         .outbox
@@ -136,7 +136,7 @@ pub fn check(i: &Inputs<'_>) -> Vec<Invariant> {
         if sent.kind != Kind::Outbox || effects(id) != 1 {
             continue;
         }
-        let scope = format!("stripe/{id}");
+        let scope = id.clone();
         // At least once: a message whose answer was lost (a kill, a cut connection) and whose
         // attempts were then spent is failed in the table, yet it reached the target.
         let ok = by_scope
@@ -164,7 +164,7 @@ pub fn check(i: &Inputs<'_>) -> Vec<Invariant> {
             i.last
                 .outbox
                 .get(key)
-                .is_some_and(|row| row.scope == format!("stripe/{event}"))
+                .is_some_and(|row| row.scope == event.clone())
         });
         same_key.check(
             seen.events.len() == 1 && expected == Some(true) && seen.runs <= 1,
@@ -309,16 +309,16 @@ mod tests {
                     .collect(),
                 order: BTreeMap::from([("obj".to_owned(), vec!["evt_3".into(), "evt_4".into()])]),
                 outbox: BTreeMap::from([(
-                    "stripe/evt_2/0".to_owned(),
+                    "evt_2/0".to_owned(),
                     OutboxRow {
-                        scope: "stripe/evt_2".into(),
+                        scope: "evt_2".into(),
                         state: DELIVERED,
                         attempts: 2,
                     },
                 )]),
             };
             let target = BTreeMap::from([(
-                "stripe/evt_2/0".to_owned(),
+                "evt_2/0".to_owned(),
                 KeySeen {
                     posts: 2,
                     runs: 1,
@@ -406,16 +406,11 @@ mod tests {
     #[test]
     fn a_message_failed_after_reaching_the_target_holds_only_with_its_attempts_spent() {
         let mut world = World::new();
-        let row = world.last.outbox.get_mut("stripe/evt_2/0").unwrap();
+        let row = world.last.outbox.get_mut("evt_2/0").unwrap();
         row.state = FAILED;
         row.attempts = i64::from(MAX_ATTEMPTS);
         assert_eq!(world.broken(), Vec::<&str>::new());
-        world
-            .last
-            .outbox
-            .get_mut("stripe/evt_2/0")
-            .unwrap()
-            .attempts = 3;
+        world.last.outbox.get_mut("evt_2/0").unwrap().attempts = 3;
         assert_eq!(
             world.broken(),
             vec!["every failed event or message spent its attempts (an event: or failed permanently)"]
