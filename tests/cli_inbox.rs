@@ -3,10 +3,7 @@
 
 mod support;
 
-use std::{
-    process::Output,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 use tower_idempotency_testkit::unix_now;
 
 use axum::{routing::post_service, Router};
@@ -19,20 +16,6 @@ use tower_idempotency::{
 };
 
 const SECRET: &str = "whsec_cli_inbox_test";
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-/// What the tool prints for `args` (with `--json`), which must succeed.
-async fn json(args: &[String]) -> Value {
-    serde_json::from_str(&stdout(&cli(args).await)).unwrap()
-}
 
 /// Every attempt fails: the handler refuses every event.
 async fn refuse<DB: InboxDatabase>(

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::{process::Output, time::Duration};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
@@ -17,20 +17,6 @@ const REFUSAL: &str = "refused by the test dispatcher";
 /// A target URL carrying a password (`hunter2`) and a query credential (`t`).
 const SECRET_URL: &str = "https://ops:hunter2@host/x?token=t";
 const SHOWN_URL: &str = "https://host/x?token=***";
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-/// What the tool prints for `args` (with `--json`), which must succeed.
-async fn json(args: &[String]) -> Value {
-    serde_json::from_str(&stdout(&cli(args).await)).unwrap()
-}
 
 /// Asserts that `args` exits `1` with `expected` in its message.
 async fn refused(args: &[String], expected: &str, label: &str) {

@@ -196,3 +196,20 @@ pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output 
         .await
         .expect("run the tool")
 }
+
+/// What the tool printed to standard output, which must have succeeded.
+#[cfg(feature = "cli")]
+pub fn stdout(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// What the tool prints for `args` (with `--json`), which must succeed.
+#[cfg(feature = "cli")]
+pub async fn json(args: &[String]) -> serde_json::Value {
+    serde_json::from_str(&stdout(&cli(args).await)).unwrap()
+}
