@@ -1,0 +1,729 @@
+//! The suite's cases. Each takes a pool and the name of a fresh table [`Fixture::create`] made.
+//! Times are passed to the driver's calls explicitly, so a lease lapses without waiting.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::Notify;
+
+use super::Fixture;
+use crate::{
+    time::now_ms, Backoff, Claimed, Driver, Job, JobKey, JobState, JobSummary, Outcome, PageFilter,
+    Settings, Table, Worker, SPENT,
+};
+
+/// A test job's payload: its `body` column.
+#[derive(Debug)]
+pub struct Body {
+    /// The job's body.
+    pub body: String,
+}
+
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for Body
+where
+    &'r str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> sqlx::Result<Self> {
+        Ok(Self {
+            body: row.try_get("body")?,
+        })
+    }
+}
+
+/// A listing's extra columns when the suite wants none.
+#[derive(Clone, Copy, Debug)]
+pub struct NoColumns;
+
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for NoColumns {
+    fn from_row(_row: &'r R) -> sqlx::Result<Self> {
+        Ok(Self)
+    }
+}
+
+/// The suite's table shape: keyed by `(kind, id)`, grouped by `kind`, `last_status` recorded.
+pub fn table(name: &str) -> Table {
+    Table::new(name, &["kind", "id"], "created_at")
+        .payload(&["body"])
+        .status("last_status")
+        .group("kind")
+}
+
+fn key(kind: &str, id: &str) -> JobKey {
+    JobKey(vec![kind.to_owned(), id.to_owned()])
+}
+
+const LEASE: i64 = 60_000;
+
+async fn get<DB: Fixture>(
+    pool: &sqlx::Pool<DB>,
+    sql: &crate::Statements,
+    key: &JobKey,
+) -> JobSummary<NoColumns> {
+    DB::get::<NoColumns>(pool, sql, key)
+        .await
+        .expect("get")
+        .expect("the job exists")
+}
+
+async fn add_many<DB: Fixture>(pool: &sqlx::Pool<DB>, table: &str, kind: &str, n: usize, at: i64) {
+    for i in 0..n {
+        let id = format!("{i:03}");
+        DB::add(pool, table, kind, &id, &format!("{kind} {id}"), at)
+            .await
+            .expect("add");
+    }
+}
+
+/// Claims take due jobs under a lease with an attempt counted; a second claim meanwhile takes
+/// none; completion and failure need the claim's token.
+pub async fn claims_are_leased_and_fenced<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 3, 1_000).await;
+    let now = now_ms();
+    let first: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|job| job.attempt == 1));
+    let mut bodies: Vec<&str> = first.iter().map(|job| job.payload.body.as_str()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, ["a 000", "a 001", "a 002"]);
+    let second: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 2, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert!(second.is_empty(), "a leased job was claimed again");
+
+    let mut conn = pool.acquire().await.unwrap();
+    let done = &first[0].key;
+    assert!(!DB::complete(&mut conn, &sql, done, 2, now, Some(200))
+        .await
+        .unwrap());
+    assert!(DB::complete(&mut conn, &sql, done, 1, now, Some(200))
+        .await
+        .unwrap());
+    assert!(!DB::complete(&mut conn, &sql, done, 1, now, Some(200))
+        .await
+        .unwrap());
+    drop(conn);
+    let summary = get(&pool, &sql, done).await;
+    assert_eq!(summary.state, JobState::Done);
+    assert_eq!((summary.attempts, summary.status), (1, Some(200)));
+    assert_eq!(summary.finished_at_ms, Some(now));
+
+    let failed = &first[1].key;
+    assert!(
+        !DB::fail(&pool, &sql, failed, 2, now, 5, now + 10, "x", None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        DB::fail(&pool, &sql, failed, 1, now, 5, now + 10, "boom", Some(503))
+            .await
+            .unwrap()
+    );
+    let summary = get(&pool, &sql, failed).await;
+    assert_eq!(summary.state, JobState::Pending);
+    assert_eq!(summary.last_error.as_deref(), Some("boom"));
+    assert_eq!(summary.status, Some(503));
+    assert_eq!(summary.available_at_ms, now + 10);
+    assert_eq!(summary.finished_at_ms, None);
+}
+
+/// A claim whose lease ended is taken by the next claim (its attempt counted); the first
+/// claim's token can no longer record.
+pub async fn a_lapsed_lease_is_claimed_again_and_its_old_claim_cannot_record<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 1, 1_000).await;
+    let now = now_ms();
+    let first: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + 100, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let later = now + 100;
+    let second: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, later, 2, later + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1, "a lapsed lease was not claimed again");
+    assert_eq!(second[0].attempt, 2);
+    let key = &second[0].key;
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(!DB::complete(&mut conn, &sql, key, 1, later, None)
+        .await
+        .unwrap());
+    assert!(
+        !DB::fail(&pool, &sql, key, 1, later, 5, later, "late", None)
+            .await
+            .unwrap()
+    );
+    assert!(DB::complete(&mut conn, &sql, key, 2, later, None)
+        .await
+        .unwrap());
+}
+
+/// A renewal extends every job of a claim, or one; a renewed lease is not claimed by another.
+pub async fn renewals_keep_a_lease<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 2, 1_000).await;
+    let now = now_ms();
+    let claimed: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + 100, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(DB::renew(&pool, &sql, 1, now + 10_000).await.unwrap(), 2);
+    assert_eq!(DB::renew(&pool, &sql, 9, now + 10_000).await.unwrap(), 0);
+    let stolen: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now + 200, 2, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert!(stolen.is_empty(), "a renewed lease was claimed");
+    let key = &claimed[0].key;
+    assert!(DB::renew_one(&pool, &sql, key, 1, now + 20_000)
+        .await
+        .unwrap());
+    assert!(!DB::renew_one(&pool, &sql, key, 2, now + 20_000)
+        .await
+        .unwrap());
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(DB::complete(&mut conn, &sql, key, 1, now, None)
+        .await
+        .unwrap());
+    assert!(!DB::renew_one(&pool, &sql, key, 1, now + 30_000)
+        .await
+        .unwrap());
+    assert_eq!(DB::renew(&pool, &sql, 1, now + 30_000).await.unwrap(), 1);
+}
+
+/// Claims that never record (a crashed worker) still count: once the attempts are spent, no
+/// claim takes the job and the sweep fails it with [`SPENT`].
+pub async fn attempts_are_bounded_whatever_ends_them<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 1, 1_000).await;
+    let mut now = now_ms();
+    for attempt in 1..=2 {
+        let claimed: Vec<Claimed<Body>> =
+            DB::claim_due(&pool, &sql, now, attempt.into(), now + 10, 2, 10)
+                .await
+                .unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].attempt, attempt);
+        now += 10;
+    }
+    let none: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 3, now + 10, 2, 10)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "a job past its attempts was claimed");
+    assert!(DB::due(&pool, &sql, now, 10, 2).await.unwrap().is_empty());
+    let spent = DB::exhaust(&pool, &sql, now, 2).await.unwrap();
+    assert_eq!(spent, [key("a", "000")]);
+    let summary = get(&pool, &sql, &key("a", "000")).await;
+    assert_eq!(summary.state, JobState::Failed);
+    assert_eq!(summary.last_error.as_deref(), Some(SPENT));
+    assert_eq!(summary.finished_at_ms, Some(now));
+    assert!(DB::exhaust(&pool, &sql, now, 2).await.unwrap().is_empty());
+}
+
+/// A failure recorded with no attempts left (`max_attempts` 0) fails the job at once.
+pub async fn a_permanent_failure_fails_at_once<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 1, 1_000).await;
+    let now = now_ms();
+    let claimed: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + LEASE, 10, 10)
+        .await
+        .unwrap();
+    assert!(DB::fail(
+        &pool,
+        &sql,
+        &claimed[0].key,
+        1,
+        now,
+        0,
+        now,
+        "refused",
+        Some(422)
+    )
+    .await
+    .unwrap());
+    let summary = get(&pool, &sql, &claimed[0].key).await;
+    assert_eq!(summary.state, JobState::Failed);
+    assert_eq!(summary.finished_at_ms, Some(now));
+    assert_eq!(summary.status, Some(422));
+}
+
+/// The suite's job: what it does follows the job's kind; every run is counted by key.
+#[derive(Clone, Default)]
+pub struct Recording {
+    /// Runs per key.
+    pub runs: Arc<Mutex<HashMap<JobKey, usize>>>,
+    /// Notified when a `hold` job starts; such a job finishes once `release` is notified.
+    pub started: Arc<Notify>,
+    /// Lets `hold` jobs finish.
+    pub release: Arc<Notify>,
+}
+
+impl<DB: Driver> Job<DB> for Recording
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    type Payload = Body;
+
+    async fn run(&self, job: Claimed<Body>) -> Outcome {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(job.key.clone())
+            .or_default() += 1;
+        match job.key.part(0) {
+            "error" => Outcome::Retry {
+                status: Some(503),
+                error: format!("unavailable on attempt {}", job.attempt),
+            },
+            "timeout" => {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Outcome::Done { status: None }
+            }
+            "panic" => panic!("the suite's job panics"),
+            "hold" => {
+                let released = self.release.notified();
+                self.started.notify_one();
+                released.await;
+                Outcome::Done { status: Some(201) }
+            }
+            _ => Outcome::Done { status: Some(200) },
+        }
+    }
+}
+
+fn settings(max_attempts: u32) -> Settings {
+    let mut settings = Settings::new(8);
+    settings.max_attempts = max_attempts;
+    settings.backoff = Backoff::exponential(Duration::from_millis(1), Duration::from_millis(1));
+    settings.attempt_timeout = Duration::from_millis(200);
+    settings.lease = Duration::from_secs(10);
+    settings.poll_every = Duration::from_millis(5);
+    settings
+}
+
+/// The worker spends a job's attempts on errors, timeouts and panics alike, then fails it with
+/// the last error; a job that succeeds is done at its first attempt.
+pub async fn the_worker_bounds_attempts_through_errors_timeouts_and_panics<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    for kind in ["error", "timeout", "panic", "ok"] {
+        add_many(&pool, &name, kind, 1, 1_000).await;
+    }
+    let job = Recording::default();
+    let worker = Worker::new(
+        pool.clone(),
+        sql.clone(),
+        job.clone(),
+        settings(2),
+        Arc::new(Notify::new()),
+    );
+    let mut rounds = 0;
+    loop {
+        let counts = DB::counts(&pool, &sql).await.unwrap();
+        if counts.failed == 3 && counts.done == 1 {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds < 100, "the jobs did not end: {counts:?}");
+        worker.run_once().await.unwrap();
+        // The backoff is 1 ms: the retries are due by the next round.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let runs = job.runs.lock().unwrap().clone();
+    for (kind, error) in [
+        ("error", "unavailable on attempt 2"),
+        ("timeout", "the job timed out after 200 ms"),
+        ("panic", "the job panicked"),
+    ] {
+        let summary = get(&pool, &sql, &key(kind, "000")).await;
+        assert_eq!(summary.state, JobState::Failed, "{kind}");
+        assert_eq!(summary.attempts, 2, "{kind}");
+        assert_eq!(summary.last_error.as_deref(), Some(error), "{kind}");
+        assert_eq!(runs[&key(kind, "000")], 2, "{kind}");
+    }
+    let ok = get(&pool, &sql, &key("ok", "000")).await;
+    assert_eq!(
+        (ok.state, ok.attempts, ok.status),
+        (JobState::Done, 1, Some(200))
+    );
+}
+
+/// A claim by keys takes those of the keys that are due and unleased, and nothing else.
+pub async fn claims_by_key_take_only_due_jobs<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 3, 1_000).await;
+    add_many(&pool, &name, "b", 1, 1_000).await;
+    let now = now_ms();
+    let keys = [key("a", "000"), key("b", "000"), key("c", "none")];
+    let claimed: Vec<Claimed<Body>> = DB::claim_keys(&pool, &sql, &keys, now, 1, now + LEASE, 5)
+        .await
+        .unwrap();
+    let mut got: Vec<JobKey> = claimed.iter().map(|job| job.key.clone()).collect();
+    got.sort();
+    assert_eq!(got, [key("a", "000"), key("b", "000")]);
+    assert!(claimed.iter().all(|job| job.attempt == 1));
+    let again: Vec<Claimed<Body>> = DB::claim_keys(&pool, &sql, &keys, now, 2, now + LEASE, 5)
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "a leased job was claimed by key");
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(
+        DB::complete(&mut conn, &sql, &key("a", "000"), 1, now, None)
+            .await
+            .unwrap()
+    );
+    let later = now + LEASE;
+    let after: Vec<Claimed<Body>> = DB::claim_keys(&pool, &sql, &keys, later, 3, later + LEASE, 5)
+        .await
+        .unwrap();
+    let got: Vec<JobKey> = after.iter().map(|job| job.key.clone()).collect();
+    assert_eq!(
+        got,
+        [key("b", "000")],
+        "a done job was claimed, or a lapsed one was not"
+    );
+}
+
+/// Retry takes only failed jobs back; discard takes failed jobs and idle pending ones.
+pub async fn retry_and_discard_follow_the_states<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 3, 1_000).await;
+    let now = now_ms();
+    let (failed, idle, leased) = (key("a", "000"), key("a", "001"), key("a", "002"));
+    assert!(!DB::retry(&pool, &sql, &failed, now).await.unwrap());
+    let claimed: Vec<Claimed<Body>> = DB::claim_keys(
+        &pool,
+        &sql,
+        &[failed.clone(), leased.clone()],
+        now,
+        1,
+        now + LEASE,
+        5,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert!(DB::fail(&pool, &sql, &failed, 1, now, 0, now, "x", None)
+        .await
+        .unwrap());
+    assert!(DB::retry(&pool, &sql, &failed, now + 1).await.unwrap());
+    let summary = get(&pool, &sql, &failed).await;
+    assert_eq!((summary.state, summary.attempts), (JobState::Pending, 0));
+    assert_eq!(
+        (summary.available_at_ms, summary.last_error),
+        (now + 1, None)
+    );
+
+    assert!(
+        !DB::discard(&pool, &sql, &leased, now).await.unwrap(),
+        "a running job was discarded"
+    );
+    assert!(DB::discard(&pool, &sql, &idle, now).await.unwrap());
+    assert_eq!(get(&pool, &sql, &idle).await.state, JobState::Discarded);
+    assert!(!DB::discard(&pool, &sql, &idle, now).await.unwrap());
+    assert!(!DB::retry(&pool, &sql, &idle, now).await.unwrap());
+}
+
+/// A purge deletes only done and discarded jobs finished before its bound, at most its limit.
+pub async fn purge_is_bounded<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 7, 1_000).await;
+    let now = now_ms();
+    let claimed: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 7);
+    let mut conn = pool.acquire().await.unwrap();
+    for i in 0..5 {
+        let finished = 100 + i64::from(i);
+        let key = key("a", &format!("{i:03}"));
+        assert!(DB::complete(&mut conn, &sql, &key, 1, finished, None)
+            .await
+            .unwrap());
+    }
+    drop(conn);
+    assert!(
+        DB::fail(&pool, &sql, &key("a", "005"), 1, 50, 0, 50, "x", None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(DB::purge(&pool, &sql, 103, 2).await.unwrap(), 2);
+    assert_eq!(DB::purge(&pool, &sql, 103, 10).await.unwrap(), 1);
+    assert_eq!(DB::purge(&pool, &sql, 103, 10).await.unwrap(), 0);
+    let counts = DB::counts(&pool, &sql).await.unwrap();
+    assert_eq!((counts.done, counts.failed, counts.pending), (2, 1, 1));
+}
+
+/// Pages of a listing follow (enqueue time, key), newest first: paging by the last position
+/// neither repeats nor skips a job, and the filters hold on every page.
+pub async fn pages_follow_the_keys<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    for i in 0..25 {
+        let kind = if i % 2 == 0 { "a" } else { "b" };
+        // Three jobs share each enqueue time: the key breaks the ties.
+        DB::add(&pool, &name, kind, &format!("{i:03}"), "x", 1_000 + i / 3)
+            .await
+            .unwrap();
+    }
+    let mut expected: Vec<(i64, JobKey)> = (0..25)
+        .map(|i| {
+            let kind = if i % 2 == 0 { "a" } else { "b" };
+            (1_000 + i / 3, key(kind, &format!("{i:03}")))
+        })
+        .collect();
+    expected.sort_by(|x, y| y.cmp(x));
+    let page_all = |filter: PageFilter| {
+        let (pool, sql) = (&pool, &sql);
+        async move {
+            let mut filter = filter;
+            let mut seen = Vec::new();
+            loop {
+                let page = DB::page::<NoColumns>(pool, sql, &filter, 10).await.unwrap();
+                let last = page.last().map(|job| (job.created_at_ms, job.key.clone()));
+                let full = page.len() == 10;
+                seen.extend(page.into_iter().map(|job| (job.created_at_ms, job.key)));
+                match (full, last) {
+                    (true, Some(last)) => filter.after = Some(last),
+                    _ => return seen,
+                }
+            }
+        }
+    };
+    assert_eq!(page_all(PageFilter::default()).await, expected);
+    let b: Vec<_> = expected
+        .iter()
+        .filter(|(_, k)| k.part(0) == "b")
+        .cloned()
+        .collect();
+    let group = PageFilter {
+        group: Some("b".into()),
+        ..PageFilter::default()
+    };
+    assert_eq!(page_all(group).await, b);
+    let window: Vec<_> = expected
+        .iter()
+        .filter(|(at, _)| (1_002..1_005).contains(at))
+        .cloned()
+        .collect();
+    let range = PageFilter {
+        from_ms: Some(1_002),
+        until_ms: Some(1_005),
+        ..PageFilter::default()
+    };
+    assert_eq!(page_all(range).await, window);
+    let done = PageFilter {
+        state: Some(JobState::Done),
+        ..PageFilter::default()
+    };
+    assert!(page_all(done).await.is_empty());
+}
+
+/// Counts per state and the oldest pending job's enqueue time.
+pub async fn counts_and_lag<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    assert_eq!(DB::oldest_pending(&pool, &sql).await.unwrap(), None);
+    DB::add(&pool, &name, "a", "old", "x", 500).await.unwrap();
+    DB::add(&pool, &name, "a", "new", "x", 900).await.unwrap();
+    let now = now_ms();
+    let claimed: Vec<Claimed<Body>> =
+        DB::claim_keys(&pool, &sql, &[key("a", "old")], now, 1, now + LEASE, 5)
+            .await
+            .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(DB::oldest_pending(&pool, &sql).await.unwrap(), Some(500));
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(
+        DB::complete(&mut conn, &sql, &key("a", "old"), 1, now, None)
+            .await
+            .unwrap()
+    );
+    assert_eq!(DB::oldest_pending(&pool, &sql).await.unwrap(), Some(900));
+    let counts = DB::counts(&pool, &sql).await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.done, counts.failed, counts.discarded),
+        (1, 1, 0, 0)
+    );
+}
+
+/// Four workers on one table run each of 40 jobs once (Postgres: their claims skip each
+/// other's locked rows; SQLite: they take the write lock in turn).
+pub async fn concurrent_workers_run_each_job_once<DB: Fixture>(pool: sqlx::Pool<DB>, name: String)
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    add_many(&pool, &name, "a", 40, 1_000).await;
+    let job = Recording::default();
+    let mut settings = settings(3);
+    settings.concurrency = 5;
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            Worker::new(
+                pool.clone(),
+                sql.clone(),
+                job.clone(),
+                settings,
+                Arc::new(Notify::new()),
+            )
+            .spawn()
+        })
+        .collect();
+    let mut checks = 0;
+    while DB::counts(&pool, &sql).await.unwrap().done < 40 {
+        checks += 1;
+        assert!(checks < 3_000, "the workers did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for worker in workers {
+        assert!(worker.drain(Duration::from_secs(10)).await);
+    }
+    let runs = job.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 40);
+    assert!(runs.values().all(|&n| n == 1), "a job ran twice: {runs:?}");
+}
+
+/// A table locked while a job runs delays its record; the record lands once the lock is gone,
+/// and the job runs once.
+pub async fn a_locked_table_delays_the_record_but_never_doubles_it<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    DB::add(&pool, &name, "hold", "000", "x", 1_000)
+        .await
+        .unwrap();
+    let job = Recording::default();
+    let worker = Worker::new(
+        pool.clone(),
+        sql.clone(),
+        job.clone(),
+        settings(3),
+        Arc::new(Notify::new()),
+    );
+    let started = job.started.notified();
+    let round = tokio::spawn(async move { worker.run_once().await });
+    started.await;
+    let (locked, is_locked) = tokio::sync::oneshot::channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let (pool, name) = (pool.clone(), name.clone());
+        tokio::spawn(async move {
+            DB::hold_lock(
+                &pool,
+                &name,
+                locked,
+                Box::pin(async move {
+                    let _ = released.await;
+                }),
+            )
+            .await
+        })
+    };
+    is_locked.await.expect("the lock is held");
+    job.release.notify_one();
+    // The record waits behind the lock (a busy timeout on SQLite, a lock wait on Postgres),
+    // then is retried until the lease ends; the lock goes after a while.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = release.send(());
+    holder.await.unwrap().unwrap();
+    let round = round.await.unwrap().unwrap();
+    assert_eq!((round.claimed, round.done, round.unrecorded), (1, 1, 0));
+    let summary = get(&pool, &sql, &key("hold", "000")).await;
+    assert_eq!((summary.state, summary.attempts), (JobState::Done, 1));
+    assert_eq!(job.runs.lock().unwrap()[&key("hold", "000")], 1);
+}
+
+/// A database that goes away while a job runs leaves the job unrecorded (never done), and it is
+/// claimed again once the lease ends; a round on a database that is gone fails.
+pub async fn a_database_gone_mid_batch_fails_the_round<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    DB::add(&pool, &name, "hold", "000", "x", 1_000)
+        .await
+        .unwrap();
+    let options = (*pool.connect_options()).clone();
+    let doomed = sqlx::Pool::<DB>::connect_with(options).await.unwrap();
+    let job = Recording::default();
+    let mut settings = settings(3);
+    settings.lease = Duration::from_millis(300);
+    settings.keep_leases = false;
+    let worker = Worker::new(
+        doomed.clone(),
+        sql.clone(),
+        job.clone(),
+        settings,
+        Arc::new(Notify::new()),
+    );
+    let started = job.started.notified();
+    let round = {
+        let worker = worker.clone();
+        tokio::spawn(async move { worker.run_once().await })
+    };
+    started.await;
+    doomed.close().await;
+    job.release.notify_one();
+    let round = round.await.unwrap().unwrap();
+    assert_eq!((round.claimed, round.done, round.unrecorded), (1, 0, 1));
+    assert!(
+        worker.run_once().await.is_err(),
+        "a round on a closed pool succeeded"
+    );
+    let summary = get(&pool, &sql, &key("hold", "000")).await;
+    assert_eq!((summary.state, summary.attempts), (JobState::Pending, 1));
+    let later = now_ms() + 1_000;
+    let again: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, later, 9, later + LEASE, 3, 10)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "the unrecorded job was not claimed again");
+    assert_eq!(again[0].attempt, 2);
+}

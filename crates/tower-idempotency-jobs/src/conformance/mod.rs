@@ -1,0 +1,216 @@
+//! The driver conformance suite: one set of cases that runs unchanged against every
+//! [`Driver`], through [`jobs_driver_conformance_tests!`](crate::jobs_driver_conformance_tests).
+//!
+//! A driver of your own implements [`Fixture`] (how the suite makes a table, adds jobs and
+//! holds a table's write lock on that database) and invokes the macro with a pool:
+//!
+//! ```no_run
+//! tower_idempotency_jobs::jobs_driver_conformance_tests!(sqlite, sqlx::Sqlite, async {
+//!     sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap()
+//! });
+//! ```
+
+mod cases;
+
+use std::future::Future;
+
+pub use cases::*;
+
+use crate::{BoxFuture, Driver};
+
+/// How the suite prepares a database: its test table, its jobs and its lock.
+pub trait Fixture: Driver {
+    /// Creates `table`: key columns `kind` and `id` (text), `body` (text), `created_at`
+    /// (big integer), `last_status` (integer, null), and [`Driver::JOB_COLUMNS`], with the due
+    /// index. Drops a table of that name first.
+    fn create<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// Adds a pending job `(kind, id)` with `body`, enqueued and due at `created_at`.
+    fn add<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        kind: &'a str,
+        id: &'a str,
+        body: &'a str,
+        created_at: i64,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// Drops `table`.
+    fn drop_table<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// Holds the write lock of `table` until `release` resolves: SQLite `BEGIN IMMEDIATE`,
+    /// Postgres `LOCK TABLE .. IN ACCESS EXCLUSIVE MODE`. Resolves `locked` once it holds it.
+    fn hold_lock<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        locked: tokio::sync::oneshot::Sender<()>,
+        release: BoxFuture<'a, ()>,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+}
+
+macro_rules! fixture {
+    ($db:ty, $feature:literal, $begin:literal, $lock:literal, $text:literal, $big:literal, $int:literal) => {
+        #[cfg(feature = $feature)]
+        impl Fixture for $db {
+            fn create<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                table: &'a str,
+            ) -> BoxFuture<'a, sqlx::Result<()>> {
+                Box::pin(async move {
+                    let ddl = format!(
+                        "DROP TABLE IF EXISTS {table};\n\
+                         CREATE TABLE {table} (kind {text} NOT NULL, id {text} NOT NULL, \
+                         body {text} NOT NULL, created_at {big} NOT NULL, last_status {int}, \
+                         {columns}, PRIMARY KEY (kind, id));\n{index}",
+                        text = $text,
+                        big = $big,
+                        int = $int,
+                        columns = <$db as Driver>::JOB_COLUMNS,
+                        index = <$db as Driver>::due_index(table),
+                    );
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                        .execute(pool)
+                        .await?;
+                    Ok(())
+                })
+            }
+
+            fn add<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                table: &'a str,
+                kind: &'a str,
+                id: &'a str,
+                body: &'a str,
+                created_at: i64,
+            ) -> BoxFuture<'a, sqlx::Result<()>> {
+                Box::pin(async move {
+                    let text = format!(
+                        "INSERT INTO {table} (kind, id, body, created_at, available_at) \
+                         VALUES ($1, $2, $3, $4, $4)"
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(text))
+                        .bind(kind)
+                        .bind(id)
+                        .bind(body)
+                        .bind(created_at)
+                        .execute(pool)
+                        .await?;
+                    Ok(())
+                })
+            }
+
+            fn drop_table<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                table: &'a str,
+            ) -> BoxFuture<'a, sqlx::Result<()>> {
+                Box::pin(async move {
+                    let ddl = format!("DROP TABLE IF EXISTS {table}");
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+                        .execute(pool)
+                        .await?;
+                    Ok(())
+                })
+            }
+
+            fn hold_lock<'a>(
+                pool: &'a sqlx::Pool<Self>,
+                table: &'a str,
+                locked: tokio::sync::oneshot::Sender<()>,
+                release: BoxFuture<'a, ()>,
+            ) -> BoxFuture<'a, sqlx::Result<()>> {
+                Box::pin(async move {
+                    let mut tx = pool.begin_with($begin).await?;
+                    let statement = format!($lock, table = table);
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                        .execute(&mut *tx)
+                        .await?;
+                    let _ = locked.send(());
+                    release.await;
+                    tx.rollback().await
+                })
+            }
+        }
+    };
+}
+
+// SQLite: the write lock from `BEGIN IMMEDIATE` on; a write makes it certain.
+fixture!(
+    sqlx::Sqlite,
+    "sqlite",
+    "BEGIN IMMEDIATE",
+    "UPDATE {table} SET body = body WHERE 0",
+    "TEXT",
+    "INTEGER",
+    "INTEGER"
+);
+fixture!(
+    sqlx::Postgres,
+    "postgres",
+    "BEGIN",
+    "LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE",
+    "text COLLATE \"C\"",
+    "bigint",
+    "integer"
+);
+
+/// Runs `case` once per fresh table named `{prefix}_{case}`.
+pub async fn with_table<DB, F, Fut>(pool: &sqlx::Pool<DB>, table: &str, case: F)
+where
+    DB: Fixture,
+    F: FnOnce(sqlx::Pool<DB>, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    DB::create(pool, table)
+        .await
+        .expect("create the test table");
+    case(pool.clone(), table.to_owned()).await;
+    DB::drop_table(pool, table)
+        .await
+        .expect("drop the test table");
+}
+
+/// Every case of the suite, as `#[tokio::test]`s in a module `$name`, on the pool `$pool`
+/// (an `async` block answering a `sqlx::Pool<$db>`) of a database `$db` that implements
+/// [`Fixture`]. Each case makes its own table, `jobs_conf_{name}_{case}`.
+#[macro_export]
+macro_rules! jobs_driver_conformance_tests {
+    ($name:ident, $db:ty, $pool:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::jobs_driver_conformance_tests!(@cases $name, $db, $pool;
+                claims_are_leased_and_fenced,
+                a_lapsed_lease_is_claimed_again_and_its_old_claim_cannot_record,
+                renewals_keep_a_lease,
+                attempts_are_bounded_whatever_ends_them,
+                a_permanent_failure_fails_at_once,
+                the_worker_bounds_attempts_through_errors_timeouts_and_panics,
+                claims_by_key_take_only_due_jobs,
+                retry_and_discard_follow_the_states,
+                purge_is_bounded,
+                pages_follow_the_keys,
+                counts_and_lag,
+                concurrent_workers_run_each_job_once,
+                a_locked_table_delays_the_record_but_never_doubles_it,
+                a_database_gone_mid_batch_fails_the_round,
+            );
+        }
+    };
+    (@cases $name:ident, $db:ty, $pool:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let pool: sqlx::Pool<$db> = $pool.await;
+                let table = concat!("jobs_conf_", stringify!($name), "_", stringify!($case));
+                $crate::conformance::with_table(&pool, table, |pool, table| async move {
+                    $crate::conformance::$case::<$db>(pool, table).await
+                })
+                .await;
+            }
+        )+
+    };
+}

@@ -1,0 +1,34 @@
+//! The SQLite driver: one writer at a time, so a claim needs no lock clause; a batch of keys is
+//! bound as one JSON array of strings per key column.
+
+use crate::{driver::KeyBatch, Dialect, Driver, JobKey, Statements, Table};
+
+impl Driver for sqlx::Sqlite {
+    const JOB_COLUMNS: &'static str = "state INTEGER NOT NULL DEFAULT 0,\n\
+         attempts INTEGER NOT NULL DEFAULT 0,\n\
+         available_at INTEGER NOT NULL,\n\
+         lease_token INTEGER,\n\
+         lease_until INTEGER,\n\
+         finished_at INTEGER,\n\
+         last_error TEXT";
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const DEFAULT_CONCURRENCY: usize = 4;
+
+    fn statements(table: Table) -> Statements {
+        Statements::new(
+            table,
+            Dialect {
+                claim_lock: "",
+                key_batch: KeyBatch::JsonArrays,
+            },
+        )
+    }
+
+    crate::driver_calls!(sqlx::Sqlite, key_column);
+}
+
+/// Key column `column` of every key in `keys`, as a JSON array of strings.
+fn key_column(keys: &[JobKey], column: usize) -> String {
+    let values: Vec<&str> = keys.iter().map(|key| key.part(column)).collect();
+    serde_json::to_string(&values).expect("strings serialize")
+}

@@ -1,0 +1,435 @@
+//! [`Worker`]: runs a job table's due jobs in rounds. A round fails the jobs whose attempts
+//! are spent, claims up to [`Settings::concurrency`] due jobs under one lease, runs them at
+//! once (each under the attempt timeout, a panic caught), keeps their lease while they run when
+//! asked to, and records each outcome fenced by the claim's token, retrying a failed record
+//! until the lease ends.
+
+use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+
+use futures_util::{future::join_all, FutureExt};
+use tokio::{
+    sync::{watch, Notify},
+    task::JoinHandle,
+};
+
+use crate::{
+    text::bounded,
+    time::{duration_ms, now_ms},
+    Backoff, BoxFuture, Claimed, Driver, Statements,
+};
+
+/// Attempts before a job is failed, unless a half says otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// How long a claim lasts, unless a half says otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// How often an idle worker looks for due jobs, unless a half says otherwise.
+pub const DEFAULT_POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// How a worker runs: the same names on every half of the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// Attempts before a job is failed (at least 1).
+    pub max_attempts: u32,
+    /// When a failed attempt is retried.
+    pub backoff: Backoff,
+    /// How long a claim lasts.
+    pub lease: Duration,
+    /// How long one attempt may take before it counts as failed.
+    pub attempt_timeout: Duration,
+    /// Jobs a round claims and runs at once (at least 1).
+    pub concurrency: usize,
+    /// How often an idle worker looks for due jobs.
+    pub poll_every: Duration,
+    /// Whether a round renews its jobs' lease while they run (every third of the lease), so
+    /// that only a stopped or stalled worker loses one. Off, an attempt longer than the lease
+    /// is claimed again by another worker.
+    pub keep_leases: bool,
+}
+
+impl Settings {
+    /// The defaults: [`DEFAULT_MAX_ATTEMPTS`], [`Backoff::default`], [`DEFAULT_LEASE`], an
+    /// attempt timeout of half the lease, `concurrency`, [`DEFAULT_POLL_EVERY`], leases kept.
+    pub fn new(concurrency: usize) -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            lease: DEFAULT_LEASE,
+            attempt_timeout: DEFAULT_LEASE / 2,
+            concurrency: concurrency.max(1),
+            poll_every: DEFAULT_POLL_EVERY,
+            keep_leases: true,
+        }
+    }
+
+    /// [`max_attempts`](Self::max_attempts) as the statements bind it.
+    pub fn max(&self) -> i32 {
+        i32::try_from(self.max_attempts.max(1)).unwrap_or(i32::MAX)
+    }
+}
+
+/// What one attempt of a job answered.
+#[derive(Debug)]
+pub enum Outcome {
+    /// It succeeded; `status` is recorded in [`Table::status`](crate::Table::status).
+    Done {
+        /// The attempt's status code.
+        status: Option<i32>,
+    },
+    /// It failed; another attempt follows after the backoff while attempts remain.
+    Retry {
+        /// The attempt's status code.
+        status: Option<i32>,
+        /// The error kept as the job's last (name no secret).
+        error: String,
+    },
+    /// It failed for good: the job is failed at once.
+    Permanent {
+        /// The attempt's status code.
+        status: Option<i32>,
+        /// The error kept as the job's last (name no secret).
+        error: String,
+    },
+}
+
+/// The work of one job table: what a worker runs for each claimed job.
+pub trait Job<DB: Driver>: Send + Sync + 'static {
+    /// The claimed job's columns ([`Table::payload`](crate::Table::payload)).
+    type Payload: for<'r> sqlx::FromRow<'r, DB::Row> + Send + Unpin + 'static;
+
+    /// What an attempt is called in the errors the worker records (`delivery`).
+    const NAME: &'static str = "job";
+
+    /// Runs one attempt.
+    fn run(&self, job: Claimed<Self::Payload>) -> impl Future<Output = Outcome> + Send;
+}
+
+/// What one [`Worker::run_once`] round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Round {
+    /// Jobs claimed.
+    pub claimed: usize,
+    /// Done and recorded.
+    pub done: usize,
+    /// Failed attempts scheduled for a retry.
+    pub retried: usize,
+    /// Jobs failed (their last attempt, or a permanent failure), spent ones included.
+    pub failed: usize,
+    /// Attempts whose outcome could not be recorded: the claim was lost to another worker, or
+    /// the database failed until the claim's lease ended; the job is attempted again after its
+    /// lease.
+    pub unrecorded: usize,
+}
+
+/// Runs the due jobs of one table in rounds; [`spawn`](Self::spawn) it, or call
+/// [`run_once`](Self::run_once) from a scheduler of your own.
+pub struct Worker<DB: Driver, J: Job<DB>> {
+    pool: sqlx::Pool<DB>,
+    sql: Arc<Statements>,
+    job: Arc<J>,
+    settings: Settings,
+    wake: Arc<Notify>,
+}
+
+impl<DB: Driver, J: Job<DB>> Clone for Worker<DB, J> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            job: self.job.clone(),
+            settings: self.settings,
+            wake: self.wake.clone(),
+        }
+    }
+}
+
+impl<DB: Driver, J: Job<DB>> fmt::Debug for Worker<DB, J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("table", &self.sql.table().name())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A round's outcome of one job, as recorded.
+enum Recorded {
+    Done,
+    Retry,
+    Failed,
+    Unrecorded,
+}
+
+impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
+    /// A worker of the table `sql` on `pool`, running `job`; `wake` starts an idle spawned
+    /// worker's next round at once.
+    pub fn new(
+        pool: sqlx::Pool<DB>,
+        sql: Arc<Statements>,
+        job: J,
+        settings: Settings,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            pool,
+            sql,
+            job: Arc::new(job),
+            settings,
+            wake,
+        }
+    }
+
+    /// The worker's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// One round: fails the jobs whose attempts are spent, claims up to
+    /// [`Settings::concurrency`] due jobs, runs them at once and records each outcome.
+    pub async fn run_once(&self) -> sqlx::Result<Round> {
+        let settings = &self.settings;
+        let now = now_ms();
+        let spent = DB::exhaust(&self.pool, &self.sql, now, settings.max()).await?;
+        if !spent.is_empty() {
+            tracing::warn!(
+                table = self.sql.table().name(),
+                spent = spent.len(),
+                "jobs failed: their attempts were spent"
+            );
+        }
+        let token = fastrand::i64(0..i64::MAX);
+        let lease_until = now.saturating_add(duration_ms(settings.lease));
+        let limit = i64::try_from(settings.concurrency.max(1)).unwrap_or(i64::MAX);
+        let claimed: Vec<Claimed<J::Payload>> = DB::claim_due(
+            &self.pool,
+            &self.sql,
+            now,
+            token,
+            lease_until,
+            settings.max(),
+            limit,
+        )
+        .await?;
+        let mut round = Round {
+            claimed: claimed.len(),
+            failed: spent.len(),
+            ..Round::default()
+        };
+        let attempts = join_all(
+            claimed
+                .into_iter()
+                .map(|job| self.attempt(job, token, lease_until)),
+        );
+        let outcomes = if settings.keep_leases && round.claimed > 0 {
+            let keeper = self.keep_lease(token);
+            tokio::pin!(keeper);
+            tokio::select! {
+                outcomes = attempts => outcomes,
+                () = &mut keeper => unreachable!("the lease keeper runs until the round ends"),
+            }
+        } else {
+            attempts.await
+        };
+        for outcome in outcomes {
+            match outcome {
+                Recorded::Done => round.done += 1,
+                Recorded::Retry => round.retried += 1,
+                Recorded::Failed => round.failed += 1,
+                Recorded::Unrecorded => round.unrecorded += 1,
+            }
+        }
+        Ok(round)
+    }
+
+    /// Renews the lease of the jobs claimed under `token` every third of the lease, forever
+    /// (the round drops it when its jobs end). A failed renewal is retried at the next turn.
+    async fn keep_lease(&self, token: i64) {
+        let every = (self.settings.lease / 3).max(Duration::from_millis(1));
+        loop {
+            tokio::time::sleep(every).await;
+            let until = now_ms().saturating_add(duration_ms(self.settings.lease));
+            if let Err(error) = DB::renew(&self.pool, &self.sql, token, until).await {
+                tracing::warn!(%error, table = self.sql.table().name(), "renewing a lease failed");
+            }
+        }
+    }
+
+    /// Runs one claimed job and records its outcome, retrying the record until `lease_until`.
+    async fn attempt(&self, job: Claimed<J::Payload>, token: i64, lease_until: i64) -> Recorded {
+        let settings = &self.settings;
+        let attempt = job.attempt;
+        let key = job.key.clone();
+        let key = &key;
+        let run = AssertUnwindSafe(tokio::time::timeout(
+            settings.attempt_timeout,
+            self.job.run(job),
+        ))
+        .catch_unwind()
+        .await;
+        let outcome = match run {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_elapsed)) => Outcome::Retry {
+                status: None,
+                error: format!(
+                    "the {} timed out after {} ms",
+                    J::NAME,
+                    settings.attempt_timeout.as_millis()
+                ),
+            },
+            Err(_panic) => Outcome::Retry {
+                status: None,
+                error: format!("the {} panicked", J::NAME),
+            },
+        };
+        let (pool, sql, now) = (&self.pool, &*self.sql, now_ms());
+        let recorded = match &outcome {
+            Outcome::Done { status } => {
+                until_written(lease_until, || {
+                    Box::pin(async move {
+                        let mut conn = pool.acquire().await?;
+                        DB::complete(&mut conn, sql, key, token, now, *status).await
+                    })
+                })
+                .await
+            }
+            Outcome::Retry { status, error } | Outcome::Permanent { status, error } => {
+                let permanent = matches!(outcome, Outcome::Permanent { .. });
+                let retry_at = now.saturating_add(duration_ms(settings.backoff.delay(attempt)));
+                // A permanent failure is the last attempt: `attempts >= 0` holds for every row.
+                let max = if permanent { 0 } else { settings.max() };
+                let text = bounded(error.clone());
+                until_written(lease_until, || {
+                    DB::fail(pool, sql, key, token, now, max, retry_at, &text, *status)
+                })
+                .await
+            }
+        };
+        let table = sql.table().name();
+        match (recorded, outcome) {
+            (Ok(true), Outcome::Done { .. }) => Recorded::Done,
+            (Ok(true), Outcome::Retry { error, .. }) if attempt < settings.max_attempts => {
+                tracing::debug!(table, attempt, %error, "an attempt failed; retrying");
+                Recorded::Retry
+            }
+            (Ok(true), Outcome::Retry { error, .. } | Outcome::Permanent { error, .. }) => {
+                tracing::warn!(table, attempt, %error, "a job failed its last attempt");
+                Recorded::Failed
+            }
+            (Ok(false), _) => {
+                tracing::warn!(table, "an attempt ended after its claim was taken over");
+                Recorded::Unrecorded
+            }
+            (Err(error), _) => {
+                tracing::warn!(table, %error, "recording an attempt failed until its lease ended; attempted again");
+                Recorded::Unrecorded
+            }
+        }
+    }
+
+    /// Runs rounds on the current Tokio runtime until the returned handle is drained or
+    /// dropped: one after another while they find a full batch, else after
+    /// [`Settings::poll_every`] or a wake-up.
+    pub fn spawn(self) -> WorkerHandle {
+        let (stop, stopped) = watch::channel(false);
+        WorkerHandle {
+            stop,
+            task: Some(tokio::spawn(self.run(stopped))),
+        }
+    }
+
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let full = match self.run_once().await {
+                Ok(round) => round.claimed >= self.settings.concurrency,
+                Err(error) => {
+                    tracing::warn!(%error, table = self.sql.table().name(), "a worker round failed; retrying at the next");
+                    false
+                }
+            };
+            if full {
+                continue;
+            }
+            tokio::select! {
+                _ = stop.changed() => return,
+                () = &mut notified => {}
+                () = tokio::time::sleep(self.settings.poll_every) => {}
+            }
+        }
+    }
+}
+
+/// Writes an outcome with `write`, retrying a failed write with a backoff (10 ms doubling to
+/// 1 s) until `lease_until`: the claim's token fences the write, so a retry can only land while
+/// no other worker holds the job. Answers the last try's result.
+pub async fn until_written<'a, T>(
+    lease_until: i64,
+    mut write: impl FnMut() -> BoxFuture<'a, sqlx::Result<T>>,
+) -> sqlx::Result<T> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let error = match write().await {
+            Ok(written) => return Ok(written),
+            Err(error) => error,
+        };
+        let left = lease_until.saturating_sub(now_ms());
+        if left <= 0 {
+            return Err(error);
+        }
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+        tracing::debug!(%error, "recording an outcome failed; retrying");
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// A spawned worker (the inbox's, the outbox's relay). [`drain`](Self::drain) it on shutdown;
+/// dropping it stops it at once (a job cut short is attempted again after its lease).
+#[derive(Debug)]
+pub struct WorkerHandle {
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// A handle over a spawned `task` that stops when `stop` is set.
+    pub fn new(stop: watch::Sender<bool>, task: JoinHandle<()>) -> Self {
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops starting rounds and waits up to `deadline` for the running one. Answers whether it
+    /// finished; one still running at the deadline is aborted (its jobs are attempted again
+    /// after their lease).
+    pub async fn drain(mut self, deadline: Duration) -> bool {
+        let _ = self.stop.send(true);
+        let Some(mut task) = self.task.take() else {
+            return true;
+        };
+        match tokio::time::timeout(deadline, &mut task).await {
+            Ok(_) => true,
+            Err(_) => {
+                task.abort();
+                false
+            }
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
