@@ -43,6 +43,7 @@ pub struct Statements {
     pub(crate) retry: SqlStr,
     pub(crate) discard: SqlStr,
     pub(crate) purge: SqlStr,
+    pub(crate) list: SqlStr,
     pub(crate) page: SqlStr,
     pub(crate) get: SqlStr,
     pub(crate) detail: SqlStr,
@@ -163,6 +164,9 @@ impl Statements {
             purge: table_sql(format!(
                 "DELETE FROM {t} WHERE ({keys}) IN (SELECT {keys} FROM {t} \
                  WHERE state IN (1, 3) AND finished_at < $1 ORDER BY finished_at LIMIT $2)"
+            )),
+            list: table_sql(format!(
+                "SELECT {summary} FROM {t} WHERE state = $1 ORDER BY {created}, {keys} LIMIT $2"
             )),
             page: table_sql(format!(
                 "SELECT {summary} FROM {t} WHERE ($1 IS NULL OR state = $1) AND {group} \
@@ -363,6 +367,16 @@ pub trait Driver: sqlx::Database + Sized {
         before: i64,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<u64>>;
+
+    /// Up to `limit` jobs in `state`, oldest enqueued first (then by key).
+    fn list<'a, S>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        state: crate::JobState,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<JobSummary<S>>>>
+    where
+        S: for<'r> sqlx::FromRow<'r, Self::Row> + Send + Unpin + 'a;
 
     /// Up to `limit` jobs matching `filter`, newest enqueued first (then by key, descending).
     fn page<'a, S>(
@@ -634,6 +648,27 @@ macro_rules! driver_calls {
                     .execute(pool)
                     .await?;
                 Ok(done.rows_affected())
+            })
+        }
+
+        fn list<'a, S>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            state: $crate::JobState,
+            limit: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobSummary<S>>>>
+        where
+            S: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
+        {
+            Box::pin(async move {
+                let rows = sqlx::query(sql.list.clone())
+                    .bind(state.code())
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| $crate::driver::summary(sql.table(), row))
+                    .collect()
             })
         }
 

@@ -241,6 +241,23 @@ pub struct JobSummary<S> {
     pub extra: S,
 }
 
+impl<S> JobSummary<S> {
+    /// The same job with its extra columns mapped by `f`.
+    pub fn map<T>(self, f: impl FnOnce(S) -> T) -> JobSummary<T> {
+        JobSummary {
+            key: self.key,
+            state: self.state,
+            attempts: self.attempts,
+            created_at_ms: self.created_at_ms,
+            available_at_ms: self.available_at_ms,
+            finished_at_ms: self.finished_at_ms,
+            status: self.status,
+            last_error: self.last_error,
+            extra: f(self.extra),
+        }
+    }
+}
+
 /// Which jobs a listing takes, newest enqueued first. Every field left `None` matches all.
 #[derive(Clone, Debug, Default)]
 pub struct PageFilter {

@@ -12,9 +12,15 @@ use axum::{
 };
 use serde::Deserialize;
 
+use tower_idempotency_jobs::{
+    cursor, redact,
+    time::{duration_ms, now_ms},
+    JobKey, JobSummary, PageFilter,
+};
+
 use crate::{
+    backend::{Listed, Payload},
     http::{state_filter, KeyQuery, Listing, Unavailable},
-    outbox::{duration_ms, now_ms},
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
 };
@@ -30,16 +36,8 @@ pub const MAX_LIST: u32 = 1000;
 /// The most messages one page of [`Outbox::messages`] holds.
 pub const MAX_PAGE: u32 = 500;
 
-/// A cursor: the last message's position, `{created_at}.{key}` (opaque to callers).
-fn encode_cursor(message: &MessageSummary) -> String {
-    format!("{}.{}", message.created_at_ms, message.key)
-}
-
-fn decode_cursor(cursor: &str) -> Result<(i64, &str), OutboxError> {
-    let (created_at, key) = cursor.split_once('.').ok_or(OutboxError::InvalidCursor)?;
-    let created_at = created_at.parse().map_err(|_| OutboxError::InvalidCursor)?;
-    Ok((created_at, key))
-}
+/// Rows one purge statement deletes.
+const PURGE_BATCH: i64 = 1000;
 
 impl<DB: OutboxDatabase> Outbox<DB> {
     /// Up to `limit` (at most [`MAX_LIST`]) messages in `state`, oldest first.
@@ -49,7 +47,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         limit: u32,
     ) -> Result<Vec<MessageSummary>, OutboxError> {
         let limit = i64::from(limit.min(MAX_LIST));
-        Ok(DB::list(&self.pool, &self.sql, state.code(), limit).await?)
+        let jobs = DB::list::<DB::Listed>(&self.pool, &self.jobs, state.job(), limit).await?;
+        Ok(jobs.into_iter().map(summary).collect())
     }
 
     /// Up to `limit` (at most [`MAX_PAGE`]) messages in `state` (any when `None`), newest
@@ -63,18 +62,26 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<MessagePage, OutboxError> {
-        let before = match cursor {
-            Some(cursor) => decode_cursor(cursor)?,
-            None => (i64::MAX, ""),
+        let after = match cursor {
+            Some(cursor) => Some(cursor::decode(cursor, 1).ok_or(OutboxError::InvalidCursor)?),
+            None => None,
         };
         let limit = limit.clamp(1, MAX_PAGE);
-        let state = state.map_or(-1, MessageState::code);
-        let messages = DB::page(&self.pool, &self.sql, state, before, i64::from(limit)).await?;
-        let next_cursor = (messages.len() == limit as usize)
-            .then(|| messages.last().map(encode_cursor))
+        let filter = PageFilter {
+            state: state.map(MessageState::job),
+            after,
+            ..PageFilter::default()
+        };
+        let jobs =
+            DB::page::<DB::Listed>(&self.pool, &self.jobs, &filter, i64::from(limit)).await?;
+        let next_cursor = (jobs.len() == limit as usize)
+            .then(|| {
+                jobs.last()
+                    .map(|job| cursor::encode(job.created_at_ms, &job.key))
+            })
             .flatten();
         Ok(MessagePage {
-            messages,
+            messages: jobs.into_iter().map(summary).collect(),
             next_cursor,
         })
     }
@@ -84,19 +91,24 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// credential's reads `[redacted]`) and body (a JSON body's credential fields masked, as
     /// the inbox's event detail shows them).
     pub async fn message(&self, key: &str) -> Result<Option<MessageDetail>, OutboxError> {
-        let Some((summary, headers, body)) = DB::detail(&self.pool, &self.sql, key).await? else {
+        let key = JobKey::one(key);
+        let Some((listed, payload)) =
+            DB::detail::<DB::Listed, DB::Payload>(&self.pool, &self.jobs, &key).await?
+        else {
             return Ok(None);
         };
-        let summary = shown(summary);
-        let headers: Vec<(String, String)> = serde_json::from_str(&headers).unwrap_or_default();
+        let payload: Payload = payload.into();
+        let summary = shown(summary(listed));
+        let headers: Vec<(String, String)> =
+            serde_json::from_str(&payload.headers).unwrap_or_default();
         let headers = headers
             .into_iter()
             .map(|(name, value)| {
-                let value = tower_idempotency_inbox::page::redact(&name, value);
+                let value = redact::redact(&name, value);
                 (name, value)
             })
             .collect();
-        let (body, body_pretty) = tower_idempotency_inbox::page::shown_body(&body);
+        let (body, body_pretty) = redact::shown_body(&payload.body);
         Ok(Some(MessageDetail {
             summary,
             headers,
@@ -107,13 +119,16 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 
     /// One message, when the outbox holds it.
     pub async fn get(&self, key: &str) -> Result<Option<MessageSummary>, OutboxError> {
-        Ok(DB::get(&self.pool, &self.sql, key).await?)
+        let key = JobKey::one(key);
+        let job = DB::get::<DB::Listed>(&self.pool, &self.jobs, &key).await?;
+        Ok(job.map(summary))
     }
 
     /// Puts a failed message back to pending with a fresh count of attempts, due now, and
     /// wakes the relays. Answers `false` when the message is not failed.
     pub async fn retry(&self, key: &str) -> Result<bool, OutboxError> {
-        let retried = DB::retry(&self.pool, &self.sql, key, now_ms()).await?;
+        let key = JobKey::one(key);
+        let retried = DB::retry(&self.pool, &self.jobs, &key, now_ms()).await?;
         if retried {
             self.wake();
         }
@@ -124,30 +139,40 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// discarded and never attempted again (its key stays taken until it is purged). Answers
     /// `false` when there is no such message.
     pub async fn discard(&self, key: &str) -> Result<bool, OutboxError> {
-        Ok(DB::discard(&self.pool, &self.sql, key, now_ms()).await?)
+        let key = JobKey::one(key);
+        Ok(DB::discard(&self.pool, &self.jobs, &key, now_ms()).await?)
     }
 
-    /// Deletes the messages delivered or discarded more than `older_than` ago; answers how
-    /// many. A purged message's key can be enqueued again.
+    /// Deletes the messages delivered or discarded more than `older_than` ago, a batch per
+    /// statement; answers how many. A purged message's key can be enqueued again.
     pub async fn purge_finished(&self, older_than: Duration) -> Result<u64, OutboxError> {
         let before = now_ms().saturating_sub(duration_ms(older_than));
-        Ok(DB::purge(&self.pool, &self.sql, before).await?)
+        let mut purged = 0;
+        loop {
+            let batch = DB::purge(&self.pool, &self.jobs, before, PURGE_BATCH).await?;
+            purged += batch;
+            if batch < PURGE_BATCH as u64 {
+                return Ok(purged);
+            }
+        }
     }
 
     /// How many messages are in each state.
     pub async fn counts(&self) -> Result<StateCounts, OutboxError> {
-        Ok(DB::counts(&self.pool, &self.sql).await?)
+        Ok(DB::counts(&self.pool, &self.jobs).await?.into())
     }
+}
+
+/// A listed job as a message summary.
+fn summary<L: Into<Listed>>(job: JobSummary<L>) -> MessageSummary {
+    MessageSummary::from(job.map(Into::into))
 }
 
 /// `message` as an operator is shown it: its URL without user-info and with its query values
 /// masked. [`Outbox::list`] and [`Outbox::messages`] answer the stored URL; pass their
 /// summaries through this before showing them to anyone.
 pub fn shown(mut message: MessageSummary) -> MessageSummary {
-    message.url = message
-        .url
-        .as_deref()
-        .map(tower_idempotency_inbox::page::redact_url);
+    message.url = message.url.as_deref().map(redact::redact_url);
     message
 }
 

@@ -2,7 +2,7 @@
 //! as a query, and the answer to a database failure.
 
 use serde::Deserialize;
-pub(crate) use tower_idempotency_inbox::unavailable::Unavailable;
+pub(crate) use tower_idempotency_jobs::Unavailable;
 
 use crate::{MessageState, OutboxError};
 

@@ -15,9 +15,10 @@
 //!   client-key layer, Stripe's API) runs the message once however often it is delivered.
 //!   `enqueue` answers [`Enqueued::Inserted`], [`Enqueued::AlreadyThere`] (the same message
 //!   again) or [`OutboxError::KeyConflict`] (a different message holds the key).
-//! - [`Relay`] (from [`Outbox::relay`]) claims due messages under a lease (`FOR UPDATE SKIP
+//! - [`Relay`] (from [`Outbox::relay`]), a worker of the job engine
+//!   ([`tower_idempotency_jobs`]), claims due messages under a lease (`FOR UPDATE SKIP
 //!   LOCKED` on Postgres, so several relays share the work), delivers them concurrently,
-//!   retries failures with the inbox's [`Backoff`], and marks a message
+//!   retries failures with the job engine's [`Backoff`] (the inbox's too), and marks a message
 //!   [`Failed`](MessageState::Failed) after its last attempt. It follows no redirect by
 //!   default: a `3xx` is a failed attempt, never a delivery.
 //! - [`Outbox::list`], [`Outbox::messages`], [`Outbox::message`], [`Outbox::retry`],
@@ -26,44 +27,37 @@
 //!   discard buttons).
 //!
 //! ```no_run
-//! use tower_idempotency_inbox::{HandlerError, IdempotentTx, Inbox, InboxEvent};
 //! use tower_idempotency_outbox::{Message, Outbox};
 //! use tower_idempotency_sqlx::sqlx::{self, Postgres};
 //!
-//! async fn on_event(
-//!     outbox: Outbox<Postgres>,
-//!     event: InboxEvent,
-//!     mut tx: IdempotentTx<Postgres>,
-//! ) -> Result<(), HandlerError> {
+//! /// Marks an order paid and tells shipping, in one transaction (an inbox handler's or a
+//! /// transactional route's `IdempotentTx` works the same way: `&mut *tx`).
+//! async fn paid(outbox: &Outbox<Postgres>, event_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+//!     let mut tx = outbox.pool().begin().await?;
 //!     sqlx::query("UPDATE orders SET paid = true WHERE event_id = $1")
-//!         .bind(&event.key.event_id)
+//!         .bind(event_id)
 //!         .execute(&mut *tx)
 //!         .await?;
-//!     // Stored with the update, or not at all; delivered after the commit.
-//!     let notice = serde_json::json!({ "event": event.key.event_id });
-//!     // Keys are unique per outbox: the scope names the provider (and the tenant, when
-//!     // several share the outbox) as well as the event.
-//!     let mut scope = outbox.scope(format!("{}/{}", event.key.provider, event.key.event_id));
+//!     // Stored with the update, or not at all; delivered after the commit. Keys are unique per
+//!     // outbox: the scope names the provider (and the tenant, when several share the outbox)
+//!     // as well as the event.
+//!     let notice = serde_json::json!({ "event": event_id });
+//!     let mut scope = outbox.scope(format!("stripe/{event_id}"));
 //!     scope
 //!         .enqueue(&mut tx, Message::post_json("http://shipping.internal/shipments", &notice))
 //!         .await?;
+//!     tx.commit().await?;
+//!     outbox.wake();
 //!     Ok(())
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
-//! let outbox = Outbox::new(pool.clone(), "outbox")?;
+//! let outbox = Outbox::new(pool, "outbox")?;
 //! outbox.migrate().await?;
-//! let inbox = Inbox::new(pool, "webhook_inbox")?;
-//! inbox.migrate().await?;
-//! let handler = {
-//!     let outbox = outbox.clone();
-//!     move |event, tx| on_event(outbox.clone(), event, tx)
-//! };
-//! let worker = inbox.worker(handler).spawn();
 //! let relay = outbox.relay().spawn();
-//! // ... serve the inbox's route; on shutdown:
-//! worker.drain(std::time::Duration::from_secs(30)).await;
+//! paid(&outbox, "evt_1").await?;
+//! // ... on shutdown:
 //! relay.drain(std::time::Duration::from_secs(30)).await;
 //! # Ok(())
 //! # }
@@ -81,8 +75,7 @@
 compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` feature");
 
 pub mod admin;
-#[doc(hidden)]
-pub mod backend;
+mod backend;
 mod http;
 mod message;
 mod outbox;
@@ -92,11 +85,13 @@ mod relay;
 pub use backend::OutboxDatabase;
 pub use message::{Message, MessageDetail, MessagePage, MessageState, MessageSummary, StateCounts};
 pub use outbox::{Enqueued, Outbox, OutboxError, Scope, DEFAULT_TABLE};
+#[allow(deprecated)]
+pub use relay::DEFAULT_BATCH;
 pub use relay::{
     same_method_redirects, Dispatch, DispatchError, Dispatcher, Relay, RelayHandle, Round,
-    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BATCH, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CONCURRENCY, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_POLL_EVERY, MAX_ERROR_LEN,
 };
 
-pub use tower_idempotency_inbox::Backoff;
+pub use tower_idempotency_jobs::{Backoff, WorkerHandle};
 pub use tower_idempotency_sqlx::IdempotentTx;

@@ -3,6 +3,9 @@
 use bytes::Bytes;
 use http::Method;
 use serde::Serialize;
+use tower_idempotency_jobs::{JobCounts, JobState, JobSummary};
+
+use crate::backend::Listed;
 
 /// One piece of outgoing work: an HTTP request to another service, or a payload for your own
 /// [`Dispatcher`](crate::Dispatcher) (a queue, an email API). Build it, then hand it to
@@ -100,21 +103,22 @@ pub enum MessageState {
 }
 
 impl MessageState {
-    pub(crate) fn code(self) -> i16 {
+    /// The job engine's state of a message in this state.
+    pub(crate) fn job(self) -> JobState {
         match self {
-            Self::Pending => 0,
-            Self::Delivered => 1,
-            Self::Failed => 2,
-            Self::Discarded => 3,
+            Self::Pending => JobState::Pending,
+            Self::Delivered => JobState::Done,
+            Self::Failed => JobState::Failed,
+            Self::Discarded => JobState::Discarded,
         }
     }
 
-    pub(crate) fn from_code(code: i16) -> Self {
-        match code {
-            1 => Self::Delivered,
-            2 => Self::Failed,
-            3 => Self::Discarded,
-            _ => Self::Pending,
+    pub(crate) fn from_job(state: JobState) -> Self {
+        match state {
+            JobState::Pending => Self::Pending,
+            JobState::Done => Self::Delivered,
+            JobState::Failed => Self::Failed,
+            JobState::Discarded => Self::Discarded,
         }
     }
 
@@ -160,6 +164,26 @@ pub struct MessageSummary {
     pub last_error: Option<String>,
 }
 
+impl From<JobSummary<Listed>> for MessageSummary {
+    fn from(job: JobSummary<Listed>) -> Self {
+        let JobSummary { key, extra, .. } = job;
+        Self {
+            key: key.0.into_iter().next().unwrap_or_default(),
+            scope: extra.scope,
+            method: extra.method,
+            url: extra.url,
+            topic: extra.topic,
+            state: MessageState::from_job(job.state),
+            attempts: job.attempts,
+            created_at_ms: job.created_at_ms,
+            available_at_ms: job.available_at_ms,
+            finished_at_ms: job.finished_at_ms,
+            last_status: job.status.and_then(|s| u16::try_from(s).ok()),
+            last_error: job.last_error,
+        }
+    }
+}
+
 /// How many messages are in each state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -172,6 +196,17 @@ pub struct StateCounts {
     pub failed: u64,
     /// Discarded messages (until purged).
     pub discarded: u64,
+}
+
+impl From<JobCounts> for StateCounts {
+    fn from(counts: JobCounts) -> Self {
+        Self {
+            pending: counts.pending,
+            delivered: counts.done,
+            failed: counts.failed,
+            discarded: counts.discarded,
+        }
+    }
 }
 
 /// One page of [`Outbox::messages`](crate::Outbox::messages): newest first.
@@ -193,7 +228,7 @@ pub struct MessageDetail {
     pub summary: MessageSummary,
     /// Its headers, `[name, value]`, in the order they were added; a value whose name looks
     /// like a credential (signature, token, authorization, cookie, api-key, ...) reads
-    /// [`REDACTED`](tower_idempotency_inbox::REDACTED), the inbox's rule.
+    /// [`REDACTED`](tower_idempotency_jobs::redact::REDACTED), the inbox's rule.
     pub headers: Vec<(String, String)>,
     /// The body as text (invalid UTF-8 replaced).
     pub body: String,

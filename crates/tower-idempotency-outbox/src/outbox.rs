@@ -1,14 +1,12 @@
 //! [`Outbox`]: one outbox table on one database pool, and enqueuing into it.
 
-use std::{
-    fmt,
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{fmt, sync::Arc};
 
 use tokio::sync::Notify;
 use tower_idempotency_core::MAX_KEY_LEN;
 use tower_idempotency_sqlx::{validate_table_name, ConfigError};
+
+use tower_idempotency_jobs::{time::now_ms, Statements};
 
 use crate::{
     backend::{NewRow, OutboxDatabase, Sql},
@@ -92,6 +90,7 @@ impl Enqueued {
 pub struct Outbox<DB: OutboxDatabase> {
     pub(crate) pool: sqlx::Pool<DB>,
     pub(crate) sql: Arc<Sql>,
+    pub(crate) jobs: Arc<Statements>,
     table: Arc<str>,
     pub(crate) wake: Arc<Notify>,
 }
@@ -101,6 +100,7 @@ impl<DB: OutboxDatabase> Clone for Outbox<DB> {
         Self {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
+            jobs: self.jobs.clone(),
             table: self.table.clone(),
             wake: self.wake.clone(),
         }
@@ -123,7 +123,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         validate_table_name(table)?;
         Ok(Self {
             pool,
-            sql: Arc::new(DB::statements(table)),
+            sql: Arc::new(Sql::new::<DB>(table)),
+            jobs: Arc::new(DB::statements(crate::backend::table(table))),
             table: table.into(),
             wake: Arc::default(),
         })
@@ -291,17 +292,6 @@ impl<DB: OutboxDatabase> Scope<DB> {
 /// The `Idempotency-Key` rule: visible ASCII, 1 to 255 bytes.
 fn valid_key(key: &str) -> bool {
     !key.is_empty() && key.len() <= MAX_KEY_LEN && key.bytes().all(|b| b.is_ascii_graphic())
-}
-
-pub(crate) fn now_ms() -> i64 {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
-
-pub(crate) fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The operator's page for outbox messages: server-rendered HTML (maud escapes every value)
-//! built from the inbox page's parts (layout, style, times, redaction), one small script
+//! built from the job engine's operator kit (layout, style, times, redaction), one small script
 //! shipped in this file, nothing fetched from another host. Served by
 //! [`admin::router`](crate::admin::router) at `GET /page` (`GET /` redirects to it) and
 //! `GET /detail?key=..`; its buttons post JSON with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
@@ -12,13 +12,14 @@ use axum::{
     Router,
 };
 use maud::{html, Markup};
-use tower_idempotency_inbox::page::{
-    encode, headers_and_body, html_response, redact_url, shell, time_ms,
+use tower_idempotency_jobs::{
+    page::{encode, headers_and_body, html_response, shell, time_ms},
+    redact::redact_url,
+    time::now_ms,
 };
 
 use crate::{
     http::{state_filter, KeyQuery, Listing, Unavailable},
-    outbox::now_ms,
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
 };

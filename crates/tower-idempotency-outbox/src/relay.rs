@@ -1,17 +1,16 @@
 //! The relay: claims due messages under a lease, delivers them (HTTP, or your
 //! [`Dispatcher`]), and records each outcome, fenced by the claim's token.
 
-use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use futures_util::{future::join_all, FutureExt};
-use tokio::{sync::watch, task::JoinHandle};
 use tower_idempotency_core::IDEMPOTENCY_KEY;
-use tower_idempotency_inbox::{bounded, Backoff};
+use tower_idempotency_jobs::{
+    Backoff, BoxFuture, Claimed, Job, Outcome, Settings, Worker, WorkerHandle,
+};
 
 use crate::{
-    backend::{BoxFuture, ClaimedRow, OutboxDatabase},
-    outbox::{duration_ms, now_ms},
+    backend::{OutboxDatabase, Payload},
     Outbox, OutboxError,
 };
 
@@ -26,10 +25,14 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an idle relay looks for due messages, unless configured otherwise.
 pub const DEFAULT_POLL_EVERY: Duration = Duration::from_secs(1);
 /// Messages one round claims and delivers at once, unless configured otherwise.
-pub const DEFAULT_BATCH: usize = 16;
+pub const DEFAULT_CONCURRENCY: usize = 16;
 
-/// The most error text kept per message, in bytes (the inbox's bound for an event's error).
-pub const MAX_ERROR_LEN: usize = tower_idempotency_inbox::MAX_ERROR_LEN;
+/// The former name of [`DEFAULT_CONCURRENCY`].
+#[deprecated(note = "renamed DEFAULT_CONCURRENCY, the inbox worker's name for the setting")]
+pub const DEFAULT_BATCH: usize = DEFAULT_CONCURRENCY;
+
+/// The most error text kept per message, in bytes (the job engine's bound, the inbox's too).
+pub const MAX_ERROR_LEN: usize = tower_idempotency_jobs::MAX_ERROR_LEN;
 
 /// A dispatched message ([`Message::dispatch`](crate::Message::dispatch)) as the relay hands it
 /// to your [`Dispatcher`].
@@ -136,28 +139,16 @@ pub struct Round {
 /// per database.
 pub struct Relay<DB: OutboxDatabase> {
     outbox: Outbox<DB>,
-    http: reqwest::Client,
-    dispatcher: Option<Arc<dyn Dispatcher>>,
-    max_attempts: u32,
-    backoff: Backoff,
-    lease: Duration,
-    attempt_timeout: Duration,
-    poll_every: Duration,
-    batch: usize,
+    deliver: Deliver,
+    settings: Settings,
 }
 
 impl<DB: OutboxDatabase> Clone for Relay<DB> {
     fn clone(&self) -> Self {
         Self {
             outbox: self.outbox.clone(),
-            http: self.http.clone(),
-            dispatcher: self.dispatcher.clone(),
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            lease: self.lease,
-            attempt_timeout: self.attempt_timeout,
-            poll_every: self.poll_every,
-            batch: self.batch,
+            deliver: self.deliver.clone(),
+            settings: self.settings,
         }
     }
 }
@@ -166,13 +157,8 @@ impl<DB: OutboxDatabase> fmt::Debug for Relay<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
             .field("outbox", &self.outbox)
-            .field("dispatcher", &self.dispatcher.is_some())
-            .field("max_attempts", &self.max_attempts)
-            .field("backoff", &self.backoff)
-            .field("lease", &self.lease)
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("poll_every", &self.poll_every)
-            .field("batch", &self.batch)
+            .field("dispatcher", &self.deliver.dispatcher.is_some())
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
@@ -180,16 +166,19 @@ impl<DB: OutboxDatabase> fmt::Debug for Relay<DB> {
 impl<DB: OutboxDatabase> Outbox<DB> {
     /// A relay for this outbox with the default settings.
     pub fn relay(&self) -> Relay<DB> {
+        let mut settings = Settings::new(DEFAULT_CONCURRENCY);
+        settings.max_attempts = DEFAULT_MAX_ATTEMPTS;
+        settings.lease = DEFAULT_LEASE;
+        settings.attempt_timeout = DEFAULT_ATTEMPT_TIMEOUT;
+        settings.poll_every = DEFAULT_POLL_EVERY;
+        settings.keep_leases = false;
         Relay {
             outbox: self.clone(),
-            http: client(reqwest::redirect::Policy::none()),
-            dispatcher: None,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff: Backoff::default(),
-            lease: DEFAULT_LEASE,
-            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
-            poll_every: DEFAULT_POLL_EVERY,
-            batch: DEFAULT_BATCH,
+            deliver: Deliver {
+                http: client(reqwest::redirect::Policy::none()),
+                dispatcher: None,
+            },
+            settings,
         }
     }
 }
@@ -204,7 +193,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// it. Build the client with `.redirect(reqwest::redirect::Policy::none())` (every `3xx` is
     /// a failed attempt) or `.redirect(`[`same_method_redirects()`]`)`.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
-        self.http = client;
+        self.deliver.http = client;
         self
     }
 
@@ -217,26 +206,26 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// for a client of your own ([`http_client`](Self::http_client)), build it with that
     /// policy instead of calling this.
     pub fn follow_same_method_redirects(mut self) -> Self {
-        self.http = client(same_method_redirects());
+        self.deliver.http = client(same_method_redirects());
         self
     }
 
     /// Delivers dispatched messages; without one, they fail at their first attempt.
     pub fn dispatcher(mut self, dispatcher: impl Dispatcher) -> Self {
-        self.dispatcher = Some(Arc::new(dispatcher));
+        self.deliver.dispatcher = Some(Arc::new(dispatcher));
         self
     }
 
     /// Attempts before a message is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.clamp(1, i32::MAX as u32);
+        self.settings.max_attempts = n.clamp(1, i32::MAX as u32);
         self
     }
 
     /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter; the
-    /// inbox's [`Backoff`]).
+    /// job engine's [`Backoff`], the inbox's too).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+        self.settings.backoff = backoff;
         self
     }
 
@@ -246,177 +235,117 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// recorded is delivered again by the next round, which the receiver's deduplication
     /// absorbs.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(1));
+        self.settings.lease = lease.max(Duration::from_millis(1));
         self
     }
 
     /// How long one delivery may take (default [`DEFAULT_ATTEMPT_TIMEOUT`]) before it counts as
     /// a failed attempt.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = timeout.max(Duration::from_millis(1));
+        self.settings.attempt_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
     /// How often an idle spawned relay looks for due messages (default
     /// [`DEFAULT_POLL_EVERY`]); [`Outbox::wake`] starts a round at once.
     pub fn poll_every(mut self, every: Duration) -> Self {
-        self.poll_every = every.max(Duration::from_millis(1));
+        self.settings.poll_every = every.max(Duration::from_millis(1));
         self
     }
 
-    /// Messages one round claims and delivers concurrently (default [`DEFAULT_BATCH`], at
-    /// least 1).
-    pub fn batch(mut self, n: usize) -> Self {
-        self.batch = n.max(1);
+    /// Messages one round claims and delivers at once (default [`DEFAULT_CONCURRENCY`], at
+    /// least 1): the inbox worker's name for the setting.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.settings.concurrency = n.max(1);
         self
     }
 
-    fn max(&self) -> i32 {
-        i32::try_from(self.max_attempts).unwrap_or(i32::MAX)
+    /// The former name of [`concurrency`](Self::concurrency).
+    #[deprecated(note = "renamed concurrency, the inbox worker's name for the setting")]
+    pub fn batch(self, n: usize) -> Self {
+        self.concurrency(n)
     }
 
-    /// One round: fails the messages whose attempts are spent, claims up to a batch of due
-    /// messages, delivers them concurrently and records each outcome.
-    pub async fn run_once(&self) -> Result<Round, OutboxError> {
-        let (pool, sql) = (&self.outbox.pool, &self.outbox.sql);
-        let now = now_ms();
-        let spent = DB::exhaust(pool, sql, now, self.max()).await?;
-        if spent > 0 {
-            tracing::warn!(spent, "outbox messages failed: their attempts were spent");
-        }
-        let token = fastrand::i64(0..i64::MAX);
-        let lease_until = now.saturating_add(duration_ms(self.lease));
-        let limit = i64::try_from(self.batch).unwrap_or(i64::MAX);
-        let rows = DB::claim(pool, sql, now, token, lease_until, self.max(), limit).await?;
-        let mut round = Round {
-            claimed: rows.len(),
-            failed: usize::try_from(spent).unwrap_or(usize::MAX),
-            ..Round::default()
-        };
-        let outcomes = join_all(
-            rows.into_iter()
-                .map(|row| self.attempt(row, token, lease_until)),
+    /// Renews the lease of the messages a round is delivering every third of the lease, so
+    /// that only a stopped or stalled relay loses one (default: off; the lease then bounds a
+    /// delivery, and a delivery longer than it is made again by another relay).
+    pub fn keep_leases(mut self, keep: bool) -> Self {
+        self.settings.keep_leases = keep;
+        self
+    }
+
+    /// The relay's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn worker(&self) -> Worker<DB, Deliver> {
+        Worker::new(
+            self.outbox.pool.clone(),
+            self.outbox.jobs.clone(),
+            self.deliver.clone(),
+            self.settings,
+            self.outbox.wake.clone(),
         )
-        .await;
-        for outcome in outcomes {
-            match outcome {
-                Recorded::Delivered => round.delivered += 1,
-                Recorded::Retry => round.retried += 1,
-                Recorded::Failed => round.failed += 1,
-                Recorded::Unrecorded => round.unrecorded += 1,
-            }
-        }
-        Ok(round)
+    }
+
+    /// One round: fails the messages whose attempts are spent, claims up to
+    /// [`concurrency`](Self::concurrency) due messages, delivers them at once and records each
+    /// outcome.
+    pub async fn run_once(&self) -> Result<Round, OutboxError> {
+        let round = self.worker().run_once().await?;
+        Ok(Round {
+            claimed: round.claimed,
+            delivered: round.done,
+            retried: round.retried,
+            failed: round.failed,
+            unrecorded: round.unrecorded,
+        })
     }
 
     /// Runs rounds on the current Tokio runtime until the returned handle is drained or
     /// dropped: one after another while they find a full batch, else after
     /// [`poll_every`](Self::poll_every) or [`Outbox::wake`].
     pub fn spawn(self) -> RelayHandle {
-        let (stop, stopped) = watch::channel(false);
-        RelayHandle {
-            stop,
-            task: Some(tokio::spawn(self.run(stopped))),
+        self.worker().spawn()
+    }
+}
+
+/// Delivers one claimed message: the relay's job for the engine's [`Worker`].
+#[derive(Clone)]
+struct Deliver {
+    http: reqwest::Client,
+    dispatcher: Option<Arc<dyn Dispatcher>>,
+}
+
+impl<DB: OutboxDatabase> Job<DB> for Deliver {
+    type Payload = DB::Payload;
+    const NAME: &'static str = "delivery";
+
+    async fn run(&self, job: Claimed<DB::Payload>) -> Outcome {
+        let key = job.key.0.into_iter().next().unwrap_or_default();
+        match self.deliver(key, job.payload.into(), job.attempt).await {
+            Ok(status) => Outcome::Done {
+                status: status.map(i32::from),
+            },
+            Err((status, DispatchError::Retry(error))) => Outcome::Retry {
+                status: status.map(i32::from),
+                error,
+            },
+            Err((status, DispatchError::Permanent(error))) => Outcome::Permanent {
+                status: status.map(i32::from),
+                error,
+            },
         }
     }
+}
 
-    async fn run(self, mut stop: watch::Receiver<bool>) {
-        let wake = self.outbox.wake.clone();
-        loop {
-            if *stop.borrow() {
-                return;
-            }
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let full = match self.run_once().await {
-                Ok(round) => round.claimed >= self.batch,
-                Err(error) => {
-                    tracing::warn!(%error, "an outbox relay round failed; retrying at the next");
-                    false
-                }
-            };
-            if full {
-                continue;
-            }
-            tokio::select! {
-                _ = stop.changed() => return,
-                () = &mut notified => {}
-                () = tokio::time::sleep(self.poll_every) => {}
-            }
-        }
-    }
-
-    /// Delivers one claimed message and records the outcome, retrying the record until
-    /// `lease_until`.
-    async fn attempt(&self, row: ClaimedRow, token: i64, lease_until: i64) -> Recorded {
-        let attempt = u32::try_from(row.attempts).unwrap_or(1);
-        let key = row.key.clone();
-        let delivery = AssertUnwindSafe(tokio::time::timeout(
-            self.attempt_timeout,
-            self.deliver(row, attempt),
-        ))
-        .catch_unwind()
-        .await;
-        let result = match delivery {
-            Ok(Ok(result)) => result,
-            Ok(Err(_elapsed)) => Err((
-                None,
-                DispatchError::retry(format!(
-                    "the delivery timed out after {} ms",
-                    self.attempt_timeout.as_millis()
-                )),
-            )),
-            Err(_panic) => Err((None, DispatchError::retry("the dispatcher panicked"))),
-        };
-        let (pool, sql, now) = (&self.outbox.pool, &self.outbox.sql, now_ms());
-        let recorded = match &result {
-            Ok(status) => {
-                let status = status.map(i32::from);
-                until_written(lease_until, || {
-                    DB::complete(pool, sql, &key, token, now, status)
-                })
-                .await
-            }
-            Err((status, error)) => {
-                let permanent = matches!(error, DispatchError::Permanent(_));
-                let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
-                // A permanent failure is the last attempt: `attempts >= 0` holds for every row.
-                let max = if permanent { 0 } else { self.max() };
-                let text = bounded(error.to_string());
-                let status = status.map(i32::from);
-                until_written(lease_until, || {
-                    DB::fail(pool, sql, &key, token, now, max, retry_at, status, &text)
-                })
-                .await
-            }
-        };
-        match (recorded, result) {
-            (Ok(true), Ok(_)) => Recorded::Delivered,
-            (Ok(true), Err((_, error))) => {
-                if matches!(error, DispatchError::Permanent(_)) || attempt >= self.max_attempts {
-                    tracing::warn!(attempt, %error, "an outbox message failed its last attempt");
-                    Recorded::Failed
-                } else {
-                    tracing::debug!(attempt, %error, "an outbox delivery failed; retrying");
-                    Recorded::Retry
-                }
-            }
-            (Ok(false), _) => {
-                tracing::warn!("an outbox delivery ended after its claim was taken over");
-                Recorded::Unrecorded
-            }
-            (Err(error), _) => {
-                tracing::warn!(%error, "recording an outbox delivery failed until its lease ended; attempted again");
-                Recorded::Unrecorded
-            }
-        }
-    }
-
+impl Deliver {
     /// One delivery: answers the HTTP status when there was one.
     async fn deliver(
         &self,
-        row: ClaimedRow,
+        key: String,
+        row: Payload,
         attempt: u32,
     ) -> Result<Option<u16>, (Option<u16>, DispatchError)> {
         let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
@@ -435,7 +364,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     }
                 }
                 let sent = request
-                    .header(&IDEMPOTENCY_KEY, &row.key)
+                    .header(&IDEMPOTENCY_KEY, &key)
                     .body(row.body)
                     .send()
                     .await;
@@ -456,7 +385,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     ));
                 };
                 let message = Dispatch {
-                    key: row.key,
+                    key,
                     topic,
                     headers,
                     payload: row.body.into(),
@@ -473,38 +402,6 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 DispatchError::permanent("the stored message has no target"),
             )),
         }
-    }
-}
-
-/// A delivery's outcome as recorded.
-enum Recorded {
-    Delivered,
-    Retry,
-    Failed,
-    Unrecorded,
-}
-
-/// Writes a delivery's outcome with `write`, retrying a failed write with a backoff (10 ms
-/// doubling to 1 s) until `lease_until`: the claim's token fences the write, so a retry can only
-/// land while no other relay holds the message. Answers the last try's result.
-async fn until_written<'a>(
-    lease_until: i64,
-    mut write: impl FnMut() -> BoxFuture<'a, sqlx::Result<bool>>,
-) -> sqlx::Result<bool> {
-    let mut pause = Duration::from_millis(10);
-    loop {
-        let error = match write().await {
-            Ok(written) => return Ok(written),
-            Err(error) => error,
-        };
-        let left = lease_until.saturating_sub(now_ms());
-        if left <= 0 {
-            return Err(error);
-        }
-        tracing::debug!(%error, "recording an outbox delivery failed; retrying within its lease");
-        let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
-        tokio::time::sleep(pause.min(left)).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -608,40 +505,10 @@ fn request_error(error: &reqwest::Error) -> DispatchError {
     DispatchError::retry(what)
 }
 
-/// A spawned relay. [`drain`](Self::drain) it on shutdown; dropping it stops it at once (a
-/// delivery cut short is attempted again after its lease).
-#[derive(Debug)]
-pub struct RelayHandle {
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl RelayHandle {
-    /// Stops starting rounds and waits up to `deadline` for the running one. Answers whether it
-    /// finished; one still running at the deadline is aborted (its messages are attempted again
-    /// after their lease).
-    pub async fn drain(mut self, deadline: Duration) -> bool {
-        let _ = self.stop.send(true);
-        let Some(mut task) = self.task.take() else {
-            return true;
-        };
-        match tokio::time::timeout(deadline, &mut task).await {
-            Ok(_) => true,
-            Err(_) => {
-                task.abort();
-                false
-            }
-        }
-    }
-}
-
-impl Drop for RelayHandle {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-}
+/// A spawned relay: the job engine's [`WorkerHandle`], the inbox worker's handle too.
+/// [`drain`](WorkerHandle::drain) it on shutdown; dropping it stops it at once (a delivery cut
+/// short is attempted again after its lease).
+pub type RelayHandle = WorkerHandle;
 
 #[cfg(test)]
 mod tests {

@@ -1074,7 +1074,7 @@ async fn four_relays_deliver_60_messages(lease: Duration) -> usize {
                 .lease(lease)
                 .attempt_timeout(Duration::from_secs(2))
                 .max_attempts(1000)
-                .batch(8)
+                .concurrency(8)
                 .poll_every(Duration::from_millis(10))
                 .spawn()
         })

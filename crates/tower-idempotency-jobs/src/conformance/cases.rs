@@ -557,6 +557,15 @@ where
         ..PageFilter::default()
     };
     assert!(page_all(done).await.is_empty());
+    let oldest: Vec<(i64, JobKey)> = DB::list::<NoColumns>(&pool, &sql, JobState::Pending, 4)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|job| (job.created_at_ms, job.key))
+        .collect();
+    let mut ascending = expected.clone();
+    ascending.reverse();
+    assert_eq!(oldest, ascending[..4], "a listing is oldest first");
 }
 
 /// Counts per state and the oldest pending job's enqueue time.
