@@ -48,15 +48,18 @@ pub struct Statements {
     pub(crate) get: SqlStr,
     pub(crate) detail: SqlStr,
     pub(crate) counts: SqlStr,
+    pub(crate) group_counts: SqlStr,
     pub(crate) oldest_pending: SqlStr,
 }
 
-/// Pending, due, and not leased by a live worker (`$1` is now).
-const DUE: &str = "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
+/// Pending, due, and not leased by a live worker (`$1` is now): for a half's own statements
+/// over due jobs (the inbox's ordered claims).
+pub const DUE: &str =
+    "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
 /// [`DUE`] in a statement that names its jobs' keys. `state + 0` keeps the planner on the
 /// primary key: without statistics (a table a burst filled before it was analysed) it would
 /// otherwise find each key by walking every pending row of a backlog in an index led by `state`.
-const DUE_BY_KEY: &str =
+pub const DUE_BY_KEY: &str =
     "state + 0 = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
 
 /// The last error of a job whose attempts were spent without one recording its end.
@@ -181,6 +184,15 @@ impl Statements {
                 "SELECT {summary}{detail_columns} FROM {t} WHERE {by_key}"
             )),
             counts: table_sql(format!("SELECT state, count(*) FROM {t} GROUP BY state")),
+            group_counts: table_sql(match table.group {
+                Some(column) => format!(
+                    "SELECT {column}, state, count(*) FROM {t} \
+                     GROUP BY {column}, state ORDER BY {column}, state"
+                ),
+                None => {
+                    format!("SELECT '', state, count(*) FROM {t} GROUP BY state ORDER BY state")
+                }
+            }),
             oldest_pending: table_sql(format!("SELECT min({created}) FROM {t} WHERE state = 0")),
             table,
         }
@@ -412,6 +424,13 @@ pub trait Driver: sqlx::Database + Sized {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
     ) -> BoxFuture<'a, sqlx::Result<JobCounts>>;
+
+    /// How many jobs of each [`Table::group`] value are in each state, by group then state
+    /// (one group, `""`, for a table without one).
+    fn group_counts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<(String, crate::JobState, u64)>>>;
 
     /// The enqueue time of the oldest pending job, unix ms.
     fn oldest_pending<'a>(
@@ -751,6 +770,24 @@ macro_rules! driver_calls {
                 let rows: Vec<(i16, i64)> =
                     sqlx::query_as(sql.counts.clone()).fetch_all(pool).await?;
                 Ok($crate::driver::counts(rows))
+            })
+        }
+
+        fn group_counts<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<(String, $crate::JobState, u64)>>> {
+            Box::pin(async move {
+                let rows: Vec<(String, i16, i64)> = sqlx::query_as(sql.group_counts.clone())
+                    .fetch_all(pool)
+                    .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(group, state, count)| {
+                        let count = u64::try_from(count).unwrap_or(0);
+                        (group, $crate::JobState::from_code(state), count)
+                    })
+                    .collect())
             })
         }
 

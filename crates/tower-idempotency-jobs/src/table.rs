@@ -273,3 +273,13 @@ pub struct PageFilter {
     /// job of the previous page.
     pub after: Option<(i64, JobKey)>,
 }
+
+/// Extra columns for a listing that wants none: decodes from any row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoColumns;
+
+impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for NoColumns {
+    fn from_row(_row: &'r R) -> sqlx::Result<Self> {
+        Ok(Self)
+    }
+}

@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 
 use super::Fixture;
 use crate::{
-    time::now_ms, Backoff, Claimed, Driver, Job, JobKey, JobState, JobSummary, Outcome, PageFilter,
-    Settings, Table, Worker, SPENT,
+    time::now_ms, Backoff, Claimed, Driver, Job, JobKey, JobState, JobSummary, NoColumns, Outcome,
+    PageFilter, Settings, Table, Worker, SPENT,
 };
 
 /// A test job's payload: its `body` column.
@@ -31,16 +31,6 @@ where
         Ok(Self {
             body: row.try_get("body")?,
         })
-    }
-}
-
-/// A listing's extra columns when the suite wants none.
-#[derive(Clone, Copy, Debug)]
-pub struct NoColumns;
-
-impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for NoColumns {
-    fn from_row(_row: &'r R) -> sqlx::Result<Self> {
-        Ok(Self)
     }
 }
 
