@@ -1,6 +1,6 @@
 //! [`Driver`]: the statements of a job table on one database. Each database's folder
 //! (`postgres/`, `sqlite/`) owns its dialect (its column types, its claim's lock clause, how a
-//! batch of keys is bound) and implements the trait through [`driver_calls!`], which writes the
+//! batch of keys is bound) and implements the trait through `driver_calls!`, which writes the
 //! typed calls once.
 
 use futures_util::future::BoxFuture;
@@ -235,7 +235,7 @@ fn key_batch(table: &Table, batch: KeyBatch, first: usize) -> String {
 
 /// A job table's statements on one database: [`sqlx::Postgres`] (feature `postgres`) and
 /// [`sqlx::Sqlite`] (feature `sqlite`). A database's folder implements it with
-/// [`driver_calls!`]; [`jobs_driver_conformance_tests!`](crate::jobs_driver_conformance_tests)
+/// `driver_calls!`; [`jobs_driver_conformance_tests!`](crate::jobs_driver_conformance_tests)
 /// checks an implementation.
 ///
 /// Times are unix milliseconds; leases are fenced by a claim's random token, so a worker whose
