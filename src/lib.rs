@@ -39,6 +39,9 @@
 //! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records; with `inbox` the `inbox` commands (`list`, `events`, `show`, `retry`, `discard`, `purge`, `counts`); with `outbox` the `outbox` commands (`list`, `show`, `retry`, `discard`, `purge`) ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
 //!
+//! With `inbox` or `outbox`, [`jobs`] is the durable job engine under both (the job table's
+//! statements per database, the worker, [`jobs::Backoff`]).
+//!
 //! The [`MemoryStore`] (single process only) is always available.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -138,6 +141,9 @@ pub use tower_idempotency_inbox as inbox;
 
 #[cfg(feature = "outbox")]
 pub use tower_idempotency_outbox as outbox;
+
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+pub use tower_idempotency_jobs as jobs;
 
 mod connect;
 pub use connect::{connect_store, ConnectStoreError};
