@@ -395,8 +395,8 @@ mod tests {
             .connect_with(options)
             .await
             .unwrap();
-        let sql = Arc::new(<sqlx::Sqlite as InboxDatabase>::statements("inbox"));
-        <sqlx::Sqlite as InboxDatabase>::migrate(&pool, &sql)
+        let sql = Arc::new(<sqlx::Sqlite as crate::backend::sealed::InboxSql>::statements("inbox"));
+        <sqlx::Sqlite as crate::backend::sealed::InboxSql>::migrate(&pool, &sql)
             .await
             .unwrap();
         (pool, sql, dir)

@@ -12,10 +12,11 @@ use axum::{
     Json, Router,
 };
 use serde::Deserialize;
+use tower_idempotency_jobs::Unavailable;
 
 use crate::{
+    backend,
     event::{duration_ms, now_ms},
-    unavailable::Unavailable,
     BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
     EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
 };
@@ -36,19 +37,19 @@ impl<DB: InboxDatabase> Inbox<DB> {
         limit: u32,
     ) -> Result<Vec<EventSummary>, InboxError> {
         let limit = i64::from(limit.min(MAX_LIST));
-        Ok(DB::list(&self.pool, &self.sql, state.code(), limit).await?)
+        Ok(backend::list(&self.pool, &self.sql, state.job(), limit).await?)
     }
 
     /// One event, when the inbox holds it.
     pub async fn get(&self, key: &EventKey) -> Result<Option<EventSummary>, InboxError> {
-        Ok(DB::get(&self.pool, &self.sql, key).await?)
+        Ok(backend::get(&self.pool, &self.sql, key).await?)
     }
 
     /// Puts a failed event back to pending with a fresh count of attempts, due now, and hands
     /// it to the running worker. Answers `false` when the event is not failed (absent, pending
     /// or processed).
     pub async fn retry(&self, key: &EventKey) -> Result<bool, InboxError> {
-        let retried = DB::retry(&self.pool, &self.sql, key, now_ms()).await?;
+        let retried = backend::retry(&self.pool, &self.sql, key, now_ms()).await?;
         if retried {
             self.notify(key.clone());
         }
@@ -59,13 +60,24 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// longer than the providers' retry schedule: a delivery that arrives after its row was
     /// purged is stored and processed again.
     pub async fn purge_processed(&self, older_than: Duration) -> Result<u64, InboxError> {
-        let before = now_ms().saturating_sub(duration_ms(older_than));
-        Ok(DB::purge(&self.pool, &self.sql, before).await?)
+        let now = now_ms();
+        let before = now.saturating_sub(duration_ms(older_than));
+        // In batches, each a statement of its own (see `purge_batch`).
+        let batch = crate::retention::DEFAULT_PURGE_BATCH;
+        let mut purged = 0;
+        loop {
+            let done =
+                DB::purge_batch(&self.pool, &self.sql, before, now, i64::from(batch)).await?;
+            purged += done;
+            if done < u64::from(batch) {
+                return Ok(purged);
+            }
+        }
     }
 
     /// How many events are in each state.
     pub async fn counts(&self) -> Result<StateCounts, InboxError> {
-        Ok(DB::counts(&self.pool, &self.sql).await?)
+        Ok(backend::counts(&self.pool, &self.sql).await?)
     }
 }
 

@@ -1,30 +1,29 @@
-//! The inbox's statements on each database. Every statement but the DDL and the claim is the
-//! same text on both (sqlx binds `$N` on SQLite too); the `backend!` macro writes the typed
-//! calls once for each database.
-//!
-//! Times are unix milliseconds from the application's clock: instances sharing a Postgres inbox
-//! must agree on the time to well within the lease.
+//! The inbox's own statements: its table (the job engine's columns beside an event's), the
+//! acknowledgement's inserts, the ordered claims, the gauges, the retention's purge and the
+//! operator's discard. Every statement over the job columns alone (claims by key, renewals,
+//! completion, failures, the sweep, listings, retries, counts) is the job engine's ([`Driver`],
+//! over the [`table`] shape), called through the functions at the end of this file, which count
+//! each statement for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
 
 use std::{
     collections::{HashMap, HashSet},
-    future::Future,
-    pin::Pin,
     sync::atomic::{AtomicU64, Ordering},
 };
 
-pub use crate::retention::OpenGroup;
+use futures_util::future::BoxFuture;
 use sqlx::SqlStr;
+use tower_idempotency_jobs::{
+    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Statements, Table, DUE, DUE_BY_KEY,
+};
 use tower_idempotency_sqlx::table_sql;
 
 use crate::{
     event::{EventKey, EventSummary, StateCounts},
     ordering::OrderedSql,
+    retention::OpenGroup,
 };
 
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
 /// A verified delivery, as the acknowledgement inserts it.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct NewEvent {
     pub key: EventKey,
@@ -40,7 +39,6 @@ pub struct NewEvent {
 }
 
 /// A claimed event's row.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct ClaimedRow {
     pub headers: String,
@@ -49,32 +47,47 @@ pub struct ClaimedRow {
     pub attempts: i32,
 }
 
+/// A claimed or shown event's stored request: its payload columns.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Stored {
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub received_at: i64,
+}
+
+/// A listed event's column beside the engine's: the body, for the event's type.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Listed {
+    pub body: Vec<u8>,
+}
+
+/// The inbox table's shape for the job engine.
+pub(crate) fn table(name: &str) -> Table {
+    Table::new(name, &["provider", "event_id"], "received_at")
+        .payload(&["headers", "body", "received_at"])
+        .summary(&["body"])
+        .group("provider")
+}
+
 /// The statements of one inbox table.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct Sql {
+    /// The job engine's statements of the table.
+    pub(crate) jobs: Statements,
     /// Postgres: the acknowledgement of many deliveries in one statement (see `acks.rs`).
     insert_many: SqlStr,
     /// The statements of ordered events.
     pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
     insert: SqlStr,
-    pub(crate) claim: SqlStr,
-    complete: SqlStr,
-    fail: SqlStr,
-    due: SqlStr,
-    pub(crate) renew: SqlStr,
-    exhaust: SqlStr,
-    list: SqlStr,
-    get: SqlStr,
-    retry: SqlStr,
-    counts: SqlStr,
     /// The gauges' and the retention's statements ([`crate::retention`]).
     pub(crate) queue: crate::retention::QueueSql,
+    /// The operator's discard: keeps a row whose authenticator must still refuse a replay.
+    discard_keep: SqlStr,
+    /// The operator's discard of a row without an authenticator to keep.
+    discard_delete: SqlStr,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
-    /// The claim of several events in one statement ([`InboxDatabase::claim_many`]).
-    pub(crate) claim_many: SqlStr,
 }
 
 impl Sql {
@@ -88,458 +101,244 @@ impl Sql {
     }
 }
 
-const SUMMARY: &str =
-    "provider, event_id, state, attempts, received_at, available_at, finished_at, last_error";
-/// Pending, due, and not leased by a live worker.
-const DUE: &str = "state = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
-/// [`DUE`] in a statement that names its events' keys. `state + 0` keeps the planner on the
-/// primary key: without statistics (a table a burst filled before it was analysed) it would
-/// otherwise find each key by walking every pending row of a backlog in an index led by `state`.
-const DUE_BY_KEY: &str =
-    "state + 0 = 0 AND available_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)";
-/// The last error of an event whose attempts were spent without one recording its end.
-pub(crate) const SPENT: &str =
-    "no attempts remain: the last attempt did not finish (its instance stopped, was killed or lost the lease)";
+/// The last error of a discarded event kept for its authenticator.
+pub(crate) const DISCARDED: &str = "discarded by an operator; kept without its body and headers \
+     until its provider's retry horizon, so that its delivery re-sent under another id is still \
+     refused";
 
 impl Sql {
-    fn new(
-        table: &str,
+    fn new<DB: Driver>(
+        name: &str,
         schema: String,
-        claim: String,
         postgres: bool,
         queue: crate::retention::QueueSql,
     ) -> Self {
         Self {
+            jobs: DB::statements(table(name)),
             insert_many: table_sql(format!(
-                "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
+                "INSERT INTO {name} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
                  SELECT p, e, h, b, a, r, r, k, t, u FROM unnest($1::text[], $2::text[], \
                  $3::text[], $4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::int8[], \
                  $9::int8[]) AS x(p, e, h, b, a, r, k, t, u) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id"
             )),
-            ordered: OrderedSql::new(table, (DUE, DUE_BY_KEY), postgres),
+            ordered: OrderedSql::new(name, (DUE, DUE_BY_KEY), postgres),
             schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
             insert: table_sql(format!(
-                "INSERT INTO {table} (provider, event_id, headers, body, authenticator, \
+                "INSERT INTO {name} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
                  VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
             )),
-            claim: table_sql(claim),
-            complete: table_sql(format!(
-                "UPDATE {table} SET state = 1, finished_at = $3, last_error = NULL, \
-                 lease_token = NULL, lease_until = NULL \
-                 WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
-            )),
-            fail: table_sql(format!(
-                "UPDATE {table} SET \
-                 state = CASE WHEN attempts >= $5 THEN 2 ELSE 0 END, \
-                 finished_at = CASE WHEN attempts >= $5 THEN $3 ELSE NULL END, \
-                 available_at = $6, last_error = $7, lease_token = NULL, lease_until = NULL \
-                 WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
-            )),
-            // Retries and recovered events first: fresh ones are usually queued already.
-            due: table_sql(format!(
-                "SELECT provider, event_id FROM {table} WHERE {DUE} AND attempts < $3 \
-                 ORDER BY attempts = 0, available_at LIMIT $2"
-            )),
-            renew: table_sql(format!(
-                "UPDATE {table} SET lease_until = $4 \
-                 WHERE provider = $1 AND event_id = $2 AND lease_token = $3 AND state + 0 = 0"
-            )),
-            exhaust: table_sql(format!(
-                "UPDATE {table} SET state = 2, finished_at = $1, last_error = $3, \
-                 lease_token = NULL, lease_until = NULL WHERE {DUE} AND attempts >= $2 \
-                 RETURNING provider"
-            )),
-            list: table_sql(format!(
-                "SELECT {SUMMARY} FROM {table} WHERE state = $1 \
-                 ORDER BY received_at, provider, event_id LIMIT $2"
-            )),
-            get: table_sql(format!(
-                "SELECT {SUMMARY} FROM {table} WHERE provider = $1 AND event_id = $2"
-            )),
-            retry: table_sql(format!(
-                "UPDATE {table} SET state = 0, attempts = 0, available_at = $3, \
-                 finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
-                 WHERE provider = $1 AND event_id = $2 AND state = 2"
-            )),
-            counts: table_sql(format!(
-                "SELECT state, count(*) FROM {table} GROUP BY state"
-            )),
             queue,
+            // Each statement checks the horizon itself, so whichever matches the row does the
+            // right thing. Bound: provider, event id, now, an empty body, the error.
+            discard_keep: table_sql(format!(
+                "UPDATE {name} SET state = 3, body = $4, headers = '[]', finished_at = $3, \
+                 last_error = $5, lease_token = NULL, lease_until = NULL \
+                 WHERE provider = $1 AND event_id = $2 AND state = 2 \
+                 AND authenticator IS NOT NULL AND authenticator_until > $3"
+            )),
+            // Bound: provider, event id, now.
+            discard_delete: table_sql(format!(
+                "DELETE FROM {name} WHERE provider = $1 AND event_id = $2 AND state = 2 \
+                 AND (authenticator IS NULL OR authenticator_until IS NULL \
+                 OR authenticator_until <= $3)"
+            )),
             executed: AtomicU64::new(0),
-            claim_many: table_sql(String::new()),
         }
     }
 
-    /// The Postgres statements. The claim skips a row another instance's claim is locking
-    /// instead of waiting for it.
+    /// The inbox's columns in a database's types, around the engine's.
+    fn schema<DB: Driver>(name: &str, lock: &str, types: [&str; 4], suffix: &str) -> String {
+        let [key, text, bytes, big] = types;
+        format!(
+            "{lock}CREATE TABLE IF NOT EXISTS {name} (\n\
+             provider {key} NOT NULL,\n\
+             event_id {key} NOT NULL,\n\
+             headers {text} NOT NULL,\n\
+             body {bytes} NOT NULL,\n\
+             authenticator {bytes},\n\
+             authenticator_until {big},\n\
+             received_at {big} NOT NULL,\n\
+             order_key {key},\n\
+             event_time {big},\n\
+             {columns},\n\
+             PRIMARY KEY (provider, event_id)){suffix};\n\
+             CREATE UNIQUE INDEX IF NOT EXISTS {name}_auth_idx ON {name} (provider, authenticator);\n\
+             {due}\
+             CREATE INDEX IF NOT EXISTS {name}_order_idx ON {name} (provider, order_key, state);\n",
+            columns = DB::JOB_COLUMNS,
+            due = DB::due_index(name),
+        )
+    }
+
+    /// The Postgres statements.
     #[cfg(feature = "postgres")]
-    pub(crate) fn postgres(table: &str) -> Self {
-        let schema = format!(
-            "SELECT pg_advisory_xact_lock(hashtext('tower-idempotency-inbox:{table}'));\n\
-             CREATE TABLE IF NOT EXISTS {table} (\n\
-             provider text COLLATE \"C\" NOT NULL,\n\
-             event_id text COLLATE \"C\" NOT NULL,\n\
-             headers text NOT NULL,\n\
-             body bytea NOT NULL,\n\
-             authenticator bytea,\n\
-             authenticator_until bigint,\n\
-             received_at bigint NOT NULL,\n\
-             state smallint NOT NULL DEFAULT 0,\n\
-             attempts integer NOT NULL DEFAULT 0,\n\
-             available_at bigint NOT NULL,\n\
-             lease_token bigint,\n\
-             lease_until bigint,\n\
-             finished_at bigint,\n\
-             last_error text,\n\
-             order_key text COLLATE \"C\",\n\
-             event_time bigint,\n\
-             PRIMARY KEY (provider, event_id));\n\
-             CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
-             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n\
-             CREATE INDEX IF NOT EXISTS {table}_order_idx ON {table} (provider, order_key, state);\n"
-        );
-        let claim = format!(
-            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} \
-             WHERE provider = $2 AND event_id = $3 AND {DUE_BY_KEY} AND attempts < $6 \
-             FOR UPDATE SKIP LOCKED) \
-             RETURNING headers, body, received_at, attempts"
-        );
-        // The keys arrive as two arrays; each row a claim takes is locked by its subquery, and a
-        // row another instance's claim is locking is skipped.
-        let claim_many = format!(
-            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE (provider, event_id) IN (SELECT provider, event_id FROM {table} \
-             WHERE (provider, event_id) IN (SELECT p COLLATE \"C\", e COLLATE \"C\" \
-             FROM unnest($2::text[], $3::text[]) AS x(p, e)) \
-             AND {DUE_BY_KEY} AND attempts < $6 FOR UPDATE SKIP LOCKED) \
-             RETURNING provider, event_id, headers, body, received_at, attempts"
-        );
-        Self {
-            claim_many: table_sql(claim_many),
-            ..Self::new(
-                table,
-                schema,
-                claim,
-                true,
-                crate::retention::QueueSql::postgres(table),
-            )
-        }
+    pub(crate) fn postgres(name: &str) -> Self {
+        let lock =
+            format!("SELECT pg_advisory_xact_lock(hashtext('tower-idempotency-inbox:{name}'));\n");
+        let types = ["text COLLATE \"C\"", "text", "bytea", "bigint"];
+        let schema = Self::schema::<sqlx::Postgres>(name, &lock, types, "");
+        let queue = crate::retention::QueueSql::postgres(name);
+        Self::new::<sqlx::Postgres>(name, schema, true, queue)
     }
 
-    /// The SQLite statements. The database has one writer at a time, so the claim needs no
-    /// lock clause.
+    /// The SQLite statements.
     #[cfg(feature = "sqlite")]
-    pub(crate) fn sqlite(table: &str) -> Self {
-        let schema = format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n\
-             provider TEXT NOT NULL,\n\
-             event_id TEXT NOT NULL,\n\
-             headers TEXT NOT NULL,\n\
-             body BLOB NOT NULL,\n\
-             authenticator BLOB,\n\
-             authenticator_until INTEGER,\n\
-             received_at INTEGER NOT NULL,\n\
-             state INTEGER NOT NULL DEFAULT 0,\n\
-             attempts INTEGER NOT NULL DEFAULT 0,\n\
-             available_at INTEGER NOT NULL,\n\
-             lease_token INTEGER,\n\
-             lease_until INTEGER,\n\
-             finished_at INTEGER,\n\
-             last_error TEXT,\n\
-             order_key TEXT,\n\
-             event_time INTEGER,\n\
-             PRIMARY KEY (provider, event_id)) WITHOUT ROWID;\n\
-             CREATE UNIQUE INDEX IF NOT EXISTS {table}_auth_idx ON {table} (provider, authenticator);\n\
-             CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n\
-             CREATE INDEX IF NOT EXISTS {table}_order_idx ON {table} (provider, order_key, state);\n"
-        );
-        let claim = format!(
-            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE provider = $2 AND event_id = $3 AND {DUE_BY_KEY} AND attempts < $6 \
-             RETURNING headers, body, received_at, attempts"
-        );
-        // The keys arrive as two JSON arrays of strings, paired by position.
-        let claim_many = format!(
-            "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
-             WHERE (provider, event_id) IN (SELECT p.value, e.value \
-             FROM json_each($2) AS p JOIN json_each($3) AS e ON e.key = p.key) \
-             AND {DUE_BY_KEY} AND attempts < $6 \
-             RETURNING provider, event_id, headers, body, received_at, attempts"
-        );
-        Self {
-            claim_many: table_sql(claim_many),
-            ..Self::new(
-                table,
-                schema,
-                claim,
-                false,
-                crate::retention::QueueSql::sqlite(table),
-            )
-        }
+    pub(crate) fn sqlite(name: &str) -> Self {
+        let types = ["TEXT", "TEXT", "BLOB", "INTEGER"];
+        let schema = Self::schema::<sqlx::Sqlite>(name, "", types, " WITHOUT ROWID");
+        let queue = crate::retention::QueueSql::sqlite(name);
+        Self::new::<sqlx::Sqlite>(name, schema, false, queue)
     }
 }
 
 /// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
-/// (feature `sqlite`). Sealed; its methods are the inbox's statements and not a public API.
-pub trait InboxDatabase: sqlx::Database + sealed::Sealed + crate::ops_sql::OpsDatabase {
-    /// How an event's transaction starts when the worker reads before the handler writes
-    /// (under [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale)), and when a lazy
-    /// start met a conflict.
-    #[doc(hidden)]
-    const BEGIN: &'static str;
+/// (feature `sqlite`), through its job engine [`Driver`] (whose
+/// [`DEFAULT_CONCURRENCY`](Driver::DEFAULT_CONCURRENCY) is a worker's default). Sealed: its
+/// statements are the inbox's own.
+pub trait InboxDatabase: Driver + sealed::InboxSql {}
 
-    /// How a handler's transaction starts otherwise: on SQLite `BEGIN` (deferred), which takes
-    /// no lock until the handler's first statement, so what a handler does before it (calling
-    /// another service, waiting) holds no lock.
-    #[doc(hidden)]
-    const BEGIN_LAZY: &'static str;
+impl<DB: Driver + sealed::InboxSql> InboxDatabase for DB {}
 
-    /// Handlers a worker runs at once unless [`WorkerBuilder::concurrency`] says otherwise:
-    /// 16 on Postgres, whose commits of many connections proceed side by side; 4 on SQLite,
-    /// whose event transactions take the one write lock in turn.
-    ///
-    /// [`WorkerBuilder::concurrency`]: crate::WorkerBuilder::concurrency
-    const DEFAULT_CONCURRENCY: usize;
+pub(crate) mod sealed {
+    use std::collections::HashSet;
 
-    #[doc(hidden)]
-    fn statements(table: &str) -> Sql;
+    use super::{BoxFuture, ClaimedRow, EventKey, Listed, NewEvent, OpenGroup, Sql, Stored};
 
-    #[doc(hidden)]
-    fn migrate<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a Sql) -> BoxFuture<'a, sqlx::Result<()>>;
+    /// The inbox's own statements on one database, and its rows as this database decodes them
+    /// (associated types, so that generic code knows they decode).
+    pub trait InboxSql: sqlx::Database {
+        /// [`Stored`], decodable from this database's rows.
+        type Stored: for<'r> sqlx::FromRow<'r, Self::Row> + Into<Stored> + Send + Unpin + 'static;
 
-    /// Whether the row was inserted (`false`: a duplicate).
-    #[doc(hidden)]
-    fn insert<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        event: &'a NewEvent,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+        /// [`Listed`], decodable from this database's rows.
+        type Listed: for<'r> sqlx::FromRow<'r, Self::Row> + Into<Listed> + Send + Unpin + 'static;
 
-    /// Claims a due event whose attempts are below `max_attempts` under `token` until
-    /// `lease_until`.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn claim<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-        token: i64,
-        lease_until: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
+        /// How an event's transaction starts when the worker reads before the handler writes
+        /// (under [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale)), and when a
+        /// lazy start met a conflict.
+        const BEGIN: &'static str;
 
-    /// Extends the claim of `token` to `lease_until`; `false` when it is no longer held.
-    #[doc(hidden)]
-    fn renew<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        token: i64,
-        lease_until: i64,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+        /// How a handler's transaction starts otherwise: on SQLite `BEGIN` (deferred), which
+        /// takes no lock until the handler's first statement, so what a handler does before it
+        /// (calling another service, waiting) holds no lock.
+        const BEGIN_LAZY: &'static str;
 
-    /// Fails the due events whose attempts are spent; answers their providers.
-    #[doc(hidden)]
-    fn exhaust<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        now: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<String>>>;
+        fn statements(table: &str) -> Sql;
 
-    /// Marks the event processed inside the handler's transaction, fenced by the claim's token.
-    #[doc(hidden)]
-    fn complete<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-        token: i64,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+        fn migrate<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a Sql)
+            -> BoxFuture<'a, sqlx::Result<()>>;
 
-    /// Records a failed attempt, fenced by the claim's token: back to pending until `retry_at`,
-    /// or failed when `attempts >= max_attempts`.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn fail<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-        token: i64,
-        max_attempts: i32,
-        retry_at: i64,
-        error: &'a str,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+        /// Whether the row was inserted (`false`: a duplicate).
+        fn insert<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            event: &'a NewEvent,
+        ) -> BoxFuture<'a, sqlx::Result<bool>>;
 
-    #[doc(hidden)]
-    fn due<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        now: i64,
-        limit: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
+        /// Inserts `events` (distinct keys) in one commit; answers the keys of the rows
+        /// inserted (the others were duplicates).
+        fn insert_many<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            events: &'a [&'a NewEvent],
+        ) -> BoxFuture<'a, sqlx::Result<HashSet<EventKey>>>;
 
-    #[doc(hidden)]
-    fn list<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        state: i16,
-        limit: i64,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>>;
+        /// Claims an event under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
+        /// only when no other pending event of its ordering key is earlier or running.
+        #[allow(clippy::too_many_arguments)]
+        fn claim_in_order<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            key: &'a EventKey,
+            now: i64,
+            token: i64,
+            lease_until: i64,
+            max_attempts: i32,
+        ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
 
-    #[doc(hidden)]
-    fn get<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-    ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>>;
+        /// The due events under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
+        /// only those a claim would take now.
+        fn due_in_order<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            now: i64,
+            limit: i64,
+            max_attempts: i32,
+        ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
 
-    #[doc(hidden)]
-    fn retry<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+        /// Locks the event's ordering key for the rest of `conn`'s transaction (Postgres; on
+        /// SQLite the transaction's write lock does it), then answers the event id of a
+        /// processed event of that key strictly newer than it, if any.
+        fn newer_processed<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Sql,
+            key: &'a EventKey,
+        ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
 
-    #[doc(hidden)]
-    fn purge<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        before: i64,
-    ) -> BoxFuture<'a, sqlx::Result<u64>>;
+        /// Marks the claimed event skipped with `reason`, fenced by `token`.
+        fn skip<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a Sql,
+            key: &'a EventKey,
+            now: i64,
+            token: i64,
+            reason: &'a str,
+        ) -> BoxFuture<'a, sqlx::Result<bool>>;
 
-    #[doc(hidden)]
-    fn counts<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-    ) -> BoxFuture<'a, sqlx::Result<StateCounts>>;
+        /// The earliest pending event of the event's ordering key, other than the event.
+        fn next_in_order<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            key: &'a EventKey,
+        ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
 
-    /// Inserts `events` (distinct keys) in one commit; answers the keys of the rows inserted
-    /// (the others were duplicates).
-    #[doc(hidden)]
-    fn insert_many<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        events: &'a [&'a NewEvent],
-    ) -> BoxFuture<'a, sqlx::Result<HashSet<EventKey>>>;
+        /// The pending and failed events by state and provider, with each group's oldest
+        /// `received_at`, read from the index of non-processed rows.
+        fn open_groups<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+        ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>>;
 
-    /// Claims like [`claim`](Self::claim) under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
-    /// only when no other pending event of its ordering key is earlier or running.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn claim_in_order<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-        token: i64,
-        lease_until: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>>;
+        /// Deletes up to `limit` events finished before `before` whose authenticator horizon
+        /// ended by `now`, oldest first, keeping their objects' newest processed positions;
+        /// answers how many.
+        fn purge_batch<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            before: i64,
+            now: i64,
+            limit: i64,
+        ) -> BoxFuture<'a, sqlx::Result<u64>>;
 
-    /// The due events as [`due`](Self::due) under [`OrderingPolicy::Sequential`](crate::OrderingPolicy::Sequential):
-    /// only those a claim would take now.
-    #[doc(hidden)]
-    fn due_in_order<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        now: i64,
-        limit: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>>;
-
-    /// Locks the event's ordering key for the rest of `conn`'s transaction (Postgres; on
-    /// SQLite the transaction's write lock does it), then answers the event id of a processed
-    /// event of that key strictly newer than it, if any.
-    #[doc(hidden)]
-    fn newer_processed<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a Sql,
-        key: &'a EventKey,
-    ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
-
-    /// Marks the claimed event skipped with `reason`, fenced by `token`.
-    #[doc(hidden)]
-    fn skip<'a>(
-        conn: &'a mut Self::Connection,
-        sql: &'a Sql,
-        key: &'a EventKey,
-        now: i64,
-        token: i64,
-        reason: &'a str,
-    ) -> BoxFuture<'a, sqlx::Result<bool>>;
-
-    /// The earliest pending event of the event's ordering key, other than the event.
-    #[doc(hidden)]
-    fn next_in_order<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        key: &'a EventKey,
-    ) -> BoxFuture<'a, sqlx::Result<Option<String>>>;
-
-    /// The pending and failed events by state and provider, with each group's oldest
-    /// `received_at`, read from the index of non-processed rows.
-    #[doc(hidden)]
-    fn open_groups<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<OpenGroup>>>;
-
-    /// Deletes up to `limit` events processed before `before` whose authenticator horizon
-    /// ended by `now`, oldest first; answers how many.
-    #[doc(hidden)]
-    fn purge_batch<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        before: i64,
-        now: i64,
-        limit: i64,
-    ) -> BoxFuture<'a, sqlx::Result<u64>>;
-
-    /// Claims, in one statement, those of `keys` (distinct) that are due with attempts below
-    /// `max_attempts`, all under `token` until `lease_until`; answers each claimed event's key
-    /// and row (Postgres skips a row another instance's claim is locking).
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    fn claim_many<'a>(
-        pool: &'a sqlx::Pool<Self>,
-        sql: &'a Sql,
-        keys: &'a [EventKey],
-        now: i64,
-        token: i64,
-        lease_until: i64,
-        max_attempts: i32,
-    ) -> BoxFuture<'a, sqlx::Result<Vec<(EventKey, ClaimedRow)>>>;
+        /// Discards a failed event: deletes it, or, while its authenticator must still refuse
+        /// a replay (`authenticator_until` after `now`), keeps its row finished without its
+        /// body and headers; whether it did either.
+        fn discard<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            key: &'a EventKey,
+            now: i64,
+        ) -> BoxFuture<'a, sqlx::Result<bool>>;
+    }
 }
 
-mod sealed {
-    pub trait Sealed {}
+/// A claim's row.
+fn claimed_row(row: Stored, attempt: u32) -> ClaimedRow {
+    ClaimedRow {
+        headers: row.headers,
+        body: row.body,
+        received_at: row.received_at,
+        attempts: i32::try_from(attempt).unwrap_or(i32::MAX),
+    }
 }
 
-/// A claim's `RETURNING headers, body, received_at, attempts`.
-fn claimed_row<R: sqlx::Row>(row: &R) -> sqlx::Result<ClaimedRow>
-where
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    claimed_row_at(row, 0)
-}
-
-/// [`claimed_row`] from the row's columns `at..at + 4`.
-fn claimed_row_at<R: sqlx::Row>(row: &R, at: usize) -> sqlx::Result<ClaimedRow>
+/// A claim's `RETURNING headers, body, received_at, attempts`, as the ordered claim reads it.
+fn returned_row<R: sqlx::Row>(row: &R) -> sqlx::Result<ClaimedRow>
 where
     usize: sqlx::ColumnIndex<R>,
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -548,45 +347,16 @@ where
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     Ok(ClaimedRow {
-        headers: row.try_get(at)?,
-        body: row.try_get(at + 1)?,
-        received_at: row.try_get(at + 2)?,
-        attempts: row.try_get(at + 3)?,
+        headers: row.try_get(0)?,
+        body: row.try_get(1)?,
+        received_at: row.try_get(2)?,
+        attempts: row.try_get(3)?,
     })
 }
 
-fn summary<R: sqlx::Row>(row: &R) -> sqlx::Result<EventSummary>
-where
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok(EventSummary {
-        provider: row.try_get(0)?,
-        event_id: row.try_get(1)?,
-        state: crate::EventState::from_code(row.try_get(2)?),
-        attempts: u32::try_from(row.try_get::<i32, _>(3)?).unwrap_or(0),
-        received_at_ms: row.try_get(4)?,
-        available_at_ms: row.try_get(5)?,
-        finished_at_ms: row.try_get(6)?,
-        last_error: row.try_get(7)?,
-    })
-}
-
-/// The typed calls, the same for each database.
-macro_rules! backend {
-    (
-        $db:ty,
-        $feature:literal,
-        $statements:path,
-        $begin:literal,
-        $begin_lazy:literal,
-        $concurrency:literal,
-        $insert_many:path,
-        $keys:path
-    ) => {
+/// The inbox's own calls, the same for each database.
+macro_rules! inbox_sql {
+    ($db:ty, $feature:literal, $statements:path, $begin_lazy:literal, $insert_many:path) => {
         #[cfg(feature = $feature)]
         const _: () = {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>;
@@ -599,8 +369,8 @@ macro_rules! backend {
                     .bind(&key.event_id)
             }
 
-            /// Runs `query`: whether it changed exactly one row (`false`: a duplicate, or a claim
-            /// that is no longer the holder's).
+            /// Runs `query`: whether it changed exactly one row (`false`: a duplicate, or a
+            /// claim that is no longer the holder's).
             async fn one_row<'e, E>(query: Query<'e>, executor: E) -> sqlx::Result<bool>
             where
                 E: sqlx::Executor<'e, Database = $db> + 'e,
@@ -608,36 +378,11 @@ macro_rules! backend {
                 Ok(query.execute(executor).await?.rows_affected() == 1)
             }
 
-            /// The due events `statement` selects.
-            fn due_by<'a>(
-                pool: &'a sqlx::Pool<$db>,
-                sql: &'a Sql,
-                statement: &'a SqlStr,
-                now: i64,
-                limit: i64,
-                max_attempts: i32,
-            ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
-                Box::pin(async move {
-                    sql.sent();
-                    let rows: Vec<(String, String)> = sqlx::query_as(statement.clone())
-                        .bind(now)
-                        .bind(limit)
-                        .bind(max_attempts)
-                        .fetch_all(pool)
-                        .await?;
-                    Ok(rows
-                        .into_iter()
-                        .map(|(provider, event_id)| EventKey { provider, event_id })
-                        .collect())
-                })
-            }
-
-            impl sealed::Sealed for $db {}
-
-            impl InboxDatabase for $db {
-                const BEGIN: &'static str = $begin;
+            impl sealed::InboxSql for $db {
+                type Stored = Stored;
+                type Listed = Listed;
+                const BEGIN: &'static str = <$db as Driver>::BEGIN_WRITE;
                 const BEGIN_LAZY: &'static str = $begin_lazy;
-                const DEFAULT_CONCURRENCY: usize = $concurrency;
 
                 fn statements(table: &str) -> Sql {
                     $statements(table)
@@ -670,205 +415,6 @@ macro_rules! backend {
                             .bind(event.order.as_ref().map(|o| o.time))
                             .bind(event.authenticator_until);
                         one_row(query, pool).await
-                    })
-                }
-
-                fn claim<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                    now: i64,
-                    token: i64,
-                    lease_until: i64,
-                    max_attempts: i32,
-                ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        let row = sqlx::query(sql.claim.clone())
-                            .bind(now)
-                            .bind(&key.provider)
-                            .bind(&key.event_id)
-                            .bind(token)
-                            .bind(lease_until)
-                            .bind(max_attempts)
-                            .fetch_optional(pool)
-                            .await?;
-                        row.map(|row| claimed_row(&row)).transpose()
-                    })
-                }
-
-                fn complete<'a>(
-                    conn: &'a mut Self::Connection,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                    now: i64,
-                    token: i64,
-                ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                    Box::pin(async move {
-                        let query = keyed(sql, &sql.complete, key).bind(now).bind(token);
-                        one_row(query, conn).await
-                    })
-                }
-
-                fn fail<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                    now: i64,
-                    token: i64,
-                    max_attempts: i32,
-                    retry_at: i64,
-                    error: &'a str,
-                ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                    Box::pin(async move {
-                        let query = keyed(sql, &sql.fail, key)
-                            .bind(now)
-                            .bind(token)
-                            .bind(max_attempts)
-                            .bind(retry_at)
-                            .bind(error);
-                        one_row(query, pool).await
-                    })
-                }
-
-                fn renew<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                    token: i64,
-                    lease_until: i64,
-                ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                    Box::pin(async move {
-                        let query = keyed(sql, &sql.renew, key).bind(token).bind(lease_until);
-                        one_row(query, pool).await
-                    })
-                }
-
-                fn exhaust<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    now: i64,
-                    max_attempts: i32,
-                ) -> BoxFuture<'a, sqlx::Result<Vec<String>>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        sqlx::query_scalar(sql.exhaust.clone())
-                            .bind(now)
-                            .bind(max_attempts)
-                            .bind(SPENT)
-                            .fetch_all(pool)
-                            .await
-                    })
-                }
-
-                fn due<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    now: i64,
-                    limit: i64,
-                    max_attempts: i32,
-                ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
-                    due_by(pool, sql, &sql.due, now, limit, max_attempts)
-                }
-
-                fn due_in_order<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    now: i64,
-                    limit: i64,
-                    max_attempts: i32,
-                ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
-                    due_by(pool, sql, &sql.ordered.due, now, limit, max_attempts)
-                }
-
-                fn list<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    state: i16,
-                    limit: i64,
-                ) -> BoxFuture<'a, sqlx::Result<Vec<EventSummary>>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        let rows = sqlx::query(sql.list.clone())
-                            .bind(state)
-                            .bind(limit)
-                            .fetch_all(pool)
-                            .await?;
-                        rows.iter().map(summary).collect()
-                    })
-                }
-
-                fn get<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                ) -> BoxFuture<'a, sqlx::Result<Option<EventSummary>>> {
-                    Box::pin(async move {
-                        let row = keyed(sql, &sql.get, key).fetch_optional(pool).await?;
-                        row.as_ref().map(summary).transpose()
-                    })
-                }
-
-                fn retry<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    key: &'a EventKey,
-                    now: i64,
-                ) -> BoxFuture<'a, sqlx::Result<bool>> {
-                    Box::pin(async move {
-                        let query = keyed(sql, &sql.retry, key).bind(now);
-                        one_row(query, pool).await
-                    })
-                }
-
-                fn purge<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                    before: i64,
-                ) -> BoxFuture<'a, sqlx::Result<u64>> {
-                    // In batches, each a statement of its own (see `purge_batch`).
-                    Box::pin(async move {
-                        let (now, batch) = (
-                            crate::event::now_ms(),
-                            crate::retention::DEFAULT_PURGE_BATCH,
-                        );
-                        let mut purged = 0;
-                        loop {
-                            let done = <Self as InboxDatabase>::purge_batch(
-                                pool,
-                                sql,
-                                before,
-                                now,
-                                i64::from(batch),
-                            )
-                            .await?;
-                            purged += done;
-                            if done < u64::from(batch) {
-                                return Ok(purged);
-                            }
-                        }
-                    })
-                }
-
-                fn counts<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                ) -> BoxFuture<'a, sqlx::Result<StateCounts>> {
-                    Box::pin(async move {
-                        sql.sent();
-                        let rows: Vec<(i16, i64)> =
-                            sqlx::query_as(sql.counts.clone()).fetch_all(pool).await?;
-                        let mut counts = StateCounts::default();
-                        for (state, count) in rows {
-                            let count = u64::try_from(count).unwrap_or(0);
-                            match crate::EventState::from_code(state) {
-                                crate::EventState::Pending => counts.pending = count,
-                                crate::EventState::Processed => counts.processed = count,
-                                crate::EventState::Failed => counts.failed = count,
-                                crate::EventState::Skipped => counts.skipped = count,
-                            }
-                        }
-                        Ok(counts)
                     })
                 }
 
@@ -916,7 +462,29 @@ macro_rules! backend {
                                 claim(&mut *conn).await?
                             }
                         };
-                        row.map(|row| claimed_row(&row)).transpose()
+                        row.map(|row| returned_row(&row)).transpose()
+                    })
+                }
+
+                fn due_in_order<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    now: i64,
+                    limit: i64,
+                    max_attempts: i32,
+                ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
+                    Box::pin(async move {
+                        sql.sent();
+                        let rows: Vec<(String, String)> = sqlx::query_as(sql.ordered.due.clone())
+                            .bind(now)
+                            .bind(limit)
+                            .bind(max_attempts)
+                            .fetch_all(pool)
+                            .await?;
+                        Ok(rows
+                            .into_iter()
+                            .map(|(provider, event_id)| EventKey { provider, event_id })
+                            .collect())
                     })
                 }
 
@@ -1002,37 +570,21 @@ macro_rules! backend {
                     <Self as Purge>::purge_batch(pool, sql, before, now, limit)
                 }
 
-                fn claim_many<'a>(
+                fn discard<'a>(
                     pool: &'a sqlx::Pool<Self>,
                     sql: &'a Sql,
-                    keys: &'a [EventKey],
+                    key: &'a EventKey,
                     now: i64,
-                    token: i64,
-                    lease_until: i64,
-                    max_attempts: i32,
-                ) -> BoxFuture<'a, sqlx::Result<Vec<(EventKey, ClaimedRow)>>> {
-                    use sqlx::Row as _;
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
-                        let (providers, event_ids) = $keys(keys);
-                        sql.sent();
-                        let rows = sqlx::query(sql.claim_many.clone())
+                        let keep = keyed(sql, &sql.discard_keep, key)
                             .bind(now)
-                            .bind(providers)
-                            .bind(event_ids)
-                            .bind(token)
-                            .bind(lease_until)
-                            .bind(max_attempts)
-                            .fetch_all(pool)
-                            .await?;
-                        rows.iter()
-                            .map(|row| {
-                                let key = EventKey {
-                                    provider: row.try_get(0)?,
-                                    event_id: row.try_get(1)?,
-                                };
-                                Ok((key, claimed_row_at(row, 2)?))
-                            })
-                            .collect()
+                            .bind(Vec::<u8>::new())
+                            .bind(DISCARDED);
+                        if one_row(keep, pool).await? {
+                            return Ok(true);
+                        }
+                        one_row(keyed(sql, &sql.discard_delete, key).bind(now), pool).await
                     })
                 }
             }
@@ -1040,29 +592,21 @@ macro_rules! backend {
     };
 }
 
-backend!(
+inbox_sql!(
     sqlx::Postgres,
     "postgres",
     Sql::postgres,
     "BEGIN",
-    "BEGIN",
-    16,
-    insert_many_postgres,
-    keys_postgres
+    insert_many_postgres
 );
-// The write lock from the start: a deferred transaction that read first could not upgrade to a
-// write after another connection's commit (`SQLITE_BUSY` at once, whatever the busy timeout).
-// So one handler writes at a time, and more handlers than a few only wait in the busy handler
-// (`--bin inbox` in the bench workspace shows the drain).
-backend!(
+// A handler's transaction starts deferred (`BEGIN`): it takes the write lock at its first write,
+// and the worker reruns it under `BEGIN IMMEDIATE` when that upgrade meets a conflict.
+inbox_sql!(
     sqlx::Sqlite,
     "sqlite",
     Sql::sqlite,
-    "BEGIN IMMEDIATE",
     "BEGIN",
-    4,
-    insert_many_sqlite,
-    keys_sqlite
+    insert_many_sqlite
 );
 
 /// Postgres: one statement over arrays, whatever the batch's size (one prepared statement).
@@ -1142,25 +686,6 @@ async fn insert_many_sqlite(
     }
     tx.commit().await?;
     Ok(inserted)
-}
-
-/// Postgres: a batch claim's keys as two text arrays.
-#[cfg(feature = "postgres")]
-fn keys_postgres(keys: &[EventKey]) -> (Vec<&str>, Vec<&str>) {
-    keys.iter()
-        .map(|k| (k.provider.as_str(), k.event_id.as_str()))
-        .unzip()
-}
-
-/// SQLite: a batch claim's keys as two JSON arrays of strings.
-#[cfg(feature = "sqlite")]
-fn keys_sqlite(keys: &[EventKey]) -> (String, String) {
-    let (providers, event_ids): (Vec<&str>, Vec<&str>) = keys
-        .iter()
-        .map(|k| (k.provider.as_str(), k.event_id.as_str()))
-        .unzip();
-    let json = |v: Vec<&str>| serde_json::to_string(&v).expect("strings serialize");
-    (json(providers), json(event_ids))
 }
 
 /// A database's purge of one batch (see [`Inbox::purge_batch`](crate::Inbox::purge_batch)).
@@ -1272,4 +797,229 @@ impl Purge for sqlx::Sqlite {
             Ok(u64::try_from(deleted.len()).unwrap_or(u64::MAX))
         })
     }
+}
+
+/// The engine's key of an event.
+pub(crate) fn job_key(key: &EventKey) -> JobKey {
+    JobKey(vec![key.provider.clone(), key.event_id.clone()])
+}
+
+/// The event of an engine key.
+pub(crate) fn event_key(key: JobKey) -> EventKey {
+    let mut parts = key.0.into_iter();
+    EventKey {
+        provider: parts.next().unwrap_or_default(),
+        event_id: parts.next().unwrap_or_default(),
+    }
+}
+
+/// A listed event, with its body (for its type).
+pub(crate) fn event_summary<L: Into<Listed>>(job: JobSummary<L>) -> (EventSummary, Vec<u8>) {
+    let job = job.map(Into::into);
+    let key = event_key(job.key);
+    let summary = EventSummary {
+        provider: key.provider,
+        event_id: key.event_id,
+        state: crate::EventState::from_job(job.state),
+        attempts: job.attempts,
+        received_at_ms: job.created_at_ms,
+        available_at_ms: job.available_at_ms,
+        finished_at_ms: job.finished_at_ms,
+        last_error: job.last_error,
+    };
+    (summary, job.extra.body)
+}
+
+/// Claims, in one statement, those of `keys` (distinct) that are due with attempts below
+/// `max_attempts`, all under `token` until `lease_until` (Postgres skips a row another
+/// instance's claim is locking).
+pub(crate) async fn claim_many<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    keys: &[EventKey],
+    (now, token, lease_until, max_attempts): (i64, i64, i64, i32),
+) -> sqlx::Result<Vec<(EventKey, ClaimedRow)>> {
+    let keys: Vec<JobKey> = keys.iter().map(job_key).collect();
+    sql.sent();
+    let claimed: Vec<Claimed<DB::Stored>> = DB::claim_keys(
+        pool,
+        &sql.jobs,
+        &keys,
+        now,
+        token,
+        lease_until,
+        max_attempts,
+    )
+    .await?;
+    Ok(claimed
+        .into_iter()
+        .map(|job| {
+            let row = claimed_row(job.payload.into(), job.attempt);
+            (event_key(job.key), row)
+        })
+        .collect())
+}
+
+/// Extends the claim of `token` to `lease_until`; `false` when it is no longer held.
+pub(crate) async fn renew<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+    token: i64,
+    lease_until: i64,
+) -> sqlx::Result<bool> {
+    sql.sent();
+    DB::renew_one(pool, &sql.jobs, &job_key(key), token, lease_until).await
+}
+
+/// Marks the event processed inside the handler's transaction, fenced by the claim's token.
+pub(crate) async fn complete<DB: InboxDatabase>(
+    conn: &mut DB::Connection,
+    sql: &Sql,
+    key: &EventKey,
+    now: i64,
+    token: i64,
+) -> sqlx::Result<bool> {
+    sql.sent();
+    DB::complete(conn, &sql.jobs, &job_key(key), token, now, None).await
+}
+
+/// Records a failed attempt, fenced by the claim's token: back to pending until `retry_at`,
+/// or failed when `attempts >= max_attempts`.
+pub(crate) async fn fail<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+    (now, token, max_attempts, retry_at): (i64, i64, i32, i64),
+    error: &str,
+) -> sqlx::Result<bool> {
+    sql.sent();
+    let key = job_key(key);
+    DB::fail(
+        pool,
+        &sql.jobs,
+        &key,
+        token,
+        now,
+        max_attempts,
+        retry_at,
+        error,
+        None,
+    )
+    .await
+}
+
+/// Fails the due events whose attempts are spent; answers their providers.
+pub(crate) async fn exhaust<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    now: i64,
+    max_attempts: i32,
+) -> sqlx::Result<Vec<String>> {
+    sql.sent();
+    let keys = DB::exhaust(pool, &sql.jobs, now, max_attempts).await?;
+    Ok(keys
+        .into_iter()
+        .map(|key| event_key(key).provider)
+        .collect())
+}
+
+/// Up to `limit` due events: retries and recovered events first.
+pub(crate) async fn due<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    now: i64,
+    limit: i64,
+    max_attempts: i32,
+) -> sqlx::Result<Vec<EventKey>> {
+    sql.sent();
+    let keys = DB::due(pool, &sql.jobs, now, limit, max_attempts).await?;
+    Ok(keys.into_iter().map(event_key).collect())
+}
+
+/// Up to `limit` events in `state`, oldest first.
+pub(crate) async fn list<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    state: JobState,
+    limit: i64,
+) -> sqlx::Result<Vec<EventSummary>> {
+    sql.sent();
+    let jobs = DB::list::<DB::Listed>(pool, &sql.jobs, state, limit).await?;
+    Ok(jobs.into_iter().map(|job| event_summary(job).0).collect())
+}
+
+/// Events matching `filter`, newest first, with their bodies.
+pub(crate) async fn page<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    filter: &PageFilter,
+    limit: i64,
+) -> sqlx::Result<Vec<(EventSummary, Vec<u8>)>> {
+    sql.sent();
+    let jobs = DB::page::<DB::Listed>(pool, &sql.jobs, filter, limit).await?;
+    Ok(jobs.into_iter().map(event_summary).collect())
+}
+
+/// One event.
+pub(crate) async fn get<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+) -> sqlx::Result<Option<EventSummary>> {
+    sql.sent();
+    let job = DB::get::<DB::Listed>(pool, &sql.jobs, &job_key(key)).await?;
+    Ok(job.map(|job| event_summary(job).0))
+}
+
+/// One event with its stored request: summary, headers (JSON text) and body.
+pub(crate) async fn detail<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+) -> sqlx::Result<Option<(EventSummary, String, Vec<u8>)>> {
+    sql.sent();
+    let found = DB::detail::<DB::Listed, DB::Stored>(pool, &sql.jobs, &job_key(key)).await?;
+    Ok(found.map(|(job, stored)| {
+        let stored: Stored = stored.into();
+        (event_summary(job).0, stored.headers, stored.body)
+    }))
+}
+
+/// Puts a failed event back to pending, due at `now`.
+pub(crate) async fn retry<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+    now: i64,
+) -> sqlx::Result<bool> {
+    sql.sent();
+    DB::retry(pool, &sql.jobs, &job_key(key), now).await
+}
+
+/// How many events are in each state.
+pub(crate) async fn counts<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+) -> sqlx::Result<StateCounts> {
+    sql.sent();
+    Ok(DB::counts(pool, &sql.jobs).await?.into())
+}
+
+/// `(provider, state, count)` for every provider and state present.
+pub(crate) async fn provider_counts<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+) -> sqlx::Result<Vec<(String, JobState, u64)>> {
+    sql.sent();
+    DB::group_counts(pool, &sql.jobs).await
+}
+
+/// The received time of the oldest pending event, unix ms.
+pub(crate) async fn oldest_pending<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+) -> sqlx::Result<Option<i64>> {
+    sql.sent();
+    DB::oldest_pending(pool, &sql.jobs).await
 }

@@ -1,9 +1,10 @@
 //! The inbox's records: the event a handler receives, and the summaries operators list.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tower_idempotency_jobs::{JobCounts, JobState};
 
 /// Names one event: the provider that sent it and the provider's event id. The inbox's primary
 /// key, so a provider's retry of an event is the same row.
@@ -44,22 +45,27 @@ pub enum EventState {
 }
 
 impl EventState {
-    pub(crate) fn code(self) -> i16 {
+    /// The job engine's state of an event in this state.
+    pub(crate) fn job(self) -> JobState {
         match self {
-            Self::Pending => 0,
-            Self::Processed => 1,
-            Self::Failed => 2,
-            Self::Skipped => 3,
+            Self::Pending => JobState::Pending,
+            Self::Processed => JobState::Done,
+            Self::Failed => JobState::Failed,
+            Self::Skipped => JobState::Discarded,
+        }
+    }
+
+    pub(crate) fn from_job(state: JobState) -> Self {
+        match state {
+            JobState::Pending => Self::Pending,
+            JobState::Done => Self::Processed,
+            JobState::Failed => Self::Failed,
+            JobState::Discarded => Self::Skipped,
         }
     }
 
     pub(crate) fn from_code(code: i16) -> Self {
-        match code {
-            1 => Self::Processed,
-            2 => Self::Failed,
-            3 => Self::Skipped,
-            _ => Self::Pending,
-        }
+        Self::from_job(JobState::from_code(code))
     }
 
     /// The lowercase name (`pending`, `processed`, `failed`).
@@ -148,23 +154,18 @@ pub struct StateCounts {
     pub skipped: u64,
 }
 
-/// Unix milliseconds of `time` (0 before the epoch, saturating far in the future).
-pub(crate) fn unix_ms(time: SystemTime) -> i64 {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+impl From<JobCounts> for StateCounts {
+    fn from(counts: JobCounts) -> Self {
+        Self {
+            pending: counts.pending,
+            processed: counts.done,
+            failed: counts.failed,
+            skipped: counts.discarded,
+        }
+    }
 }
 
-pub(crate) fn now_ms() -> i64 {
-    unix_ms(SystemTime::now())
-}
-
-pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-pub(crate) fn duration_ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
+pub(crate) use tower_idempotency_jobs::time::{duration_ms, from_unix_ms, now_ms, unix_ms};
 
 #[cfg(test)]
 mod tests {

@@ -4,14 +4,17 @@ use std::{any::Any, future::Future};
 
 use tower_idempotency_sqlx::IdempotentTx;
 
-use crate::{backend::BoxFuture, event::InboxEvent, InboxDatabase};
+use futures_util::future::BoxFuture;
+
+use crate::{event::InboxEvent, InboxDatabase};
 
 /// What a handler's failure is: any error. Its `Display` text (with its sources) is kept as the
 /// event's last error, cut to [`MAX_ERROR_LEN`] bytes; write errors that name no secret.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The longest last error kept per event, in bytes.
-pub const MAX_ERROR_LEN: usize = 1024;
+use tower_idempotency_jobs::bounded;
+/// The longest last error kept per event, in bytes (the job engine's bound).
+pub use tower_idempotency_jobs::MAX_ERROR_LEN;
 
 /// Processes one event. Its database writes go through the [`IdempotentTx`] it is given; the
 /// worker commits them together with the event's `processed` state after it returns `Ok`, and
@@ -96,19 +99,6 @@ pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-text payload".to_owned());
     bounded(format!("the handler panicked: {message}"))
-}
-
-/// `text` cut to at most [`MAX_ERROR_LEN`] bytes, at a char boundary (the outbox crate's
-/// message errors are cut by it too; not a stable API).
-pub fn bounded(mut text: String) -> String {
-    if text.len() > MAX_ERROR_LEN {
-        let mut end = MAX_ERROR_LEN;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
 }
 
 #[cfg(test)]

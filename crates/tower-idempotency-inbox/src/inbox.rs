@@ -34,6 +34,15 @@ pub enum InboxError {
     InvalidCursor,
 }
 
+/// A failure of an admin route or the page: logged here, answered as a `503` without its
+/// details.
+impl From<InboxError> for tower_idempotency_jobs::Unavailable {
+    fn from(error: InboxError) -> Self {
+        tracing::warn!(%error, "inbox admin call failed");
+        Self
+    }
+}
+
 impl From<sqlx::Error> for InboxError {
     fn from(error: sqlx::Error) -> Self {
         Self::Database(error)
@@ -88,7 +97,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
         validate_table_name(table)?;
         Ok(Self {
             pool,
-            sql: Arc::new(DB::statements(table)),
+            sql: Arc::new(<DB as crate::backend::sealed::InboxSql>::statements(table)),
             table: table.into(),
             ordering: None,
             acks: Arc::new(Acks::new(AckSettings::default())),

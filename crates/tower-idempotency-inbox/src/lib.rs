@@ -63,30 +63,21 @@ compile_error!("tower-idempotency-inbox needs its `sqlite` or `postgres` feature
 mod ack;
 mod acks;
 pub mod admin;
-#[doc(hidden)]
-pub mod backend;
+mod backend;
 mod event;
 mod handler;
 mod inbox;
 mod metrics;
 mod ops;
-#[doc(hidden)]
-pub mod ops_sql;
 mod ordering;
-#[doc(hidden)]
-pub mod page;
+mod page;
 mod retention;
-mod retry;
-#[doc(hidden)]
-pub mod unavailable;
 mod worker;
 
 pub use ack::Ack;
 pub use acks::{DEFAULT_ACK_DEADLINE, DEFAULT_MAX_WAITING_ACKS, MAX_BATCH as MAX_ACK_BATCH};
 pub use backend::InboxDatabase;
 pub use event::{EventKey, EventState, EventSummary, InboxEvent, StateCounts};
-#[doc(hidden)]
-pub use handler::bounded;
 pub use handler::{permanent, HandlerError, InboxHandler, Permanent, MAX_ERROR_LEN};
 pub use inbox::{Inbox, InboxError, DEFAULT_TABLE};
 pub use metrics::{
@@ -99,7 +90,7 @@ pub use ops::{
 };
 pub use ordering::{OrderPosition, Ordering, OrderingPolicy};
 pub use retention::{DEFAULT_PURGE_BATCH, DEFAULT_PURGE_EVERY, DEFAULT_RETENTION};
-pub use retry::Backoff;
+pub use tower_idempotency_jobs::{Backoff, WorkerHandle};
 pub use worker::{
     InboxWorker, WorkerBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
 };

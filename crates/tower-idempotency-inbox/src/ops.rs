@@ -9,9 +9,15 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use tower_idempotency_jobs::redact::REDACTED;
+use tower_idempotency_jobs::redact::{redact, shown_body};
+
+pub use tower_idempotency_jobs::time::{parse_rfc3339, rfc3339};
+use tower_idempotency_jobs::{cursor, time::rfc3339_ms, JobKey, PageFilter};
+
 use crate::{
-    event::{from_unix_ms, now_ms, unix_ms},
-    ops_sql::{OpsDatabase, ScanParams},
+    backend,
+    event::{now_ms, unix_ms},
     EventKey, EventState, EventSummary, Inbox, InboxDatabase, InboxError,
 };
 
@@ -20,31 +26,6 @@ pub const MAX_PAGE: u32 = 500;
 
 /// Rows read per statement while a listing or a bulk retry scans.
 const SCAN_BATCH: i64 = 500;
-
-/// Header and body field names whose values [`Inbox::event`] never shows: a name containing one
-/// of these (ASCII case-insensitive) is redacted.
-const SECRET_NAME_PARTS: [&str; 14] = [
-    "authorization",
-    "cookie",
-    "signature",
-    "secret",
-    "token",
-    "hmac",
-    "api-key",
-    "api_key",
-    "apikey",
-    "auth-key",
-    "password",
-    "passwd",
-    "session",
-    "credential",
-];
-
-/// What a redacted header's value reads.
-pub const REDACTED: &str = "[redacted]";
-
-/// What a masked query value or fragment of a shown URL reads.
-pub const MASKED: &str = "***";
 
 /// Which events a listing or a bulk retry takes. Every field left `None` matches all.
 ///
@@ -165,20 +146,6 @@ pub struct ProviderCounts {
     pub skipped: u64,
 }
 
-/// Formats `time` as RFC 3339 in UTC with milliseconds (`2026-01-02T03:04:05.678Z`).
-pub fn rfc3339(time: SystemTime) -> String {
-    humantime::format_rfc3339_millis(time).to_string()
-}
-
-fn rfc3339_ms(ms: i64) -> String {
-    rfc3339(from_unix_ms(ms))
-}
-
-/// Parses an RFC 3339 time (`2026-01-02T03:04:05Z`, fractions and offsets `Z` only).
-pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
-    humantime::parse_rfc3339_weak(text.trim_end_matches(['Z', 'z'])).ok()
-}
-
 /// The filter's fields from text: empty is `None`.
 pub(crate) mod filter_fields {
     use std::time::SystemTime;
@@ -244,149 +211,11 @@ fn record(summary: EventSummary, body: &[u8]) -> EventRecord {
 
 /// A cursor: the last row's position in the scan, as hex of a JSON array (opaque to callers).
 fn encode_cursor(received_at: i64, key: &EventKey) -> String {
-    let json = serde_json::json!([received_at, key.provider, key.event_id]);
-    hex::encode(json.to_string())
+    cursor::encode(received_at, &backend::job_key(key))
 }
 
-fn decode_cursor(cursor: &str) -> Result<(i64, String, String), InboxError> {
-    let bytes = hex::decode(cursor).map_err(|_| InboxError::InvalidCursor)?;
-    serde_json::from_slice(&bytes).map_err(|_| InboxError::InvalidCursor)
-}
-
-/// Whether a header or body field `name` looks like a credential's: it contains (ASCII
-/// case-insensitive) `authorization`, `cookie`, `signature`, `secret`, `token`, `hmac`,
-/// `api-key`, `api_key`, `apikey`, `auth-key`, `password`, `passwd`, `session` or `credential`.
-pub fn is_secret_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    SECRET_NAME_PARTS.iter().any(|part| lower.contains(part))
-}
-
-/// `value`, or [`REDACTED`] when the header `name` looks like a credential's
-/// ([`is_secret_name`]); an `http(s)` URL value as [`redact_url`] shows it. The rule of
-/// [`Inbox::event`], which the outbox's page shares.
-#[doc(hidden)]
-pub fn redact(name: &str, value: String) -> String {
-    if is_secret_name(name) {
-        REDACTED.to_owned()
-    } else {
-        redact_url_text(value)
-    }
-}
-
-/// A URL as an operator is shown it: without user-info, each query value and the fragment
-/// [`MASKED`] (names stay), parsed by the `url` crate. Text that is not an absolute URL reads
-/// [`REDACTED`]: it cannot be told apart from a credential.
-///
-/// ```
-/// use tower_idempotency_inbox::page::redact_url;
-///
-/// assert_eq!(
-///     redact_url("https://user:pass@api.example.com/hook?token=abc&mode=live#sig"),
-///     "https://api.example.com/hook?token=***&mode=***#***"
-/// );
-/// assert_eq!(redact_url("https://api.example.com/hook"), "https://api.example.com/hook");
-/// ```
-pub fn redact_url(text: &str) -> String {
-    match url::Url::parse(text) {
-        Ok(url) => masked_url(url),
-        Err(_) => REDACTED.to_owned(),
-    }
-}
-
-fn masked_url(mut url: url::Url) -> String {
-    if url.cannot_be_a_base() {
-        // `mailto:`, `data:`, ...: nothing of a host, user-info or path to keep apart.
-        return REDACTED.to_owned();
-    }
-    // Both succeed on a URL that can be a base.
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    if url.query().is_some() {
-        let pairs: Vec<(String, &str)> = url
-            .query_pairs()
-            .map(|(name, value)| {
-                let value = if value.is_empty() { "" } else { MASKED };
-                (name.into_owned(), value)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    if url.fragment().is_some_and(|fragment| !fragment.is_empty()) {
-        url.set_fragment(Some(MASKED));
-    }
-    url.to_string()
-}
-
-/// `text` as [`redact_url`] shows it when it is an `http(s)` URL carrying user-info, a query or
-/// a fragment; else unchanged.
-fn redact_url_text(text: String) -> String {
-    let lower = text.get(..8).unwrap_or(&text).to_ascii_lowercase();
-    if !(lower.starts_with("http://") || lower.starts_with("https://")) {
-        return text;
-    }
-    match url::Url::parse(text.trim()) {
-        Ok(url)
-            if !url.username().is_empty()
-                || url.password().is_some()
-                || url.query().is_some()
-                || url.fragment().is_some() =>
-        {
-            masked_url(url)
-        }
-        Ok(_) => text,
-        Err(_) => REDACTED.to_owned(),
-    }
-}
-
-/// Masks a JSON value for an operator: the string or number of a field whose name looks like a
-/// credential's ([`is_secret_name`]) reads [`REDACTED`] (an object or array under such a name
-/// is masked field by field: Mailgun's `signature` object keeps its `timestamp`), and a URL
-/// string reads as [`redact_url`] shows it. Answers whether anything changed.
-fn redact_json(value: &mut serde_json::Value) -> bool {
-    use serde_json::Value;
-    match value {
-        Value::Object(fields) => {
-            let mut changed = false;
-            for (name, field) in fields.iter_mut() {
-                match field {
-                    Value::String(_) | Value::Number(_) if is_secret_name(name) => {
-                        *field = Value::String(REDACTED.to_owned());
-                        changed = true;
-                    }
-                    _ => changed |= redact_json(field),
-                }
-            }
-            changed
-        }
-        Value::Array(items) => items
-            .iter_mut()
-            .fold(false, |changed, item| redact_json(item) | changed),
-        Value::String(text) => {
-            let shown = redact_url_text(text.clone());
-            let changed = shown != *text;
-            *text = shown;
-            changed
-        }
-        _ => false,
-    }
-}
-
-/// A body as an operator is shown it: as text, and pretty-printed when it is JSON, with
-/// credential fields and URLs masked as [`Inbox::event`] says (the outbox's page shares it). A
-/// JSON body that needed masking is shown re-serialized.
-#[doc(hidden)]
-pub fn shown_body(body: &[u8]) -> (String, Option<String>) {
-    let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return (String::from_utf8_lossy(body).into_owned(), None);
-    };
-    let changed = redact_json(&mut json);
-    let pretty = serde_json::to_string_pretty(&json).ok();
-    let text = if changed {
-        json.to_string()
-    } else {
-        String::from_utf8_lossy(body).into_owned()
-    };
-    (text, pretty)
+fn decode_cursor(text: &str) -> Result<(i64, JobKey), InboxError> {
+    cursor::decode(text, 2).ok_or(InboxError::InvalidCursor)
 }
 
 impl<DB: InboxDatabase> Inbox<DB> {
@@ -396,33 +225,29 @@ impl<DB: InboxDatabase> Inbox<DB> {
     async fn scan(
         &self,
         filter: &EventFilter,
-        after: Option<(i64, String, String)>,
+        after: Option<(i64, JobKey)>,
         batch: i64,
         mut take: impl FnMut(EventSummary, &[u8]) -> bool,
     ) -> Result<bool, InboxError> {
-        let mut params = ScanParams {
-            state: filter.state.map(EventState::code),
-            provider: filter.provider.clone(),
-            from: filter.received_after.map(unix_ms),
-            until: filter.received_before.map(unix_ms),
+        let mut params = PageFilter {
+            state: filter.state.map(EventState::job),
+            group: filter.provider.clone(),
+            from_ms: filter.received_after.map(unix_ms),
+            until_ms: filter.received_before.map(unix_ms),
             after,
-            limit: batch.clamp(1, SCAN_BATCH),
         };
+        let limit = batch.clamp(1, SCAN_BATCH);
         loop {
-            let rows = <DB as OpsDatabase>::scan(&self.pool, self.table(), &params).await?;
-            let exhausted = rows.len() < usize::try_from(params.limit).unwrap_or(usize::MAX);
-            for row in rows {
-                let position = (
-                    row.summary.received_at_ms,
-                    row.summary.provider.clone(),
-                    row.summary.event_id.clone(),
-                );
-                params.after = Some(position);
+            let rows = backend::page(&self.pool, &self.sql, &params, limit).await?;
+            let exhausted = rows.len() < usize::try_from(limit).unwrap_or(usize::MAX);
+            for (summary, body) in rows {
+                let key = EventKey::new(&summary.provider, &summary.event_id);
+                params.after = Some((summary.received_at_ms, backend::job_key(&key)));
                 let matches = filter
                     .event_type
                     .as_ref()
-                    .is_none_or(|kind| event_type(&row.body).as_ref() == Some(kind));
-                if matches && !take(row.summary, &row.body) {
+                    .is_none_or(|kind| event_type(&body).as_ref() == Some(kind));
+                if matches && !take(summary, &body) {
                     return Ok(false);
                 }
             }
@@ -478,10 +303,11 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// One event in full (kept headers, body, attempts, last error), when the inbox holds it;
     /// credentials in the headers and a JSON body are masked as [`EventDetail`] says.
     pub async fn event(&self, key: &EventKey) -> Result<Option<EventDetail>, InboxError> {
-        let Some(row) = <DB as OpsDatabase>::detail(&self.pool, self.table(), key).await? else {
+        let Some((summary, headers, body)) = backend::detail(&self.pool, &self.sql, key).await?
+        else {
             return Ok(None);
         };
-        let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
+        let headers: Vec<(String, String)> = serde_json::from_str(&headers).unwrap_or_default();
         let headers = headers
             .into_iter()
             .map(|(name, value)| {
@@ -489,10 +315,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 (name, value)
             })
             .collect();
-        let (body, body_pretty) = shown_body(&row.body);
+        let (shown, body_pretty) = shown_body(&body);
         Ok(Some(EventDetail {
-            body,
-            record: record(row.summary, &row.body),
+            record: record(summary, &body),
+            body: shown,
             headers,
             body_pretty,
         }))
@@ -506,7 +332,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// still refuses the captured delivery re-sent under a new id (and a redelivery under the
     /// same id is a duplicate), and the retention purges it after the horizon.
     pub async fn discard(&self, key: &EventKey) -> Result<bool, InboxError> {
-        Ok(<DB as OpsDatabase>::discard(&self.pool, self.table(), key, now_ms()).await?)
+        Ok(
+            <DB as backend::sealed::InboxSql>::discard(&self.pool, &self.sql, key, now_ms())
+                .await?,
+        )
     }
 
     /// Puts every failed event matching `filter` (its `state` is ignored: only failed events
@@ -550,7 +379,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 None => 0,
             };
             let due = now.saturating_add(offset);
-            if DB::retry(&self.pool, &self.sql, key, due).await? {
+            if backend::retry(&self.pool, &self.sql, key, due).await? {
                 retried += 1;
                 last_due = Some(due);
                 if offset == 0 {
@@ -568,7 +397,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
 
     /// Events per state for each provider that has any, by provider name.
     pub async fn counts_by_provider(&self) -> Result<Vec<ProviderCounts>, InboxError> {
-        let rows = <DB as OpsDatabase>::provider_counts(&self.pool, self.table()).await?;
+        let rows = backend::provider_counts(&self.pool, &self.sql).await?;
         let mut counts: Vec<ProviderCounts> = Vec::new();
         for (provider, state, count) in rows {
             if counts.last().is_none_or(|last| last.provider != provider) {
@@ -580,8 +409,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
             let Some(entry) = counts.last_mut() else {
                 continue;
             };
-            let count = u64::try_from(count).unwrap_or(0);
-            match EventState::from_code(state) {
+            match EventState::from_job(state) {
                 EventState::Pending => entry.pending = count,
                 EventState::Processed => entry.processed = count,
                 EventState::Failed => entry.failed = count,
@@ -594,7 +422,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// How long the oldest pending event has waited since its acknowledgement (the lag);
     /// `None` when nothing is pending.
     pub async fn oldest_pending_age(&self) -> Result<Option<Duration>, InboxError> {
-        let oldest = <DB as OpsDatabase>::oldest_pending(&self.pool, self.table()).await?;
+        let oldest = backend::oldest_pending(&self.pool, &self.sql).await?;
         Ok(oldest.map(|received| {
             Duration::from_millis(u64::try_from(now_ms().saturating_sub(received)).unwrap_or(0))
         }))
@@ -610,7 +438,7 @@ mod tests {
         let cursor = encode_cursor(42, &EventKey::new("stripe", "evt_\"1"));
         assert_eq!(
             decode_cursor(&cursor).unwrap(),
-            (42, "stripe".to_owned(), "evt_\"1".to_owned())
+            (42, backend::job_key(&EventKey::new("stripe", "evt_\"1")))
         );
         assert!(matches!(
             decode_cursor("zz"),
@@ -620,114 +448,5 @@ mod tests {
             decode_cursor(&hex::encode("[1]")),
             Err(InboxError::InvalidCursor)
         ));
-    }
-
-    #[test]
-    fn credential_headers_are_redacted() {
-        assert_eq!(redact("Stripe-Signature", "t=1,v1=ab".into()), REDACTED);
-        assert_eq!(redact("x-api-key", "k".into()), REDACTED);
-        assert_eq!(
-            redact("content-type", "application/json".into()),
-            "application/json"
-        );
-    }
-
-    #[test]
-    fn credential_names_are_redacted_whatever_their_case() {
-        for name in [
-            "apikey",
-            "X-ApiKey",
-            "api_key",
-            "x-api-key",
-            "Password",
-            "x-session-id",
-            "X-Auth-Key",
-            "cookie",
-            "Set-Cookie",
-            "Proxy-Authorization",
-            "x-amz-security-token",
-            "X-Shopify-Hmac-Sha256",
-            "client_secret",
-            "X-Hub-Signature-256",
-            "x-client-credential",
-        ] {
-            assert_eq!(redact(name, "v".into()), REDACTED, "{name}");
-        }
-        for name in [
-            "content-type",
-            "x-github-event",
-            "user-agent",
-            "x-request-id",
-        ] {
-            assert_eq!(redact(name, "v".into()), "v", "{name}");
-        }
-    }
-
-    #[test]
-    fn urls_lose_their_user_info_and_query_values() {
-        assert_eq!(
-            redact_url("https://user:pa%20ss@api.example.com:8443/hook?token=a%26b&flag&x=1#frag"),
-            "https://api.example.com:8443/hook?token=***&flag=&x=***#***"
-        );
-        assert_eq!(redact_url("http://token@h.example/p"), "http://h.example/p");
-        assert_eq!(redact_url("https://h.example/p/q"), "https://h.example/p/q");
-        // Not an absolute URL, or nothing but an opaque payload: nothing of it is shown.
-        for text in [
-            "not a url",
-            "/relative?token=x",
-            "mailto:someone@example.com",
-        ] {
-            assert_eq!(redact_url(text), REDACTED, "{text}");
-        }
-        // A header value that is a URL is shown as one; other values stay whole.
-        assert_eq!(
-            redact("referer", "https://u:p@h.example/?code=1".into()),
-            "https://h.example/?code=***"
-        );
-        assert_eq!(
-            redact("referer", "https://h.example/a".into()),
-            "https://h.example/a"
-        );
-        assert_eq!(redact("x-note", "see https:".into()), "see https:");
-    }
-
-    #[test]
-    fn mailgun_signature_fields_and_body_urls_are_masked() {
-        let body = serde_json::json!({
-            "signature": {"timestamp": "1700000000", "token": "tok", "signature": "ab12"},
-            "event-data": {
-                "id": "e1",
-                "client_secret": 42,
-                "tokens": ["kept: an array under a credential name is masked field by field"],
-                "links": [{"href": "https://u:p@h.example/x?k=v"}, "https://h.example/plain"],
-            },
-        });
-        let (text, pretty) = shown_body(body.to_string().as_bytes());
-        let shown: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(
-            shown,
-            serde_json::json!({
-                "signature": {"timestamp": "1700000000", "token": REDACTED, "signature": REDACTED},
-                "event-data": {
-                    "id": "e1",
-                    "client_secret": REDACTED,
-                    "tokens": ["kept: an array under a credential name is masked field by field"],
-                    "links": [{"href": "https://h.example/x?k=***"}, "https://h.example/plain"],
-                },
-            })
-        );
-        assert_eq!(pretty, serde_json::to_string_pretty(&shown).ok());
-        // A body with nothing to mask is shown as it came; one that is not JSON as text.
-        let plain = br#"{"b": 1,  "a": "x"}"#;
-        assert_eq!(shown_body(plain).0, r#"{"b": 1,  "a": "x"}"#);
-        assert_eq!(shown_body(b"token=abc"), ("token=abc".to_owned(), None));
-    }
-
-    #[test]
-    fn times_are_rfc3339_both_ways() {
-        let time = from_unix_ms(1_700_000_000_123);
-        assert_eq!(rfc3339(time), "2023-11-14T22:13:20.123Z");
-        assert_eq!(parse_rfc3339("2023-11-14T22:13:20.123Z"), Some(time));
-        assert_eq!(parse_rfc3339("yesterday"), None);
     }
 }

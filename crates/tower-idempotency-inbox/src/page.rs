@@ -2,44 +2,32 @@
 //! style shipped in this file, nothing fetched from another host. Served by
 //! [`admin::router`](crate::admin::router) at `GET /page` (the overview; `GET /` redirects to
 //! it) and `GET /detail` (one event); its buttons call the router's JSON routes with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
-//!
-//! The outbox crate's page is built from the same parts: [`shell`], [`headers_and_body`], [`html_response`], [`redact`], [`redact_url`], [`shown_body`],
-//! [`time_ms`], [`relative`] and [`encode`] (not a stable API).
+//! Built from the job engine's operator kit ([`tower_idempotency_jobs::page`]), as the
+//! outbox's page is.
 
 use std::time::Duration;
 
 use axum::{
     extract::{OriginalUri, Query, State},
-    http::{header, StatusCode},
-    response::{Html, IntoResponse, Redirect, Response},
+    http::StatusCode,
+    response::{IntoResponse, Redirect, Response},
     routing::get,
     Router,
 };
-use maud::{html, Markup, PreEscaped, DOCTYPE};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use maud::{html, Markup};
 use serde::Deserialize;
-
-use crate::{
-    event::now_ms, unavailable::Unavailable, EventDetail, EventFilter, EventKey, EventPage,
-    EventRecord, EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
+use tower_idempotency_jobs::{
+    page::{amount, encode, headers_and_body, html_response, relative, shell},
+    Unavailable,
 };
 
-pub use crate::ops::{is_secret_name, redact, redact_url, shown_body, MASKED};
+use crate::{
+    event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord, EventState, Inbox,
+    InboxDatabase, InboxError, ProviderCounts, StateCounts,
+};
 
 /// Events per page of the overview.
 const PAGE_SIZE: u32 = 50;
-
-/// What a path segment or query value keeps unencoded: RFC 3986's unreserved characters.
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// `text` percent-encoded as a path segment or query value.
-pub fn encode(text: &str) -> String {
-    utf8_percent_encode(text, COMPONENT).to_string()
-}
 
 pub(crate) fn routes<DB: InboxDatabase>(_inbox: Inbox<DB>) -> Router<Inbox<DB>> {
     Router::new()
@@ -75,26 +63,6 @@ pub(crate) struct Overview {
     pub(crate) event_type: String,
     pub(crate) page: EventPage,
     pub(crate) now_ms: i64,
-}
-
-/// A page as a response: not cached, not framed, and under a content security policy that
-/// allows the page's own inline script and style and requests to its own origin only.
-pub fn html_response(markup: Markup) -> Response {
-    (
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_FRAME_OPTIONS, "DENY"),
-            // The page's own inline script and style, requests to its own origin only.
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                 connect-src 'self'; img-src 'self'; form-action 'self'; \
-                 frame-ancestors 'none'; base-uri 'none'",
-            ),
-        ],
-        Html(markup.into_string()),
-    )
-        .into_response()
 }
 
 fn bad_request(message: &'static str) -> Response {
@@ -172,28 +140,6 @@ async fn detail<DB: InboxDatabase>(
     })
 }
 
-/// A duration in its largest whole unit: `5 s`, `3 min`, `2 h`, `4 d`.
-fn amount(millis: u64) -> String {
-    let seconds = millis / 1000;
-    match seconds {
-        0..60 => format!("{seconds} s"),
-        60..3600 => format!("{} min", seconds / 60),
-        3600..86_400 => format!("{} h", seconds / 3600),
-        _ => format!("{} d", seconds / 86_400),
-    }
-}
-
-/// `ms` relative to `now` (unix milliseconds): `5 s ago`, `3 min ago`, `in 2 h`.
-pub fn relative(now: i64, ms: i64) -> String {
-    let delta = now.saturating_sub(ms);
-    let amount = amount(delta.unsigned_abs());
-    if delta >= 0 {
-        format!("{amount} ago")
-    } else {
-        format!("in {amount}")
-    }
-}
-
 /// A time as RFC 3339 and relative to now.
 fn time(now: i64, rfc3339: &str) -> Markup {
     let relative = crate::parse_rfc3339(rfc3339)
@@ -202,15 +148,6 @@ fn time(now: i64, rfc3339: &str) -> Markup {
     html! {
         time datetime=(rfc3339) { (rfc3339) }
         " " span.rel { "(" (relative) ")" }
-    }
-}
-
-/// A time in unix milliseconds as RFC 3339 and relative to `now`.
-pub fn time_ms(now: i64, ms: i64) -> Markup {
-    let rfc3339 = crate::rfc3339(crate::event::from_unix_ms(ms));
-    html! {
-        time datetime=(rfc3339) { (rfc3339) }
-        " " span.rel { "(" (relative(now, ms)) ")" }
     }
 }
 
@@ -229,21 +166,6 @@ fn action_path(event: &EventRecord, action: &str) -> String {
         encode(&event.event_id)
     )
 }
-
-const STYLE: &str = "
-body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
-header,main{padding:0 1.5rem}header{background:#20304a;color:#fff;padding:.8rem 1.5rem}
-header a{color:#fff}h1{font-size:1.3rem;margin:0}h2{font-size:1.1rem;margin:1.4rem 0 .5rem}
-table{border-collapse:collapse;background:#fff;margin:.3rem 0}
-th,td{border:1px solid #ccd;padding:.3rem .6rem;text-align:left;vertical-align:top}
-th{background:#eef1f6}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
-.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
-form.filters div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
-button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
-#status{min-height:1.5em;font-weight:600;color:#0b5a1a}pre{background:#fff;border:1px solid #ccd;
-padding:.8rem;overflow:auto;max-height:32rem}.actions{display:flex;gap:.6rem;margin:.6rem 0}
-:focus-visible{outline:3px solid #f0a500;outline-offset:2px}
-";
 
 /// The page's own script: posts actions with the admin header, runs the bulk retry's count and
 /// confirmation, and refreshes the overview unless the operator turned it off.
@@ -316,30 +238,6 @@ const SCRIPT: &str = r#"
 
 fn layout(title: &str, content: Markup) -> Markup {
     shell("Webhook inbox", title, SCRIPT, content)
-}
-
-/// A page of `site` (`Webhook inbox`): the shared style, a header linking to the overview
-/// (`page`), a status line (`#status`) for the script's answers, `content`, and `script`.
-pub fn shell(site: &str, title: &str, script: &str, content: Markup) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · " (site) }
-                style { (PreEscaped(STYLE)) }
-            }
-            body {
-                header { h1 { a href="page" { (site) } " · " (title) } }
-                main {
-                    p #status role="status" aria-live="polite" {}
-                    (content)
-                }
-                script { (PreEscaped(script)) }
-            }
-        }
-    }
 }
 
 fn counts_table(view: &Overview) -> Markup {
@@ -503,28 +401,6 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
             ))
         },
     )
-}
-
-/// A detail page's headers (`#headers`, under the heading `titles.0`, or `titles.1` when there
-/// are none) and body (`#body`, as text).
-pub fn headers_and_body(titles: (&str, &str), headers: &[(String, String)], body: &str) -> Markup {
-    html! {
-        h2 { (titles.0) }
-        @if headers.is_empty() {
-            p { (titles.1) }
-        } @else {
-            table #headers {
-                thead { tr { th scope="col" { "name" } th scope="col" { "value" } } }
-                tbody {
-                    @for (name, value) in headers {
-                        tr { td { (name) } td { (value) } }
-                    }
-                }
-            }
-        }
-        h2 { "Body" }
-        pre #body { (body) }
-    }
 }
 
 #[cfg(test)]

@@ -230,6 +230,7 @@ mod tests {
     //! rows, from end to end.
 
     use super::*;
+    use tower_idempotency_jobs::Statement;
 
     const PROCESSED: i64 = 20_000;
 
@@ -307,12 +308,13 @@ mod tests {
         );
         // The worker's batch claim finds its keys by the primary key, not by walking the due
         // rows of a backlog.
-        let claim = plan(inbox.sql.claim_many.clone(), 6).await;
+        let claim = plan(inbox.sql.jobs.text(Statement::ClaimKeys).clone(), 6).await;
         assert!(claim.contains("USING PRIMARY KEY"), "{claim}");
         assert!(!claim.contains("plans_due_idx"), "{claim}");
-        let groups = <sqlx::Sqlite as InboxDatabase>::open_groups(&pool, &inbox.sql)
-            .await
-            .unwrap();
+        let groups =
+            <sqlx::Sqlite as crate::backend::sealed::InboxSql>::open_groups(&pool, &inbox.sql)
+                .await
+                .unwrap();
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
@@ -367,9 +369,10 @@ mod tests {
             .await
             .unwrap();
         let newer = newer.join("\n");
-        let groups = <sqlx::Postgres as InboxDatabase>::open_groups(&pool, &inbox.sql)
-            .await
-            .unwrap();
+        let groups =
+            <sqlx::Postgres as crate::backend::sealed::InboxSql>::open_groups(&pool, &inbox.sql)
+                .await
+                .unwrap();
         pool.execute(sqlx::AssertSqlSafe(
             format!("DROP TABLE {table}, {table}_positions").as_str(),
         ))
@@ -406,9 +409,8 @@ mod tests {
             .unwrap();
         let explain = |statement: &sqlx::SqlStr| format!("EXPLAIN {}", statement.as_str());
         let (now, token, until, max) = (0_i64, 7_i64, 0_i64, 25_i32);
-        let (claim_many, claim, ordered) = (
-            explain(&inbox.sql.claim_many),
-            explain(&inbox.sql.claim),
+        let (claim_many, ordered) = (
+            explain(inbox.sql.jobs.text(Statement::ClaimKeys)),
             explain(&inbox.sql.ordered.claim),
         );
         let many = sqlx::query_scalar(sqlx::AssertSqlSafe(&*claim_many))
@@ -419,7 +421,7 @@ mod tests {
             .bind(until)
             .bind(max);
         let mut plans: Vec<Vec<String>> = vec![many.fetch_all(&pool).await.unwrap()];
-        for statement in [&claim, &ordered] {
+        for statement in [&ordered] {
             let one = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.as_str()))
                 .bind(now)
                 .bind("stripe")
@@ -429,7 +431,7 @@ mod tests {
                 .bind(max);
             plans.push(one.fetch_all(&pool).await.unwrap());
         }
-        let renew = explain(&inbox.sql.renew);
+        let renew = explain(inbox.sql.jobs.text(Statement::RenewOne));
         let renew = sqlx::query_scalar(sqlx::AssertSqlSafe(&*renew))
             .bind("stripe")
             .bind("evt_5")

@@ -19,7 +19,7 @@ use tower_idempotency_sqlx::{is_unavailable_error, TxHandle};
 use tracing::Instrument;
 
 use crate::{
-    backend::ClaimedRow,
+    backend::{self, ClaimedRow},
     event::{duration_ms, from_unix_ms, now_ms, EventKey, InboxEvent},
     handler::{error_text, panic_text, Permanent},
     ops,
@@ -381,7 +381,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         let inbox = &self.shared.inbox;
         crate::metrics::refresh(inbox, &mut self.lagging).await;
         let (now, max) = (now_ms(), self.shared.max_attempts());
-        match DB::exhaust(&inbox.pool, &inbox.sql, now, max).await {
+        match backend::exhaust(&inbox.pool, &inbox.sql, now, max).await {
             Ok(providers) => {
                 for provider in providers {
                     tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
@@ -400,7 +400,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
         {
             DB::due_in_order(&inbox.pool, &inbox.sql, now, limit, max).await
         } else {
-            DB::due(&inbox.pool, &inbox.sql, now, limit, max).await
+            backend::due(&inbox.pool, &inbox.sql, now, limit, max).await
         };
         match due {
             Ok(keys) => {
@@ -624,7 +624,10 @@ impl<DB: InboxDatabase> Shared<DB> {
             return join_all(claims).await.into_iter().flatten().collect();
         }
         let token = fastrand::i64(0..i64::MAX);
-        let claim = || DB::claim_many(&inbox.pool, &inbox.sql, &keys, now, token, lease_until, max);
+        let claim = || {
+            let times = (now, token, lease_until, max);
+            backend::claim_many(&inbox.pool, &inbox.sql, &keys, times)
+        };
         match persist(self.lease / 3, claim).await {
             Ok(rows) => rows
                 .into_iter()
@@ -647,7 +650,7 @@ impl<DB: InboxDatabase> Shared<DB> {
         loop {
             tick.tick().await;
             let until = now_ms().saturating_add(duration_ms(self.lease));
-            let renew = || DB::renew(&self.inbox.pool, &self.inbox.sql, key, token, until);
+            let renew = || backend::renew(&self.inbox.pool, &self.inbox.sql, key, token, until);
             match persist(every, renew).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -780,7 +783,8 @@ impl<DB: InboxDatabase> Shared<DB> {
             });
         }
         let (sql, now) = (&self.inbox.sql, now_ms());
-        let current = match DB::complete(&mut *transaction, sql, &key, now, token).await {
+        let current = match backend::complete::<DB>(&mut *transaction, sql, &key, now, token).await
+        {
             Ok(current) => current,
             Err(error) => {
                 let _ = transaction.rollback().await;
@@ -862,7 +866,7 @@ impl<DB: InboxDatabase> Shared<DB> {
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
         let last = failure.permanent || attempt >= self.max_attempts;
         let error = &failure.text;
-        let fail = || DB::fail(pool, sql, key, now, token, max, retry_at, error);
+        let fail = || backend::fail(pool, sql, key, (now, token, max, retry_at), error);
         match persist(self.lease, fail).await {
             Ok(true) if last => {
                 tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");

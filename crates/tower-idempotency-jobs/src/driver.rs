@@ -52,6 +52,27 @@ pub struct Statements {
     pub(crate) oldest_pending: SqlStr,
 }
 
+/// A statement of [`Statements`] whose text [`Statements::text`] shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Statement {
+    /// [`Driver::claim_due`]: `$1` now, `$2` token, `$3` lease end, `$4` attempts, `$5` limit.
+    ClaimDue,
+    /// [`Driver::claim_keys`]: `$1` now, one batch per key column, then token, lease end and
+    /// attempts.
+    ClaimKeys,
+    /// [`Driver::renew`]: `$1` token, `$2` lease end.
+    Renew,
+    /// [`Driver::renew_one`]: the key's columns, then token and lease end.
+    RenewOne,
+    /// [`Driver::due`]: `$1` now, `$2` limit, `$3` attempts.
+    Due,
+    /// [`Driver::purge`]: `$1` before, `$2` limit.
+    Purge,
+    /// [`Driver::page`].
+    Page,
+}
+
 /// Pending, due, and not leased by a live worker (`$1` is now): for a half's own statements
 /// over due jobs (the inbox's ordered claims).
 pub const DUE: &str =
@@ -202,6 +223,19 @@ impl Statements {
     pub fn table(&self) -> &Table {
         &self.table
     }
+
+    /// The text of one statement, to show or to explain (a query plan test).
+    pub fn text(&self, which: Statement) -> &SqlStr {
+        match which {
+            Statement::ClaimDue => &self.claim_due,
+            Statement::ClaimKeys => &self.claim_keys,
+            Statement::Renew => &self.renew,
+            Statement::RenewOne => &self.renew_one,
+            Statement::Due => &self.due,
+            Statement::Purge => &self.purge,
+            Statement::Page => &self.page,
+        }
+    }
 }
 
 /// The rows of a batch of keys bound from parameter `first` on: `SELECT k1, k2 FROM ..`.
@@ -232,6 +266,9 @@ fn key_batch(table: &Table, batch: KeyBatch, first: usize) -> String {
         }
     }
 }
+
+/// One job with its payload, as [`Driver::detail`] reads it.
+pub type Detail<S, P> = (JobSummary<S>, P);
 
 /// A job table's statements on one database: [`sqlx::Postgres`] (feature `postgres`) and
 /// [`sqlx::Sqlite`] (feature `sqlite`). A database's folder implements it with
@@ -414,7 +451,7 @@ pub trait Driver: sqlx::Database + Sized {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
         key: &'a JobKey,
-    ) -> BoxFuture<'a, sqlx::Result<Option<(JobSummary<S>, P)>>>
+    ) -> BoxFuture<'a, sqlx::Result<Option<Detail<S, P>>>>
     where
         S: for<'r> sqlx::FromRow<'r, Self::Row> + Send + Unpin + 'a,
         P: for<'r> sqlx::FromRow<'r, Self::Row> + Send + Unpin + 'a;
@@ -744,7 +781,7 @@ macro_rules! driver_calls {
             pool: &'a sqlx::Pool<Self>,
             sql: &'a $crate::Statements,
             key: &'a $crate::JobKey,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<Option<($crate::JobSummary<S>, P)>>>
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Option<$crate::driver::Detail<S, P>>>>
         where
             S: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,

@@ -73,7 +73,7 @@ mod unavailable;
 mod worker;
 
 pub use backoff::Backoff;
-pub use driver::{Dialect, Driver, KeyBatch, Statements, DUE, DUE_BY_KEY, SPENT};
+pub use driver::{Dialect, Driver, KeyBatch, Statement, Statements, DUE, DUE_BY_KEY, SPENT};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};
 pub use text::{bounded, MAX_ERROR_LEN};
 pub use unavailable::Unavailable;

@@ -42,7 +42,7 @@ pub fn html_response(markup: Markup) -> Response {
 }
 
 /// A duration in its largest whole unit: `5 s`, `3 min`, `2 h`, `4 d`.
-fn amount(millis: u64) -> String {
+pub fn amount(millis: u64) -> String {
     let seconds = millis / 1000;
     match seconds {
         0..60 => format!("{seconds} s"),
