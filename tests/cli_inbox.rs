@@ -31,7 +31,7 @@ async fn fail_two_events<DB: InboxDatabase>(inbox: &Inbox<DB>, label: &str) -> [
     let worker = inbox
         .worker(refuse::<DB>)
         .max_attempts(1)
-        .sweep_every(Duration::from_millis(10))
+        .poll_every(Duration::from_millis(10))
         .spawn();
     let app = Router::new().route(
         "/inbox/stripe",

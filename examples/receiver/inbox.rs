@@ -371,7 +371,7 @@ async fn mount<DB: InboxDatabase>(
         worker = worker.attempt_timeout(timeout);
     }
     if let Some(sweep) = settings.sweep {
-        worker = worker.sweep_every(sweep);
+        worker = worker.poll_every(sweep);
     }
     if let Some(retention) = settings.retention {
         worker = worker.retention(retention);

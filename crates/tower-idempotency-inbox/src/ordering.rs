@@ -124,7 +124,6 @@ impl Ordering {
 }
 
 /// The statements of an ordered inbox table (see `backend.rs` for the others).
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct OrderedSql {
     /// Postgres: locks the event's ordering key for the transaction (no row for an unordered

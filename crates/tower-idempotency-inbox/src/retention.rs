@@ -44,7 +44,6 @@ pub const DEFAULT_PURGE_BATCH: u32 = 1000;
 pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_secs(60);
 
 /// One state's and provider's events that are open (pending or failed).
-#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenGroup {
     pub state: EventState,

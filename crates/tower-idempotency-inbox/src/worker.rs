@@ -12,10 +12,11 @@ use std::{
 use futures_util::{future::join_all, FutureExt};
 use tokio::{
     sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
-    task::{JoinHandle, JoinSet},
+    task::JoinSet,
     time::MissedTickBehavior,
 };
-use tower_idempotency_sqlx::{is_unavailable_error, TxHandle};
+use tower_idempotency_jobs::{persist, Settings, WorkerHandle, DEFAULT_POLL_EVERY};
+use tower_idempotency_sqlx::TxHandle;
 use tracing::Instrument;
 
 use crate::{
@@ -38,7 +39,6 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// attempt), unless configured otherwise.
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
-const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Due events one sweep takes from the table.
 const SWEEP_BATCH: usize = 256;
 
@@ -46,13 +46,9 @@ const SWEEP_BATCH: usize = 256;
 pub struct WorkerBuilder<DB: InboxDatabase> {
     inbox: Inbox<DB>,
     handler: Arc<dyn InboxHandler<DB>>,
-    concurrency: usize,
+    /// The job engine's settings, the relay's names: `poll_every` is the sweep's interval.
+    settings: Settings,
     queue_capacity: usize,
-    max_attempts: u32,
-    backoff: Backoff,
-    lease: Duration,
-    attempt_timeout: Duration,
-    sweep_every: Duration,
     retention: Retention,
 }
 
@@ -60,13 +56,8 @@ impl<DB: InboxDatabase> fmt::Debug for WorkerBuilder<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerBuilder")
             .field("inbox", &self.inbox)
-            .field("concurrency", &self.concurrency)
+            .field("settings", &self.settings)
             .field("queue_capacity", &self.queue_capacity)
-            .field("max_attempts", &self.max_attempts)
-            .field("backoff", &self.backoff)
-            .field("lease", &self.lease)
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("sweep_every", &self.sweep_every)
             .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
@@ -76,29 +67,30 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// A worker that processes this inbox's events with `handler`; configure it, then
     /// [`spawn`](WorkerBuilder::spawn) it.
     pub fn worker(&self, handler: impl InboxHandler<DB>) -> WorkerBuilder<DB> {
+        let mut settings = Settings::new(DB::DEFAULT_CONCURRENCY);
+        settings.max_attempts = DEFAULT_MAX_ATTEMPTS;
+        settings.lease = DEFAULT_LEASE;
+        settings.attempt_timeout = DEFAULT_ATTEMPT_TIMEOUT;
+        settings.poll_every = DEFAULT_POLL_EVERY;
+        settings.keep_leases = true;
         WorkerBuilder {
             inbox: self.clone(),
             handler: Arc::new(handler),
-            concurrency: DB::DEFAULT_CONCURRENCY,
+            settings,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff: Backoff::default(),
-            lease: DEFAULT_LEASE,
-            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
-            sweep_every: DEFAULT_SWEEP_EVERY,
             retention: Retention::default(),
         }
     }
 }
 
 impl<DB: InboxDatabase> WorkerBuilder<DB> {
-    /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
+    /// Handlers running at once (default [`Driver::DEFAULT_CONCURRENCY`](tower_idempotency_jobs::Driver::DEFAULT_CONCURRENCY): 16 on Postgres,
     /// 4 on SQLite; at least 1). Each holds one pool connection; the
     /// worker claims as many due events in one statement as handlers are free. Give the pool
     /// about twice this many connections, so acknowledgements, claims and lease renewals find
     /// one while every handler runs (docs/inbox.md, "Throughput").
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
+        self.settings.concurrency = n.max(1);
         self
     }
 
@@ -111,14 +103,14 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
 
     /// Attempts before an event is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
     pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = n.clamp(1, i32::MAX as u32);
+        self.settings.max_attempts = n.clamp(1, i32::MAX as u32);
         self
     }
 
     /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter). The
     /// sweeper starts the retry, so it comes up to one sweep interval after the delay.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+        self.settings.backoff = backoff;
         self
     }
 
@@ -128,7 +120,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
     /// another attempt. Keep the pool larger than the concurrency: each renewal borrows a
     /// connection for one statement.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(3));
+        self.settings.lease = lease.max(Duration::from_millis(3));
         self
     }
 
@@ -136,16 +128,28 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
     /// running then is cancelled, its transaction rolled back, and the attempt counted as
     /// failed (retried after the backoff, or failed after the last), freeing its permit.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = timeout.max(Duration::from_millis(1));
+        self.settings.attempt_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 
-    /// How often the sweeper looks for due events the queue does not hold (default 1 s). A
-    /// due sweep runs before the next event is handed out however busy the queue is, and the
-    /// swept events are taken in turn with the queued ones.
-    pub fn sweep_every(mut self, every: Duration) -> Self {
-        self.sweep_every = every.max(Duration::from_millis(1));
+    /// How often the sweeper looks for due events the queue does not hold (default
+    /// [`DEFAULT_POLL_EVERY`], 1 s; the relay's name for its poll). A due sweep runs before the
+    /// next event is handed out however busy the queue is, and the swept events are taken in
+    /// turn with the queued ones.
+    pub fn poll_every(mut self, every: Duration) -> Self {
+        self.settings.poll_every = every.max(Duration::from_millis(1));
         self
+    }
+
+    /// The former name of [`poll_every`](Self::poll_every).
+    #[deprecated(note = "renamed poll_every, the relay's name for the setting")]
+    pub fn sweep_every(self, every: Duration) -> Self {
+        self.poll_every(every)
+    }
+
+    /// The worker's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// How long processed events are kept (default [`DEFAULT_RETENTION`](crate::DEFAULT_RETENTION),
@@ -186,65 +190,33 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         let shared = Arc::new(Shared {
             inbox: self.inbox,
             handler: self.handler,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            lease: self.lease,
-            attempt_timeout: self.attempt_timeout,
+            settings: self.settings,
             running: Arc::default(),
         });
         let dispatcher = Dispatcher {
             shared,
             sender,
             receiver,
-            permits: Arc::new(Semaphore::new(self.concurrency)),
-            sweep_every: self.sweep_every,
+            permits: Arc::new(Semaphore::new(self.settings.concurrency)),
+            poll_every: self.settings.poll_every,
             retention: self.retention,
             lagging: HashSet::new(),
         };
-        InboxWorker {
-            stop: Some(stop),
-            task: tokio::spawn(dispatcher.run(stopped)),
-        }
+        WorkerHandle::new(stop, tokio::spawn(dispatcher.run(stopped)))
     }
 }
 
-/// A running worker. [`drain`](Self::drain) it on shutdown; dropping it stops it at once,
-/// aborting running handlers (their transactions roll back and their events are attempted
-/// again after their lease).
-#[derive(Debug)]
-pub struct InboxWorker {
-    stop: Option<oneshot::Sender<Duration>>,
-    task: JoinHandle<bool>,
-}
-
-impl InboxWorker {
-    /// Stops taking work and waits up to `deadline` for the running handlers. Answers whether
-    /// they all finished; the ones still running at the deadline are aborted (rolled back).
-    /// Events not yet started stay pending in the table for the next start.
-    pub async fn drain(mut self, deadline: Duration) -> bool {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(deadline);
-        }
-        (&mut self.task).await.unwrap_or(false)
-    }
-}
-
-impl Drop for InboxWorker {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(Duration::ZERO);
-        }
-    }
-}
+/// A running worker: the job engine's [`WorkerHandle`], the relay's handle too.
+/// [`drain`](WorkerHandle::drain) it on shutdown; dropping it stops it at once, aborting
+/// running handlers (their transactions roll back and their events are attempted again after
+/// their lease).
+pub type InboxWorker = WorkerHandle;
 
 /// What every attempt needs.
 struct Shared<DB: InboxDatabase> {
     inbox: Inbox<DB>,
     handler: Arc<dyn InboxHandler<DB>>,
-    max_attempts: u32,
-    backoff: Backoff,
-    lease: Duration,
-    attempt_timeout: Duration,
+    settings: Settings,
     /// The events this worker is attempting. A running attempt renews its claim, but on SQLite
     /// a renewal (a write) waits while any handler's transaction holds the write lock, so a
     /// claim may lapse while its attempt waits for that lock or runs; the sweeper then finds the
@@ -254,7 +226,7 @@ struct Shared<DB: InboxDatabase> {
 
 impl<DB: InboxDatabase> Shared<DB> {
     fn max_attempts(&self) -> i32 {
-        i32::try_from(self.max_attempts).unwrap_or(i32::MAX)
+        self.settings.max()
     }
 
     /// Marks `key` running in this worker until the guard drops; `None` when it already is.
@@ -287,7 +259,7 @@ struct Dispatcher<DB: InboxDatabase> {
     sender: mpsc::Sender<EventKey>,
     receiver: mpsc::Receiver<EventKey>,
     permits: Arc<Semaphore>,
-    sweep_every: Duration,
+    poll_every: Duration,
     retention: Retention,
     /// The providers whose lag gauge is set ([`crate::metrics::refresh`]).
     lagging: HashSet<String>,
@@ -297,7 +269,7 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
     async fn run(mut self, mut stop: oneshot::Receiver<Duration>) -> bool {
         let purging = tokio::spawn(self.retention.run(self.shared.inbox.clone()));
         let mut attempts = JoinSet::new();
-        let mut sweep = tokio::time::interval(self.sweep_every);
+        let mut sweep = tokio::time::interval(self.poll_every);
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // The due events the last sweep found, taken in turn with the queue.
         let mut swept = VecDeque::new();
@@ -412,31 +384,6 @@ impl<DB: InboxDatabase> Dispatcher<DB> {
                 tracing::warn!(%error, "inbox sweep failed; retrying at the next");
                 false
             }
-        }
-    }
-}
-
-/// Runs `write` again while the database is unavailable (SQLite's write lock held past the busy
-/// timeout, a lost connection), 10 ms doubling to 1 s apart with jitter, until `within` has
-/// passed; answers the last result. For the worker's bookkeeping (claims, renewals, failure
-/// records), so that a busy moment does not leave an event for a whole lease.
-async fn persist<T, F, Fut>(within: Duration, mut write: F) -> sqlx::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = sqlx::Result<T>>,
-{
-    let backoff = Backoff::exponential(Duration::from_millis(10), Duration::from_secs(1));
-    let until = Instant::now() + within;
-    let mut tries = 0;
-    loop {
-        match write().await {
-            Err(error) if is_unavailable_error(&error) && Instant::now() < until => {
-                tries += 1;
-                tracing::debug!(%error, tries, "an inbox bookkeeping write failed; trying it again");
-                let left = until.saturating_duration_since(Instant::now());
-                tokio::time::sleep(backoff.delay(tries).min(left)).await;
-            }
-            result => return result,
         }
     }
 }
@@ -606,14 +553,14 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// stay pending for the sweeper.
     async fn claim(&self, keys: Vec<EventKey>) -> Vec<(EventKey, i64, ClaimedRow)> {
         let (inbox, now, max) = (&self.inbox, now_ms(), self.max_attempts());
-        let lease_until = now.saturating_add(duration_ms(self.lease));
+        let lease_until = now.saturating_add(duration_ms(self.settings.lease));
         let failed = |error: sqlx::Error| tracing::warn!(%error, "claiming inbox events failed; the sweeper retries them");
         if inbox.ordering.as_ref().map(|o| o.policy()) == Some(OrderingPolicy::Sequential) {
             let claims = keys.into_iter().map(|key| async move {
                 let token = fastrand::i64(0..i64::MAX);
                 let (pool, sql) = (&inbox.pool, &inbox.sql);
                 let claim = || DB::claim_in_order(pool, sql, &key, now, token, lease_until, max);
-                match persist(self.lease / 3, claim).await {
+                match persist(self.settings.lease / 3, claim).await {
                     Ok(row) => row.map(|row| (key, token, row)),
                     Err(error) => {
                         failed(error);
@@ -628,7 +575,7 @@ impl<DB: InboxDatabase> Shared<DB> {
             let times = (now, token, lease_until, max);
             backend::claim_many(&inbox.pool, &inbox.sql, &keys, times)
         };
-        match persist(self.lease / 3, claim).await {
+        match persist(self.settings.lease / 3, claim).await {
             Ok(rows) => rows
                 .into_iter()
                 .map(|(key, row)| (key, token, row))
@@ -644,12 +591,12 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// Stops renewing (and stays pending) once the claim is no longer held: the attempt's
     /// fenced commit then finds it lost.
     async fn keep_lease(&self, key: &EventKey, token: i64) -> std::convert::Infallible {
-        let every = self.lease / 3;
+        let every = self.settings.lease / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let until = now_ms().saturating_add(duration_ms(self.lease));
+            let until = now_ms().saturating_add(duration_ms(self.settings.lease));
             let renew = || backend::renew(&self.inbox.pool, &self.inbox.sql, key, token, until);
             match persist(every, renew).await {
                 Ok(true) => {}
@@ -672,7 +619,7 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
-        let timeout = self.attempt_timeout;
+        let timeout = self.settings.attempt_timeout;
         let ran = AssertUnwindSafe(tokio::time::timeout(timeout, self.transact(event, token)))
             .catch_unwind();
         let ran = tokio::select! {
@@ -856,7 +803,7 @@ impl<DB: InboxDatabase> Shared<DB> {
         failure: &Failure,
     ) -> Option<&'static str> {
         let now = now_ms();
-        let retry_at = now.saturating_add(duration_ms(self.backoff.delay(attempt)));
+        let retry_at = now.saturating_add(duration_ms(self.settings.backoff.delay(attempt)));
         // A permanent failure is the last attempt: `attempts >= 0` holds for every event.
         let max = if failure.permanent {
             0
@@ -864,10 +811,10 @@ impl<DB: InboxDatabase> Shared<DB> {
             self.max_attempts()
         };
         let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
-        let last = failure.permanent || attempt >= self.max_attempts;
+        let last = failure.permanent || attempt >= self.settings.max_attempts;
         let error = &failure.text;
         let fail = || backend::fail(pool, sql, key, (now, token, max, retry_at), error);
-        match persist(self.lease, fail).await {
+        match persist(self.settings.lease, fail).await {
             Ok(true) if last => {
                 tracing::warn!(provider = %key.provider, attempt, "inbox event failed its last attempt");
                 Some("failed")

@@ -258,7 +258,7 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     let worker = working
         .worker(probe.handler::<DB>())
         .concurrency(16)
-        .sweep_every(Duration::from_secs(3600))
+        .poll_every(Duration::from_secs(3600))
         .spawn();
     each_processed_once(&setup, &probe, &all, [worker]).await;
     let sent = working.statements_executed();

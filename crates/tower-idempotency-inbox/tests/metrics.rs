@@ -182,7 +182,7 @@ async fn queue_gauges<DB: Fixture>(seen: &Gauges) {
         .inbox
         .worker(probe.handler::<DB>())
         .max_attempts(1)
-        .sweep_every(Duration::from_millis(10))
+        .poll_every(Duration::from_millis(10))
         .spawn();
     let sender = Sender::new(&setup.inbox).await;
     let poison_id = format!("evt_gauges_poison_{}", DB::LABEL);
@@ -245,7 +245,7 @@ async fn recorded<DB: Fixture>(snapshotter: &Snapshotter, captured: &CapturedLog
             Duration::from_millis(5),
             Duration::from_millis(5),
         ))
-        .sweep_every(Duration::from_millis(10))
+        .poll_every(Duration::from_millis(10))
         .spawn();
     let sender = Sender::new(&setup.inbox).await;
     let ok_id = format!("evt_metrics_ok_{}", DB::LABEL);

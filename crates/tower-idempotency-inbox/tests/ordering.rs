@@ -127,7 +127,7 @@ fn spawn<DB: Fixture>(inbox: &Inbox<DB>, recorder: &Recorder) -> InboxWorker {
     inbox
         .worker(recorder.handler::<DB>())
         .concurrency(4)
-        .sweep_every(Duration::from_millis(20))
+        .poll_every(Duration::from_millis(20))
         .spawn()
 }
 

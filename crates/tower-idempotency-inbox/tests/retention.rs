@@ -224,7 +224,7 @@ async fn a_purge_keeps_refusing_a_replay_under_a_new_id<DB: Fixture>() {
     let worker = setup
         .inbox
         .worker(probe.handler::<DB>())
-        .sweep_every(Duration::from_millis(10))
+        .poll_every(Duration::from_millis(10))
         .spawn();
     let app =
         Router::new()

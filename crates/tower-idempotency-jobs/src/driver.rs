@@ -479,8 +479,11 @@ pub trait Driver: sqlx::Database + Sized {
 /// Writes the typed calls of [`Driver`] for a database `$db` whose key batches are bound with
 /// `$keys` (`fn(&[JobKey], usize) -> T` for key column `i`, `T` bindable). Used by each
 /// database's folder; every text comes from its [`Statements`].
+///
+/// Inside `impl Driver for MyDatabase { .. }`, after the consts and `statements`:
+/// `tower_idempotency_jobs::driver_calls!(MyDatabase, key_column);`, where `key_column` binds
+/// key column `i` of a batch of keys in the form the dialect's [`KeyBatch`] reads.
 #[macro_export]
-#[doc(hidden)]
 macro_rules! driver_calls {
     ($db:ty, $keys:path) => {
         fn claim_due<'a, P>(
@@ -841,8 +844,7 @@ macro_rules! driver_calls {
     };
 }
 
-/// A row's key, read from the table's key columns.
-#[doc(hidden)]
+/// A row's key, read from the table's key columns (for a driver's calls: [`driver_calls!`]).
 pub fn key<R: sqlx::Row>(table: &Table, row: &R) -> sqlx::Result<JobKey>
 where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -856,8 +858,7 @@ where
         .map(JobKey)
 }
 
-/// A claim's row: the key, the attempt and the half's payload.
-#[doc(hidden)]
+/// A claim's row: the key, the attempt and the half's payload (for a driver's calls).
 pub fn claimed<R: sqlx::Row, P>(table: &Table, row: &R) -> sqlx::Result<Claimed<P>>
 where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -872,8 +873,7 @@ where
     })
 }
 
-/// A listing's row.
-#[doc(hidden)]
+/// A listing's row (for a driver's calls).
 pub fn summary<R: sqlx::Row, S>(table: &Table, row: &R) -> sqlx::Result<JobSummary<S>>
 where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
@@ -896,8 +896,7 @@ where
     })
 }
 
-/// The counts of `(state, count)` rows.
-#[doc(hidden)]
+/// The counts of `(state, count)` rows (for a driver's calls).
 pub fn counts(rows: Vec<(i16, i64)>) -> JobCounts {
     let mut counts = JobCounts::default();
     for (state, count) in rows {

@@ -78,7 +78,7 @@ pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, Pag
 pub use text::{bounded, MAX_ERROR_LEN};
 pub use unavailable::Unavailable;
 pub use worker::{
-    until_written, Job, Outcome, Round, Settings, Worker, WorkerHandle, DEFAULT_LEASE,
+    persist, Job, Outcome, Round, Settings, Worker, WorkerHandle, DEFAULT_LEASE,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
 };
 

@@ -8,14 +8,16 @@ use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duratio
 
 use futures_util::{future::join_all, FutureExt};
 use tokio::{
-    sync::{watch, Notify},
+    sync::{oneshot, Notify},
     task::JoinHandle,
+    time::Instant,
 };
+use tower_idempotency_sqlx::is_unavailable_error;
 
 use crate::{
     text::bounded,
     time::{duration_ms, now_ms},
-    Backoff, BoxFuture, Claimed, Driver, Statements,
+    Backoff, Claimed, Driver, Statements,
 };
 
 /// Attempts before a job is failed, unless a half says otherwise.
@@ -287,7 +289,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
         let (pool, sql, now) = (&self.pool, &*self.sql, now_ms());
         let recorded = match &outcome {
             Outcome::Done { status } => {
-                until_written(lease_until, || {
+                persist(left_of(lease_until), || {
                     Box::pin(async move {
                         let mut conn = pool.acquire().await?;
                         DB::complete(&mut conn, sql, key, token, now, *status).await
@@ -301,7 +303,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 // A permanent failure is the last attempt: `attempts >= 0` holds for every row.
                 let max = if permanent { 0 } else { settings.max() };
                 let text = bounded(error.clone());
-                until_written(lease_until, || {
+                persist(left_of(lease_until), || {
                     DB::fail(pool, sql, key, token, now, max, retry_at, &text, *status)
                 })
                 .await
@@ -333,22 +335,27 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
     /// dropped: one after another while they find a full batch, else after
     /// [`Settings::poll_every`] or a wake-up.
     pub fn spawn(self) -> WorkerHandle {
-        let (stop, stopped) = watch::channel(false);
-        WorkerHandle {
-            stop,
-            task: Some(tokio::spawn(self.run(stopped))),
-        }
+        let (stop, stopped) = oneshot::channel();
+        WorkerHandle::new(stop, tokio::spawn(self.run(stopped)))
     }
 
-    async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Runs rounds until `stop` says the deadline of a drain (or its handle is dropped);
+    /// answers whether the round running then finished by the deadline.
+    async fn run(self, mut stop: oneshot::Receiver<Duration>) -> bool {
         loop {
-            if *stop.borrow() {
-                return;
-            }
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let full = match self.run_once().await {
+            let round = self.run_once();
+            tokio::pin!(round);
+            let result = tokio::select! {
+                result = &mut round => result,
+                deadline = &mut stop => {
+                    let deadline = deadline.unwrap_or(Duration::ZERO);
+                    return tokio::time::timeout(deadline, round).await.is_ok();
+                }
+            };
+            let full = match result {
                 Ok(round) => round.claimed >= self.settings.concurrency,
                 Err(error) => {
                     tracing::warn!(%error, table = self.sql.table().name(), "a worker round failed; retrying at the next");
@@ -359,7 +366,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 continue;
             }
             tokio::select! {
-                _ = stop.changed() => return,
+                _ = &mut stop => return true,
                 () = &mut notified => {}
                 () = tokio::time::sleep(self.settings.poll_every) => {}
             }
@@ -367,69 +374,72 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
     }
 }
 
-/// Writes an outcome with `write`, retrying a failed write with a backoff (10 ms doubling to
-/// 1 s) until `lease_until`: the claim's token fences the write, so a retry can only land while
-/// no other worker holds the job. Answers the last try's result.
-pub async fn until_written<'a, T>(
-    lease_until: i64,
-    mut write: impl FnMut() -> BoxFuture<'a, sqlx::Result<T>>,
-) -> sqlx::Result<T> {
-    let mut pause = Duration::from_millis(10);
+/// Runs `write` again while the database is unavailable (SQLite's write lock held past the busy
+/// timeout, a lost connection: [`is_unavailable_error`]), 10 ms doubling to 1 s apart with
+/// jitter, until `within` has passed; answers the last result. For a worker's bookkeeping
+/// (claims, renewals, outcomes): a write fenced by a claim's token can only land while the
+/// claim holds, so retrying it within the lease never records an outcome twice.
+pub async fn persist<T, F, Fut>(within: Duration, mut write: F) -> sqlx::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sqlx::Result<T>>,
+{
+    let backoff = Backoff::exponential(Duration::from_millis(10), Duration::from_secs(1));
+    let until = Instant::now() + within;
+    let mut tries = 0;
     loop {
-        let error = match write().await {
-            Ok(written) => return Ok(written),
-            Err(error) => error,
-        };
-        let left = lease_until.saturating_sub(now_ms());
-        if left <= 0 {
-            return Err(error);
+        match write().await {
+            Err(error) if is_unavailable_error(&error) && Instant::now() < until => {
+                tries += 1;
+                tracing::debug!(%error, tries, "a bookkeeping write failed; trying it again");
+                let left = until.saturating_duration_since(Instant::now());
+                tokio::time::sleep(backoff.delay(tries).min(left)).await;
+            }
+            result => return result,
         }
-        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-        tracing::debug!(%error, "recording an outcome failed; retrying");
-        tokio::time::sleep(pause.min(left)).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
-/// A spawned worker (the inbox's, the outbox's relay). [`drain`](Self::drain) it on shutdown;
-/// dropping it stops it at once (a job cut short is attempted again after its lease).
+/// The time left until `lease_until` (unix ms).
+fn left_of(lease_until: i64) -> Duration {
+    let left = lease_until.saturating_sub(now_ms());
+    Duration::from_millis(u64::try_from(left).unwrap_or(0))
+}
+
+/// A spawned worker: the outbox's relay, the inbox's worker. [`drain`](Self::drain) it on
+/// shutdown; dropping it stops it at once (what was running is cut short: its jobs are
+/// attempted again after their lease).
 #[derive(Debug)]
 pub struct WorkerHandle {
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
+    stop: Option<oneshot::Sender<Duration>>,
+    task: JoinHandle<bool>,
 }
 
 impl WorkerHandle {
-    /// A handle over a spawned `task` that stops when `stop` is set.
-    pub fn new(stop: watch::Sender<bool>, task: JoinHandle<()>) -> Self {
+    /// A handle over a spawned `task` that stops when `stop` sends it a deadline (or is
+    /// dropped: a deadline of zero) and answers whether what it was running finished by then.
+    pub fn new(stop: oneshot::Sender<Duration>, task: JoinHandle<bool>) -> Self {
         Self {
-            stop,
-            task: Some(task),
+            stop: Some(stop),
+            task,
         }
     }
 
-    /// Stops starting rounds and waits up to `deadline` for the running one. Answers whether it
-    /// finished; one still running at the deadline is aborted (its jobs are attempted again
-    /// after their lease).
+    /// Stops taking work and waits up to `deadline` for what is running. Answers whether it all
+    /// finished; what is still running at the deadline is cut short (its jobs are attempted
+    /// again after their lease). Jobs not yet started stay pending for the next start.
     pub async fn drain(mut self, deadline: Duration) -> bool {
-        let _ = self.stop.send(true);
-        let Some(mut task) = self.task.take() else {
-            return true;
-        };
-        match tokio::time::timeout(deadline, &mut task).await {
-            Ok(_) => true,
-            Err(_) => {
-                task.abort();
-                false
-            }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(deadline);
         }
+        (&mut self.task).await.unwrap_or(false)
     }
 }
 
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Duration::ZERO);
         }
     }
 }

@@ -576,7 +576,7 @@ pub fn quick_retries<DB: Fixture>(
             Duration::from_millis(5),
             Duration::from_millis(20),
         ))
-        .sweep_every(sweep)
+        .poll_every(sweep)
 }
 
 /// One `#[tokio::test]` per named generic test function and database: `sqlite::<name>` and
