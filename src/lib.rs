@@ -37,6 +37,8 @@
 //! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
 //! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
+//! | `nats` | no | NATS JetStream: with `outbox`, the outbox publishes `Message::nats` messages (`outbox::NatsPublisher`); [`broker`] runs JetStream deliveries once (`broker::OnceConsumer`, `broker::TxConsumer` with a SQL store) |
+//! | `rabbitmq` | no | RabbitMQ: with `outbox`, the outbox publishes `Message::rabbitmq` messages (`outbox::RabbitPublisher`, publisher confirms); [`broker`] runs RabbitMQ deliveries once |
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records; with `inbox` the `inbox` commands (`list`, `events`, `show`, `retry`, `discard`, `purge`, `counts`); with `outbox` the `outbox` commands (`list`, `show`, `retry`, `discard`, `purge`) ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
 //!
 //! The [`MemoryStore`] (single process only) is always available.
@@ -138,6 +140,9 @@ pub use tower_idempotency_inbox as inbox;
 
 #[cfg(feature = "outbox")]
 pub use tower_idempotency_outbox as outbox;
+
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub use tower_idempotency_broker as broker;
 
 mod connect;
 pub use connect::{connect_store, ConnectStoreError};

@@ -138,6 +138,7 @@ pub struct Relay<DB: OutboxDatabase> {
     outbox: Outbox<DB>,
     http: reqwest::Client,
     dispatcher: Option<Arc<dyn Dispatcher>>,
+    pub(crate) brokers: crate::broker::Brokers,
     max_attempts: u32,
     backoff: Backoff,
     lease: Duration,
@@ -152,6 +153,7 @@ impl<DB: OutboxDatabase> Clone for Relay<DB> {
             outbox: self.outbox.clone(),
             http: self.http.clone(),
             dispatcher: self.dispatcher.clone(),
+            brokers: self.brokers.clone(),
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             lease: self.lease,
@@ -167,6 +169,7 @@ impl<DB: OutboxDatabase> fmt::Debug for Relay<DB> {
         f.debug_struct("Relay")
             .field("outbox", &self.outbox)
             .field("dispatcher", &self.dispatcher.is_some())
+            .field("brokers", &self.brokers.names())
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("lease", &self.lease)
@@ -184,6 +187,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             outbox: self.clone(),
             http: client(reqwest::redirect::Policy::none()),
             dispatcher: None,
+            brokers: crate::broker::Brokers::default(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             lease: DEFAULT_LEASE,
@@ -269,6 +273,19 @@ impl<DB: OutboxDatabase> Relay<DB> {
     pub fn batch(mut self, n: usize) -> Self {
         self.batch = n.max(1);
         self
+    }
+
+    /// How long after its first attempt a message may still be sent again: the backoff's
+    /// ceilings between its attempts, each attempt's timeout, and one lease (a relay that
+    /// crashed between a delivery and its record leaves the message to the next one after the
+    /// lease). A broker's deduplication window (JetStream's duplicate window) must cover it.
+    pub fn retry_horizon(&self) -> Duration {
+        let pauses: Duration = (1..self.max_attempts)
+            .map(|attempt| self.backoff.ceiling(attempt))
+            .sum();
+        pauses
+            .saturating_add(self.attempt_timeout.saturating_mul(self.max_attempts))
+            .saturating_add(self.lease)
     }
 
     fn max(&self) -> i32 {
@@ -464,6 +481,19 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 };
                 dispatcher
                     .dispatch(message)
+                    .await
+                    .map(|()| None)
+                    .map_err(|error| (None, error))
+            }
+            // A broker target: `url` without a method (the encoding: src/broker/mod.rs).
+            (None, Some(target), None) => {
+                let message = crate::broker::Outgoing {
+                    key: row.key,
+                    headers,
+                    body: row.body.into(),
+                };
+                self.brokers
+                    .publish(&target, message, self.retry_horizon())
                     .await
                     .map(|()| None)
                     .map_err(|error| (None, error))
