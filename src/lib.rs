@@ -33,6 +33,7 @@
 //! | `stripe`, `github`, `standard-webhooks`, `slack`, `shopify`, `paddle`, `linear`, `gitlab`, `zoom`, `discord`, `sendgrid`, `mailgun`, `square`, `twilio` | with `webhooks` | one provider each (with `default-features = false`, pick only the providers you receive: `ed25519-dalek`, `p256` and `url` come with the providers that need them) |
 //! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`], [`VerifiedJson`] |
 //! | `postgres` | no | [`PostgresStore`] |
+//! | `mysql` | no | [`MySqlStore`]: MySQL 8.0+ and MariaDB 10.6+ (the inbox and the outbox do not run on it yet) |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
@@ -120,7 +121,10 @@ pub use tower_idempotency_sqlx::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use tower_idempotency_sqlx::PostgresStore;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "mysql")]
+pub use tower_idempotency_sqlx::MySqlStore;
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection};
 
 #[cfg(feature = "redis")]
