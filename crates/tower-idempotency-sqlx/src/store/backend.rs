@@ -88,6 +88,7 @@ pub struct Statements {
     /// For a database whose writes return no rows (MySQL): the read of a key's row whatever
     /// its state, under a row lock, that [`Backend::fetch_row`] runs after the claim statement
     /// and before `forget` in one transaction. Bound like [`Params::Get`]. `None` elsewhere.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) lock: Option<SqlStr>,
 }
 
