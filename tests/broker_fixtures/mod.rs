@@ -95,6 +95,29 @@ impl Stream {
         }
     }
 
+    /// A guard for the stream that will take `subject` (created by someone else, the receiver):
+    /// [`created`](Self::created) finds it; dropped, it deletes the stream that took the subject.
+    pub async fn adopt(subject: &str) -> Self {
+        let client = async_nats::connect(host_port(&nats_url()))
+            .await
+            .expect("connect to NATS");
+        Self {
+            context: jetstream::new(client),
+            name: String::new(),
+            subject: subject.to_owned(),
+        }
+    }
+
+    /// The adopted stream, found by its subject.
+    pub async fn created(mut self) -> Self {
+        self.name = self
+            .context
+            .stream_by_subject(self.subject.clone())
+            .await
+            .expect("a stream takes the subject");
+        self
+    }
+
     /// Every message the stream holds, in order.
     pub async fn messages(&self) -> Vec<StreamMessage> {
         let mut stream = self
@@ -118,12 +141,19 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let (name, subject) = (self.name.clone(), self.subject.clone());
         finish(async move {
             let client = async_nats::connect(host_port(&nats_url()))
                 .await
                 .expect("connect to NATS");
-            let _ = jetstream::new(client).delete_stream(&name).await;
+            let context = jetstream::new(client);
+            let name = match name.is_empty() {
+                true => context.stream_by_subject(subject).await.unwrap_or_default(),
+                false => name,
+            };
+            if !name.is_empty() {
+                let _ = context.delete_stream(&name).await;
+            }
         });
     }
 }
