@@ -135,7 +135,7 @@ pub enum KeyFrom {
 }
 
 /// How a delivery was settled with the broker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum Settled {
     /// Acknowledged: the broker drops it.
