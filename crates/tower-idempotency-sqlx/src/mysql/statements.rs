@@ -128,8 +128,7 @@ WHERE `key` = ? AND token = ? AND state = 0"#
         // key. Deletes one record whatever its state, after `lock` read it.
         forget: compact(format!(r#"DELETE FROM `{table}` WHERE `key` = ?"#)),
         // Batched. MySQL has no `LIMIT` in an `IN` subquery, so `SKIP LOCKED` cannot pick the
-        // rows: a row a transaction holds is waited for (up to the lock wait timeout). Under
-        // READ COMMITTED a locked row whose committed version is live is passed over unlocked.
+        // rows: a row a transaction holds may be waited for (up to the lock wait timeout).
         purge: compact(format!(
             r#"DELETE FROM `{table}` WHERE expires_at <= {NOW}
 ORDER BY expires_at LIMIT {PURGE_BATCH}"#
