@@ -329,3 +329,39 @@ async fn until_one_waits_on_a_lock(store: &MySqlStore) {
         tokio::task::yield_now().await;
     }
 }
+
+/// A record within the store's limit but over the server's `max_allowed_packet` is
+/// `RecordTooLarge`, which the layer answers by completing the key without its body, and the key
+/// can then be completed that way on the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_over_the_servers_packet_limit_is_too_large() {
+    let table = MySqlTable::new();
+    let Some(store) = table.store().await else {
+        return;
+    };
+    let packet: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+        .fetch_one(store.pool())
+        .await
+        .expect("max_allowed_packet");
+    let size = usize::try_from(packet).expect("packet size") + 1024;
+    let store = store.with_max_record_bytes(size * 2);
+    store.migrate().await.expect("migrate");
+    let key = random_key("packet");
+    let token = token_of(claim(&store, &key, 1, Duration::from_secs(30)).await);
+    let mut large = response("x");
+    large.body = bytes::Bytes::from(vec![b'x'; size]);
+    let result = store
+        .complete(&key, token, &large, Duration::from_secs(60))
+        .await;
+    assert!(
+        matches!(result, Err(StoreError::RecordTooLarge { .. })),
+        "{result:?}"
+    );
+    let mut without = response("");
+    without.body_omitted = true;
+    let done = store
+        .complete(&key, token, &without, Duration::from_secs(60))
+        .await
+        .expect("complete without body");
+    assert_eq!(done, Ownership::Current);
+}
