@@ -9,7 +9,9 @@ use tower_idempotency_core::{BoxError, MemoryStore, Store};
 #[non_exhaustive]
 pub enum ConnectStoreError {
     /// The URL's scheme names no store.
-    #[error("unsupported store URL scheme (expected memory, sqlite://, postgres:// or redis://)")]
+    #[error(
+        "unsupported store URL scheme (expected memory, sqlite://, postgres://, mysql:// or redis://)"
+    )]
     UnsupportedScheme,
     /// The store exists but this build lacks its cargo feature.
     #[error("the {0} store needs the `{0}` cargo feature of tower-idempotency")]
@@ -32,6 +34,7 @@ pub enum ConnectStoreError {
 /// | `memory` | [`MemoryStore`] |
 /// | `sqlite://PATH` | `SqliteStore` (file created if missing; feature `sqlite`) |
 /// | `postgres://...`, `postgresql://...` | `PostgresStore` (feature `postgres`) |
+/// | `mysql://...`, `mariadb://...` | `MySqlStore` (feature `mysql`; MySQL 8.0+, MariaDB 10.6+) |
 /// | `redis://...` | `RedisStore`, key prefix `idempotency` (feature `redis`) |
 ///
 /// ```no_run
@@ -57,6 +60,10 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreErro
         }
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(ConnectStoreError::FeatureDisabled("postgres")),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => sql::<tower_idempotency_sqlx::sqlx::MySql>("mysql", url).await,
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => Err(ConnectStoreError::FeatureDisabled("mysql")),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => redis(url).await,
         #[cfg(not(feature = "redis"))]
@@ -66,7 +73,12 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectStoreErro
 }
 
 /// Maps a failure to connect or migrate `store` to [`ConnectStoreError::Connect`].
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+))]
 fn connect_error<E: Into<BoxError>>(store: &'static str) -> impl FnOnce(E) -> ConnectStoreError {
     move |source| ConnectStoreError::Connect {
         store,
@@ -75,7 +87,7 @@ fn connect_error<E: Into<BoxError>>(store: &'static str) -> impl FnOnce(E) -> Co
 }
 
 /// The SQL store (`store` names its backend `DB`) at `url`, its table created.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 async fn sql<DB: tower_idempotency_sqlx::Backend>(
     store: &'static str,
     url: &str,

@@ -33,10 +33,13 @@
 //! | `stripe`, `github`, `standard-webhooks`, `slack`, `shopify`, `paddle`, `linear`, `gitlab`, `zoom`, `discord`, `sendgrid`, `mailgun`, `square`, `twilio` | with `webhooks` | one provider each (with `default-features = false`, pick only the providers you receive: `ed25519-dalek`, `p256` and `url` come with the providers that need them) |
 //! | `custom-webhooks` | with any provider | the verification machinery alone: [`webhooks::generic`] for a provider of your own, [`VerifiedWebhook`], [`VerifiedJson`] |
 //! | `postgres` | no | [`PostgresStore`] |
+//! | `mysql` | no | [`MySqlStore`]: MySQL 8.0+ and MariaDB 10.6+ (the inbox and the outbox do not run on it yet) |
 //! | `redis` | no | [`RedisStore`], standalone and Cluster |
 //! | `redis-tls` | no | `rediss://` URLs for the Redis store (TLS through rustls with ring); [`RedisConnectOptions`] trusts a private CA |
 //! | `inbox` | no | [`inbox`]: the durable webhook inbox (acknowledge once stored, process in the background with retries); with `sqlite` or `postgres` |
 //! | `outbox` | no | [`outbox`]: the transactional outbox (enqueue outgoing requests in a handler's transaction, relay them at least once with a stable `Idempotency-Key`); with `sqlite` or `postgres` |
+//! | `nats` | no | NATS JetStream: with `outbox`, the outbox publishes `Message::nats` messages (`outbox::NatsPublisher`); [`broker`] runs JetStream deliveries once (`broker::OnceConsumer`, `broker::TxConsumer` with a SQL store) |
+//! | `rabbitmq` | no | RabbitMQ: with `outbox`, the outbox publishes `Message::rabbitmq` messages (`outbox::RabbitPublisher`, publisher confirms); [`broker`] runs RabbitMQ deliveries once |
 //! | `cli` | no | the `tower-idempotency` binary: `inspect`, `forget` and `purge-expired` records; with `inbox` the `inbox` commands (`list`, `events`, `show`, `retry`, `discard`, `purge`, `counts`); with `outbox` the `outbox` commands (`list`, `show`, `retry`, `discard`, `purge`) ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)) |
 //!
 //! With `inbox` or `outbox`, [`jobs`] is the durable job engine under both (the job table's
@@ -121,7 +124,10 @@ pub use tower_idempotency_sqlx::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use tower_idempotency_sqlx::PostgresStore;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "mysql")]
+pub use tower_idempotency_sqlx::MySqlStore;
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection};
 
 #[cfg(feature = "redis")]
@@ -142,6 +148,8 @@ pub use tower_idempotency_inbox as inbox;
 #[cfg(feature = "outbox")]
 pub use tower_idempotency_outbox as outbox;
 
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub use tower_idempotency_broker as broker;
 #[cfg(any(feature = "inbox", feature = "outbox"))]
 pub use tower_idempotency_jobs as jobs;
 

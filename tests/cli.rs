@@ -1,6 +1,6 @@
 //! The `tower-idempotency` command-line tool end to end: a server guarded by the layer writes
 //! records over real HTTP, the built binary inspects, forgets and purges them, against SQLite,
-//! Postgres and Redis.
+//! Postgres, Redis and (feature `mysql`) MariaDB/MySQL.
 
 mod support;
 
@@ -188,6 +188,82 @@ async fn sqlite_inspect_forget_purge() {
         let mut file = path.clone().into_os_string();
         file.push(suffix);
         let _ = std::fs::remove_file(file);
+    }
+}
+
+/// A MySQL table dropped when the test ends.
+#[cfg(feature = "mysql")]
+struct MySqlTableGuard {
+    table: String,
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for MySqlTableGuard {
+    fn drop(&mut self) {
+        use tower_idempotency::sqlx::{self, Connection};
+        let sql = format!("DROP TABLE IF EXISTS `{}`", self.table);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async {
+                    let url = tower_idempotency_testkit::mysql_url();
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&url).await {
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                })
+        })
+        .join();
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_inspect_forget_purge() {
+    if !tower_idempotency_testkit::mysql_or_skip("cli mysql") {
+        return;
+    }
+    let url = tower_idempotency_testkit::mysql_url();
+    let guard = MySqlTableGuard {
+        table: tower_idempotency_testkit::mysql_table("tidem_cli"),
+    };
+    let store = tower_idempotency::MySqlStore::connect_with_table(&url, &guard.table)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let store = Arc::new(store);
+    let args = ["--store", url.as_str(), "--table", guard.table.as_str()];
+    inspect_and_forget(store.clone(), &args).await;
+
+    let (expired, live) = one_expired_one_live(&*store).await;
+    let purged = cli_json(&args, &["purge-expired"]).await;
+    assert_eq!(purged["store"], "mysql");
+    assert_eq!(purged["purged"], 1, "{purged}");
+    assert_eq!(store.get(&expired).await.unwrap(), None);
+    assert!(
+        store.get(&live).await.unwrap().is_some(),
+        "the live record stays"
+    );
+}
+
+/// The inbox and outbox commands on a MySQL URL answer a clear error (they do not run on MySQL
+/// yet) without connecting, and never print the URL's password.
+#[cfg(all(feature = "mysql", feature = "inbox", feature = "outbox"))]
+#[tokio::test]
+async fn mysql_inbox_and_outbox_commands_are_refused() {
+    let url = "mysql://root:hunter2-secret@127.0.0.1:1/test";
+    for command in [["inbox", "list"], ["outbox", "list"]] {
+        let output = cli(&["--store", url, command[0], command[1]]).await;
+        assert!(!output.status.success(), "{command:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("do not run on MySQL/MariaDB yet"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
     }
 }
 

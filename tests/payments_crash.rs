@@ -1,7 +1,7 @@
 //! The transactional mode against crashes: the reference receiver (`examples/receiver/`) runs
 //! as a child process with `POST /payments` (one row per payment, written in the same
 //! transaction as the key's completion) and is SIGKILLed at random points of its handlers, many
-//! times, on SQLite and on Postgres. After each restart the retries of every key end with exactly
+//! times, on SQLite, on Postgres and (feature `mysql`) on MariaDB/MySQL. After each restart the retries of every key end with exactly
 //! one row in `payments`, and the replay names that row.
 #![cfg(unix)]
 
@@ -192,4 +192,17 @@ async fn payments_survive_sigkill_exactly_once_postgres() {
     require_postgres!("payments crash test (postgres)");
     let database = Database::create(format!("tidem_payments_{}", random_suffix())).await;
     killed_at_random_points(&database.url(), "postgres", 8).await;
+}
+
+/// On MySQL/MariaDB, in a database of the test's own (the receiver's tables have fixed names).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_sigkill_exactly_once_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("payments crash test (mysql)") {
+        return;
+    }
+    let database =
+        receiver_process::MySqlDatabase::create(format!("tidem_payments_{}", random_suffix()))
+            .await;
+    killed_at_random_points(&database.url(), "mysql", 8).await;
 }

@@ -1,4 +1,5 @@
-//! The transactional mode behind webhook layers (Stripe and GitHub) on SQLite and Postgres,
+//! The transactional mode behind webhook layers (Stripe and GitHub) on SQLite, Postgres and
+//! (feature `mysql`) MariaDB/MySQL,
 //! over real HTTP: 25 concurrent deliveries of one event write exactly one row, a handler
 //! answering `500` leaves none and the provider's retry writes one.
 
@@ -52,6 +53,13 @@ handler!(
     postgres_event,
     Postgres,
     r#"INSERT INTO "{table}" (event_id) VALUES ($1)"#
+);
+
+#[cfg(feature = "mysql")]
+handler!(
+    mysql_event,
+    sqlx::MySql,
+    "INSERT INTO `{table}` (event_id) VALUES (?)"
 );
 
 async fn rows<DB: Database>(pool: &Pool<DB>, table: &str, event: &str) -> i64
@@ -188,6 +196,44 @@ async fn webhook_layers_commit_effects_once_postgres() {
     let base = serve(app(store.clone(), &table, postgres_event)).await;
     check(&base, async |event: &str| rows(&pool, &table, event).await).await;
     let drop = format!(r#"DROP TABLE "{table}"; DROP TABLE "{records}";"#);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
+        .execute(&pool)
+        .await
+        .expect("drop");
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_layers_commit_effects_once_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("transactional webhooks (mysql)") {
+        return;
+    }
+    let url = tower_idempotency_testkit::mysql_url();
+    let records = tower_idempotency_testkit::mysql_table("tx_webhooks");
+    let store = Arc::new(
+        tower_idempotency::MySqlStore::connect_with_table(&url, &records)
+            .await
+            .expect("mysql"),
+    );
+    store.migrate().await.expect("migrate");
+    let pool = store.pool().clone();
+    let table = tower_idempotency_testkit::mysql_table("events");
+    let ddl = format!("CREATE TABLE `{table}` (event_id VARCHAR(255) NOT NULL) ENGINE = InnoDB");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*ddl))
+        .execute(&pool)
+        .await
+        .expect("ddl");
+    let base = serve(app(store.clone(), &table, mysql_event)).await;
+    check(&base, async |event: &str| {
+        let sql = format!("SELECT count(*) FROM `{table}` WHERE event_id = ?");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+            .bind(event)
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+    })
+    .await;
+    let drop = format!("DROP TABLE `{table}`, `{records}`");
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
         .execute(&pool)
         .await

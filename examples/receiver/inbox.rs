@@ -13,9 +13,12 @@
 //! (`inbox_order`; `"order:<object id>"` in `GET /effects`).
 //!
 //! With the `outbox` feature and `OUTBOX_TARGET_URL` set, a `test.outbox` event also enqueues,
-//! in its transaction, one `POST {OUTBOX_TARGET_URL}` with the body `{"event": "<event id>"}`
-//! (key `<event id>/0`, sent as its `Idempotency-Key`); a relay with the inbox's lease, backoff,
-//! attempts and sweep interval delivers it.
+//! in its transaction, one message with the body `{"event": "<event id>"}` (key
+//! `<event id>/0`): a `POST {OUTBOX_TARGET_URL}` (the key sent as its `Idempotency-Key`), or with
+//! the features `nats` and `rabbitmq` a JetStream publish (`nats://HOST:PORT/SUBJECT`, the key
+//! as `Nats-Msg-Id`) or a RabbitMQ publish (`amqp://...?exchange=E&routing_key=K`, the key as
+//! `message_id`) (outbox_target.rs); a relay with the inbox's lease, backoff, attempts and sweep
+//! interval delivers it.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -26,7 +29,11 @@ use axum::{
     Json, Router,
 };
 #[cfg(feature = "outbox")]
-use tower_idempotency::outbox::{self, Message, Outbox, OutboxDatabase, RelayHandle};
+#[path = "outbox_target.rs"]
+mod outbox_target;
+
+#[cfg(feature = "outbox")]
+use tower_idempotency::outbox::{self, Outbox, OutboxDatabase, RelayHandle};
 use tower_idempotency::{
     inbox::{
         admin, permanent, Backoff, EventFilter, EventKey, EventPage, EventState, HandlerError,
@@ -78,7 +85,7 @@ pub struct Effects {
 
 /// Where `test.outbox` events send their message: the outbox and `OUTBOX_TARGET_URL`.
 #[cfg(feature = "outbox")]
-type Outgoing<DB> = Option<(Outbox<DB>, std::sync::Arc<str>)>;
+type Outgoing<DB> = Option<(Outbox<DB>, std::sync::Arc<outbox_target::OutboxTarget>)>;
 #[cfg(not(feature = "outbox"))]
 type Outgoing<DB> = Option<(std::marker::PhantomData<DB>, std::sync::Arc<str>)>;
 
@@ -195,7 +202,7 @@ macro_rules! handler {
                     // several providers or tenants names them in the scope (docs/outbox.md).
                     outbox
                         .scope(event.key.event_id.clone())
-                        .enqueue(&mut *tx, Message::post_json(&**target, &body))
+                        .enqueue(&mut *tx, target.message(&body))
                         .await?;
                 }
             }
@@ -293,9 +300,10 @@ async fn start_outbox<DB: InboxDatabase + OutboxDatabase>(
     pool: &sqlx::Pool<DB>,
     settings: &Settings,
 ) -> Result<(Outgoing<DB>, Option<RelayHandle>), BoxError> {
-    let Some(target) = settings.outbox_target.clone() else {
+    let Some(target) = settings.outbox_target.as_deref() else {
         return Ok((None, None));
     };
+    let target = outbox_target::OutboxTarget::parse(target)?;
     let outbox = Outbox::new(pool.clone(), outbox::DEFAULT_TABLE)?;
     outbox.migrate().await?;
     let lease = settings.lease.unwrap_or(outbox::DEFAULT_LEASE);
@@ -315,6 +323,7 @@ async fn start_outbox<DB: InboxDatabase + OutboxDatabase>(
     if let Some(sweep) = settings.sweep {
         relay = relay.poll_every(sweep);
     }
+    let relay = target.attach(relay).await?;
     tracing::info!("outbox relay started");
     Ok((Some((outbox, target.into())), Some(relay.spawn())))
 }

@@ -1,7 +1,7 @@
 //! `POST /payments`: the transactional mode on the SQL stores. The handler inserts one row
 //! `(idempotency_key, amount)` into `payments` through the request's transaction, which the layer
 //! commits together with the key's completion: a crash before the commit leaves no row, and the
-//! retry writes the only one.
+//! retry writes the only one. On SQLite, Postgres, and MySQL or MariaDB.
 
 use axum::{
     extract::State,
@@ -13,15 +13,21 @@ use axum::{
 use serde_json::json;
 use tower_idempotency::{sqlx, IdempotencyLayer, IdempotentTx};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::sql::{Pool, Table};
 use crate::{
     app::{idempotency_key, App},
-    sql::{Pool, Table},
     BoxError,
 };
 
 /// The payments table's own pool (for its DDL and `GET /effects`).
 #[derive(Clone)]
-pub struct Payments(Pool);
+pub enum Payments {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    Sql(Pool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+}
 
 #[derive(serde::Deserialize)]
 pub struct Payment {
@@ -38,6 +44,7 @@ fn failed(error: sqlx::Error) -> Response {
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const TABLE: Table = Table {
     #[cfg(feature = "sqlite")]
     sqlite: "CREATE TABLE IF NOT EXISTS payments (\
@@ -50,19 +57,37 @@ const TABLE: Table = Table {
                idempotency_key text NOT NULL, amount bigint NOT NULL)",
 };
 
+/// `payments` on MySQL and MariaDB (InnoDB: the rows commit with the key's completion).
+#[cfg(feature = "mysql")]
+const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (\
+                           id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                           idempotency_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, \
+                           INDEX payments_key_idx (idempotency_key)) ENGINE = InnoDB";
+
 impl Payments {
     /// Opens a small pool of its own on the store's database and creates `payments`.
     pub async fn open(url: &str) -> Result<Option<Self>, BoxError> {
-        Ok(Pool::open(url, 2, false, &TABLE).await?.map(Self))
+        #[cfg(feature = "mysql")]
+        if let Some(pool) = crate::sql::open_mysql(url, 2, MYSQL_TABLE).await? {
+            return Ok(Some(Self::MySql(pool)));
+        }
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        if let Some(pool) = Pool::open(url, 2, false, &TABLE).await? {
+            return Ok(Some(Self::Sql(pool)));
+        }
+        let _ = url;
+        Ok(None)
     }
 
     /// The route, behind `layer` (transactional on this database's store).
     pub fn route(&self, layer: IdempotencyLayer) -> Router<App> {
-        let router = match self.0 {
+        let router = match self {
             #[cfg(feature = "sqlite")]
-            Pool::Sqlite(_) => Router::new().route("/payments", post(pay_sqlite)),
+            Self::Sql(Pool::Sqlite(_)) => Router::new().route("/payments", post(pay_sqlite)),
             #[cfg(feature = "postgres")]
-            Pool::Postgres(_) => Router::new().route("/payments", post(pay_postgres)),
+            Self::Sql(Pool::Postgres(_)) => Router::new().route("/payments", post(pay_postgres)),
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => Router::new().route("/payments", post(pay_mysql)),
         };
         router.route_layer(layer)
     }
@@ -70,11 +95,17 @@ impl Payments {
     /// Rows of `payments` per idempotency key.
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         let sql = "SELECT idempotency_key, count(*) FROM payments GROUP BY idempotency_key";
-        self.0.counts(sql).await
+        match self {
+            #[cfg(any(feature = "sqlite", feature = "postgres"))]
+            Self::Sql(pool) => pool.counts(sql).await,
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => crate::sql::mysql_counts(pool, sql).await,
+        }
     }
 }
 
 /// The route's handler on one database: one row through the request's transaction.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! pay {
     ($name:ident, $db:ty) => {
         async fn $name(
@@ -105,3 +136,26 @@ macro_rules! pay {
 pay!(pay_sqlite, sqlx::Sqlite);
 #[cfg(feature = "postgres")]
 pay!(pay_postgres, sqlx::Postgres);
+
+/// The route's handler on MySQL and MariaDB, which have no `RETURNING`: the new row's id is the
+/// insert's `LAST_INSERT_ID()`.
+#[cfg(feature = "mysql")]
+async fn pay_mysql(
+    State(app): State<App>,
+    mut tx: IdempotentTx<sqlx::MySql>,
+    headers: HeaderMap,
+    Json(payment): Json<Payment>,
+) -> Response {
+    let inserted = sqlx::query("INSERT INTO payments (idempotency_key, amount) VALUES (?, ?)")
+        .bind(idempotency_key(&headers))
+        .bind(payment.amount)
+        .execute(&mut *tx)
+        .await;
+    let id = match inserted {
+        Ok(done) => i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX),
+        Err(error) => return failed(error),
+    };
+    // Inside the transaction: a crash now leaves no row.
+    tokio::time::sleep(app.handler_delay).await;
+    answer(id, payment.amount)
+}

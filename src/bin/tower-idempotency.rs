@@ -14,10 +14,18 @@
 //! ```
 //!
 //! `--store` takes the URLs of the reference receiver's `IDEMPOTENCY_STORE` (`sqlite://PATH`,
-//! `postgres://...`, `redis://...`) and defaults to that variable. See [docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md).
+//! `postgres://...`, `mysql://...`, `redis://...`) and defaults to that variable. The inbox and
+//! outbox commands answer an error on MySQL, where the inbox and the outbox do not run yet. See [docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md).
 
-#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "redis")))]
-compile_error!("the `cli` feature needs at least one store feature: sqlite, postgres or redis");
+#[cfg(not(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+)))]
+compile_error!(
+    "the `cli` feature needs at least one store feature: sqlite, postgres, mysql or redis"
+);
 
 #[cfg(feature = "inbox")]
 #[path = "cli_inbox/mod.rs"]
@@ -37,7 +45,7 @@ use tower_idempotency::store::{
 
 /// The default Redis key prefix, the one `connect_store` (and so the reference receiver) uses.
 const DEFAULT_REDIS_PREFIX: &str = "idempotency";
-/// The default SQL table of the SQLite and Postgres stores.
+/// The default SQL table of the SQLite, Postgres and MySQL stores.
 const DEFAULT_TABLE: &str = "idempotency_records";
 
 #[derive(Debug, Parser)]
@@ -47,11 +55,11 @@ const DEFAULT_TABLE: &str = "idempotency_records";
     about = "Inspect, forget and purge idempotency records in a tower-idempotency store."
 )]
 struct Cli {
-    /// The store: sqlite://PATH, postgres://..., redis://... (as the reference receiver's
-    /// IDEMPOTENCY_STORE).
+    /// The store: sqlite://PATH, postgres://..., mysql://..., redis://... (as the reference
+    /// receiver's IDEMPOTENCY_STORE).
     #[arg(long, env = "IDEMPOTENCY_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
-    /// The table of the SQLite or Postgres store.
+    /// The table of the SQLite, Postgres or MySQL store.
     #[arg(long, global = true, default_value = DEFAULT_TABLE)]
     table: String,
     /// The key prefix of the Redis store.
@@ -71,7 +79,7 @@ enum Command {
     Inspect(KeyArgs),
     /// Delete a record whatever its state, so the next request with its key runs the handler.
     Forget(KeyArgs),
-    /// Delete every expired record (SQLite, Postgres; Redis expires records by itself).
+    /// Delete every expired record (SQLite, Postgres, MySQL; Redis expires records by itself).
     PurgeExpired,
     /// The webhook inbox's events (SQLite, Postgres): list, count, show, retry (one or in bulk),
     /// discard, purge.
@@ -114,13 +122,20 @@ struct KeyArgs {
 enum CliError {
     #[error("no store given: pass --store URL or set IDEMPOTENCY_STORE")]
     NoStore,
-    #[error("unsupported store URL scheme (expected sqlite://, postgres:// or redis://)")]
+    #[error(
+        "unsupported store URL scheme (expected sqlite://, postgres://, mysql:// or redis://)"
+    )]
     UnsupportedScheme,
     #[error("the memory store lives inside one process; this tool cannot reach it")]
     MemoryStore,
     #[error("this build of the tool lacks the `{0}` cargo feature")]
     #[cfg_attr(
-        all(feature = "sqlite", feature = "postgres", feature = "redis"),
+        all(
+            feature = "sqlite",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "redis"
+        ),
         allow(dead_code)
     )]
     FeatureDisabled(&'static str),
@@ -140,6 +155,9 @@ enum CliError {
     #[cfg(feature = "outbox")]
     #[error("the outbox lives in a SQLite or Postgres database")]
     OutboxNotSql,
+    #[cfg(any(feature = "inbox", feature = "outbox"))]
+    #[error("the webhook inbox and the outbox do not run on MySQL/MariaDB yet")]
+    NotOnMySql,
     #[cfg(feature = "inbox")]
     #[error("no failed event with this provider and event id")]
     NotFailed,
@@ -191,6 +209,8 @@ enum Opened {
     Sqlite(Box<tower_idempotency::SqliteStore>),
     #[cfg(feature = "postgres")]
     Postgres(Box<tower_idempotency::PostgresStore>),
+    #[cfg(feature = "mysql")]
+    MySql(Box<tower_idempotency::MySqlStore>),
     #[cfg(feature = "redis")]
     Redis(tower_idempotency::RedisStore),
 }
@@ -202,6 +222,8 @@ impl Opened {
             Self::Sqlite(_) => "sqlite",
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => "postgres",
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => "mysql",
             #[cfg(feature = "redis")]
             Self::Redis(_) => "redis",
         }
@@ -213,6 +235,8 @@ impl Opened {
             Self::Sqlite(store) => store.as_ref(),
             #[cfg(feature = "postgres")]
             Self::Postgres(store) => store.as_ref(),
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.as_ref(),
             #[cfg(feature = "redis")]
             Self::Redis(store) => store,
         }
@@ -225,6 +249,8 @@ impl Opened {
             Self::Sqlite(store) => store.purge_expired().await.map(Some),
             #[cfg(feature = "postgres")]
             Self::Postgres(store) => store.purge_expired().await.map(Some),
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => store.purge_expired().await.map(Some),
             #[cfg(feature = "redis")]
             Self::Redis(_) => Ok(None),
         }
@@ -260,6 +286,11 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
                 .map(|store| Opened::Postgres(Box::new(store)))
                 .map_err(|e| connect("postgres")(&e))
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => tower_idempotency::MySqlStore::connect_with_table(url, &cli.table)
+            .await
+            .map(|store| Opened::MySql(Box::new(store)))
+            .map_err(|e| connect("mysql")(&e)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" => tower_idempotency::RedisStore::connect(url, &cli.redis_prefix)
             .await
@@ -269,6 +300,8 @@ async fn open(cli: &Cli) -> Result<Opened, CliError> {
         "sqlite" => Err(CliError::FeatureDisabled("sqlite")),
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(CliError::FeatureDisabled("postgres")),
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => Err(CliError::FeatureDisabled("mysql")),
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" => Err(CliError::FeatureDisabled("redis")),
         _ => Err(CliError::UnsupportedScheme),
@@ -310,7 +343,8 @@ enum SqlPool {
 }
 
 /// Opens the SQLite or Postgres database `url` names, without creating anything (a SQLite file
-/// must exist); answers `not_sql` for a store that is not SQL (memory, Redis).
+/// must exist); answers `not_sql` for a store that is not SQL (memory, Redis), and
+/// [`CliError::NotOnMySql`] for MySQL, where the inbox and the outbox do not run yet.
 #[cfg(any(feature = "inbox", feature = "outbox"))]
 async fn sql_pool(url: &str, not_sql: CliError) -> Result<SqlPool, CliError> {
     let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
@@ -328,6 +362,7 @@ async fn sql_pool(url: &str, not_sql: CliError) -> Result<SqlPool, CliError> {
             .await
             .map(SqlPool::Postgres)
             .map_err(|e| connect_error("postgres", &e, url)),
+        "mysql" | "mariadb" => Err(CliError::NotOnMySql),
         "memory" | "redis" | "rediss" => Err(not_sql),
         _ => Err(CliError::UnsupportedScheme),
     }

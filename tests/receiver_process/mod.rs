@@ -144,9 +144,72 @@ impl Drop for Database {
     }
 }
 
-/// The `i64` results of `sql`, with `param` bound to its one parameter (`$1`), on the SQLite or
-/// Postgres database at `store` (a receiver's `IDEMPOTENCY_STORE`).
+/// A database of the test's own on the shared MySQL/MariaDB server
+/// ([`mysql_url`](tower_idempotency_testkit::mysql_url)), dropped when the test ends.
+#[cfg(feature = "mysql")]
+pub struct MySqlDatabase {
+    pub name: String,
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_admin(sql: &str) {
+    let pool = sqlx::MySqlPool::connect(&tower_idempotency_testkit::mysql_url())
+        .await
+        .expect("connect mysql");
+    pool.execute(sqlx::AssertSqlSafe(sql)).await.expect(sql);
+    pool.close().await;
+}
+
+#[cfg(feature = "mysql")]
+impl MySqlDatabase {
+    pub async fn create(name: String) -> Self {
+        mysql_admin(&format!("CREATE DATABASE `{name}`")).await;
+        Self { name }
+    }
+
+    /// The shared server's URL with this database in place of its own.
+    pub fn url(&self) -> String {
+        let url = tower_idempotency_testkit::mysql_url();
+        let (scheme, rest) = url.split_once("://").expect("MYSQL_URL has a scheme");
+        let authority = rest.split('/').next().unwrap_or(rest);
+        format!("{scheme}://{authority}/{}", self.name)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for MySqlDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS `{}`", self.name);
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(mysql_admin(&sql));
+        })
+        .join();
+        if dropped.is_err() && !std::thread::panicking() {
+            panic!("could not drop the test database {}", self.name);
+        }
+    }
+}
+
+/// The `i64` results of `sql`, with `param` bound to its one parameter (`$1`; `?` on MySQL), on
+/// the SQLite, Postgres or MySQL database at `store` (a receiver's `IDEMPOTENCY_STORE`).
 pub async fn scalars(store: &str, sql: &str, param: &str) -> Vec<i64> {
+    #[cfg(feature = "mysql")]
+    if store.starts_with("mysql:") {
+        let pool = sqlx::MySqlPool::connect(store)
+            .await
+            .expect("connect mysql");
+        let sql = sql.replace("$1", "?");
+        let found = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(param)
+            .fetch_all(&pool)
+            .await;
+        pool.close().await;
+        return found.expect("query mysql");
+    }
     if store.starts_with("sqlite:") {
         let pool = sqlx::SqlitePool::connect(store).await.expect("open sqlite");
         let found = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))

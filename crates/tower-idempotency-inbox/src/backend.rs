@@ -198,9 +198,14 @@ impl Sql {
 
 /// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
 /// (feature `sqlite`), through its job engine [`Driver`] (whose
-/// [`DEFAULT_CONCURRENCY`](Driver::DEFAULT_CONCURRENCY) is a worker's default). Sealed: its
+/// [`CONCURRENCY`](Driver::CONCURRENCY) is a worker's default). Sealed: its
 /// statements are the inbox's own.
-pub trait InboxDatabase: Driver + sealed::InboxSql {}
+pub trait InboxDatabase: Driver + sealed::InboxSql {
+    /// Handlers a worker runs at once unless
+    /// [`WorkerBuilder::concurrency`](crate::WorkerBuilder::concurrency) says otherwise: the
+    /// driver's [`Driver::CONCURRENCY`] (16 on Postgres, 4 on SQLite).
+    const DEFAULT_CONCURRENCY: usize = <Self as Driver>::CONCURRENCY;
+}
 
 impl<DB: Driver + sealed::InboxSql> InboxDatabase for DB {}
 

@@ -67,7 +67,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// A worker that processes this inbox's events with `handler`; configure it, then
     /// [`spawn`](WorkerBuilder::spawn) it.
     pub fn worker(&self, handler: impl InboxHandler<DB>) -> WorkerBuilder<DB> {
-        let mut settings = Settings::new(DB::DEFAULT_CONCURRENCY);
+        let mut settings = Settings::new(<DB as InboxDatabase>::DEFAULT_CONCURRENCY);
         settings.max_attempts = DEFAULT_MAX_ATTEMPTS;
         settings.lease = DEFAULT_LEASE;
         settings.attempt_timeout = DEFAULT_ATTEMPT_TIMEOUT;
@@ -84,7 +84,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
 }
 
 impl<DB: InboxDatabase> WorkerBuilder<DB> {
-    /// Handlers running at once (default [`Driver::DEFAULT_CONCURRENCY`](tower_idempotency_jobs::Driver::DEFAULT_CONCURRENCY): 16 on Postgres,
+    /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
     /// 4 on SQLite; at least 1). Each holds one pool connection; the
     /// worker claims as many due events in one statement as handlers are free. Give the pool
     /// about twice this many connections, so acknowledgements, claims and lease renewals find

@@ -288,7 +288,7 @@ pub trait Driver: sqlx::Database + Sized {
 
     /// Jobs a worker runs at once unless told otherwise: 16 on Postgres, whose commits of many
     /// connections proceed side by side; 4 on SQLite, whose writers take one lock in turn.
-    const DEFAULT_CONCURRENCY: usize;
+    const CONCURRENCY: usize;
 
     /// This database's statements for `table`.
     fn statements(table: Table) -> Statements;

@@ -169,10 +169,17 @@ fn summary<L: Into<Listed>>(job: JobSummary<L>) -> MessageSummary {
 }
 
 /// `message` as an operator is shown it: its URL without user-info and with its query values
-/// masked. [`Outbox::list`] and [`Outbox::messages`] answer the stored URL; pass their
-/// summaries through this before showing them to anyone.
+/// masked (a broker target, `nats:<subject>` or `amqp:<exchange>/<routing key>`, carries no
+/// credential and is shown as it is). [`Outbox::list`] and [`Outbox::messages`] answer the
+/// stored URL; pass their summaries through this before showing them to anyone.
 pub fn shown(mut message: MessageSummary) -> MessageSummary {
-    message.url = message.url.as_deref().map(redact::redact_url);
+    message.url = message.url.as_deref().map(|url| {
+        if message.method.is_none() && crate::broker::parse(url).is_some() {
+            url.to_owned()
+        } else {
+            redact::redact_url(url)
+        }
+    });
     message
 }
 

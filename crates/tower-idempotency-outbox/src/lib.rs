@@ -1,6 +1,7 @@
 //! A transactional outbox for [tower-idempotency](https://docs.rs/tower-idempotency): a
-//! handler enqueues its outgoing work (an HTTP request to another service, or a message for a
-//! [`Dispatcher`] of yours) in the same database transaction as its other writes, and a
+//! handler enqueues its outgoing work (an HTTP request to another service, a message for NATS
+//! JetStream or RabbitMQ (features `nats`, `rabbitmq`), or a message for a [`Dispatcher`] of
+//! yours) in the same database transaction as its other writes, and a
 //! [`Relay`] delivers it afterwards, at least once, with a stable `Idempotency-Key`.
 //!
 //! - [`Outbox::enqueue`] (or [`Scope::enqueue`]) inserts a [`Message`] through the caller's
@@ -21,6 +22,11 @@
 //!   retries failures with the job engine's [`Backoff`] (the inbox's too), and marks a message
 //!   [`Failed`](MessageState::Failed) after its last attempt. It follows no redirect by
 //!   default: a `3xx` is a failed attempt, never a delivery.
+//! - Broker messages ([`Message::nats`], [`Message::rabbitmq`]) carry their key as the
+//!   broker's deduplication id (`Nats-Msg-Id`, AMQP `message_id`); the relay publishes them
+//!   with the publisher it was given (`Relay::nats`, `Relay::rabbitmq`), waits for the broker's
+//!   acknowledgement (a publisher confirm on RabbitMQ, where a returned, unroutable message is
+//!   a failed attempt) and retries a broker that is down like an HTTP receiver that is.
 //! - [`Outbox::list`], [`Outbox::messages`], [`Outbox::message`], [`Outbox::retry`],
 //!   [`Outbox::discard`] and [`Outbox::purge_finished`] operate it; [`admin::router`] serves
 //!   them over HTTP, with an operator's page (failed messages, one message's detail, retry and
@@ -76,6 +82,7 @@ compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` featur
 
 pub mod admin;
 mod backend;
+mod broker;
 mod http;
 mod message;
 mod outbox;
@@ -83,6 +90,12 @@ mod page;
 mod relay;
 
 pub use backend::OutboxDatabase;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use broker::nats::{NatsPublisher, NatsPublisherError};
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub use broker::rabbitmq::RabbitPublisher;
 pub use message::{Message, MessageDetail, MessagePage, MessageState, MessageSummary, StateCounts};
 pub use outbox::{Enqueued, Outbox, OutboxError, Scope, DEFAULT_TABLE};
 #[allow(deprecated)]

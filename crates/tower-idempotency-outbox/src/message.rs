@@ -7,8 +7,9 @@ use tower_idempotency_jobs::{JobCounts, JobState, JobSummary};
 
 use crate::backend::Listed;
 
-/// One piece of outgoing work: an HTTP request to another service, or a payload for your own
-/// [`Dispatcher`](crate::Dispatcher) (a queue, an email API). Build it, then hand it to
+/// One piece of outgoing work: an HTTP request to another service, a message for a broker
+/// (NATS JetStream, RabbitMQ), or a payload for your own [`Dispatcher`](crate::Dispatcher) (a
+/// queue, an email API). Build it, then hand it to
 /// [`Outbox::enqueue`](crate::Outbox::enqueue) inside the transaction of the writes it belongs to.
 ///
 /// Its key names it for good: the relay sends it as the `Idempotency-Key` of every attempt.
@@ -27,8 +28,22 @@ pub struct Message {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Target {
-    Http { method: Method, url: String },
-    Dispatch { topic: String },
+    Http {
+        method: Method,
+        url: String,
+    },
+    Dispatch {
+        topic: String,
+    },
+    /// A JetStream publish to a subject ([`Message::nats`]).
+    Nats {
+        subject: String,
+    },
+    /// A RabbitMQ publish to an exchange with a routing key ([`Message::rabbitmq`]).
+    Rabbitmq {
+        exchange: String,
+        routing_key: String,
+    },
 }
 
 impl Message {
@@ -65,6 +80,40 @@ impl Message {
         }
     }
 
+    /// A message for NATS JetStream: published to `subject` with the message's key as its
+    /// `Nats-Msg-Id` (the stream drops a repeat within its duplicate window), its headers as
+    /// NATS headers and its [`body`](Self::body) as the payload. The relay needs a publisher
+    /// ([`Relay::nats`](crate::Relay), feature `nats`); without one the message fails at its
+    /// first attempt.
+    pub fn nats(subject: impl Into<String>) -> Self {
+        Self {
+            key: None,
+            target: Target::Nats {
+                subject: subject.into(),
+            },
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
+    /// A message for RabbitMQ: published to `exchange` (`""`: the default exchange, where the
+    /// routing key names a queue) with `routing_key`, persistent, `mandatory`, with the
+    /// message's key as its `message_id`, its headers as AMQP headers (`content-type` as the
+    /// content type) and its [`body`](Self::body) as the payload. The relay needs a publisher
+    /// ([`Relay::rabbitmq`](crate::Relay), feature `rabbitmq`); without one the message fails at
+    /// its first attempt.
+    pub fn rabbitmq(exchange: impl Into<String>, routing_key: impl Into<String>) -> Self {
+        Self {
+            key: None,
+            target: Target::Rabbitmq {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            },
+            headers: Vec::new(),
+            body: Bytes::new(),
+        }
+    }
+
     /// The message's key: visible ASCII, 1 to 255 bytes (the `Idempotency-Key` rule), checked
     /// at [`enqueue`](crate::Outbox::enqueue). Derive it from what the message is about
     /// (`refund-for-ch_123`) so that running the same work twice enqueues it once; keys are
@@ -81,7 +130,7 @@ impl Message {
         self
     }
 
-    /// The request body (an HTTP message) or the payload (a dispatched one).
+    /// The request body (an HTTP message) or the payload (a broker's or a dispatched one).
     pub fn body(mut self, body: impl Into<Bytes>) -> Self {
         self.body = body.into();
         self
@@ -144,7 +193,8 @@ pub struct MessageSummary {
     pub scope: Option<String>,
     /// An HTTP message's method.
     pub method: Option<String>,
-    /// An HTTP message's URL.
+    /// An HTTP message's URL, or a broker message's target: `nats:<subject>` or
+    /// `amqp:<exchange>/<routing key>` (the exchange with `%` and `/` percent-encoded).
     pub url: Option<String>,
     /// A dispatched message's topic.
     pub topic: Option<String>,

@@ -30,6 +30,10 @@ pub enum OutboxError {
     /// An HTTP message's URL is not an absolute `http` or `https` URL.
     #[error("the message URL is not an absolute http(s) URL")]
     InvalidUrl,
+    /// A broker message's target is invalid: an empty NATS subject or one with whitespace, or
+    /// a RabbitMQ exchange or routing key longer than 255 bytes.
+    #[error("the message's broker target is invalid")]
+    InvalidBrokerTarget,
     /// The message's key is held by a different message (another method, URL, topic, header
     /// or body): nothing was enqueued and the stored message is unchanged.
     #[error("the message key is held by a different message")]
@@ -226,6 +230,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
                 (Some(method.as_str().to_owned()), Some(url), None)
             }
             Target::Dispatch { topic } => (None, None, Some(topic)),
+            broker => (None, Some(crate::broker::stored(&broker)?), None),
         };
         let headers = serde_json::to_string(&message.headers).expect("strings serialize");
         let row = NewRow {

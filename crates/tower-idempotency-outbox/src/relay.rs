@@ -139,7 +139,7 @@ pub struct Round {
 /// per database.
 pub struct Relay<DB: OutboxDatabase> {
     outbox: Outbox<DB>,
-    deliver: Deliver,
+    pub(crate) deliver: Deliver,
     settings: Settings,
 }
 
@@ -158,6 +158,7 @@ impl<DB: OutboxDatabase> fmt::Debug for Relay<DB> {
         f.debug_struct("Relay")
             .field("outbox", &self.outbox)
             .field("dispatcher", &self.deliver.dispatcher.is_some())
+            .field("brokers", &self.deliver.brokers.names())
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
@@ -177,6 +178,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             deliver: Deliver {
                 http: client(reqwest::redirect::Policy::none()),
                 dispatcher: None,
+                brokers: crate::broker::Brokers::default(),
+                retry_horizon: Duration::ZERO,
             },
             settings,
         }
@@ -266,6 +269,24 @@ impl<DB: OutboxDatabase> Relay<DB> {
         self.concurrency(n)
     }
 
+    /// How long after its first attempt a message may still be sent again: the backoff's
+    /// ceilings between its attempts, each attempt's timeout, and one lease (a relay that
+    /// crashed between a delivery and its record leaves the message to the next one after the
+    /// lease). A broker's deduplication window (JetStream's duplicate window) must cover it.
+    pub fn retry_horizon(&self) -> Duration {
+        let settings = &self.settings;
+        let pauses: Duration = (1..settings.max_attempts)
+            .map(|attempt| settings.backoff.ceiling(attempt))
+            .sum();
+        pauses
+            .saturating_add(
+                settings
+                    .attempt_timeout
+                    .saturating_mul(settings.max_attempts),
+            )
+            .saturating_add(settings.lease)
+    }
+
     /// Renews the lease of the messages a round is delivering every third of the lease, so
     /// that only a stopped or stalled relay loses one (default: off; the lease then bounds a
     /// delivery, and a delivery longer than it is made again by another relay).
@@ -280,10 +301,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 
     fn worker(&self) -> Worker<DB, Deliver> {
+        let deliver = Deliver {
+            retry_horizon: self.retry_horizon(),
+            ..self.deliver.clone()
+        };
         Worker::new(
             self.outbox.pool.clone(),
             self.outbox.jobs.clone(),
-            self.deliver.clone(),
+            deliver,
             self.settings,
             self.outbox.wake.clone(),
         )
@@ -313,9 +338,12 @@ impl<DB: OutboxDatabase> Relay<DB> {
 
 /// Delivers one claimed message: the relay's job for the engine's [`Worker`].
 #[derive(Clone)]
-struct Deliver {
+pub(crate) struct Deliver {
     http: reqwest::Client,
     dispatcher: Option<Arc<dyn Dispatcher>>,
+    pub(crate) brokers: crate::broker::Brokers,
+    /// The relay's [`Relay::retry_horizon`], which a broker's deduplication window must cover.
+    retry_horizon: Duration,
 }
 
 impl<DB: OutboxDatabase> Job<DB> for Deliver {
@@ -393,6 +421,19 @@ impl Deliver {
                 };
                 dispatcher
                     .dispatch(message)
+                    .await
+                    .map(|()| None)
+                    .map_err(|error| (None, error))
+            }
+            // A broker target: `url` without a method (the encoding: src/broker/mod.rs).
+            (None, Some(target), None) => {
+                let message = crate::broker::Outgoing {
+                    key,
+                    headers,
+                    body: row.body.into(),
+                };
+                self.brokers
+                    .publish(&target, message, self.retry_horizon)
                     .await
                     .map(|()| None)
                     .map_err(|error| (None, error))

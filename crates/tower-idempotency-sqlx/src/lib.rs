@@ -1,7 +1,8 @@
 //! Durable [`Store`](tower_idempotency_core::Store)s for `tower-idempotency` in one SQL table:
-//! [`SqliteStore`] (feature `sqlite`, an embedded store shared by the processes of one host) and
-//! [`PostgresStore`] (feature `postgres`, shared by every instance on the database), both on
-//! [sqlx](https://docs.rs/sqlx) 0.8 pools, both on by default. Each passes the core's store
+//! [`SqliteStore`] (feature `sqlite`, an embedded store shared by the processes of one host),
+//! [`PostgresStore`] (feature `postgres`, shared by every instance on the database), both on by
+//! default, and `MySqlStore` (feature `mysql`, MySQL 8.0+ and MariaDB 10.6+, shared like
+//! Postgres), all on [sqlx](https://docs.rs/sqlx) 0.9 pools. Each passes the core's store
 //! conformance suite, and this crate's [`transactional`] mode lets a handler's writes and the
 //! key's completion commit together.
 //!
@@ -26,16 +27,23 @@
 #![warn(missing_docs)]
 
 // `store`: what every SQL store shares, written once over a `Backend` (no feature switches
-// inside); `sqlite` and `postgres`: each database's store, implementing `Backend`.
+// inside); `sqlite`, `postgres` and `mysql`: each database's store, implementing `Backend`.
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
 
-#[cfg(all(feature = "conformance", any(feature = "sqlite", feature = "postgres")))]
+#[cfg(all(
+    feature = "conformance",
+    any(feature = "sqlite", feature = "postgres", feature = "mysql")
+))]
 pub mod conformance;
 
+#[cfg(feature = "mysql")]
+pub use mysql::{schema_sql as mysql_schema_sql, MYSQL_LOCK_WAIT_TIMEOUT};
 #[cfg(feature = "postgres")]
 pub use postgres::schema_sql as postgres_schema_sql;
 #[cfg(feature = "sqlite")]
@@ -51,6 +59,11 @@ pub type SqliteStore = SqlStore<sqlx::Sqlite>;
 /// database.
 #[cfg(feature = "postgres")]
 pub type PostgresStore = SqlStore<sqlx::Postgres>;
+
+/// The MySQL and MariaDB store: a [`SqlStore`] in an InnoDB table, shared by every instance on
+/// the database (MySQL 8.0+, MariaDB 10.6+).
+#[cfg(feature = "mysql")]
+pub type MySqlStore = SqlStore<sqlx::MySql>;
 
 /// The sqlx version this crate is built on, re-exported so pools and transactions match it.
 pub use sqlx;

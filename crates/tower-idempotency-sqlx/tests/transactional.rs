@@ -1,5 +1,5 @@
-//! The transactional mode over real HTTP against real Postgres and SQLite: the public suite
-//! (`tower_idempotency_sqlx::conformance`) for both stores, then each store's own cases (stale
+//! The transactional mode over real HTTP against real Postgres, SQLite and (feature `mysql`)
+//! MariaDB/MySQL: the public suite (`tower_idempotency_sqlx::conformance`) for each store, then each store's own cases (stale
 //! holders, lease renewal, a commit whose outcome is unknown, statement counts).
 
 mod common;
@@ -35,6 +35,63 @@ async fn sqlite_fixture() -> (
         store: Arc::new(guarded),
     };
     (fixture, store)
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_fixture() -> Option<(
+    Fixture<sqlx::MySql>,
+    Arc<tower_idempotency_sqlx::MySqlStore>,
+)> {
+    let guarded = mysql_store().await?;
+    let store = guarded.store.clone();
+    let fixture = Fixture {
+        pool: store.pool().clone(),
+        store: Arc::new(guarded),
+    };
+    Some((fixture, store))
+}
+
+/// The suite on MySQL/MariaDB, except `failed_commit_writes_nothing`: MySQL has no deferred
+/// constraints, so nothing makes its `COMMIT` fail on demand.
+#[cfg(feature = "mysql")]
+mod mysql_suite {
+    macro_rules! mysql_cases {
+        ($($case:ident),*) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some((fixture, _)) = super::mysql_fixture().await {
+                        tower_idempotency_sqlx::conformance::$case(&fixture).await;
+                    }
+                }
+            )*
+        };
+    }
+
+    mysql_cases!(
+        concurrent_rounds_write_one_row_per_key,
+        released_answers_write_nothing,
+        directive_commits_a_non_2xx,
+        misconfiguration_is_refused,
+        caller_disconnect_still_commits_once,
+        duplicate_in_flight_gets_409
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn oversized_result_commits_without_its_body() {
+        let table = crate::common::MySqlTable::new();
+        let Some(store) = table.store().await else {
+            return;
+        };
+        let store = store.with_max_record_bytes(super::RECORD_LIMIT);
+        store.migrate().await.expect("migrate");
+        let fixture = tower_idempotency_sqlx::conformance::Fixture {
+            pool: store.pool().clone(),
+            store: std::sync::Arc::new(store),
+        };
+        tower_idempotency_sqlx::conformance::oversized_result_commits_without_its_body(&fixture)
+            .await;
+    }
 }
 
 macro_rules! suite {
@@ -123,10 +180,21 @@ fn problem_type(body: &str) -> String {
 /// exists; the stale caller gets `409 lease-lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stale_holder_writes_are_rolled_back() {
-    let Some((fixture, _)) = pg_fixture().await else {
-        return;
-    };
-    let server = EffectsServer::start(&fixture, short_lease(fixture.store.clone(), false)).await;
+    if let Some((fixture, _)) = pg_fixture().await {
+        stale_holder_writes_are_rolled_back(&fixture).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_stale_holder_writes_are_rolled_back() {
+    if let Some((fixture, _)) = mysql_fixture().await {
+        stale_holder_writes_are_rolled_back(&fixture).await;
+    }
+}
+
+async fn stale_holder_writes_are_rolled_back<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, short_lease(fixture.store.clone(), false)).await;
     let key = conformance::fresh_key("stale");
     let stale = spawn_hold(&server, &key);
     server.entered().await;
@@ -196,10 +264,21 @@ async fn sqlite_an_open_transaction_keeps_an_expired_key() {
 /// transaction: past two lease lengths a duplicate is still answered `409`, and one row lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lease_is_renewed_while_the_transaction_is_open() {
-    let Some((fixture, _)) = pg_fixture().await else {
-        return;
-    };
-    let server = EffectsServer::start(&fixture, short_lease(fixture.store.clone(), true)).await;
+    if let Some((fixture, _)) = pg_fixture().await {
+        lease_is_renewed_while_the_transaction_is_open(&fixture).await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lease_is_renewed_while_the_transaction_is_open() {
+    if let Some((fixture, _)) = mysql_fixture().await {
+        lease_is_renewed_while_the_transaction_is_open(&fixture).await;
+    }
+}
+
+async fn lease_is_renewed_while_the_transaction_is_open<DB: EffectsDb>(fixture: &Fixture<DB>) {
+    let server = EffectsServer::start(fixture, short_lease(fixture.store.clone(), true)).await;
     let key = conformance::fresh_key("renewed");
     let first = spawn_hold(&server, &key);
     server.entered().await;

@@ -26,6 +26,7 @@ mod env;
 mod http;
 mod logs;
 mod metrics;
+mod mysql;
 mod poll;
 mod ports;
 mod proxy;
@@ -43,6 +44,7 @@ pub use http::{
 };
 pub use logs::CapturedLogs;
 pub use metrics::{metric_id, snapshot, MetricId};
+pub use mysql::{mysql_or_skip, mysql_table, mysql_url};
 pub use poll::{poll_until, POLL_WITHIN};
 pub use ports::ReservedPort;
 pub use proxy::{Mode, Protocol, Proxy};

@@ -13,7 +13,7 @@ impl Driver for sqlx::Postgres {
          finished_at bigint,\n\
          last_error text";
     const BEGIN_WRITE: &'static str = "BEGIN";
-    const DEFAULT_CONCURRENCY: usize = 16;
+    const CONCURRENCY: usize = 16;
 
     fn statements(table: Table) -> Statements {
         Statements::new(

@@ -12,7 +12,7 @@ impl Driver for sqlx::Sqlite {
          finished_at INTEGER,\n\
          last_error TEXT";
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
-    const DEFAULT_CONCURRENCY: usize = 4;
+    const CONCURRENCY: usize = 4;
 
     fn statements(table: Table) -> Statements {
         Statements::new(

@@ -5,7 +5,9 @@ use sqlx::{Database, Pool};
 use crate::store::backend::BoxFuture;
 
 /// The SQL the suite runs for one database: the effects table's DDL, its insert and its count.
-/// Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`].
+/// Implemented for [`sqlx::Postgres`], [`sqlx::Sqlite`] and `sqlx::MySql` (feature `mysql`; MySQL
+/// has no deferred foreign keys, so [`failed_commit_writes_nothing`](super::failed_commit_writes_nothing)
+/// cannot make its `COMMIT` fail there).
 pub trait EffectsDb: Database {
     /// Creates `table` (`idempotency_key`, `amount`, and a nullable `parent` with a deferred
     /// foreign key to `{table}_parents`, which lets a case make `COMMIT` fail).
@@ -41,36 +43,50 @@ struct Dialect {
     params: [&'static str; 3],
     /// Whether one `DROP TABLE` may name both tables.
     drops_several: bool,
+    /// The identifier quote.
+    quote: char,
+    /// What follows the foreign key's `REFERENCES`.
+    deferred: &'static str,
 }
 
 impl Dialect {
     fn create(&self, table: &str) -> String {
-        let Self { int, text, .. } = self;
+        let Self {
+            int,
+            text,
+            quote: q,
+            deferred,
+            ..
+        } = self;
         format!(
-            r#"CREATE TABLE "{table}_parents" (id {int} PRIMARY KEY);
-CREATE TABLE "{table}" (idempotency_key {text} NOT NULL, amount {int} NOT NULL,
-    parent {int} REFERENCES "{table}_parents" (id) DEFERRABLE INITIALLY DEFERRED);"#
+            r#"CREATE TABLE {q}{table}_parents{q} (id {int} PRIMARY KEY);
+CREATE TABLE {q}{table}{q} (idempotency_key {text} NOT NULL, amount {int} NOT NULL,
+    parent {int}, FOREIGN KEY (parent) REFERENCES {q}{table}_parents{q} (id){deferred});"#
         )
     }
 
     fn drop_table(&self, table: &str) -> String {
+        let q = self.quote;
         if self.drops_several {
-            format!(r#"DROP TABLE IF EXISTS "{table}", "{table}_parents""#)
+            format!(r#"DROP TABLE IF EXISTS {q}{table}{q}, {q}{table}_parents{q}"#)
         } else {
-            format!(r#"DROP TABLE IF EXISTS "{table}"; DROP TABLE IF EXISTS "{table}_parents";"#)
+            format!(
+                r#"DROP TABLE IF EXISTS {q}{table}{q}; DROP TABLE IF EXISTS {q}{table}_parents{q};"#
+            )
         }
     }
 
     fn insert(&self, table: &str) -> String {
         let [key, amount, parent] = self.params;
+        let q = self.quote;
         format!(
-            r#"INSERT INTO "{table}" (idempotency_key, amount, parent) VALUES ({key}, {amount}, {parent})"#
+            r#"INSERT INTO {q}{table}{q} (idempotency_key, amount, parent) VALUES ({key}, {amount}, {parent})"#
         )
     }
 
     fn count(&self, table: &str) -> String {
-        let key = self.params[0];
-        format!(r#"SELECT count(*) FROM "{table}" WHERE idempotency_key = {key}"#)
+        let (key, q) = (self.params[0], self.quote);
+        format!(r#"SELECT count(*) FROM {q}{table}{q} WHERE idempotency_key = {key}"#)
     }
 }
 
@@ -146,6 +162,8 @@ const POSTGRES: Dialect = Dialect {
     text: "text",
     params: ["$1", "$2", "$3"],
     drops_several: true,
+    quote: '"',
+    deferred: " DEFERRABLE INITIALLY DEFERRED",
 };
 
 #[cfg(feature = "sqlite")]
@@ -154,7 +172,20 @@ const SQLITE: Dialect = Dialect {
     text: "TEXT",
     params: ["?1", "?2", "?3"],
     drops_several: false,
+    quote: '"',
+    deferred: " DEFERRABLE INITIALLY DEFERRED",
+};
+
+#[cfg(feature = "mysql")]
+const MYSQL: Dialect = Dialect {
+    int: "BIGINT",
+    text: "VARCHAR(1024)",
+    params: ["?", "?", "?"],
+    drops_several: true,
+    quote: '`',
+    deferred: "",
 };
 
 effects_db!(sqlx::Postgres, "postgres", POSTGRES);
 effects_db!(sqlx::Sqlite, "sqlite", SQLITE);
+effects_db!(sqlx::MySql, "mysql", MYSQL);

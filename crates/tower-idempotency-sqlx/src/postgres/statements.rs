@@ -82,6 +82,7 @@ pub(crate) fn statements(table: &str) -> Statements {
         get: compact(s.get),
         forget: compact(s.forget),
         purge: compact(s.purge),
+        lock: None,
     }
 }
 
@@ -178,5 +179,6 @@ SELECT done.*, {notify}"#
     SELECT key FROM "{table}" WHERE expires_at <= statement_timestamp()
     LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED)"#
         )),
+        lock: None,
     }
 }

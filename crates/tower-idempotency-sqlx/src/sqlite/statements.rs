@@ -86,6 +86,7 @@ WHERE key = ?1 AND token = ?2"#
             r#"DELETE FROM "{table}" WHERE rowid IN (
     SELECT rowid FROM "{table}" WHERE expires_at <= ?1 LIMIT {PURGE_BATCH})"#
         )),
+        lock: None,
     }
 }
 

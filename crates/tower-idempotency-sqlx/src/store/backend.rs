@@ -85,6 +85,11 @@ pub struct Statements {
     pub(crate) get: SqlStr,
     pub(crate) forget: SqlStr,
     pub(crate) purge: SqlStr,
+    /// For a database whose writes return no rows (MySQL): the read of a key's row whatever
+    /// its state, under a row lock, that [`Backend::fetch_row`] runs after the claim statement
+    /// and before `forget` in one transaction. Bound like [`Params::Get`]. `None` elsewhere.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) lock: Option<SqlStr>,
 }
 
 /// Which of a store's [`Statements`] a call runs.
@@ -129,8 +134,8 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
-/// A database a [`SqlStore`](crate::SqlStore) runs on: `sqlx::Sqlite` (feature `sqlite`) and
-/// `sqlx::Postgres` (feature `postgres`). Sealed: the store's guarantees rest on the SQL each
+/// A database a [`SqlStore`](crate::SqlStore) runs on: `sqlx::Sqlite` (feature `sqlite`),
+/// `sqlx::Postgres` (feature `postgres`) and `sqlx::MySql` (feature `mysql`, MySQL and MariaDB). Sealed: the store's guarantees rest on the SQL each
 /// backend runs, which the crate's tests check against the real databases.
 pub trait Backend: Execute + sealed::Sealed + Debug {
     /// The name [`Store::name`](tower_idempotency_core::Store::name) reports.
@@ -146,6 +151,11 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     /// [`Engine`]'s then run on one lane of their own, reads on the others.
     #[doc(hidden)]
     const ONE_WRITER: bool;
+    /// The longest key the table holds whole (MySQL's primary key is a `VARBINARY` of bounded
+    /// length): a claim of a longer key is refused before any statement runs, as a database
+    /// that is not in strict mode would otherwise cut it short.
+    #[doc(hidden)]
+    const MAX_KEY_BYTES: usize = usize::MAX;
 
     /// The DDL of the store's table.
     #[doc(hidden)]
@@ -164,6 +174,21 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
     /// Binds `params` to `sql`, the statement of [`Statements`] they belong to.
     #[doc(hidden)]
     fn bind<'q>(sql: &SqlStr, now_ms: i64, params: Params<'q>) -> Statement<'q, Self>;
+
+    /// Runs the statement `pick` names that returns a row (the claim statement, `get`,
+    /// `forget`): by default that one statement, which returns the row itself (`RETURNING`). A
+    /// database without `RETURNING` (MySQL) runs the write and a locking read of the row
+    /// ([`Statements::lock`]) in one transaction (a savepoint inside a caller's transaction).
+    #[doc(hidden)]
+    fn fetch_row<'e, 'q: 'e>(
+        conn: &'e mut Self::Connection,
+        sql: &'e Statements,
+        pick: Pick,
+        now_ms: i64,
+        params: Params<'q>,
+    ) -> BoxFuture<'e, Result<Option<Self::Row>, sqlx::Error>> {
+        Self::fetch_optional(conn, Self::bind(sql.text(pick), now_ms, params))
+    }
 
     /// Decodes a row the claim, get or forget statement returned; `now_ms` is the time the
     /// statement was bound with.

@@ -12,6 +12,10 @@ pub(crate) fn map_error(error: sqlx::Error, size: Option<usize>, limit: usize) -
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => StoreError::Unavailable(Box::new(error)),
         sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(number) = mysql_number(&**db) {
+                return map_mysql(number, db.message(), size, limit);
+            }
             let code = db.code();
             map_code(
                 code.as_deref().unwrap_or_default(),
@@ -22,6 +26,57 @@ pub(crate) fn map_error(error: sqlx::Error, size: Option<usize>, limit: usize) -
         }
         _ => StoreError::Backend(Box::new(error)),
     }
+}
+
+/// MySQL's error number, when `db` is a MySQL or MariaDB error. Its SQLSTATE says too little:
+/// `HY000` covers a lock wait timeout and most other errors alike.
+#[cfg(feature = "mysql")]
+fn mysql_number(db: &dyn sqlx::error::DatabaseError) -> Option<u16> {
+    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|db| db.number())
+}
+
+/// A MySQL error number and message as the store error the layer acts on.
+#[cfg(feature = "mysql")]
+fn map_mysql(number: u16, message: &str, size: Option<usize>, limit: usize) -> StoreError {
+    if mysql_too_big(number) {
+        return StoreError::RecordTooLarge {
+            size: size.unwrap_or(0),
+            limit,
+        };
+    }
+    let sanitized = Box::new(DatabaseError {
+        code: format!("MySQL {number}"),
+        message: message.to_owned(),
+    });
+    if mysql_unavailable(number) {
+        StoreError::Unavailable(sanitized)
+    } else {
+        StoreError::Backend(sanitized)
+    }
+}
+
+/// MySQL and MariaDB: 1153 ER_NET_PACKET_TOO_LARGE (a record over `max_allowed_packet`) and
+/// 1301 ER_WARN_ALLOWED_PACKET_OVERFLOWED.
+#[cfg(feature = "mysql")]
+fn mysql_too_big(number: u16) -> bool {
+    matches!(number, 1153 | 1301)
+}
+
+/// MySQL and MariaDB error numbers that say the server cannot serve statements now: 1040 too
+/// many connections, 1053 server shutdown, 1158..=1161 network read/write errors and timeouts,
+/// 1203 and 1226 a user's connection limits, 1205 lock wait timeout
+/// (`innodb_lock_wait_timeout`), 1213 deadlock (the transaction was rolled back), 1290
+/// `--read-only` (a server that is being failed over), 1317 query interrupted, 1927 connection
+/// killed (MariaDB), 1969 `max_statement_time` exceeded (MariaDB), 3024 `max_execution_time`
+/// exceeded (MySQL), 4031 disconnected for inactivity (MySQL).
+#[cfg(feature = "mysql")]
+fn mysql_unavailable(number: u16) -> bool {
+    matches!(
+        number,
+        1040 | 1053 | 1158
+            ..=1161 | 1203 | 1205 | 1213 | 1226 | 1290 | 1317 | 1927 | 1969 | 3024 | 4031
+    )
 }
 
 /// A database's error code and message as the store error the layer acts on.
@@ -70,7 +125,8 @@ fn is_too_big(code: &str) -> bool {
 }
 
 /// Whether `error` says that the database cannot serve statements now (a connection that failed
-/// or could not be had, a lock or busy wait that timed out, a server shutting down), rather than
+/// or could not be had, a lock or busy wait that timed out, a deadlock victim on MySQL, a server
+/// shutting down or read-only while it is failed over), rather than
 /// that it refused this one statement (a constraint, a value it cannot store). A caller retries
 /// the first kind later as a whole; the second kind fails only the statement's own row.
 pub fn is_unavailable_error(error: &sqlx::Error) -> bool {
@@ -81,7 +137,13 @@ pub fn is_unavailable_error(error: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_unavailable(&code)),
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(number) = mysql_number(&**db) {
+                return mysql_unavailable(number);
+            }
+            db.code().is_some_and(|code| is_unavailable(&code))
+        }
         _ => false,
     }
 }
@@ -115,5 +177,29 @@ mod tests {
         assert!(is_unavailable_error(&sqlx::Error::PoolTimedOut));
         assert!(!is_unavailable_error(&sqlx::Error::RowNotFound));
         assert!(is_too_big("18") && is_too_big("54000"));
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_numbers() {
+        for number in [1040, 1053, 1159, 1205, 1213, 1290, 1969, 3024] {
+            assert!(mysql_unavailable(number), "{number}");
+            assert!(matches!(
+                map_mysql(number, "m", None, 1),
+                StoreError::Unavailable(_)
+            ));
+        }
+        // 1062 duplicate entry, 1406 data too long, 1146 no such table, 1064 syntax.
+        for number in [1062, 1406, 1146, 1064] {
+            assert!(!mysql_unavailable(number), "{number}");
+            assert!(matches!(
+                map_mysql(number, "m", None, 1),
+                StoreError::Backend(_)
+            ));
+        }
+        assert!(matches!(
+            map_mysql(1153, "m", Some(5), 1),
+            StoreError::RecordTooLarge { size: 5, limit: 1 }
+        ));
     }
 }

@@ -26,8 +26,9 @@ use crate::{
     validate_table_name, ConfigError, ConnectError, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TABLE,
 };
 
-/// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)) or Postgres
-/// ([`PostgresStore`](crate::PostgresStore)).
+/// A [`Store`] in one SQL table, on SQLite ([`SqliteStore`](crate::SqliteStore)), Postgres
+/// ([`PostgresStore`](crate::PostgresStore)) or MySQL and MariaDB
+/// ([`MySqlStore`](crate::MySqlStore)).
 ///
 /// Every call is a single statement, run on one of the store's
 /// [lanes](Self::with_connection_lanes) or, on SQLite, on its writer thread or the calling
@@ -237,10 +238,11 @@ impl<DB: Backend> SqlStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
+        self.check_key(key)?;
         let (token, claim) = Params::claim(key, fingerprint, token, lease)?;
         let now = self.engine.now_ms();
         self.count();
-        let row = DB::fetch_optional(conn, DB::bind(&self.sql.claim, now, claim))
+        let row = DB::fetch_row(conn, &self.sql, Pick::Claim, now, claim)
             .await
             .map_err(|e| self.map_error(e, None))?
             .ok_or_else(|| self.map_error(sqlx::Error::RowNotFound, None))?;
@@ -280,6 +282,17 @@ impl<DB: Backend> SqlStore<DB> {
 
 /// The statements' plumbing: binding, counting, error mapping, lanes.
 impl<DB: Backend> SqlStore<DB> {
+    /// Refuses a key longer than the table holds whole ([`Backend::MAX_KEY_BYTES`]).
+    fn check_key(&self, key: &str) -> Result<(), StoreError> {
+        if key.len() > DB::MAX_KEY_BYTES {
+            return Err(StoreError::Backend(Box::new(KeyTooLong {
+                len: key.len(),
+                limit: DB::MAX_KEY_BYTES,
+            })));
+        }
+        Ok(())
+    }
+
     fn count(&self) {
         self.statements.fetch_add(1, Ordering::Relaxed);
     }
@@ -396,19 +409,18 @@ impl<DB: Backend> SqlStore<DB> {
             }
             Err(write) => write,
         };
-        let sql = self.sql.text(pick);
         match returns {
             Returns::Changes => {
                 self.on_lane(async |conn| {
                     self.count();
-                    let done = DB::execute(conn, self.bind(sql, params))
+                    let done = DB::execute(conn, self.bind(self.sql.text(pick), params))
                         .await
                         .map_err(|e| self.map_error(e, size))?;
                     Ok(Done::Changed(DB::rows_affected(&done)))
                 })
                 .await
             }
-            Returns::Row => match self.fetch_on(self.lanes.writes(), sql, params).await? {
+            Returns::Row => match self.fetch_on(self.lanes.writes(), pick, params).await? {
                 Some((row, now)) => self.decode(&row, now).map(|row| Done::Row(Some(row))),
                 None => Ok(Done::Row(None)),
             },
@@ -526,32 +538,37 @@ impl<DB: Backend> SqlStore<DB> {
             }
         }
         let get = Params::Get { key };
-        match self
-            .fetch_on(self.lanes.reads(), &self.sql.get, get)
-            .await?
-        {
+        match self.fetch_on(self.lanes.reads(), Pick::Get, get).await? {
             Some((row, now)) => self.decode(&row, now).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Runs a statement that returns at most one row, on one of `lanes`.
+    /// Runs the statement `pick` names, which returns at most one row, on one of `lanes`.
     async fn fetch_on(
         &self,
         lanes: &Lanes<DB>,
-        sql: &SqlStr,
+        pick: Pick,
         params: Params<'_>,
     ) -> Result<Option<(DB::Row, i64)>, StoreError> {
         self.on(lanes, async |conn| {
             let now = self.engine.now_ms();
             self.count();
-            let row = DB::fetch_optional(conn, DB::bind(sql, now, params))
+            let row = DB::fetch_row(conn, &self.sql, pick, now, params)
                 .await
                 .map_err(|e| self.map_error(e, None))?;
             Ok(row.map(|row| (row, now)))
         })
         .await
     }
+}
+
+/// A key longer than the store's table holds whole ([`Backend::MAX_KEY_BYTES`]).
+#[derive(Debug, thiserror::Error)]
+#[error("key is {len} bytes long, the store's table holds keys of up to {limit}")]
+struct KeyTooLong {
+    len: usize,
+    limit: usize,
 }
 
 /// Whether a fenced statement changed the caller's row.
@@ -588,6 +605,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         // is over: a granted claim is renewed before it is answered. If the lease is gone,
         // someone else holds the key now: a second claim says who, instead of granting a dead
         // claim.
+        self.check_key(key)?;
         let started = Instant::now();
         match self.claim_once(key, fingerprint, token, lease).await? {
             ClaimOutcome::Claimed { token: claimed } if waited_too_long(started, lease) => {

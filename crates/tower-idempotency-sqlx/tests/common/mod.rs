@@ -1,4 +1,4 @@
-//! Helpers shared by the SQLite and Postgres tests: temporary tables and files that clean up
+//! Helpers shared by the SQLite, Postgres and MySQL tests: temporary tables and files that clean up
 //! after themselves, the skip policy, a small HTTP server behind the layer, and the tests every
 //! SQL store passes ([`shared`]).
 #![allow(dead_code)]
@@ -303,6 +303,138 @@ mod pg_helpers {
             assert!(tokio::time::Instant::now() < deadline, "nothing blocked");
             tokio::task::yield_now().await;
         }
+    }
+}
+
+// ---------------------------------------------------------------- MySQL / MariaDB
+
+#[cfg(feature = "mysql")]
+#[allow(unused_imports)]
+pub use mysql_helpers::*;
+#[cfg(feature = "mysql")]
+mod mysql_helpers {
+    use super::*;
+    use sqlx::Connection;
+    use tower_idempotency_sqlx::MySqlStore;
+
+    pub use tower_idempotency_testkit::mysql_url;
+
+    /// Whether the server answered a first connection attempt, probed once per test binary.
+    static REACHABLE: tokio::sync::OnceCell<Result<(), String>> =
+        tokio::sync::OnceCell::const_new();
+
+    async fn probe() -> Result<(), String> {
+        let connect = sqlx::MySqlConnection::connect(&mysql_url());
+        match tokio::time::timeout(Duration::from_secs(5), connect).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err("connecting timed out after 5 s".to_owned()),
+        }
+    }
+
+    /// Whether MySQL/MariaDB is there; `false` (after saying so) outside CI when it is not.
+    pub async fn mysql_reachable() -> bool {
+        match REACHABLE.get_or_init(probe).await {
+            Ok(()) => true,
+            Err(why) => {
+                tower_idempotency_testkit::skip("mysql store tests", why);
+                false
+            }
+        }
+    }
+
+    /// A table name, dropped on drop.
+    pub struct MySqlTable {
+        pub name: String,
+    }
+
+    impl MySqlTable {
+        pub fn new() -> Self {
+            Self {
+                name: tower_idempotency_testkit::mysql_table("idem_test"),
+            }
+        }
+
+        /// A store on a pool of its own (as `connect` opens it), or `None` when the server is
+        /// unreachable outside CI.
+        pub async fn store(&self) -> Option<MySqlStore> {
+            if !mysql_reachable().await {
+                return None;
+            }
+            Some(
+                MySqlStore::connect_with_table(&mysql_url(), &self.name)
+                    .await
+                    .expect("connect to MySQL"),
+            )
+        }
+    }
+
+    impl Drop for MySqlTable {
+        fn drop(&mut self) {
+            let sql = format!("DROP TABLE IF EXISTS `{}`", self.name);
+            let dropped = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async {
+                    if let Ok(mut conn) = sqlx::MySqlConnection::connect(&mysql_url()).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(&*sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                })
+            });
+            let _ = dropped.join();
+        }
+    }
+
+    /// The rows in `store`'s table.
+    pub async fn count_mysql_rows(store: &MySqlStore) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(&*format!(
+            "SELECT count(*) FROM `{}`",
+            store.table()
+        )))
+        .fetch_one(store.pool())
+        .await
+        .expect("count")
+    }
+
+    impl shared::Place for MySqlTable {
+        type DB = sqlx::MySql;
+        const BEGIN_WRITE: &'static str = "BEGIN";
+        // ER_NO_SUCH_TABLE.
+        const MISSING_TABLE: &'static str = "MySQL 1146";
+
+        async fn create() -> Option<Self> {
+            mysql_reachable().await.then(Self::new)
+        }
+
+        async fn open(&self) -> MySqlStore {
+            self.store().await.expect("MySQL answered a moment ago")
+        }
+
+        async fn count_rows(store: &MySqlStore) -> i64 {
+            count_mysql_rows(store).await
+        }
+
+        async fn block_writes(tx: &mut sqlx::Transaction<'static, sqlx::MySql>, table: &str) {
+            // A shared lock on every row and gap of the table: writes wait, consistent reads
+            // do not.
+            let lock = format!("SELECT count(*) FROM `{table}` LOCK IN SHARE MODE");
+            sqlx::query(sqlx::AssertSqlSafe(&*lock))
+                .execute(&mut **tx)
+                .await
+                .expect("lock");
+        }
+    }
+
+    /// A migrated MySQL store in a fresh table, or `None` when the server is unreachable.
+    pub async fn mysql_store() -> Option<Guarded<Arc<MySqlStore>, MySqlTable>> {
+        shared::migrated().await
     }
 }
 
