@@ -165,13 +165,7 @@ impl<S: Send + Sync> FromRequestParts<S> for SameSite {
     type Rejection = (StatusCode, &'static str);
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let json = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split(';').next())
-            .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
-        if json || parts.headers.contains_key(ADMIN_HEADER) {
+        if tower_idempotency_jobs::page::same_site(&parts.headers, ADMIN_HEADER) {
             Ok(Self)
         } else {
             Err((

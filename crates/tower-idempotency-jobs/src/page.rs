@@ -3,7 +3,7 @@
 //! Server-rendered HTML (maud escapes every value); nothing is fetched from another host.
 
 use axum::{
-    http::header,
+    http::{header, HeaderMap},
     response::{Html, IntoResponse, Response},
 };
 use maud::{html, Markup, PreEscaped, DOCTYPE};
@@ -131,4 +131,16 @@ pub fn headers_and_body(titles: (&str, &str), headers: &[(String, String)], body
         h2 { "Body" }
         pre #body { (body) }
     }
+}
+
+/// Whether a state-changing admin request cannot have come from another site's form: it
+/// carries the `admin_header` (which a cross-site page could only send after a CORS preflight
+/// the admin routers never answer) or a `Content-Type: application/json` body (likewise).
+pub fn same_site(headers: &HeaderMap, admin_header: &str) -> bool {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
+    json || headers.contains_key(admin_header)
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::{
     extract::{Path, Query, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post, MethodRouter},
     Json, Router,
@@ -195,15 +195,19 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// | `GET /message?key=..` | `200` [`MessageDetail`] (credentials masked: [`Outbox::message`]), `404` |
 /// | `GET /{state}?limit=N` | `200`, an array of [`MessageSummary`] in that state (`pending`, `delivered`, `failed`, `discarded`; default limit 100) |
 /// | `GET /counts` | `200` [`StateCounts`] |
+/// | `GET /messages/{key}` | `200` [`MessageDetail`], `404`: the inbox router's `GET /events/{provider}/{event_id}` shape (the key percent-encoded as one segment, `/` as `%2F`) |
 /// | `POST /retry` `{"key": ".."}` | `202` re-queued, `404` no such failed message |
+/// | `POST /messages/{key}/retry` | the same, in the inbox router's shape |
 /// | `POST /discard` `{"key": ".."}` | `200` discarded, `404` no such failed or idle pending message |
+/// | `POST /messages/{key}/discard` | the same, in the inbox router's shape |
 /// | `POST /purge` `{"older_than_secs": N}` | `200 {"purged": n}` |
 ///
-/// Every `POST` takes a JSON body and answers `415` without `Content-Type: application/json`,
-/// which a page on another site cannot send through an operator's browser without a CORS
-/// preflight (the router answers none): a cross-site form cannot retry, discard or purge. The
-/// page's own script sends JSON and the [`ADMIN_HEADER`]. Keys travel in the body because they
-/// may contain `/`. A database failure is a `503` problem.
+/// Every `POST` with a body takes JSON and answers `415` without `Content-Type:
+/// application/json`, which a page on another site cannot send through an operator's browser
+/// without a CORS preflight (the router answers none); a `POST` on a message's path needs the
+/// [`ADMIN_HEADER`] or that content type, and is refused `403` without (the inbox router's
+/// rule): a cross-site form cannot retry, discard or purge. The page's own script sends JSON
+/// and the [`ADMIN_HEADER`]. A database failure is a `503` problem.
 ///
 /// Behind your authentication, as the inbox's router (`tower_idempotency_inbox::admin::router`
 /// shows the layer):
@@ -224,8 +228,11 @@ pub fn router<DB: OutboxDatabase>(outbox: Outbox<DB>) -> Router {
         .route("/messages", get(messages::<DB>))
         .route("/message", get(message::<DB>))
         .route("/{state}", get(list::<DB>))
+        .route("/messages/{key}", get(message_at::<DB>))
         .route("/retry", change(Change::Retry))
+        .route("/messages/{key}/retry", change_at(Change::Retry))
         .route("/discard", change(Change::Discard))
+        .route("/messages/{key}/discard", change_at(Change::Discard))
         .route("/purge", post(purge::<DB>))
         .with_state(outbox)
 }
@@ -281,10 +288,7 @@ async fn message<DB: OutboxDatabase>(
     State(outbox): State<Outbox<DB>>,
     Query(query): Query<KeyQuery>,
 ) -> Result<Response, Unavailable> {
-    Ok(match outbox.message(&query.key).await? {
-        Some(detail) => Json(detail).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    })
+    message_at(State(outbox), Path(query.key)).await
 }
 
 async fn counts<DB: OutboxDatabase>(
@@ -325,6 +329,43 @@ fn change<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
     )
 }
 
+/// `change` on the message whose key is the path's segment, as [`change`] answers it.
+fn change_at<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
+    post(
+        move |headers: HeaderMap, State(outbox): State<Outbox<DB>>, Path(key): Path<String>| async move {
+            if !tower_idempotency_jobs::page::same_site(&headers, ADMIN_HEADER) {
+                return Ok((
+                    StatusCode::FORBIDDEN,
+                    "send the x-outbox-admin header or a JSON body",
+                )
+                    .into_response());
+            }
+            let (changed, status) = match change {
+                Change::Retry => (outbox.retry(&key).await?, StatusCode::ACCEPTED),
+                Change::Discard => (outbox.discard(&key).await?, StatusCode::OK),
+            };
+            Ok::<_, Unavailable>(
+                if changed {
+                    status
+                } else {
+                    StatusCode::NOT_FOUND
+                }
+                .into_response(),
+            )
+        },
+    )
+}
+
+async fn message_at<DB: OutboxDatabase>(
+    State(outbox): State<Outbox<DB>>,
+    Path(key): Path<String>,
+) -> Result<Response, Unavailable> {
+    Ok(match outbox.message(&key).await? {
+        Some(detail) => Json(detail).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
+}
+
 #[derive(Deserialize)]
 struct Purge {
     older_than_secs: u64,
@@ -343,6 +384,70 @@ async fn purge<DB: OutboxDatabase>(
 mod tests {
     use super::*;
     use crate::Message;
+
+    /// The router's message paths, in the inbox router's shape: a key with `/` percent-encoded
+    /// as one segment is shown, retried and discarded; a `POST` without the admin header or a
+    /// JSON content type is refused `403` and changes nothing.
+    #[tokio::test]
+    async fn message_paths_take_the_inbox_routers_shape() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let outbox = Outbox::new(pool.clone(), "paths").unwrap();
+        outbox.migrate().await.unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        for key in ["stripe/evt_1/0", "stripe/evt_2/0"] {
+            let message =
+                Message::post_json("http://svc.internal/x", &serde_json::json!(1)).key(key);
+            outbox.enqueue(&mut conn, message).await.unwrap();
+        }
+        drop(conn);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router(outbox)).await.unwrap() });
+        let client = reqwest::Client::new();
+        let at = |key: &str, action: &str| {
+            let key = tower_idempotency_jobs::page::encode(key);
+            format!("{base}/messages/{key}{action}")
+        };
+        let shown = client.get(at("stripe/evt_1/0", "")).send().await.unwrap();
+        assert_eq!(shown.status(), 200);
+        let detail: serde_json::Value = serde_json::from_str(&shown.text().await.unwrap()).unwrap();
+        assert_eq!(detail["key"], "stripe/evt_1/0");
+        let missing = client.get(at("stripe/none", "")).send().await.unwrap();
+        assert_eq!(missing.status(), 404);
+
+        let forged = client
+            .post(at("stripe/evt_1/0", "/discard"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), 403);
+        let discard = |key: &'static str| {
+            client
+                .post(at(key, "/discard"))
+                .header(ADMIN_HEADER, "1")
+                .send()
+        };
+        assert_eq!(discard("stripe/evt_1/0").await.unwrap().status(), 200);
+        assert_eq!(discard("stripe/evt_1/0").await.unwrap().status(), 404);
+        let retry = client
+            .post(at("stripe/evt_2/0", "/retry"))
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(retry.status(), 404, "a pending message is not failed");
+        let counts = client.get(format!("{base}/counts")).send().await.unwrap();
+        let counts: serde_json::Value =
+            serde_json::from_str(&counts.text().await.unwrap()).unwrap();
+        assert_eq!(
+            (counts["discarded"].as_u64(), counts["pending"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
 
     /// A message to a credentialed URL, with a credential in its JSON body, on a SQLite outbox:
     /// `show` (the method, `GET /message`) and the listings (`GET /messages`, `GET /pending`)
