@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::{
     extract::{FromRequestParts, Path, Query, State},
-    http::{header, request::Parts, StatusCode},
+    http::{request::Parts, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post, MethodRouter},
     Json, Router,
