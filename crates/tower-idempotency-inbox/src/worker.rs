@@ -4,7 +4,6 @@
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     fmt,
-    panic::AssertUnwindSafe,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -15,7 +14,9 @@ use tokio::{
     task::JoinSet,
     time::MissedTickBehavior,
 };
-use tower_idempotency_jobs::{persist, Settings, WorkerHandle, DEFAULT_POLL_EVERY};
+use tower_idempotency_jobs::{
+    guarded, keep_lease, persist, Cut, Settings, WorkerHandle, DEFAULT_POLL_EVERY,
+};
 use tower_idempotency_sqlx::TxHandle;
 use tracing::Instrument;
 
@@ -591,24 +592,11 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// Stops renewing (and stays pending) once the claim is no longer held: the attempt's
     /// fenced commit then finds it lost.
     async fn keep_lease(&self, key: &EventKey, token: i64) -> std::convert::Infallible {
-        let every = self.settings.lease / 3;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let until = now_ms().saturating_add(duration_ms(self.settings.lease));
-            let renew = || backend::renew(&self.inbox.pool, &self.inbox.sql, key, token, until);
-            match persist(every, renew).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(provider = %key.provider, "an inbox attempt lost its claim");
-                    return std::future::pending().await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "renewing an inbox claim failed; retrying at the next")
-                }
-            }
-        }
+        let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
+        keep_lease(self.settings.lease, |until| {
+            backend::renew(pool, sql, key, token, until)
+        })
+        .await
     }
 
     /// Runs the attempt, bounded by the attempt timeout and renewing the claim from its start to
@@ -620,19 +608,11 @@ impl<DB: InboxDatabase> Shared<DB> {
     async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
         let timeout = self.settings.attempt_timeout;
-        let ran = AssertUnwindSafe(tokio::time::timeout(timeout, self.transact(event, token)))
-            .catch_unwind();
-        let ran = tokio::select! {
-            ran = ran => ran,
-            never = self.keep_lease(&key, token) => match never {},
-        };
-        match ran {
-            Ok(Ok(ended)) => ended,
-            Ok(Err(_elapsed)) => Err(Failure::from(format!(
-                "the attempt timed out after {} ms",
-                timeout.as_millis()
-            ))),
-            Err(payload) => Err(Failure::from(panic_text(&*payload))),
+        let keeper = self.keep_lease(&key, token);
+        match guarded(timeout, self.transact(event, token), keeper).await {
+            Ok(ended) => ended,
+            Err(Cut::Panicked(message)) => Err(Failure::from(panic_text(message))),
+            Err(cut) => Err(Failure::from(cut.error("attempt"))),
         }
     }
 

@@ -78,8 +78,8 @@ pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, Pag
 pub use text::{bounded, MAX_ERROR_LEN};
 pub use unavailable::Unavailable;
 pub use worker::{
-    persist, Job, Outcome, Round, Settings, Worker, WorkerHandle, DEFAULT_LEASE,
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
+    guarded, keep_lease, persist, Cut, Job, Outcome, Round, Settings, Worker, WorkerHandle,
+    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
 };
 
 /// A boxed future, as the driver's calls answer.

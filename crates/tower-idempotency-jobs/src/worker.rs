@@ -4,13 +4,15 @@
 //! asked to, and records each outcome fenced by the claim's token, retrying a failed record
 //! until the lease ends.
 
-use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible, fmt, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration,
+};
 
 use futures_util::{future::join_all, FutureExt};
 use tokio::{
     sync::{oneshot, Notify},
     task::JoinHandle,
-    time::Instant,
+    time::{Instant, MissedTickBehavior},
 };
 use tower_idempotency_sqlx::is_unavailable_error;
 
@@ -265,34 +267,28 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
         let attempt = job.attempt;
         let key = job.key.clone();
         let key = &key;
-        let run = AssertUnwindSafe(tokio::time::timeout(
+        // The round's keeper renews every job of the claim at once (`keep_leases`).
+        let run = guarded(
             settings.attempt_timeout,
             self.job.run(job),
-        ))
-        .catch_unwind()
+            std::future::pending(),
+        )
         .await;
-        let outcome = match run {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_elapsed)) => Outcome::Retry {
-                status: None,
-                error: format!(
-                    "the {} timed out after {} ms",
-                    J::NAME,
-                    settings.attempt_timeout.as_millis()
-                ),
+        let outcome = run.unwrap_or_else(|cut| Outcome::Retry {
+            status: None,
+            error: match cut {
+                Cut::Panicked(_) => Cut::Panicked(None).error(J::NAME),
+                cut => cut.error(J::NAME),
             },
-            Err(_panic) => Outcome::Retry {
-                status: None,
-                error: format!("the {} panicked", J::NAME),
-            },
-        };
+        });
         let (pool, sql, now) = (&self.pool, &*self.sql, now_ms());
         let recorded = match &outcome {
             Outcome::Done { status } => {
+                let status = *status;
                 persist(left_of(lease_until), || {
                     Box::pin(async move {
                         let mut conn = pool.acquire().await?;
-                        DB::complete(&mut conn, sql, key, token, now, *status).await
+                        DB::complete(&mut conn, sql, key, token, now, status).await
                     })
                 })
                 .await
@@ -302,9 +298,9 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 let retry_at = now.saturating_add(duration_ms(settings.backoff.delay(attempt)));
                 // A permanent failure is the last attempt: `attempts >= 0` holds for every row.
                 let max = if permanent { 0 } else { settings.max() };
-                let text = bounded(error.clone());
+                let (text, status) = (bounded(error.clone()), *status);
                 persist(left_of(lease_until), || {
-                    DB::fail(pool, sql, key, token, now, max, retry_at, &text, *status)
+                    DB::fail(pool, sql, key, token, now, max, retry_at, &text, status)
                 })
                 .await
             }
@@ -396,6 +392,79 @@ where
                 tokio::time::sleep(backoff.delay(tries).min(left)).await;
             }
             result => return result,
+        }
+    }
+}
+
+/// What cut an attempt short: [`guarded`] answers it.
+#[derive(Debug)]
+pub enum Cut {
+    /// The attempt ran past its timeout (which it carries) and was cancelled.
+    TimedOut(Duration),
+    /// The attempt panicked; the payload's text when it is text.
+    Panicked(Option<String>),
+}
+
+impl Cut {
+    /// The error an attempt cut short keeps as its job's last: `the {what} timed out after N
+    /// ms`, `the {what} panicked[: message]`.
+    pub fn error(&self, what: &str) -> String {
+        match self {
+            Self::TimedOut(after) => {
+                format!("the {what} timed out after {} ms", after.as_millis())
+            }
+            Self::Panicked(Some(message)) => format!("the {what} panicked: {message}"),
+            Self::Panicked(None) => format!("the {what} panicked"),
+        }
+    }
+}
+
+/// Runs one attempt of a job: `attempt` under `timeout`, a panic caught, while `keeper` (a
+/// lease keeper: [`keep_lease`]) runs beside it until the attempt ends.
+pub async fn guarded<T>(
+    timeout: Duration,
+    attempt: impl Future<Output = T>,
+    keeper: impl Future<Output = Infallible>,
+) -> Result<T, Cut> {
+    let ran = AssertUnwindSafe(tokio::time::timeout(timeout, attempt)).catch_unwind();
+    let ran = tokio::select! {
+        ran = ran => ran,
+        never = keeper => match never {},
+    };
+    match ran {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(_elapsed)) => Err(Cut::TimedOut(timeout)),
+        Err(payload) => Err(Cut::Panicked(
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned()),
+        )),
+    }
+}
+
+/// Keeps a claim's lease: every third of `lease`, `renew(until)` extends it to a lease from
+/// now (retried while the database is unavailable, [`persist`]). Never ends: once `renew`
+/// answers that the claim is no longer held it stops renewing and waits, for the attempt's
+/// fenced record to find the claim lost. Run it beside the attempt ([`guarded`]).
+pub async fn keep_lease<F, Fut>(lease: Duration, mut renew: F) -> Infallible
+where
+    F: FnMut(i64) -> Fut,
+    Fut: Future<Output = sqlx::Result<bool>>,
+{
+    let every = (lease / 3).max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let until = now_ms().saturating_add(duration_ms(lease));
+        match persist(every, || renew(until)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("an attempt lost its claim");
+                return std::future::pending().await;
+            }
+            Err(error) => tracing::warn!(%error, "renewing a claim failed; retrying at the next"),
         }
     }
 }
