@@ -8,14 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures_util::{future::join_all, FutureExt};
+use futures_util::future::join_all;
 use tokio::{
-    sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
+    sync::{mpsc, oneshot, OwnedSemaphorePermit},
     task::JoinSet,
-    time::MissedTickBehavior,
 };
 use tower_idempotency_jobs::{
-    guarded, keep_lease, persist, Cut, Settings, WorkerHandle, DEFAULT_POLL_EVERY,
+    guarded, keep_lease, persist, Cut, Dispatcher, Settings, Source, WorkerHandle,
+    DEFAULT_POLL_EVERY,
 };
 use tower_idempotency_sqlx::TxHandle;
 use tracing::Instrument;
@@ -194,16 +194,20 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             settings: self.settings,
             running: Arc::default(),
         });
-        let dispatcher = Dispatcher {
+        let purging = tokio::spawn(self.retention.run(shared.inbox.clone()));
+        let feed = Feed {
             shared,
             sender,
-            receiver,
-            permits: Arc::new(Semaphore::new(self.settings.concurrency)),
-            poll_every: self.settings.poll_every,
-            retention: self.retention,
             lagging: HashSet::new(),
         };
-        WorkerHandle::new(stop, tokio::spawn(dispatcher.run(stopped)))
+        let settings = &self.settings;
+        let dispatcher = Dispatcher::new(feed, receiver, settings.concurrency, settings.poll_every);
+        let task = tokio::spawn(async move {
+            let finished = dispatcher.run(stopped).await;
+            purging.abort();
+            finished
+        });
+        WorkerHandle::new(stop, task)
     }
 }
 
@@ -254,96 +258,28 @@ impl Drop for Running {
     }
 }
 
-struct Dispatcher<DB: InboxDatabase> {
+/// The inbox's jobs for the engine's [`Dispatcher`]: the sweep (with the gauges and ordering),
+/// and the claim and the attempts of a batch.
+struct Feed<DB: InboxDatabase> {
     shared: Arc<Shared<DB>>,
     /// The queue's sender, to detach it from the inbox at the drain.
     sender: mpsc::Sender<EventKey>,
-    receiver: mpsc::Receiver<EventKey>,
-    permits: Arc<Semaphore>,
-    poll_every: Duration,
-    retention: Retention,
     /// The providers whose lag gauge is set ([`crate::metrics::refresh`]).
     lagging: HashSet<String>,
 }
 
-impl<DB: InboxDatabase> Dispatcher<DB> {
-    async fn run(mut self, mut stop: oneshot::Receiver<Duration>) -> bool {
-        let purging = tokio::spawn(self.retention.run(self.shared.inbox.clone()));
-        let mut attempts = JoinSet::new();
-        let mut sweep = tokio::time::interval(self.poll_every);
-        sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // The due events the last sweep found, taken in turn with the queue.
-        let mut swept = VecDeque::new();
-        let (mut swept_turn, mut sweep_again) = (false, false);
-        let deadline = 'dispatch: loop {
-            while attempts.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                biased;
-                deadline = &mut stop => break deadline.unwrap_or(Duration::ZERO),
-                permit = self.permits.clone().acquire_owned() => permit.expect("never closed"),
-            };
-            // A sweep runs before the next event is handed out at the tick, however busy the
-            // queue is and whatever the last sweep found (a retry that fell due since is found
-            // ahead of them), and when the last one found a full batch (a backlog) once its
-            // events have all been taken: sweeping at every event while they are at hand would
-            // scan the backlog for events already found.
-            let tick = sweep.tick().now_or_never().is_some();
-            if tick || (sweep_again && swept.is_empty()) {
-                sweep_again = self.sweep(&mut swept).await;
-            }
-            let key = match self.at_hand(&mut swept, &mut swept_turn) {
-                Some(key) => key,
-                None => loop {
-                    tokio::select! {
-                        biased;
-                        deadline = &mut stop => break 'dispatch deadline.unwrap_or(Duration::ZERO),
-                        _ = sweep.tick() => {
-                            sweep_again = self.sweep(&mut swept).await;
-                            if let Some(key) = swept.pop_front() {
-                                break key;
-                            }
-                        }
-                        Some(key) = self.receiver.recv() => break key,
-                    }
-                },
-            };
-            // As many more as permits are free right now and keys at hand: claimed in one
-            // statement, each started at once.
-            let mut batch = vec![(key, permit)];
-            while let Ok(permit) = self.permits.clone().try_acquire_owned() {
-                let Some(key) = self.at_hand(&mut swept, &mut swept_turn) else {
-                    break;
-                };
-                batch.push((key, permit));
-            }
-            attempts.spawn(claim_and_run(self.shared.clone(), batch));
-        };
-        self.shared.inbox.detach_queue(&self.sender);
-        purging.abort();
-        let finished = tokio::time::timeout(deadline, async {
-            while attempts.join_next().await.is_some() {}
-        })
-        .await
-        .is_ok();
-        if !finished {
-            attempts.abort_all();
-            while attempts.join_next().await.is_some() {}
-        }
-        finished
+impl<DB: InboxDatabase> Source for Feed<DB> {
+    type Key = EventKey;
+
+    fn start(
+        &self,
+        batch: Vec<(EventKey, OwnedSemaphorePermit)>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        claim_and_run(self.shared.clone(), batch)
     }
 
-    /// The next key at hand without waiting, taking the swept events and the queue in turn.
-    fn at_hand(
-        &mut self,
-        swept: &mut VecDeque<EventKey>,
-        swept_turn: &mut bool,
-    ) -> Option<EventKey> {
-        *swept_turn = !*swept_turn;
-        if *swept_turn {
-            swept.pop_front().or_else(|| self.receiver.try_recv().ok())
-        } else {
-            self.receiver.try_recv().ok().or_else(|| swept.pop_front())
-        }
+    fn stopped(&mut self) {
+        self.shared.inbox.detach_queue(&self.sender);
     }
 
     /// Fails the due events whose attempts are spent, then replaces `swept` with up to

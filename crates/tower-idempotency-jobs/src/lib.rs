@@ -5,7 +5,8 @@
 //! database: `sqlite/`, `postgres/`): claims under a fenced lease, renewals, completion (inside
 //! the caller's transaction when asked), failures with bounded attempts and [`Backoff`], the
 //! sweep of spent jobs, purges in batches, keyset listings, retries, discards, counts and lag.
-//! Its [`Worker`] runs a table's jobs; its operator's kit ([`page`], [`redact`], [`cursor`],
+//! Its [`Worker`] runs a table's jobs in rounds (the outbox's relay), its [`Dispatcher`] as
+//! they are fed (the inbox's worker); its operator's kit ([`page`], [`redact`], [`cursor`],
 //! [`Unavailable`]) is what both halves' pages and routes are built from.
 //!
 //! A database's driver is checked by one suite,
@@ -59,6 +60,7 @@ mod backoff;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod cursor;
+mod dispatch;
 pub mod driver;
 pub mod page;
 #[cfg(feature = "postgres")]
@@ -73,6 +75,7 @@ mod unavailable;
 mod worker;
 
 pub use backoff::Backoff;
+pub use dispatch::{Dispatcher, Source};
 pub use driver::{Dialect, Driver, KeyBatch, Statement, Statements, DUE, DUE_BY_KEY, SPENT};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};
 pub use text::{bounded, MAX_ERROR_LEN};

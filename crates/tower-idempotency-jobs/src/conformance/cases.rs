@@ -726,3 +726,90 @@ pub async fn a_database_gone_mid_batch_fails_the_round<DB: Fixture>(
     assert_eq!(again.len(), 1, "the unrecorded job was not claimed again");
     assert_eq!(again[0].attempt, 2);
 }
+
+/// The suite's [`Source`](crate::Source): sweeps with the driver's `exhaust` and `due`, claims a
+/// batch with `claim_keys` and records each run with `complete`.
+struct SuiteSource<DB: Driver> {
+    pool: sqlx::Pool<DB>,
+    sql: Arc<crate::Statements>,
+    job: Recording,
+}
+
+impl<DB: Fixture> crate::Source for SuiteSource<DB>
+where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    type Key = JobKey;
+
+    async fn sweep(&mut self, swept: &mut std::collections::VecDeque<JobKey>) -> bool {
+        let now = now_ms();
+        let _ = DB::exhaust(&self.pool, &self.sql, now, 3).await;
+        let due = DB::due(&self.pool, &self.sql, now, 16, 3)
+            .await
+            .unwrap_or_default();
+        let full = due.len() >= 16;
+        *swept = due.into();
+        full
+    }
+
+    fn start(
+        &self,
+        batch: Vec<(JobKey, tokio::sync::OwnedSemaphorePermit)>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (pool, sql, job) = (self.pool.clone(), self.sql.clone(), self.job.clone());
+        async move {
+            let keys: Vec<JobKey> = batch.iter().map(|(key, _)| key.clone()).collect();
+            let now = now_ms();
+            let claimed: Vec<Claimed<Body>> =
+                DB::claim_keys(&pool, &sql, &keys, now, 7, now + LEASE, 3)
+                    .await
+                    .unwrap_or_default();
+            for claimed in claimed {
+                let key = claimed.key.clone();
+                let _ = Job::<DB>::run(&job, claimed).await;
+                let mut conn = pool.acquire().await.unwrap();
+                DB::complete(&mut conn, &sql, &key, 7, now_ms(), None)
+                    .await
+                    .unwrap();
+            }
+            drop(batch);
+        }
+    }
+
+    fn stopped(&mut self) {}
+}
+
+/// The dispatcher runs fed jobs and jobs only its sweep finds, each once, and its drain
+/// answers that nothing was left running.
+pub async fn the_dispatcher_runs_fed_and_swept_jobs_once<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    add_many(&pool, &name, "a", 10, 1_000).await;
+    let job = Recording::default();
+    let source = SuiteSource {
+        pool: pool.clone(),
+        sql: sql.clone(),
+        job: job.clone(),
+    };
+    let (feed, fed) = tokio::sync::mpsc::channel(16);
+    for i in 0..5 {
+        feed.send(key("a", &format!("{i:03}"))).await.unwrap();
+    }
+    let dispatcher = crate::Dispatcher::new(source, fed, 4, Duration::from_millis(20));
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let handle = crate::WorkerHandle::new(stop, tokio::spawn(dispatcher.run(stopped)));
+    let mut checks = 0;
+    while DB::counts(&pool, &sql).await.unwrap().done < 10 {
+        checks += 1;
+        assert!(checks < 3_000, "the dispatcher did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(handle.drain(Duration::from_secs(10)).await);
+    let runs = job.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 10);
+    assert!(runs.values().all(|&n| n == 1), "a job ran twice: {runs:?}");
+}

@@ -195,6 +195,7 @@ macro_rules! jobs_driver_conformance_tests {
                 pages_follow_the_keys,
                 counts_and_lag,
                 concurrent_workers_run_each_job_once,
+                the_dispatcher_runs_fed_and_swept_jobs_once,
                 a_locked_table_delays_the_record_but_never_doubles_it,
                 a_database_gone_mid_batch_fails_the_round,
             );
