@@ -343,7 +343,7 @@ async fn failures_exit_non_zero_without_the_store_password() {
             "the memory store lives inside one process",
         ),
         (
-            vec!["--store", "mysql://x", "purge-expired"],
+            vec!["--store", "mongodb://x", "purge-expired"],
             "unsupported store URL",
         ),
         (vec!["purge-expired"], "no store given"),

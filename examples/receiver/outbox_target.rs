@@ -79,20 +79,17 @@ impl OutboxTarget {
 
     /// The message a `test.outbox` event enqueues: `body` as JSON.
     pub fn message(&self, body: &Value) -> Message {
-        let message = match self {
-            Self::Http(url) => return Message::post_json(url, body),
+        match self {
+            Self::Http(url) => Message::post_json(url, body),
             #[cfg(feature = "nats")]
-            Self::Nats { subject, .. } => Message::nats(subject),
+            Self::Nats { subject, .. } => json(Message::nats(subject), body),
             #[cfg(feature = "rabbitmq")]
             Self::Rabbitmq {
                 exchange,
                 routing_key,
                 ..
-            } => Message::rabbitmq(exchange, routing_key),
-        };
-        message
-            .header("content-type", "application/json")
-            .body(body.to_string())
+            } => json(Message::rabbitmq(exchange, routing_key), body),
+        }
     }
 
     /// Gives `relay` the publisher this target needs; for NATS, ensures a stream takes the
@@ -161,4 +158,12 @@ async fn ensure_stream(
             tracing::warn!("NATS did not answer; the outbox's JetStream stream was not checked")
         }
     }
+}
+
+/// `message` with `body` as its JSON payload.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+fn json(message: Message, body: &Value) -> Message {
+    message
+        .header("content-type", "application/json")
+        .body(body.to_string())
 }

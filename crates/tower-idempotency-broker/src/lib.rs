@@ -26,7 +26,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "nats")]
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), async_nats::Error> {
 //! use futures_util::StreamExt;
 //! use tower_idempotency_broker::{Failure, OnceConsumer};
 //! use tower_idempotency_core::{MemoryStore, RunOnce};

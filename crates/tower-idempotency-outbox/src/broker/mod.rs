@@ -10,7 +10,9 @@
 //! - `amqp:<exchange>/<routing key>`: a RabbitMQ publish; the exchange has `%` and `/`
 //!   percent-encoded (`%25`, `%2F`), so the first `/` ends it; the routing key is kept as is.
 
-use std::{sync::Arc, time::Duration};
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -89,6 +91,7 @@ pub(crate) fn parse(stored: &str) -> Option<BrokerTarget> {
 }
 
 /// One broker message as a publisher sends it.
+#[cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
 pub(crate) struct Outgoing {
     pub(crate) key: String,
     pub(crate) headers: Vec<(String, String)>,
