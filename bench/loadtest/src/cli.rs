@@ -18,7 +18,9 @@ USAGE: cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency
                        memory stores and the bare handlers run)
   --stores LIST        memory,memory-constfp,sqlite,sqlite+cache,postgres,redis,postgres+cache,
                        redis+cache,idempotent-memory,idempotent-valkey,peer-bare,sqlite-floor-write,
-                       postgres-floor-write,postgres-floor-read (default all);
+                       postgres-floor-write,postgres-floor-read,mysql,mysql-floor-write,
+                       mysql-floor-read (default all; mysql: MYSQL_URL, default
+                       mysql://root@127.0.0.1:3306/test);
                        +cache wraps the store in a LocalReplayCache (local replays);
                        memory-constfp is an experiment: the memory store with a constant
                        fingerprint, to isolate the cost of SHA-256 over the body;

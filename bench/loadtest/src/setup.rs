@@ -8,7 +8,7 @@ use tower_idempotency_core::{
     Fingerprint, FingerprintMode, IdempotencyLayer, LocalReplayCache, MemoryStore,
 };
 use tower_idempotency_redis::RedisStore;
-use tower_idempotency_sqlx::{sqlx, PostgresStore, SqliteStore};
+use tower_idempotency_sqlx::{sqlx, MySqlStore, PostgresStore, SqliteStore};
 /// A JSON order of `size` bytes: every measurement's request body.
 pub(crate) use tower_idempotency_testkit::order_body as body;
 
@@ -73,6 +73,7 @@ pub(crate) enum Target {
     MemoryConstantFingerprint,
     Sqlite(Arc<SqliteStore>),
     Postgres(Arc<PostgresStore>),
+    MySql(Arc<MySqlStore>),
     Redis(RedisStore),
     /// The SQLite store behind a `LocalReplayCache`.
     SqliteCached(Arc<SqliteStore>),
@@ -95,6 +96,7 @@ impl Target {
             Target::MemoryConstantFingerprint => "memory-constfp",
             Target::Sqlite(_) => "sqlite",
             Target::Postgres(_) => "postgres",
+            Target::MySql(_) => "mysql",
             Target::Redis(_) => "redis",
             Target::SqliteCached(_) => "sqlite+cache",
             Target::PostgresCached(_) => "postgres+cache",
@@ -117,6 +119,7 @@ impl Target {
                 }))),
             Target::Sqlite(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Postgres(s) => IdempotencyLayer::client_keys(s.clone()),
+            Target::MySql(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::Redis(s) => IdempotencyLayer::client_keys(s.clone()),
             Target::SqliteCached(s) => {
                 IdempotencyLayer::client_keys(LocalReplayCache::new(s.clone()))
@@ -155,6 +158,7 @@ impl Target {
         match self {
             Target::Sqlite(s) | Target::SqliteCached(s) => Some(s.statements_executed()),
             Target::Postgres(s) | Target::PostgresCached(s) => Some(s.statements_executed()),
+            Target::MySql(s) => Some(s.statements_executed()),
             _ => None,
         }
     }
@@ -162,7 +166,7 @@ impl Target {
 
 /// Every target, in table order (each store beside its peer and its floors); all but `bare`
 /// are what `--stores` runs by default.
-pub(crate) const TARGETS: [&str; 15] = [
+pub(crate) const TARGETS: [&str; 18] = [
     "bare",
     "peer-bare",
     "memory",
@@ -175,6 +179,9 @@ pub(crate) const TARGETS: [&str; 15] = [
     "postgres+cache",
     "postgres-floor-write",
     "postgres-floor-read",
+    "mysql",
+    "mysql-floor-write",
+    "mysql-floor-read",
     "redis",
     "redis+cache",
     "idempotent-valkey",
@@ -201,6 +208,8 @@ pub(crate) struct Backends {
     pub(crate) sqlite_path: PathBuf,
     pub(crate) pg_url: String,
     pub(crate) pg_table: String,
+    /// `MYSQL_URL`'s database; its tables have the Postgres tables' names.
+    pub(crate) mysql_url: String,
     pub(crate) redis_url: String,
     pub(crate) redis_prefix: String,
     /// `--store-lanes`, applied to every sqlx store the harness opens.
@@ -224,6 +233,8 @@ impl Backends {
             pg_url: std::env::var("DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
             pg_table: format!("loadtest_{run}"),
+            mysql_url: std::env::var("MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
             redis_url: std::env::var("REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             redis_prefix: format!("loadtest:{run}"),
@@ -291,6 +302,17 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
                 Target::PostgresCached(store)
             })
         }
+        "mysql" => {
+            let store = MySqlStore::connect_with_table(&b.mysql_url, &b.pg_table)
+                .await
+                .map_err(|e| describe(&e))?;
+            let store = match b.store_lanes {
+                Some(lanes) => store.with_connection_lanes(lanes),
+                None => store,
+            };
+            store.migrate().await.map_err(|e| describe(&e))?;
+            Ok(Target::MySql(Arc::new(store)))
+        }
         // Both Redis targets share the prefix too.
         "redis" | "redis+cache" => {
             let store = RedisStore::connect(&b.redis_url, &b.redis_prefix)
@@ -310,10 +332,16 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
                 _ => PeerStore::Bare,
             }))
         }
-        "sqlite-floor-write" | "postgres-floor-write" | "postgres-floor-read" => {
+        "sqlite-floor-write"
+        | "postgres-floor-write"
+        | "postgres-floor-read"
+        | "mysql-floor-write"
+        | "mysql-floor-read" => {
             let kind = match name {
                 "sqlite-floor-write" => FloorKind::SqliteWrite,
                 "postgres-floor-write" => FloorKind::PostgresWrite,
+                "mysql-floor-write" => FloorKind::MySqlWrite,
+                "mysql-floor-read" => FloorKind::MySqlRead,
                 _ => FloorKind::PostgresRead,
             };
             let floor = SqlFloor::open(kind, b).await.map_err(|e| describe(&e))?;
@@ -323,7 +351,7 @@ pub(crate) async fn open_store(name: &str, b: &Backends) -> Result<Target, Strin
     }
 }
 
-/// Drops the run's Postgres table, deletes its Redis keys and its SQLite files.
+/// Drops the run's Postgres and MySQL tables, deletes its Redis keys and its SQLite files.
 pub(crate) fn cleanup(rts: &Runtimes, b: &Backends) {
     let pg = async {
         let pool = sqlx::PgPool::connect(&b.pg_url).await?;
@@ -338,6 +366,23 @@ pub(crate) fn cleanup(rts: &Runtimes, b: &Backends) {
     };
     if let Err(e) = rts.server.block_on(pg) {
         eprintln!("loadtest: could not drop table {}: {e}", b.pg_table);
+    }
+    let mysql = async {
+        let pool = sqlx::MySqlPool::connect(&b.mysql_url).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+            "DROP TABLE IF EXISTS `{0}`, `{0}_floor`",
+            b.pg_table
+        )))
+        .execute(&pool)
+        .await?;
+        pool.close().await;
+        Ok::<_, sqlx::Error>(())
+    };
+    if let Err(e) = rts.server.block_on(mysql) {
+        eprintln!(
+            "loadtest: could not drop the MySQL tables {}: {e}",
+            b.pg_table
+        );
     }
     for prefix in [&b.redis_prefix, &b.peer_prefix] {
         match rts

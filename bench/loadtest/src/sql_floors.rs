@@ -13,9 +13,12 @@
 //!   pool unless `--store-lanes` says otherwise).
 //! - `postgres-floor-read`: a primary-key `SELECT` of a 1 KiB row per request, on the same
 //!   connections; driven with the replay workload's keys, whose rows are written before the cell.
+//! - `mysql-floor-write` and `mysql-floor-read`: the same statements on MySQL/MariaDB (InnoDB,
+//!   `VARBINARY` key), on as many connections as the MySQL store keeps as lanes, each session at
+//!   READ COMMITTED as the store's `connect` sets it.
 //!
-//! The floors use tables of their own (`<run table>_floor` in the SQLite file and in Postgres),
-//! dropped with the run's other tables.
+//! The floors use tables of their own (`<run table>_floor` in the SQLite file, in Postgres and in
+//! MySQL), dropped with the run's other tables.
 
 use std::{
     str::FromStr,
@@ -32,7 +35,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use tower_idempotency_sqlx::sqlx::{
     self,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous},
-    Connection, PgConnection, SqliteConnection,
+    Connection, MySqlConnection, PgConnection, SqliteConnection,
 };
 
 use crate::{load::REPLAY_KEYS, setup::Backends, Result};
@@ -46,6 +49,10 @@ pub(crate) enum FloorKind {
     PostgresWrite,
     /// Postgres: `SELECT` of a 1 KiB row by primary key.
     PostgresRead,
+    /// MySQL/MariaDB: `INSERT` then `UPDATE` of one row on one connection.
+    MySqlWrite,
+    /// MySQL/MariaDB: `SELECT` of a 1 KiB row by primary key.
+    MySqlRead,
 }
 
 impl FloorKind {
@@ -55,18 +62,21 @@ impl FloorKind {
             FloorKind::SqliteWrite => "sqlite-floor-write",
             FloorKind::PostgresWrite => "postgres-floor-write",
             FloorKind::PostgresRead => "postgres-floor-read",
+            FloorKind::MySqlWrite => "mysql-floor-write",
+            FloorKind::MySqlRead => "mysql-floor-read",
         }
     }
 
     /// Whether it is driven with the replay keys (a read) rather than fresh keys (writes).
     pub(crate) fn reads(self) -> bool {
-        self == FloorKind::PostgresRead
+        matches!(self, FloorKind::PostgresRead | FloorKind::MySqlRead)
     }
 }
 
 enum Connections {
     Sqlite(Mutex<SqliteConnection>),
     Postgres(Vec<Mutex<PgConnection>>),
+    MySql(Vec<Mutex<MySqlConnection>>),
 }
 
 /// An open floor: its connections and statements.
@@ -113,6 +123,31 @@ impl SqlFloor {
                 .await?;
                 Connections::Postgres(connections)
             }
+            FloorKind::MySqlWrite | FloorKind::MySqlRead => {
+                let lanes = b.store_lanes.unwrap_or(5).max(1);
+                let mut connections = Vec::with_capacity(lanes);
+                for _ in 0..lanes {
+                    let mut connection = MySqlConnection::connect(&b.mysql_url).await?;
+                    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(&mut connection)
+                        .await?;
+                    connections.push(Mutex::new(connection));
+                }
+                sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+                    "CREATE TABLE IF NOT EXISTS `{table}` (`key` VARBINARY(1024) PRIMARY KEY, state SMALLINT NOT NULL, body LONGBLOB) ENGINE = InnoDB"
+                )))
+                .execute(&mut *connections[0].lock().await)
+                .await?;
+                return Ok(Self {
+                    kind,
+                    connections: Connections::MySql(connections),
+                    next: AtomicUsize::new(0),
+                    insert: format!("INSERT INTO `{table}` (`key`, state) VALUES (?, 0)"),
+                    // Bound body, then key: MySQL's parameters are positional.
+                    update: format!("UPDATE `{table}` SET state = 1, body = ? WHERE `key` = ?"),
+                    select: format!("SELECT body FROM `{table}` WHERE `key` = ?"),
+                });
+            }
         };
         let (p1, p2) = match kind {
             FloorKind::SqliteWrite => ("?1", "?2"),
@@ -133,11 +168,8 @@ impl SqlFloor {
         self.kind
     }
 
-    /// A free Postgres connection if there is one, else the next in turn.
-    async fn postgres<'a>(
-        &self,
-        connections: &'a [Mutex<PgConnection>],
-    ) -> MutexGuard<'a, PgConnection> {
+    /// A free connection of `connections` if there is one, else the next in turn.
+    async fn postgres<'a, C>(&self, connections: &'a [Mutex<C>]) -> MutexGuard<'a, C> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..connections.len() {
             if let Ok(guard) = connections[(start + i) % connections.len()].try_lock() {
@@ -178,6 +210,18 @@ impl SqlFloor {
             Connections::Postgres(connections) => {
                 insert_then_update!(&mut *self.postgres(connections).await)
             }
+            Connections::MySql(connections) => {
+                let connection = &mut *self.postgres(connections).await;
+                sqlx::query(sqlx::AssertSqlSafe(&*self.insert))
+                    .bind(key.as_bytes())
+                    .execute(&mut *connection)
+                    .await?;
+                sqlx::query(sqlx::AssertSqlSafe(&*self.update))
+                    .bind(body)
+                    .bind(key.as_bytes())
+                    .execute(&mut *connection)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -195,6 +239,13 @@ impl SqlFloor {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(&*self.select))
                     .bind(key)
                     .fetch_optional(&mut *connection.lock().await)
+                    .await
+            }
+            Connections::MySql(connections) => {
+                let mut connection = self.postgres(connections).await;
+                sqlx::query_scalar(sqlx::AssertSqlSafe(&*self.select))
+                    .bind(key.as_bytes())
+                    .fetch_optional(&mut *connection)
                     .await
             }
         }

@@ -18,6 +18,8 @@ pub(crate) fn reference(target: &str, workload: Workload) -> Option<(&'static st
         ("postgres" | "postgres+cache", Workload::Replay) => {
             Some(("postgres-floor-read", Workload::Replay))
         }
+        ("mysql", Workload::New) => Some(("mysql-floor-write", Workload::New)),
+        ("mysql", Workload::Replay) => Some(("mysql-floor-read", Workload::Replay)),
         _ => None,
     }
 }
