@@ -6,7 +6,9 @@
 //! consumer on the broker helper (`TxConsumer`, its effect and record in one SQLite transaction)
 //! runs each message's effect exactly once, also when it is killed after the effect committed
 //! and before it acknowledged (the broker redelivers, the helper acknowledges the recorded
-//! result). Each test has its own database, stream, exchange and queue, deleted at the end.
+//! result). The receiver reaches the broker through a loopback proxy that, for the second kill,
+//! holds the broker's replies back, so that kill always lands inside a delivery. Each test has its
+//! own database, stream, exchange and queue, deleted at the end.
 #![cfg(unix)]
 
 mod broker_fixtures;
@@ -36,6 +38,7 @@ use tower_idempotency::{
     broker::{BrokerDelivery, Failure, SettleError, Settled, TxConsumer},
     sqlx, SqliteStore,
 };
+use tower_idempotency_testkit::{host_port, poll_until, Mode, Proxy};
 
 const SECRET: &str = "whsec_outbox_brokers_test";
 const MESSAGES: usize = 50;
@@ -64,17 +67,32 @@ async fn in_flight(store: &str, prefix: &str) -> i64 {
     scalars(store, sql, prefix).await[0]
 }
 
-/// 50 `test.outbox` events acknowledged by an upstream receiver relaying to `target`, in
-/// rounds; the receiver is SIGKILLed after each of the first three rounds (at a random point of
-/// the next 300 ms, or as soon as a delivery is in flight), then one last receiver delivers
-/// everything. Answers the event ids and how many deliveries the kills cut short.
-async fn killed_while_relaying(store: &str, target: &str) -> (Vec<String>, i64) {
+/// 50 `test.outbox` events acknowledged by an upstream receiver relaying to the broker at
+/// `broker` (`host:port`) through a proxy, `target` naming the proxy's address in the target URL,
+/// in rounds; the receiver is SIGKILLed after each of the first three rounds: in the first and
+/// third at a random point of the next 300 ms, in the second while the proxy holds the broker's
+/// replies back and a delivery is claimed (so at least that kill cuts a delivery short). Then one
+/// last receiver delivers everything. Answers the event ids and how many deliveries the kills
+/// cut short.
+async fn killed_while_relaying(
+    store: &str,
+    broker: &str,
+    target: impl Fn(&str) -> String,
+) -> (Vec<String>, i64) {
+    let proxy = Proxy::start(broker).await;
+    let target = target(&proxy.addr.to_string());
+    let target = target.as_str();
     let client = reqwest::Client::new();
     let prefix = format!("evt_{}_", random_suffix());
     let ids: Vec<String> = (0..MESSAGES).map(|n| format!("{prefix}{n:02}")).collect();
     let mut cut_short = 0;
     for (round, chunk) in ids.chunks(MESSAGES.div_ceil(KILLS)).enumerate() {
+        let held = round % 2 == 1;
         let mut receiver = upstream(store, target);
+        if held {
+            // After start-up (which, for NATS, waits for the stream) and before any event.
+            proxy.set(Mode::HoldReplies);
+        }
         let statuses = join_all(chunk.iter().map(|id| {
             let (client, base, body) = (
                 client.clone(),
@@ -85,17 +103,22 @@ async fn killed_while_relaying(store: &str, target: &str) -> (Vec<String>, i64) 
         }))
         .await;
         assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-        if round % 2 == 0 {
+        if held {
+            // No delivery can finish while the broker's replies are held: wait for one to start.
+            poll_until(
+                "a delivery in flight",
+                Duration::from_millis(2),
+                || in_flight(store, &prefix),
+                |&n| n > 0,
+            )
+            .await;
+        } else {
             // The point of the crash is the point of this test: a random moment after the acks.
             tokio::time::sleep(Duration::from_millis(random_below(300))).await;
-        } else {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while in_flight(store, &prefix).await == 0 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
         }
         receiver.kill();
         cut_short += in_flight(store, &prefix).await;
+        proxy.set(Mode::Pass);
     }
     let last = upstream(store, target);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -130,8 +153,10 @@ async fn receiver_killed_while_relaying_to_jetstream_stores_each_message_once() 
     let subject = format!("outbox_kill.{}", random_suffix());
     // The receiver creates the stream (none takes the subject yet); the guard deletes it.
     let stream = Stream::adopt(&subject).await;
-    let (ids, _cut_short) =
-        killed_while_relaying(&store, &format!("{}/{subject}", nats_url())).await;
+    let (ids, _cut_short) = killed_while_relaying(&store, &host_port(&nats_url()), |addr| {
+        format!("nats://{addr}/{subject}")
+    })
+    .await;
     let stream = stream.created().await;
     let stored = stream.messages().await;
     let mut seen = BTreeMap::<String, usize>::new();
@@ -283,13 +308,16 @@ async fn receiver_killed_while_relaying_to_rabbitmq_and_a_killed_consumer_run_ea
     }
     let rabbit = Rabbit::create("outbox-kill", true).await;
     let (_dir, store) = sqlite_store("outbox-rabbitmq");
-    let target = format!(
-        "{}?exchange={}&routing_key={}",
-        amqp_url(),
-        rabbit.exchange,
-        rabbit.routing_key
-    );
-    let (ids, _cut_short) = killed_while_relaying(&store, &target).await;
+    let broker = host_port(&amqp_url());
+    let (ids, _cut_short) = killed_while_relaying(&store, &broker, |addr| {
+        format!(
+            "{}?exchange={}&routing_key={}",
+            amqp_url().replacen(&broker, addr, 1),
+            rabbit.exchange,
+            rabbit.routing_key
+        )
+    })
+    .await;
     let expected: BTreeSet<String> = ids.iter().map(|id| format!("{id}/0")).collect();
 
     // The consumer: its effect (a row of `consumer_effects`) and the key's record commit in one
