@@ -396,7 +396,7 @@ mod tests {
             .await
             .unwrap();
         let sql = Arc::new(<sqlx::Sqlite as crate::backend::sealed::InboxSql>::statements("inbox"));
-        <sqlx::Sqlite as crate::backend::sealed::InboxSql>::migrate(&pool, &sql)
+        <sqlx::Sqlite as tower_idempotency_jobs::Driver>::run_script(&pool, &sql.schema)
             .await
             .unwrap();
         (pool, sql, dir)

@@ -5,14 +5,17 @@
 use std::time::Duration;
 
 use axum::{
-    extract::{FromRequestParts, Path, Query, State},
-    http::{request::Parts, StatusCode},
+    extract::{Path, Query, State},
+    http::StatusCode,
     response::{IntoResponse, Response},
-    routing::{get, post, MethodRouter},
+    routing::{get, post},
     Json, Router,
 };
 use serde::Deserialize;
-use tower_idempotency_jobs::Unavailable;
+use tower_idempotency_jobs::{
+    admin::{Change, Operated, SameSite},
+    Unavailable,
+};
 
 use crate::{
     backend,
@@ -89,8 +92,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// |---|---|
 /// | `GET /page` | the operator's page (`GET /` redirects to it; docs/inbox.md) |
 /// | `GET /detail?provider=..&event_id=..` | one event's page |
-/// | `GET /failed?limit=N` | `200`, an array of [`EventSummary`] (default limit 100), oldest first |
-/// | `GET /pending?limit=N` | the same for pending events |
+/// | `GET /{state}?limit=N` | `200`, an array of [`EventSummary`] in that state (`failed`, `pending`, `processed`, `skipped`; default limit 100), oldest first |
 /// | `GET /counts` | `200` [`StateCounts`] |
 /// | `GET /events?state=&provider=&type=&received_after=&received_before=&cursor=&limit=` | `200` [`EventPage`], newest first; times RFC 3339; `400` a bad filter or cursor |
 /// | `GET /events/{provider}/{event_id}` | `200` [`EventDetail`] (credentials masked: [`Inbox::event`]), `404` |
@@ -98,7 +100,10 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `POST /events/{provider}/{event_id}/retry` | the same |
 /// | `POST /events/{provider}/{event_id}/discard` | `204` discarded ([`Inbox::discard`]: deleted, or kept without its body until its authenticator's horizon), `404` no such failed event |
 /// | `POST /retry` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkRetry`] (the filter's fields as [`EventFilter`]) |
-/// | `POST /purge?older_than_secs=N` | `200 {"purged": n}` |
+/// | `POST /purge?older_than_secs=N` (or a JSON body `{"older_than_secs": N}`) | `200 {"purged": n}` |
+///
+/// The routes shared with the outbox's router (listing by state, counts, one event, retry,
+/// discard, purge) are the job engine's [`tower_idempotency_jobs::admin::routes`].
 ///
 /// Every `POST` needs the [`ADMIN_HEADER`] header or a `Content-Type: application/json`
 /// body, and is refused `403` without: neither can come from another site's form, so a browser
@@ -139,107 +144,67 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// }
 /// ```
 pub fn router<DB: InboxDatabase>(inbox: Inbox<DB>) -> Router {
-    Router::new()
-        .route("/failed", list(EventState::Failed))
-        .route("/pending", list(EventState::Pending))
-        .route("/counts", get(counts::<DB>))
+    tower_idempotency_jobs::admin::routes::<Inbox<DB>>("/events/{provider}/{event_id}")
         .route("/events", get(events::<DB>))
-        .route("/events/{provider}/{event_id}", get(event::<DB>))
-        .route("/failed/{provider}/{event_id}/retry", change(Change::Retry))
-        .route("/events/{provider}/{event_id}/retry", change(Change::Retry))
         .route(
-            "/events/{provider}/{event_id}/discard",
-            change(Change::Discard),
+            "/failed/{provider}/{event_id}/retry",
+            post(
+                |_: SameSite, State(inbox): State<Inbox<DB>>, Path(key): Path<(String, String)>| async move {
+                    Change::Retry.apply(&inbox, &key).await
+                },
+            ),
         )
         .route("/retry", post(retry_matching::<DB>))
-        .route("/purge", post(purge::<DB>))
-        .merge(crate::page::routes(inbox.clone()))
+        .merge(crate::page::routes())
         .with_state(inbox)
 }
 
-/// A state-changing request that a cross-site form could not have sent: it carries
-/// [`ADMIN_HEADER`] or a JSON content type.
-struct SameSite;
+/// The inbox as the job engine's operator routes drive it; a key is the path's
+/// `{provider}/{event_id}`.
+impl<DB: InboxDatabase> Operated for Inbox<DB> {
+    type Key = (String, String);
+    type State = EventState;
+    type Summary = EventSummary;
+    type Detail = EventDetail;
+    type Counts = StateCounts;
 
-impl<S: Send + Sync> FromRequestParts<S> for SameSite {
-    type Rejection = (StatusCode, &'static str);
+    const ADMIN_HEADER: &'static str = ADMIN_HEADER;
+    const DISCARDED: StatusCode = StatusCode::NO_CONTENT;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        if tower_idempotency_jobs::page::same_site(&parts.headers, ADMIN_HEADER) {
-            Ok(Self)
-        } else {
-            Err((
-                StatusCode::FORBIDDEN,
-                "send the x-inbox-admin header or a JSON body",
-            ))
-        }
+    fn state(name: &str) -> Option<EventState> {
+        EventState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == name)
     }
-}
 
-#[derive(Deserialize)]
-struct Limit {
-    limit: Option<u32>,
-}
+    async fn list(&self, state: EventState, limit: u32) -> Result<Vec<EventSummary>, Unavailable> {
+        Ok(Inbox::list(self, state, limit).await?)
+    }
 
-/// `GET` of up to `?limit=N` (100 by default) of the events in `state`, oldest first.
-fn list<DB: InboxDatabase>(state: EventState) -> MethodRouter<Inbox<DB>> {
-    get(
-        move |State(inbox): State<Inbox<DB>>, Query(limit): Query<Limit>| async move {
-            let events = inbox.list(state, limit.limit.unwrap_or(100)).await?;
-            Ok::<_, Unavailable>(Json::<Vec<EventSummary>>(events))
-        },
-    )
-}
+    async fn detail(
+        &self,
+        (provider, event_id): &(String, String),
+    ) -> Result<Option<EventDetail>, Unavailable> {
+        Ok(self
+            .event(&EventKey::new(provider.clone(), event_id.clone()))
+            .await?)
+    }
 
-/// A change an operator `POST`s on one event.
-#[derive(Clone, Copy)]
-enum Change {
-    /// Re-queues a failed event: `202`.
-    Retry,
-    /// Discards a failed event ([`Inbox::discard`]): `204`.
-    Discard,
-}
+    async fn retry(&self, (provider, event_id): &(String, String)) -> Result<bool, Unavailable> {
+        Ok(Inbox::retry(self, &EventKey::new(provider.clone(), event_id.clone())).await?)
+    }
 
-/// `POST` of `change` on the event at `{provider}/{event_id}`: `404` when there is no such
-/// failed event.
-fn change<DB: InboxDatabase>(change: Change) -> MethodRouter<Inbox<DB>> {
-    post(
-        move |_: SameSite,
-              State(inbox): State<Inbox<DB>>,
-              Path((provider, event_id)): Path<(String, String)>| async move {
-            let key = EventKey::new(provider, event_id);
-            let (changed, status) = match change {
-                Change::Retry => (inbox.retry(&key).await?, StatusCode::ACCEPTED),
-                Change::Discard => (inbox.discard(&key).await?, StatusCode::NO_CONTENT),
-            };
-            Ok::<_, Unavailable>(if changed {
-                status
-            } else {
-                StatusCode::NOT_FOUND
-            })
-        },
-    )
-}
+    async fn discard(&self, (provider, event_id): &(String, String)) -> Result<bool, Unavailable> {
+        Ok(Inbox::discard(self, &EventKey::new(provider.clone(), event_id.clone())).await?)
+    }
 
-async fn counts<DB: InboxDatabase>(
-    State(inbox): State<Inbox<DB>>,
-) -> Result<Json<StateCounts>, Unavailable> {
-    Ok(Json(inbox.counts().await?))
-}
+    async fn counts(&self) -> Result<StateCounts, Unavailable> {
+        Ok(Inbox::counts(self).await?)
+    }
 
-#[derive(Deserialize)]
-struct Purge {
-    older_than_secs: u64,
-}
-
-async fn purge<DB: InboxDatabase>(
-    _: SameSite,
-    State(inbox): State<Inbox<DB>>,
-    Query(purge): Query<Purge>,
-) -> Result<Json<serde_json::Value>, Unavailable> {
-    let older_than = Duration::from_secs(purge.older_than_secs);
-    let purged = inbox.purge_processed(older_than).await?;
-    Ok(Json(serde_json::json!({ "purged": purged })))
+    async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
+        Ok(self.purge_processed(older_than).await?)
+    }
 }
 
 /// The paging part of `GET /events`' query.
@@ -290,18 +255,6 @@ async fn events<DB: InboxDatabase>(
 ) -> Result<Json<EventPage>, ListFailure> {
     let limit = paging.limit.unwrap_or(100);
     Ok(Json(inbox.events(&filter, paging.cursor(), limit).await?))
-}
-
-async fn event<DB: InboxDatabase>(
-    State(inbox): State<Inbox<DB>>,
-    Path((provider, event_id)): Path<(String, String)>,
-) -> Result<Response, Unavailable> {
-    Ok(
-        match inbox.event(&EventKey::new(provider, event_id)).await? {
-            Some(detail) => Json::<EventDetail>(detail).into_response(),
-            None => StatusCode::NOT_FOUND.into_response(),
-        },
-    )
 }
 
 /// The filter of `POST /retry`: an [`EventFilter`] whose unknown fields are refused (a

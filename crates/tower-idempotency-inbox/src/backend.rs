@@ -235,9 +235,6 @@ pub(crate) mod sealed {
 
         fn statements(table: &str) -> Sql;
 
-        fn migrate<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a Sql)
-            -> BoxFuture<'a, sqlx::Result<()>>;
-
         /// Whether the row was inserted (`false`: a duplicate).
         fn insert<'a>(
             pool: &'a sqlx::Pool<Self>,
@@ -391,18 +388,6 @@ macro_rules! inbox_sql {
 
                 fn statements(table: &str) -> Sql {
                     $statements(table)
-                }
-
-                fn migrate<'a>(
-                    pool: &'a sqlx::Pool<Self>,
-                    sql: &'a Sql,
-                ) -> BoxFuture<'a, sqlx::Result<()>> {
-                    Box::pin(async move {
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.schema.as_str()))
-                            .execute(pool)
-                            .await?;
-                        Ok(())
-                    })
                 }
 
                 fn insert<'a>(

@@ -45,6 +45,9 @@ pub enum EventState {
 }
 
 impl EventState {
+    /// Every state.
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Processed, Self::Failed, Self::Skipped];
+
     /// The job engine's state of an event in this state.
     pub(crate) fn job(self) -> JobState {
         match self {

@@ -55,6 +55,7 @@ impl From<sqlx::Error> for InboxError {
 /// On SQLite, open the pool in WAL mode with a busy timeout
 /// (`SqliteConnectOptions::journal_mode(Wal).busy_timeout(..)`): acknowledgements and the
 /// handlers' transactions wait for the database's single write lock instead of failing.
+#[derive_where::derive_where(Clone)]
 pub struct Inbox<DB: InboxDatabase> {
     pub(crate) pool: sqlx::Pool<DB>,
     pub(crate) sql: Arc<Sql>,
@@ -67,25 +68,9 @@ pub struct Inbox<DB: InboxDatabase> {
     queue: Arc<RwLock<Option<mpsc::Sender<EventKey>>>>,
 }
 
-impl<DB: InboxDatabase> Clone for Inbox<DB> {
-    fn clone(&self) -> Self {
-        Self {
-            pool: self.pool.clone(),
-            sql: self.sql.clone(),
-            table: self.table.clone(),
-            ordering: self.ordering.clone(),
-            acks: self.acks.clone(),
-            queue: self.queue.clone(),
-        }
-    }
-}
-
 impl<DB: InboxDatabase> fmt::Debug for Inbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Inbox")
-            .field("database", &DB::NAME)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
+        tower_idempotency_jobs::debug_handle(f, "Inbox", DB::NAME, &self.table)
     }
 }
 
@@ -174,7 +159,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
     /// Creates the table and its indexes when missing; safe to call at every start, from
     /// several instances at once.
     pub async fn migrate(&self) -> Result<(), InboxError> {
-        DB::migrate(&self.pool, &self.sql).await?;
+        DB::run_script(&self.pool, &self.sql.schema).await?;
         Ok(())
     }
 

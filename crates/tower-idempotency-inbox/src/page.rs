@@ -5,40 +5,34 @@
 //! Built from the job engine's operator kit ([`tower_idempotency_jobs::page`]), as the
 //! outbox's page is.
 
-use std::time::Duration;
+use std::{sync::LazyLock, time::Duration};
 
 use axum::{
-    extract::{OriginalUri, Query, State},
+    extract::{Query, State},
     http::StatusCode,
-    response::{IntoResponse, Redirect, Response},
+    response::{IntoResponse, Response},
     routing::get,
     Router,
 };
 use maud::{html, Markup};
 use serde::Deserialize;
 use tower_idempotency_jobs::{
-    page::{amount, encode, headers_and_body, html_response, relative, shell},
+    page::{
+        self, amount, encode, html_response, relative, shell, Action, Detail, JobFields, Listing,
+    },
     Unavailable,
 };
 
 use crate::{
-    event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord, EventState, Inbox,
-    InboxDatabase, InboxError, ProviderCounts, StateCounts,
+    admin::ADMIN_HEADER, event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord,
+    EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
 };
 
 /// Events per page of the overview.
 const PAGE_SIZE: u32 = 50;
 
-pub(crate) fn routes<DB: InboxDatabase>(_inbox: Inbox<DB>) -> Router<Inbox<DB>> {
-    Router::new()
-        .route("/", get(to_page))
-        .route("/page", get(overview::<DB>))
-        .route("/detail", get(detail::<DB>))
-}
-
-/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
-async fn to_page(OriginalUri(uri): OriginalUri) -> Redirect {
-    Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
+pub(crate) fn routes<DB: InboxDatabase>() -> Router<Inbox<DB>> {
+    page::routes(get(overview::<DB>), get(detail::<DB>))
 }
 
 /// The overview's query: the filters (state `failed` when absent, any when empty) and the cursor.
@@ -167,31 +161,12 @@ fn action_path(event: &EventRecord, action: &str) -> String {
     )
 }
 
-/// The page's own script: posts actions with the admin header, runs the bulk retry's count and
-/// confirmation, and refreshes the overview unless the operator turned it off.
-const SCRIPT: &str = r#"
-(function () {
-  var status = document.getElementById('status');
-  function say(text) { status.textContent = text; }
-  function post(url, body) {
-    var init = { method: 'POST', credentials: 'same-origin', headers: { 'x-inbox-admin': '1' } };
-    if (body !== undefined) {
-      init.headers['content-type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    return fetch(url, init);
-  }
-  document.querySelectorAll('button[data-post]').forEach(function (button) {
-    button.addEventListener('click', function () {
-      button.disabled = true;
-      post(button.getAttribute('data-post')).then(function (response) {
-        if (response.ok) { say(button.getAttribute('data-done')); }
-        else if (response.status === 404) { say('Nothing done: the event is no longer failed.'); }
-        else { say('Failed: HTTP ' + response.status); }
-        button.disabled = false;
-      }, function () { say('Failed: the inbox did not answer.'); button.disabled = false; });
-    });
-  });
+/// The page's own script ([`page::script`]) with the bulk retry's count and confirmation.
+static SCRIPT: LazyLock<String> =
+    LazyLock::new(|| page::script(ADMIN_HEADER, "inbox", "event", "inbox", BULK_SCRIPT));
+
+/// The bulk retry's count and confirmation, inside the page's script.
+const BULK_SCRIPT: &str = r#"
   var count = document.getElementById('bulk-count');
   if (count) {
     var filter = JSON.parse(count.getAttribute('data-filter'));
@@ -222,22 +197,10 @@ const SCRIPT: &str = r#"
       count.focus();
     });
   }
-  var refresh = document.getElementById('refresh');
-  if (refresh) {
-    refresh.checked = localStorage.getItem('inbox-refresh') !== 'off';
-    refresh.addEventListener('change', function () {
-      localStorage.setItem('inbox-refresh', refresh.checked ? 'on' : 'off');
-    });
-    setInterval(function () {
-      var busy = document.getElementById('bulk-confirm');
-      if (refresh.checked && (!busy || busy.hidden) && !status.textContent) { location.reload(); }
-    }, 10000);
-  }
-})();
 "#;
 
 fn layout(title: &str, content: Markup) -> Markup {
-    shell("Webhook inbox", title, SCRIPT, content)
+    shell("Webhook inbox", title, &SCRIPT, content)
 }
 
 fn counts_table(view: &Overview) -> Markup {
@@ -283,30 +246,14 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
             encode(cursor)
         )
     });
-    let state_name = if view.state.is_empty() {
-        "all"
-    } else {
-        view.state.as_str()
-    };
     layout(
         "events",
         html! {
-            p {
-                input #refresh type="checkbox" checked;
-                " " label for="refresh" { "Refresh every 10 s" }
-                " · " a href="" { "Refresh now" }
-            }
+            (page::refresh())
             (counts_table(view))
             h2 { "Filter" }
             form.filters method="get" action="page" {
-                div {
-                    label for="f-state" { "State" }
-                    select #f-state name="state" {
-                        @for (value, label) in [("failed", "failed"), ("pending", "pending"), ("processed", "processed"), ("skipped", "skipped"), ("", "any")] {
-                            option value=(value) selected[view.state == value] { (label) }
-                        }
-                    }
-                }
+                (page::state_select(&["failed", "pending", "processed", "skipped"], &view.state))
                 div {
                     label for="f-provider" { "Provider" }
                     input #f-provider name="provider" value=(view.provider) placeholder="stripe";
@@ -317,36 +264,27 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                 }
                 button type="submit" { "Apply" }
             }
-            h2 #events-heading { "Events: " (state_name) ", newest first" }
-            @if view.page.events.is_empty() {
-                p #no-events { "No event matches." }
-            } @else {
-                table #events aria-labelledby="events-heading" {
-                    thead { tr {
-                        th scope="col" { "provider" } th scope="col" { "event id" }
-                        th scope="col" { "type" } th scope="col" { "state" }
-                        th scope="col" { "attempts" } th scope="col" { "last error" }
-                        th scope="col" { "received" } th scope="col" { "finished" }
-                    } }
-                    tbody {
-                        @for event in &view.page.events {
-                            tr data-event-id=(event.event_id) {
-                                td { (event.provider) }
-                                td { a href=(detail_link(event)) { (event.event_id) } }
-                                td { (event.event_type.as_deref().unwrap_or("")) }
-                                td { (event.state.as_str()) }
-                                td.num { (event.attempts) }
-                                td.err { (event.last_error.as_deref().unwrap_or("")) }
-                                td { (time(view.now_ms, &event.received_at)) }
-                                td { @if let Some(finished) = &event.finished_at { (time(view.now_ms, finished)) } }
-                            }
+            (page::listing(Listing {
+                name: "events",
+                heading: format!("Events: {}, newest first", page::state_name(&view.state)),
+                empty: "No event matches.",
+                columns: &["provider", "event id", "type", "state", "attempts", "last error", "received", "finished"],
+                rows: (!view.page.events.is_empty()).then(|| html! {
+                    @for event in &view.page.events {
+                        tr data-event-id=(event.event_id) {
+                            td { (event.provider) }
+                            td { a href=(detail_link(event)) { (event.event_id) } }
+                            td { (event.event_type.as_deref().unwrap_or("")) }
+                            td { (event.state.as_str()) }
+                            td.num { (event.attempts) }
+                            td.err { (event.last_error.as_deref().unwrap_or("")) }
+                            td { (time(view.now_ms, &event.received_at)) }
+                            td { @if let Some(finished) = &event.finished_at { (time(view.now_ms, finished)) } }
                         }
                     }
-                }
-            }
-            @if let Some(next) = next {
-                p { a #next-page href=(next) { "Next page" } }
-            }
+                }),
+                next,
+            }))
             h2 { "Retry all failed events matching the filter" }
             p { "Provider and event type as filtered above; pending and processed events are never retried." }
             p {
@@ -354,7 +292,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                 " " input #bulk-rate type="number" min="1" step="1";
             }
             p { button #bulk-count type="button" data-filter=(filter.to_string()) { "Count matching failed events" } }
-            div #bulk-confirm hidden role="group" aria-labelledby="bulk-text" {
+            div #bulk-confirm hidden data-busy role="group" aria-labelledby="bulk-text" {
                 p #bulk-text {}
                 div.actions {
                     button #bulk-go type="button" { "Retry them" }
@@ -368,38 +306,48 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
 /// One event: its fields, kept headers, pretty body, and the retry and discard actions.
 pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
     let event = &detail.record;
-    let failed = event.state == EventState::Failed;
+    let (retry, discard) = (action_path(event, "retry"), action_path(event, "discard"));
+    let actions = (event.state == EventState::Failed).then(|| {
+        [
+            Action {
+                post: &retry,
+                key: None,
+                done: "Retried: the event is pending and the worker takes it.",
+            },
+            Action {
+                post: &discard,
+                key: None,
+                done: "Discarded: the event is never run again.",
+            },
+        ]
+    });
     layout(
         "event",
-        html! {
-            p { a href="page" { "← All failed events" } }
-            h2 { "Event " code #event-id { (event.event_id) } }
-            table #fields {
-                tbody {
-                    tr { th scope="row" { "provider" } td { (event.provider) } }
-                    tr { th scope="row" { "type" } td { (event.event_type.as_deref().unwrap_or("")) } }
-                    tr { th scope="row" { "state" } td #state { (event.state.as_str()) } }
-                    tr { th scope="row" { "attempts" } td { (event.attempts) " (the inbox keeps the count of attempts and the last one's error)" } }
-                    tr { th scope="row" { "last error" } td.err #last-error { (event.last_error.as_deref().unwrap_or("")) } }
-                    tr { th scope="row" { "received" } td { (time(now, &event.received_at)) } }
-                    tr { th scope="row" { "due" } td { (time(now, &event.available_at)) } }
-                    tr { th scope="row" { "finished" } td { @if let Some(finished) = &event.finished_at { (time(now, finished)) } } }
-                }
-            }
-            @if failed {
-                div.actions {
-                    button #retry type="button" data-post=(action_path(event, "retry"))
-                        data-done="Retried: the event is pending and the worker takes it." { "Retry" }
-                    button #discard type="button" data-post=(action_path(event, "discard"))
-                        data-done="Discarded: the event is never run again." { "Discard" }
-                }
-            }
-            (headers_and_body(
-                ("Kept headers", "None kept."),
-                &detail.headers,
-                detail.body_pretty.as_deref().unwrap_or(&detail.body),
-            ))
-        },
+        page::detail(Detail {
+            back: "← All failed events",
+            noun: "Event",
+            id: ("event-id", &event.event_id),
+            rows: html! {
+                tr { th scope="row" { "provider" } td { (event.provider) } }
+                tr { th scope="row" { "type" } td { (event.event_type.as_deref().unwrap_or("")) } }
+            },
+            job: JobFields {
+                state: event.state.as_str(),
+                attempts: event.attempts,
+                attempts_note: "(the inbox keeps the count of attempts and the last one's error)",
+                last_error: html! { (event.last_error.as_deref().unwrap_or("")) },
+                created: ("received", time(now, &event.received_at)),
+                due: time(now, &event.available_at),
+                finished: event
+                    .finished_at
+                    .as_deref()
+                    .map(|finished| time(now, finished)),
+            },
+            actions,
+            headers_titles: ("Kept headers", "None kept."),
+            headers: &detail.headers,
+            body: detail.body_pretty.as_deref().unwrap_or(&detail.body),
+        }),
     )
 }
 

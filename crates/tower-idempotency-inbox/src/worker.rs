@@ -27,7 +27,7 @@ use crate::{
     ops,
     ordering::OrderingPolicy,
     retention::Retention,
-    Backoff, Inbox, InboxDatabase, InboxHandler,
+    Inbox, InboxDatabase, InboxHandler,
 };
 
 /// Attempts before an event is marked failed, unless configured otherwise.
@@ -85,60 +85,39 @@ impl<DB: InboxDatabase> Inbox<DB> {
 }
 
 impl<DB: InboxDatabase> WorkerBuilder<DB> {
-    /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
-    /// 4 on SQLite; at least 1). Each holds one pool connection; the
-    /// worker claims as many due events in one statement as handlers are free. Give the pool
-    /// about twice this many connections, so acknowledgements, claims and lease renewals find
-    /// one while every handler runs (docs/inbox.md, "Throughput").
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.settings.concurrency = n.max(1);
-        self
+    tower_idempotency_jobs::settings_setters! {
+        /// Attempts before an event is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
+        max_attempts;
+        /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter). The
+        /// sweeper starts the retry, so it comes up to one sweep interval after the delay.
+        backoff;
+        /// How long a claim lasts without renewal (default [`DEFAULT_LEASE`]). The worker renews
+        /// the claim of every running attempt every third of the lease, so a handler slower than
+        /// the lease still runs once; after a crash the event waits for its lease to end before
+        /// another attempt. Keep the pool larger than the concurrency: each renewal borrows a
+        /// connection for one statement.
+        lease;
+        /// How long one attempt may run (default [`DEFAULT_ATTEMPT_TIMEOUT`]): a handler still
+        /// running then is cancelled, its transaction rolled back, and the attempt counted as
+        /// failed (retried after the backoff, or failed after the last), freeing its permit.
+        attempt_timeout;
+        /// How often the sweeper looks for due events the queue does not hold (default
+        /// [`DEFAULT_POLL_EVERY`], 1 s; the relay's name for its poll). A due sweep runs before the
+        /// next event is handed out however busy the queue is, and the swept events are taken in
+        /// turn with the queued ones.
+        poll_every;
+        /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
+        /// 4 on SQLite; at least 1). Each holds one pool connection; the
+        /// worker claims as many due events in one statement as handlers are free. Give the pool
+        /// about twice this many connections, so acknowledgements, claims and lease renewals find
+        /// one while every handler runs (docs/inbox.md, "Throughput").
+        concurrency;
     }
 
     /// Events the in-process queue holds (default 1024, at least 1). A delivery acknowledged
     /// while it is full waits in the table for the sweeper.
     pub fn queue_capacity(mut self, n: usize) -> Self {
         self.queue_capacity = n.max(1);
-        self
-    }
-
-    /// Attempts before an event is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.settings.max_attempts = n.clamp(1, i32::MAX as u32);
-        self
-    }
-
-    /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter). The
-    /// sweeper starts the retry, so it comes up to one sweep interval after the delay.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.settings.backoff = backoff;
-        self
-    }
-
-    /// How long a claim lasts without renewal (default [`DEFAULT_LEASE`]). The worker renews
-    /// the claim of every running attempt every third of the lease, so a handler slower than
-    /// the lease still runs once; after a crash the event waits for its lease to end before
-    /// another attempt. Keep the pool larger than the concurrency: each renewal borrows a
-    /// connection for one statement.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease.max(Duration::from_millis(3));
-        self
-    }
-
-    /// How long one attempt may run (default [`DEFAULT_ATTEMPT_TIMEOUT`]): a handler still
-    /// running then is cancelled, its transaction rolled back, and the attempt counted as
-    /// failed (retried after the backoff, or failed after the last), freeing its permit.
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.attempt_timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// How often the sweeper looks for due events the queue does not hold (default
-    /// [`DEFAULT_POLL_EVERY`], 1 s; the relay's name for its poll). A due sweep runs before the
-    /// next event is handed out however busy the queue is, and the swept events are taken in
-    /// turn with the queued ones.
-    pub fn poll_every(mut self, every: Duration) -> Self {
-        self.settings.poll_every = every.max(Duration::from_millis(1));
         self
     }
 

@@ -249,8 +249,10 @@ async fn drain_keeps_pending<DB: Fixture>() {
     setup.finish(worker).await;
 }
 
-/// The admin router over HTTP: lists failed and pending events, re-queues a failed one (`202`,
-/// then `404` once it is not failed), counts, and purges processed events.
+/// The admin router over HTTP: lists failed, pending and processed events (another name is
+/// `404`), re-queues a failed one (`202`, then `404` once it is not failed), counts, and purges
+/// processed events (the age as a query, or as a JSON body; a purge without the admin header or
+/// a JSON body is `403`, without an age `400`).
 async fn admin_router<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let probe = setup.probe();
@@ -284,9 +286,24 @@ async fn admin_router<DB: Fixture>() {
         counts,
         serde_json::json!({"pending": 1, "processed": 1, "failed": 0, "skipped": 0})
     );
+    let processed: serde_json::Value = json(get("/processed").await.unwrap()).await;
+    assert_eq!(processed[0]["event_id"], "evt_admin_ok", "{processed}");
+    assert_eq!(get("/finished").await.unwrap().status(), 404);
     let purge = format!("{admin_url}/purge?older_than_secs=3600");
     let kept: serde_json::Value = json(post(&purge).await.unwrap()).await;
     assert_eq!(kept["purged"], 0);
+    let bare = format!("{admin_url}/purge");
+    let forged = client.post(&bare).send().await.unwrap();
+    assert_eq!(forged.status(), 403);
+    assert_eq!(post(&bare).await.unwrap().status(), 400, "no age");
+    let in_body = client
+        .post(&bare)
+        .header("content-type", "application/json")
+        .body(serde_json::json!({ "older_than_secs": 3600 }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json(in_body).await["purged"], 0);
     // Processed at least a millisecond ago by now: the drain above waited for it.
     tokio::time::sleep(Duration::from_millis(2)).await;
     let purge = format!("{admin_url}/purge?older_than_secs=0");

@@ -474,6 +474,12 @@ pub trait Driver: sqlx::Database + Sized {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
     ) -> BoxFuture<'a, sqlx::Result<Option<i64>>>;
+
+    /// Runs `script`, several statements without parameters (a half's DDL).
+    fn run_script<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        script: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
 }
 
 /// Writes the typed calls of [`Driver`] for a database `$db` whose key batches are bound with
@@ -839,6 +845,18 @@ macro_rules! driver_calls {
                 sqlx::query_scalar(sql.oldest_pending.clone())
                     .fetch_one(pool)
                     .await
+            })
+        }
+
+        fn run_script<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            script: &'a str,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(script.to_owned()))
+                    .execute(pool)
+                    .await?;
+                Ok(())
             })
         }
     };

@@ -6,8 +6,8 @@
 //! the caller's transaction when asked), failures with bounded attempts and [`Backoff`], the
 //! sweep of spent jobs, purges in batches, keyset listings, retries, discards, counts and lag.
 //! Its [`Worker`] runs a table's jobs in rounds (the outbox's relay), its [`Dispatcher`] as
-//! they are fed (the inbox's worker); its operator's kit ([`page`], [`redact`], [`cursor`],
-//! [`Unavailable`]) is what both halves' pages and routes are built from.
+//! they are fed (the inbox's worker); its operator's kit ([`admin`], [`page`], [`redact`],
+//! [`cursor`], [`Unavailable`]) is what both halves' pages and routes are built from.
 //!
 //! A database's driver is checked by one suite,
 //! [`jobs_driver_conformance_tests!`](crate::jobs_driver_conformance_tests) (feature
@@ -56,6 +56,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod backoff;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -66,6 +67,7 @@ pub mod page;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub mod redact;
+mod setters;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod table;
@@ -84,6 +86,20 @@ pub use worker::{
     guarded, keep_lease, persist, Cut, Job, Outcome, Round, Settings, Worker, WorkerHandle,
     DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
 };
+
+/// The `Debug` of a half's handle over a job table: its name, its database and its table, and
+/// nothing of its pool or queues.
+pub fn debug_handle(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    database: &str,
+    table: &dyn std::fmt::Debug,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field("database", &database)
+        .field("table", table)
+        .finish_non_exhaustive()
+}
 
 /// A boxed future, as the driver's calls answer.
 pub type BoxFuture<'a, T> = futures_util::future::BoxFuture<'a, T>;

@@ -144,3 +144,229 @@ pub fn same_site(headers: &HeaderMap, admin_header: &str) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"));
     json || headers.contains_key(admin_header)
 }
+
+/// One job's page ([`detail`]): what is the half's own, around the engine's fields.
+pub struct Detail<'a> {
+    /// The link back to the overview's text (`← All failed events`).
+    pub back: &'a str,
+    /// The heading's noun (`Event`, `Message`).
+    pub noun: &'a str,
+    /// The heading's `code` element: its id and the job's key as shown.
+    pub id: (&'a str, &'a str),
+    /// The half's own rows of the fields table, before the engine's.
+    pub rows: Markup,
+    /// The engine's rows.
+    pub job: JobFields<'a>,
+    /// The Retry and Discard buttons, shown while the job is failed.
+    pub actions: Option<[Action<'a>; 2]>,
+    /// The headers' heading, and what stands there when there are none.
+    pub headers_titles: (&'a str, &'a str),
+    /// The stored headers (credentials already masked).
+    pub headers: &'a [(String, String)],
+    /// The stored body as shown (credentials already masked).
+    pub body: &'a str,
+}
+
+/// The engine's fields of one job, as [`detail`] shows them.
+pub struct JobFields<'a> {
+    /// The half's name of the job's state.
+    pub state: &'a str,
+    /// The attempts counted.
+    pub attempts: u32,
+    /// What follows the count (`(the inbox keeps the count of attempts ...)`).
+    pub attempts_note: &'a str,
+    /// The last attempt's error as shown.
+    pub last_error: Markup,
+    /// The enqueue time's label (`received`, `enqueued`) and the time.
+    pub created: (&'a str, Markup),
+    /// When the job is due.
+    pub due: Markup,
+    /// When the job finished, if it has.
+    pub finished: Option<Markup>,
+}
+
+/// A button of a failed job's page: the page's script `POST`s to `post` (relative to the
+/// page), with `key` as a `{"key": ..}` body when set, and shows `done` when it succeeds.
+pub struct Action<'a> {
+    /// The path the button posts to.
+    pub post: &'a str,
+    /// The key the body names, for a route that takes it there.
+    pub key: Option<&'a str>,
+    /// The status line's text once it succeeded.
+    pub done: &'a str,
+}
+
+/// One job's page content (for [`shell`]): the link back, the heading, the fields (the half's
+/// rows, then state, attempts, last error, enqueue, due and finish times), the Retry
+/// (`#retry`) and Discard (`#discard`) buttons, and [`headers_and_body`].
+pub fn detail(detail: Detail<'_>) -> Markup {
+    let job = &detail.job;
+    html! {
+        p { a href="page" { (detail.back) } }
+        h2 { (detail.noun) " " code id=(detail.id.0) { (detail.id.1) } }
+        table #fields {
+            tbody {
+                (detail.rows)
+                tr { th scope="row" { "state" } td #state { (job.state) } }
+                tr { th scope="row" { "attempts" } td { (job.attempts) " " (job.attempts_note) } }
+                tr { th scope="row" { "last error" } td.err #last-error { (job.last_error) } }
+                tr { th scope="row" { (job.created.0) } td { (job.created.1) } }
+                tr { th scope="row" { "due" } td { (job.due) } }
+                tr { th scope="row" { "finished" } td { @if let Some(finished) = &job.finished { (finished) } } }
+            }
+        }
+        @if let Some([retry, discard]) = &detail.actions {
+            div.actions {
+                button #retry type="button" data-post=(retry.post) data-key=[retry.key] data-done=(retry.done) { "Retry" }
+                button #discard type="button" data-post=(discard.post) data-key=[discard.key] data-done=(discard.done) { "Discard" }
+            }
+        }
+        (headers_and_body(detail.headers_titles, detail.headers, detail.body))
+    }
+}
+
+/// The overview's refresh controls: a checkbox (`#refresh`, on) that the page's script reads
+/// before reloading, and a link that reloads now.
+pub fn refresh() -> Markup {
+    html! {
+        p {
+            input #refresh type="checkbox" checked;
+            " " label for="refresh" { "Refresh every 10 s" }
+            " · " a href="" { "Refresh now" }
+        }
+    }
+}
+
+/// The filter form's state field (`#f-state`, named `state`): each of `states`, then `any`
+/// (the empty value), `selected` chosen.
+pub fn state_select(states: &[&str], selected: &str) -> Markup {
+    html! {
+        div {
+            label for="f-state" { "State" }
+            select #f-state name="state" {
+                @for state in states {
+                    option value=(state) selected[selected == *state] { (state) }
+                }
+                option value="" selected[selected.is_empty()] { "any" }
+            }
+        }
+    }
+}
+
+/// The name of a filtered state as a heading says it: `all` for none.
+pub fn state_name(state: &str) -> &str {
+    if state.is_empty() {
+        "all"
+    } else {
+        state
+    }
+}
+
+/// An overview's listing ([`listing`]).
+pub struct Listing<'a> {
+    /// The jobs' name, plural and lowercase (`events`): the ids `#{name}`, `#{name}-heading`
+    /// and `#no-{name}`.
+    pub name: &'a str,
+    /// The heading (`Events: failed, newest first`).
+    pub heading: String,
+    /// What stands instead of an empty table (`No event matches.`).
+    pub empty: &'a str,
+    /// The columns' headings.
+    pub columns: &'a [&'a str],
+    /// The rows, `tr` elements; empty markup for none.
+    pub rows: Option<Markup>,
+    /// The next page's link, when there is one (`#next-page`).
+    pub next: Option<String>,
+}
+
+/// An overview's listing: its heading, the table of its rows (or the empty text) and the next
+/// page's link.
+pub fn listing(listing: Listing<'_>) -> Markup {
+    let name = listing.name;
+    let heading_id = format!("{name}-heading");
+    html! {
+        h2 id=(heading_id) { (listing.heading) }
+        @if let Some(rows) = listing.rows {
+            table id=(name) aria-labelledby=(heading_id) {
+                thead { tr {
+                    @for column in listing.columns { th scope="col" { (column) } }
+                } }
+                tbody { (rows) }
+            }
+        } @else {
+            p id=(format!("no-{name}")) { (listing.empty) }
+        }
+        @if let Some(next) = listing.next {
+            p { a #next-page href=(next) { "Next page" } }
+        }
+    }
+}
+
+/// The pages' routes of a half: `GET /` redirects to the overview wherever the router is
+/// nested, `GET /page` is `overview`, `GET /detail` is `detail`.
+pub fn routes<S: Clone + Send + Sync + 'static>(
+    overview: axum::routing::MethodRouter<S>,
+    detail: axum::routing::MethodRouter<S>,
+) -> axum::Router<S> {
+    axum::Router::new()
+        .route("/", axum::routing::get(to_page))
+        .route("/page", overview)
+        .route("/detail", detail)
+}
+
+/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
+async fn to_page(
+    axum::extract::OriginalUri(uri): axum::extract::OriginalUri,
+) -> axum::response::Redirect {
+    axum::response::Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
+}
+
+/// The pages' own script for a half whose actions send `admin_header`, whose refresh choice is
+/// kept under `{name}-refresh`, whose jobs are called `noun` and whose site answers as
+/// `site`: a button with `data-post` posts there (with `{"key": data-key}` as a JSON body when
+/// it has a `data-key`) and says its `data-done` text; the overview reloads every 10 s while
+/// `#refresh` is checked, the status line is empty and no `[data-busy]` element is shown.
+/// `more` runs after, inside the same function, with `post(url, body)` and `say(text)` in
+/// scope.
+pub fn script(admin_header: &str, name: &str, noun: &str, site: &str, more: &str) -> String {
+    format!(
+        r#"
+(function () {{
+  var status = document.getElementById('status');
+  function say(text) {{ status.textContent = text; }}
+  function post(url, body) {{
+    var init = {{ method: 'POST', credentials: 'same-origin', headers: {{ '{admin_header}': '1' }} }};
+    if (body !== undefined) {{
+      init.headers['content-type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }}
+    return fetch(url, init);
+  }}
+  document.querySelectorAll('button[data-post]').forEach(function (button) {{
+    button.addEventListener('click', function () {{
+      button.disabled = true;
+      var key = button.getAttribute('data-key');
+      post(button.getAttribute('data-post'), key === null ? undefined : {{ key: key }}).then(function (response) {{
+        if (response.ok) {{ say(button.getAttribute('data-done')); }}
+        else if (response.status === 404) {{ say('Nothing done: the {noun} is no longer failed.'); }}
+        else {{ say('Failed: HTTP ' + response.status); }}
+        button.disabled = false;
+      }}, function () {{ say('Failed: the {site} did not answer.'); button.disabled = false; }});
+    }});
+  }});
+{more}
+  var refresh = document.getElementById('refresh');
+  if (refresh) {{
+    refresh.checked = localStorage.getItem('{name}-refresh') !== 'off';
+    refresh.addEventListener('change', function () {{
+      localStorage.setItem('{name}-refresh', refresh.checked ? 'on' : 'off');
+    }});
+    setInterval(function () {{
+      var busy = document.querySelector('[data-busy]:not([hidden])');
+      if (refresh.checked && !busy && !status.textContent) {{ location.reload(); }}
+    }}, 10000);
+  }}
+}})();
+"#
+    )
+}

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use axum::{
-    extract::{Path, Query, State},
-    http::{HeaderMap, StatusCode},
+    extract::{Query, State},
+    http::StatusCode,
     response::{IntoResponse, Response},
     routing::{get, post, MethodRouter},
     Json, Router,
@@ -13,6 +13,7 @@ use axum::{
 use serde::Deserialize;
 
 use tower_idempotency_jobs::{
+    admin::{Change, Operated},
     cursor, redact,
     time::{duration_ms, now_ms},
     JobKey, JobSummary, PageFilter,
@@ -200,14 +201,16 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// | `POST /messages/{key}/retry` | the same, in the inbox router's shape |
 /// | `POST /discard` `{"key": ".."}` | `200` discarded, `404` no such failed or idle pending message |
 /// | `POST /messages/{key}/discard` | the same, in the inbox router's shape |
-/// | `POST /purge` `{"older_than_secs": N}` | `200 {"purged": n}` |
+/// | `POST /purge` `{"older_than_secs": N}` (or `?older_than_secs=N`) | `200 {"purged": n}` |
 ///
-/// Every `POST` with a body takes JSON and answers `415` without `Content-Type:
+/// `POST /retry` and `POST /discard` take JSON and answer `415` without `Content-Type:
 /// application/json`, which a page on another site cannot send through an operator's browser
-/// without a CORS preflight (the router answers none); a `POST` on a message's path needs the
-/// [`ADMIN_HEADER`] or that content type, and is refused `403` without (the inbox router's
+/// without a CORS preflight (the router answers none); the other `POST`s need the
+/// [`ADMIN_HEADER`] or that content type, and are refused `403` without (the inbox router's
 /// rule): a cross-site form cannot retry, discard or purge. The page's own script sends JSON
-/// and the [`ADMIN_HEADER`]. A database failure is a `503` problem.
+/// and the [`ADMIN_HEADER`]. A database failure is a `503` problem. The routes shared with the
+/// inbox's router (listing by state, counts, one message, retry, discard, purge) are the job
+/// engine's [`tower_idempotency_jobs::admin::routes`].
 ///
 /// Behind your authentication, as the inbox's router (`tower_idempotency_inbox::admin::router`
 /// shows the layer):
@@ -224,39 +227,59 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// ```
 pub fn router<DB: OutboxDatabase>(outbox: Outbox<DB>) -> Router {
     crate::page::routes::<DB>()
-        .route("/counts", get(counts::<DB>))
+        .merge(tower_idempotency_jobs::admin::routes::<Outbox<DB>>(
+            "/messages/{key}",
+        ))
         .route("/messages", get(messages::<DB>))
         .route("/message", get(message::<DB>))
-        .route("/{state}", get(list::<DB>))
-        .route("/messages/{key}", get(message_at::<DB>))
         .route("/retry", change(Change::Retry))
-        .route("/messages/{key}/retry", change_at(Change::Retry))
         .route("/discard", change(Change::Discard))
-        .route("/messages/{key}/discard", change_at(Change::Discard))
-        .route("/purge", post(purge::<DB>))
         .with_state(outbox)
 }
 
-#[derive(Deserialize)]
-struct Limit {
-    limit: Option<u32>,
-}
+/// The outbox as the job engine's operator routes drive it; a key is the path's `{key}`.
+impl<DB: OutboxDatabase> Operated for Outbox<DB> {
+    type Key = String;
+    type State = MessageState;
+    type Summary = MessageSummary;
+    type Detail = MessageDetail;
+    type Counts = StateCounts;
 
-async fn list<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-    Path(state): Path<String>,
-    Query(limit): Query<Limit>,
-) -> Result<Response, Unavailable> {
-    let state = match state.as_str() {
-        "pending" => MessageState::Pending,
-        "delivered" => MessageState::Delivered,
-        "failed" => MessageState::Failed,
-        "discarded" => MessageState::Discarded,
-        _ => return Ok(StatusCode::NOT_FOUND.into_response()),
-    };
-    let messages = outbox.list(state, limit.limit.unwrap_or(100)).await?;
-    let messages: Vec<MessageSummary> = messages.into_iter().map(shown).collect();
-    Ok(Json(messages).into_response())
+    const ADMIN_HEADER: &'static str = ADMIN_HEADER;
+    const DISCARDED: StatusCode = StatusCode::OK;
+
+    fn state(name: &str) -> Option<MessageState> {
+        MessageState::named(name)
+    }
+
+    async fn list(
+        &self,
+        state: MessageState,
+        limit: u32,
+    ) -> Result<Vec<MessageSummary>, Unavailable> {
+        let messages = Outbox::list(self, state, limit).await?;
+        Ok(messages.into_iter().map(shown).collect())
+    }
+
+    async fn detail(&self, key: &String) -> Result<Option<MessageDetail>, Unavailable> {
+        Ok(self.message(key).await?)
+    }
+
+    async fn retry(&self, key: &String) -> Result<bool, Unavailable> {
+        Ok(Outbox::retry(self, key).await?)
+    }
+
+    async fn discard(&self, key: &String) -> Result<bool, Unavailable> {
+        Ok(Outbox::discard(self, key).await?)
+    }
+
+    async fn counts(&self) -> Result<StateCounts, Unavailable> {
+        Ok(Outbox::counts(self).await?)
+    }
+
+    async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
+        Ok(self.purge_finished(older_than).await?)
+    }
 }
 
 async fn messages<DB: OutboxDatabase>(
@@ -288,13 +311,10 @@ async fn message<DB: OutboxDatabase>(
     State(outbox): State<Outbox<DB>>,
     Query(query): Query<KeyQuery>,
 ) -> Result<Response, Unavailable> {
-    message_at(State(outbox), Path(query.key)).await
-}
-
-async fn counts<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-) -> Result<Json<StateCounts>, Unavailable> {
-    Ok(Json(outbox.counts().await?))
+    Ok(match outbox.message(&query.key).await? {
+        Some(detail) => Json(detail).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
 }
 
 #[derive(Deserialize)]
@@ -302,82 +322,13 @@ struct Key {
     key: String,
 }
 
-/// A change an operator `POST`s on one message, named by a JSON body `{"key": ..}`.
-#[derive(Clone, Copy)]
-enum Change {
-    /// Re-queues a failed message: `202`.
-    Retry,
-    /// Gives a message up: `200`.
-    Discard,
-}
-
-/// `POST` of `change` on the message of the body's key: `404` when there is no such message
-/// in a state the change applies to.
+/// `POST` of `change` on the message of the JSON body's key `{"key": ..}`.
 fn change<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
     post(
         move |State(outbox): State<Outbox<DB>>, Json(body): Json<Key>| async move {
-            let (changed, status) = match change {
-                Change::Retry => (outbox.retry(&body.key).await?, StatusCode::ACCEPTED),
-                Change::Discard => (outbox.discard(&body.key).await?, StatusCode::OK),
-            };
-            Ok::<_, Unavailable>(if changed {
-                status
-            } else {
-                StatusCode::NOT_FOUND
-            })
+            change.apply(&outbox, &body.key).await
         },
     )
-}
-
-/// `change` on the message whose key is the path's segment, as [`change`] answers it.
-fn change_at<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
-    post(
-        move |headers: HeaderMap, State(outbox): State<Outbox<DB>>, Path(key): Path<String>| async move {
-            if !tower_idempotency_jobs::page::same_site(&headers, ADMIN_HEADER) {
-                return Ok((
-                    StatusCode::FORBIDDEN,
-                    "send the x-outbox-admin header or a JSON body",
-                )
-                    .into_response());
-            }
-            let (changed, status) = match change {
-                Change::Retry => (outbox.retry(&key).await?, StatusCode::ACCEPTED),
-                Change::Discard => (outbox.discard(&key).await?, StatusCode::OK),
-            };
-            Ok::<_, Unavailable>(
-                if changed {
-                    status
-                } else {
-                    StatusCode::NOT_FOUND
-                }
-                .into_response(),
-            )
-        },
-    )
-}
-
-async fn message_at<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-    Path(key): Path<String>,
-) -> Result<Response, Unavailable> {
-    Ok(match outbox.message(&key).await? {
-        Some(detail) => Json(detail).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    })
-}
-
-#[derive(Deserialize)]
-struct Purge {
-    older_than_secs: u64,
-}
-
-async fn purge<DB: OutboxDatabase>(
-    State(outbox): State<Outbox<DB>>,
-    Json(purge): Json<Purge>,
-) -> Result<Json<serde_json::Value>, Unavailable> {
-    let older_than = Duration::from_secs(purge.older_than_secs);
-    let purged = outbox.purge_finished(older_than).await?;
-    Ok(Json(serde_json::json!({ "purged": purged })))
 }
 
 #[cfg(test)]
@@ -387,7 +338,8 @@ mod tests {
 
     /// The router's message paths, in the inbox router's shape: a key with `/` percent-encoded
     /// as one segment is shown, retried and discarded; a `POST` without the admin header or a
-    /// JSON content type is refused `403` and changes nothing.
+    /// JSON content type is refused `403` and changes nothing; `GET /discarded` lists; the purge
+    /// takes its age as a query or a JSON body.
     #[tokio::test]
     async fn message_paths_take_the_inbox_routers_shape() {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
@@ -447,6 +399,37 @@ mod tests {
             (counts["discarded"].as_u64(), counts["pending"].as_u64()),
             (Some(1), Some(1))
         );
+        let discarded = client
+            .get(format!("{base}/discarded"))
+            .send()
+            .await
+            .unwrap();
+        let discarded: serde_json::Value =
+            serde_json::from_str(&discarded.text().await.unwrap()).unwrap();
+        assert_eq!(discarded[0]["key"], "stripe/evt_1/0", "{discarded}");
+
+        // The purge: `403` from a form (no header, no JSON), the age as a query or a body.
+        let purge = format!("{base}/purge?older_than_secs=3600");
+        let forged = client.post(&purge).send().await.unwrap();
+        assert_eq!(forged.status(), 403);
+        let kept = client
+            .post(&purge)
+            .header(ADMIN_HEADER, "1")
+            .send()
+            .await
+            .unwrap();
+        let kept: serde_json::Value = serde_json::from_str(&kept.text().await.unwrap()).unwrap();
+        assert_eq!(kept["purged"], 0);
+        let purged = client
+            .post(format!("{base}/purge"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "older_than_secs": 0 }).to_string())
+            .send()
+            .await
+            .unwrap();
+        let purged: serde_json::Value =
+            serde_json::from_str(&purged.text().await.unwrap()).unwrap();
+        assert!(purged["purged"].as_u64().is_some(), "{purged}");
     }
 
     /// A message to a credentialed URL, with a credential in its JSON body, on a SQLite outbox:

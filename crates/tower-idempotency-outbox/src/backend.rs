@@ -112,10 +112,6 @@ pub(crate) mod sealed {
         /// The outbox table's DDL.
         fn schema(table: &str) -> String;
 
-        /// Runs the table's DDL.
-        fn migrate<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a Sql)
-            -> BoxFuture<'a, sqlx::Result<()>>;
-
         /// Inserts the message on the caller's connection; `false` when its key was taken.
         fn insert<'a>(
             conn: &'a mut Self::Connection,
@@ -162,18 +158,6 @@ macro_rules! outbox_database {
 
             fn schema(table: &str) -> String {
                 $schema(table)
-            }
-
-            fn migrate<'a>(
-                pool: &'a sqlx::Pool<Self>,
-                sql: &'a Sql,
-            ) -> BoxFuture<'a, sqlx::Result<()>> {
-                Box::pin(async move {
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.schema.as_str()))
-                        .execute(pool)
-                        .await?;
-                    Ok(())
-                })
             }
 
             fn insert<'a>(

@@ -24,14 +24,10 @@ pub(crate) struct Listing {
 
 /// A state's name as a filter: `Ok(None)` is any state, `Err` a name that is none.
 pub(crate) fn state_filter(name: &str) -> Result<Option<MessageState>, ()> {
-    Ok(Some(match name {
-        "" => return Ok(None),
-        "pending" => MessageState::Pending,
-        "delivered" => MessageState::Delivered,
-        "failed" => MessageState::Failed,
-        "discarded" => MessageState::Discarded,
-        _ => return Err(()),
-    }))
+    if name.is_empty() {
+        return Ok(None);
+    }
+    MessageState::named(name).map(Some).ok_or(())
 }
 
 #[derive(Deserialize)]

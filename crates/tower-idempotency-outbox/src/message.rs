@@ -171,6 +171,19 @@ impl MessageState {
         }
     }
 
+    /// Every state.
+    pub const ALL: [Self; 4] = [
+        Self::Pending,
+        Self::Delivered,
+        Self::Failed,
+        Self::Discarded,
+    ];
+
+    /// The state of this lowercase name ([`as_str`](Self::as_str)).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == name)
+    }
+
     /// The lowercase name (`pending`, `delivered`, `failed`, `discarded`).
     pub fn as_str(self) -> &'static str {
         match self {

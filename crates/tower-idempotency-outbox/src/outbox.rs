@@ -91,6 +91,7 @@ impl Enqueued {
 /// inbox's or a transactional route's [`IdempotentTx`](tower_idempotency_sqlx::IdempotentTx), or
 /// any `sqlx::Transaction`): they are stored if and only if the handler's other writes commit. A
 /// [`Relay`](crate::Relay) then delivers them.
+#[derive_where::derive_where(Clone)]
 pub struct Outbox<DB: OutboxDatabase> {
     pub(crate) pool: sqlx::Pool<DB>,
     pub(crate) sql: Arc<Sql>,
@@ -99,24 +100,9 @@ pub struct Outbox<DB: OutboxDatabase> {
     pub(crate) wake: Arc<Notify>,
 }
 
-impl<DB: OutboxDatabase> Clone for Outbox<DB> {
-    fn clone(&self) -> Self {
-        Self {
-            pool: self.pool.clone(),
-            sql: self.sql.clone(),
-            jobs: self.jobs.clone(),
-            table: self.table.clone(),
-            wake: self.wake.clone(),
-        }
-    }
-}
-
 impl<DB: OutboxDatabase> fmt::Debug for Outbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Outbox")
-            .field("database", &DB::NAME)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
+        tower_idempotency_jobs::debug_handle(f, "Outbox", DB::NAME, &self.table)
     }
 }
 
@@ -137,7 +123,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// Creates the table and its index when missing; safe to call at every start, from several
     /// instances at once.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        DB::migrate(&self.pool, &self.sql).await?;
+        DB::run_script(&self.pool, &self.sql.schema).await?;
         Ok(())
     }
 

@@ -4,21 +4,24 @@
 //! [`admin::router`](crate::admin::router) at `GET /page` (`GET /` redirects to it) and
 //! `GET /detail?key=..`; its buttons post JSON with the [`ADMIN_HEADER`](crate::admin::ADMIN_HEADER).
 
+use std::sync::LazyLock;
+
 use axum::{
-    extract::{OriginalUri, Query, State},
+    extract::{Query, State},
     http::StatusCode,
-    response::{IntoResponse, Redirect, Response},
+    response::{IntoResponse, Response},
     routing::get,
     Router,
 };
 use maud::{html, Markup};
 use tower_idempotency_jobs::{
-    page::{encode, headers_and_body, html_response, shell, time_ms},
+    page::{self, encode, html_response, shell, time_ms, Action, Detail, JobFields},
     redact::redact_url,
     time::now_ms,
 };
 
 use crate::{
+    admin::ADMIN_HEADER,
     http::{state_filter, KeyQuery, Listing, Unavailable},
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
@@ -30,15 +33,7 @@ const PAGE_SIZE: u32 = 50;
 const SITE: &str = "Outbox";
 
 pub(crate) fn routes<DB: OutboxDatabase>() -> Router<Outbox<DB>> {
-    Router::new()
-        .route("/", get(to_page))
-        .route("/page", get(overview::<DB>))
-        .route("/detail", get(detail::<DB>))
-}
-
-/// The router's root (the mount path itself) leads to the overview, wherever it is nested.
-async fn to_page(OriginalUri(uri): OriginalUri) -> Redirect {
-    Redirect::to(&format!("{}/page", uri.path().trim_end_matches('/')))
+    page::routes(get(overview::<DB>), get(detail::<DB>))
 }
 
 /// The overview as it is rendered.
@@ -94,7 +89,7 @@ async fn detail<DB: OutboxDatabase>(
             html_response(shell(
                 SITE,
                 "Message not found",
-                SCRIPT,
+                &SCRIPT,
                 html! {
                     p { "The outbox holds no message " code { (query.key) } "." }
                     p { a href="page" { "Back to the outbox" } }
@@ -105,39 +100,9 @@ async fn detail<DB: OutboxDatabase>(
     })
 }
 
-/// The page's own script: posts an action's JSON body with the admin header, and refreshes the
-/// overview unless the operator turned it off.
-const SCRIPT: &str = r#"
-(function () {
-  var status = document.getElementById('status');
-  function say(text) { status.textContent = text; }
-  document.querySelectorAll('button[data-post]').forEach(function (button) {
-    button.addEventListener('click', function () {
-      button.disabled = true;
-      fetch(button.getAttribute('data-post'), {
-        method: 'POST', credentials: 'same-origin',
-        headers: { 'x-outbox-admin': '1', 'content-type': 'application/json' },
-        body: JSON.stringify({ key: button.getAttribute('data-key') })
-      }).then(function (response) {
-        if (response.ok) { say(button.getAttribute('data-done')); }
-        else if (response.status === 404) { say('Nothing done: the message is no longer failed.'); }
-        else { say('Failed: HTTP ' + response.status); }
-        button.disabled = false;
-      }, function () { say('Failed: the outbox did not answer.'); button.disabled = false; });
-    });
-  });
-  var refresh = document.getElementById('refresh');
-  if (refresh) {
-    refresh.checked = localStorage.getItem('outbox-refresh') !== 'off';
-    refresh.addEventListener('change', function () {
-      localStorage.setItem('outbox-refresh', refresh.checked ? 'on' : 'off');
-    });
-    setInterval(function () {
-      if (refresh.checked && !status.textContent) { location.reload(); }
-    }, 10000);
-  }
-})();
-"#;
+/// The page's own script ([`page::script`]).
+static SCRIPT: LazyLock<String> =
+    LazyLock::new(|| page::script(ADMIN_HEADER, "outbox", "message", "outbox", ""));
 
 fn detail_link(message: &MessageSummary) -> String {
     format!("detail?key={}", encode(&message.key))
@@ -185,64 +150,39 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
             encode(cursor)
         )
     });
-    let state_name = if view.state.is_empty() {
-        "all"
-    } else {
-        view.state.as_str()
-    };
     shell(
         SITE,
         "messages",
-        SCRIPT,
+        &SCRIPT,
         html! {
-            p {
-                input #refresh type="checkbox" checked;
-                " " label for="refresh" { "Refresh every 10 s" }
-                " · " a href="" { "Refresh now" }
-            }
+            (page::refresh())
             (counts_table(&view.counts))
             h2 { "Filter" }
             form.filters method="get" action="page" {
-                div {
-                    label for="f-state" { "State" }
-                    select #f-state name="state" {
-                        @for (value, label) in [("failed", "failed"), ("pending", "pending"), ("delivered", "delivered"), ("discarded", "discarded"), ("", "any")] {
-                            option value=(value) selected[view.state == value] { (label) }
-                        }
-                    }
-                }
+                (page::state_select(&["failed", "pending", "delivered", "discarded"], &view.state))
                 button type="submit" { "Apply" }
             }
-            h2 #messages-heading { "Messages: " (state_name) ", newest first" }
-            @if view.page.messages.is_empty() {
-                p #no-messages { "No message matches." }
-            } @else {
-                table #messages aria-labelledby="messages-heading" {
-                    thead { tr {
-                        th scope="col" { "key" } th scope="col" { "scope" }
-                        th scope="col" { "target" } th scope="col" { "state" }
-                        th scope="col" { "attempts" } th scope="col" { "last error" }
-                        th scope="col" { "enqueued" } th scope="col" { "finished" }
-                    } }
-                    tbody {
-                        @for message in &view.page.messages {
-                            tr data-key=(message.key) {
-                                td { a href=(detail_link(message)) { (message.key) } }
-                                td { (message.scope.as_deref().unwrap_or("")) }
-                                td { (target(message)) }
-                                td { (message.state.as_str()) }
-                                td.num { (message.attempts) }
-                                td.err { (last_error(message)) }
-                                td { (time_ms(view.now_ms, message.created_at_ms)) }
-                                td { @if let Some(finished) = message.finished_at_ms { (time_ms(view.now_ms, finished)) } }
-                            }
+            (page::listing(page::Listing {
+                name: "messages",
+                heading: format!("Messages: {}, newest first", page::state_name(&view.state)),
+                empty: "No message matches.",
+                columns: &["key", "scope", "target", "state", "attempts", "last error", "enqueued", "finished"],
+                rows: (!view.page.messages.is_empty()).then(|| html! {
+                    @for message in &view.page.messages {
+                        tr data-key=(message.key) {
+                            td { a href=(detail_link(message)) { (message.key) } }
+                            td { (message.scope.as_deref().unwrap_or("")) }
+                            td { (target(message)) }
+                            td { (message.state.as_str()) }
+                            td.num { (message.attempts) }
+                            td.err { (last_error(message)) }
+                            td { (time_ms(view.now_ms, message.created_at_ms)) }
+                            td { @if let Some(finished) = message.finished_at_ms { (time_ms(view.now_ms, finished)) } }
                         }
                     }
-                }
-            }
-            @if let Some(next) = next {
-                p { a #next-page href=(next) { "Next page" } }
-            }
+                }),
+                next,
+            }))
         },
     )
 }
@@ -251,46 +191,54 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
 /// (credentials redacted), and the retry and discard actions.
 pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
     let message = &detail.summary;
-    let failed = message.state == MessageState::Failed;
+    let actions = (message.state == MessageState::Failed).then(|| {
+        [
+            Action {
+                post: "retry",
+                key: Some(&message.key),
+                done: "Retried: the message is pending and the relay delivers it.",
+            },
+            Action {
+                post: "discard",
+                key: Some(&message.key),
+                done: "Discarded: the message is never attempted again.",
+            },
+        ]
+    });
     shell(
         SITE,
         "message",
-        SCRIPT,
-        html! {
-            p { a href="page" { "← All failed messages" } }
-            h2 { "Message " code #message-key { (message.key) } }
-            table #fields {
-                tbody {
-                    tr { th scope="row" { "scope" } td { (message.scope.as_deref().unwrap_or("")) } }
-                    @if let Some(url) = &message.url {
-                        tr { th scope="row" { "method" } td #method { (message.method.as_deref().unwrap_or("")) } }
-                        tr { th scope="row" { "URL" } td #url { (redact_url(url)) } }
-                    }
-                    @if let Some(topic) = &message.topic {
-                        tr { th scope="row" { "topic" } td #topic { (topic) } }
-                    }
-                    tr { th scope="row" { "state" } td #state { (message.state.as_str()) } }
-                    tr { th scope="row" { "attempts" } td { (message.attempts) " (the outbox keeps the count of attempts and the last one's answer)" } }
-                    tr { th scope="row" { "last error" } td.err #last-error { (last_error(message)) } }
-                    tr { th scope="row" { "enqueued" } td { (time_ms(now, message.created_at_ms)) } }
-                    tr { th scope="row" { "due" } td { (time_ms(now, message.available_at_ms)) } }
-                    tr { th scope="row" { "finished" } td { @if let Some(finished) = message.finished_at_ms { (time_ms(now, finished)) } } }
+        &SCRIPT,
+        page::detail(Detail {
+            back: "← All failed messages",
+            noun: "Message",
+            id: ("message-key", &message.key),
+            rows: html! {
+                tr { th scope="row" { "scope" } td { (message.scope.as_deref().unwrap_or("")) } }
+                @if let Some(url) = &message.url {
+                    tr { th scope="row" { "method" } td #method { (message.method.as_deref().unwrap_or("")) } }
+                    tr { th scope="row" { "URL" } td #url { (redact_url(url)) } }
                 }
-            }
-            @if failed {
-                div.actions {
-                    button #retry type="button" data-post="retry" data-key=(message.key)
-                        data-done="Retried: the message is pending and the relay delivers it." { "Retry" }
-                    button #discard type="button" data-post="discard" data-key=(message.key)
-                        data-done="Discarded: the message is never attempted again." { "Discard" }
+                @if let Some(topic) = &message.topic {
+                    tr { th scope="row" { "topic" } td #topic { (topic) } }
                 }
-            }
-            (headers_and_body(
-                ("Headers", "None."),
-                &detail.headers,
-                detail.body_pretty.as_deref().unwrap_or(&detail.body),
-            ))
-        },
+            },
+            job: JobFields {
+                state: message.state.as_str(),
+                attempts: message.attempts,
+                attempts_note: "(the outbox keeps the count of attempts and the last one's answer)",
+                last_error: last_error(message),
+                created: ("enqueued", time_ms(now, message.created_at_ms)),
+                due: time_ms(now, message.available_at_ms),
+                finished: message
+                    .finished_at_ms
+                    .map(|finished| time_ms(now, finished)),
+            },
+            actions,
+            headers_titles: ("Headers", "None."),
+            headers: &detail.headers,
+            body: detail.body_pretty.as_deref().unwrap_or(&detail.body),
+        }),
     )
 }
 

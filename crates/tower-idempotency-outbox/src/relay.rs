@@ -5,9 +5,7 @@ use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use tower_idempotency_core::IDEMPOTENCY_KEY;
-use tower_idempotency_jobs::{
-    Backoff, BoxFuture, Claimed, Job, Outcome, Settings, Worker, WorkerHandle,
-};
+use tower_idempotency_jobs::{BoxFuture, Claimed, Job, Outcome, Settings, Worker, WorkerHandle};
 
 use crate::{
     backend::{OutboxDatabase, Payload},
@@ -219,48 +217,27 @@ impl<DB: OutboxDatabase> Relay<DB> {
         self
     }
 
-    /// Attempts before a message is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.settings.max_attempts = n.clamp(1, i32::MAX as u32);
-        self
-    }
-
-    /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter; the
-    /// job engine's [`Backoff`], the inbox's too).
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.settings.backoff = backoff;
-        self
-    }
-
-    /// How long a claim lasts (default [`DEFAULT_LEASE`]); keep it longer than the attempt
-    /// timeout. A delivery's outcome whose write fails is retried until the lease ends, so a
-    /// round may last up to the lease. A message whose claim ends before its delivery is
-    /// recorded is delivered again by the next round, which the receiver's deduplication
-    /// absorbs.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease.max(Duration::from_millis(1));
-        self
-    }
-
-    /// How long one delivery may take (default [`DEFAULT_ATTEMPT_TIMEOUT`]) before it counts as
-    /// a failed attempt.
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.attempt_timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// How often an idle spawned relay looks for due messages (default
-    /// [`DEFAULT_POLL_EVERY`]); [`Outbox::wake`] starts a round at once.
-    pub fn poll_every(mut self, every: Duration) -> Self {
-        self.settings.poll_every = every.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Messages one round claims and delivers at once (default [`DEFAULT_CONCURRENCY`], at
-    /// least 1): the inbox worker's name for the setting.
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.settings.concurrency = n.max(1);
-        self
+    tower_idempotency_jobs::settings_setters! {
+        /// Attempts before a message is failed (default [`DEFAULT_MAX_ATTEMPTS`], at least 1).
+        max_attempts;
+        /// When a failed attempt is retried (default: 1 s doubling up to 1 h, with jitter; the
+        /// job engine's [`Backoff`](tower_idempotency_jobs::Backoff), the inbox's too).
+        backoff;
+        /// How long a claim lasts (default [`DEFAULT_LEASE`]); keep it longer than the attempt
+        /// timeout. A delivery's outcome whose write fails is retried until the lease ends, so a
+        /// round may last up to the lease. A message whose claim ends before its delivery is
+        /// recorded is delivered again by the next round, which the receiver's deduplication
+        /// absorbs.
+        lease;
+        /// How long one delivery may take (default [`DEFAULT_ATTEMPT_TIMEOUT`]) before it counts as
+        /// a failed attempt.
+        attempt_timeout;
+        /// How often an idle spawned relay looks for due messages (default
+        /// [`DEFAULT_POLL_EVERY`]); [`Outbox::wake`] starts a round at once.
+        poll_every;
+        /// Messages one round claims and delivers at once (default [`DEFAULT_CONCURRENCY`], at
+        /// least 1): the inbox worker's name for the setting.
+        concurrency;
     }
 
     /// The former name of [`concurrency`](Self::concurrency).
