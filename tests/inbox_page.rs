@@ -136,6 +136,7 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     // The stripe row: pending, processed, failed, skipped.
     let counts = texts(&browser, "#counts tbody tr:first-child td").await;
     assert_eq!(counts, ["0", "1", "4", "0"]);
+    browser::assert_fits_the_window(&browser, "the overview").await;
     if screenshot {
         browser::screenshot(&browser, "inbox-page.png").await;
     }
@@ -143,6 +144,7 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     // The detail of the single event, reached by its link (its id is text, not markup).
     click(&browser, Locator::LinkText(single)).await;
     text_until(&browser, "#event-id", single).await;
+    browser::assert_fits_the_window(&browser, "an event's page").await;
     let error = text_until(&browser, "#last-error", "test.permanent fails permanently").await;
     assert_eq!(error, "test.permanent fails permanently");
     let shown = text_until(&browser, "#body", "\"type\": \"test.permanent\"").await;

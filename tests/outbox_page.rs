@@ -155,6 +155,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
     let counts = texts(&browser, "#counts tbody td").await;
     assert_eq!(counts, ["0", "0", "1", "0"]);
     text_until(&browser, "#messages td.err", "HTTP 400").await;
+    browser::assert_fits_the_window(&browser, "the overview").await;
     if screenshot {
         browser::screenshot(&browser, "outbox-page.png").await;
     }
@@ -162,6 +163,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
     // The detail, reached by its link.
     click(&browser, Locator::LinkText(&key)).await;
     text_until(&browser, "#message-key", &key).await;
+    browser::assert_fits_the_window(&browser, "a message's page").await;
     let error = text_until(&browser, "#last-error", "refused").await;
     assert_eq!(error, "HTTP 400: the receiver refused the message with 400");
     assert_eq!(text_until(&browser, "#method", "POST").await, "POST");

@@ -127,6 +127,23 @@ pub async fn texts(browser: &Client, css: &str) -> Vec<String> {
     values
 }
 
+/// Asserts that the open page fits the 1280-pixel window: its document is no wider than the
+/// viewport, so nothing needs horizontal scrolling.
+pub async fn assert_fits_the_window(browser: &Client, what: &str) {
+    let widths = browser
+        .execute(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (scroll, client) = (widths[0].as_u64().unwrap(), widths[1].as_u64().unwrap());
+    assert!(
+        scroll <= client,
+        "{what} is {scroll} px wide in a {client} px viewport"
+    );
+}
+
 /// Writes the page's screenshot to `target/tmp/<name>`.
 pub async fn screenshot(browser: &Client, name: &str) {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);

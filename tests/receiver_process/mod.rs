@@ -11,30 +11,28 @@ use tower_idempotency::sqlx::{self, Executor};
 
 use crate::support::database_url;
 
-/// The receiver binary next to this test's directory, built here when missing or older than its
-/// sources (`cargo test --test <crash test>` builds no examples).
+/// The receiver binary next to this test's directory, built (or found up to date) by cargo once
+/// per test process: `cargo test --test <crash test>` builds no examples, and the binary must
+/// hold the crates' current code, not only its own sources'.
 pub fn receiver_binary() -> PathBuf {
-    let test_exe = std::env::current_exe().unwrap();
-    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-    let binary = profile_dir.join("examples").join("receiver");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let newest_source = std::fs::read_dir(root.join("examples/receiver"))
-        .expect("examples/receiver")
-        .filter_map(|entry| modified(&entry.ok()?.path()))
-        .max();
-    if modified(&binary) < newest_source {
-        let status = std::process::Command::new(env!("CARGO"))
-            .args(["build", "--example", "receiver", "--all-features"])
-            .arg("--manifest-path")
-            .arg(root.join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(profile_dir.parent().unwrap())
-            .status()
-            .expect("run cargo");
-        assert!(status.success(), "building the receiver example failed");
-    }
-    binary
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let test_exe = std::env::current_exe().unwrap();
+            let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let status = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--example", "receiver", "--all-features"])
+                .arg("--manifest-path")
+                .arg(root.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(profile_dir.parent().unwrap())
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "building the receiver example failed");
+            profile_dir.join("examples").join("receiver")
+        })
+        .clone()
 }
 
 /// The receiver as a child process, SIGKILLed on drop.

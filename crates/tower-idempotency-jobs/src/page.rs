@@ -78,7 +78,7 @@ header,main{padding:0 1.5rem}header{background:#20304a;color:#fff;padding:.8rem 
 header a{color:#fff}h1{font-size:1.3rem;margin:0}h2{font-size:1.1rem;margin:1.4rem 0 .5rem}
 table{border-collapse:collapse;background:#fff;margin:.3rem 0}
 th,td{border:1px solid #ccd;padding:.3rem .6rem;text-align:left;vertical-align:top}
-th{background:#eef1f6}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
+th{background:#eef1f6}td{overflow-wrap:anywhere}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
 .rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
 form.filters div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
 button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
