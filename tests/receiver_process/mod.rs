@@ -11,28 +11,48 @@ use tower_idempotency::sqlx::{self, Executor};
 
 use crate::support::database_url;
 
-/// The receiver binary next to this test's directory, built (or found up to date) by cargo once
-/// per test process: `cargo test --test <crash test>` builds no examples, and the binary must
-/// hold the crates' current code, not only its own sources'.
+/// The receiver binary next to this test's directory, built here when missing or older than
+/// any source it is built from (its own, the facade's, every crate's): `cargo test --test <crash
+/// test>` builds no examples, and a binary older than a crate's change would run the old code.
 pub fn receiver_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let test_exe = std::env::current_exe().unwrap();
-            let profile_dir = test_exe.parent().unwrap().parent().unwrap();
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let status = std::process::Command::new(env!("CARGO"))
-                .args(["build", "--example", "receiver", "--all-features"])
-                .arg("--manifest-path")
-                .arg(root.join("Cargo.toml"))
-                .arg("--target-dir")
-                .arg(profile_dir.parent().unwrap())
-                .status()
-                .expect("run cargo");
-            assert!(status.success(), "building the receiver example failed");
-            profile_dir.join("examples").join("receiver")
+    let test_exe = std::env::current_exe().unwrap();
+    let profile_dir = test_exe.parent().unwrap().parent().unwrap();
+    let binary = profile_dir.join("examples").join("receiver");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let newest_source = ["examples/receiver", "src", "crates"]
+        .iter()
+        .filter_map(|dir| newest(&root.join(dir)))
+        .max();
+    if modified(&binary) < newest_source {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "receiver", "--all-features"])
+            .arg("--manifest-path")
+            .arg(root.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(profile_dir.parent().unwrap())
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building the receiver example failed");
+    }
+    binary
+}
+
+/// The newest modification time of a file below `dir` (`target` directories left out).
+fn newest(dir: &Path) -> Option<std::time::SystemTime> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name() != "target")
+        .filter_map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                newest(&path)
+            } else {
+                entry.metadata().and_then(|m| m.modified()).ok()
+            }
         })
-        .clone()
+        .max()
 }
 
 /// The receiver as a child process, SIGKILLed on drop.
