@@ -494,7 +494,8 @@ pub trait Driver: sqlx::Database + Sized {
     ) -> BoxFuture<'a, sqlx::Result<Option<i64>>>;
 
     /// Records one attempt of the job `key` on `conn` (inside the attempt's transaction, or on
-    /// its own), then deletes the job's rows but its first and its newest `keep_last`.
+    /// its own); an attempt numbered past `keep_last` then deletes the job's rows but its first
+    /// and its newest `keep_last`.
     fn record_attempt<'a>(
         conn: &'a mut Self::Connection,
         sql: &'a Statements,
@@ -913,11 +914,14 @@ macro_rules! driver_calls {
                     .bind(attempt.response.as_deref())
                     .execute(&mut *conn)
                     .await?;
-                let mut trim = sqlx::query(sql.history.trim.clone());
-                for part in &key.0 {
-                    trim = trim.bind(part.as_str());
+                // Only an attempt past the newest kept can leave a row to delete.
+                if attempt.attempt > keep_last {
+                    let mut trim = sqlx::query(sql.history.trim.clone());
+                    for part in &key.0 {
+                        trim = trim.bind(part.as_str());
+                    }
+                    trim.bind(i64::from(keep_last)).execute(&mut *conn).await?;
                 }
-                trim.bind(i64::from(keep_last)).execute(&mut *conn).await?;
                 Ok(())
             })
         }

@@ -1,8 +1,11 @@
 //! Attempt history: one row per attempt of a job (when it started, how long it took, how it
 //! ended, its error; for a delivery the target's status and the start of its answer), in a
 //! table beside the job table (`{table}_attempts`, [`Driver::history_schema`]). A job keeps its
-//! first attempt and its last `n` ([`Settings::history`](crate::Settings::history)); the rows
-//! of a purged job are purged after it ([`Driver::purge_attempts`]).
+//! first attempt and its newest `n` ([`Settings::history`](crate::Settings::history)): an
+//! attempt numbered past `n` deletes the rows between. An operator's retry starts the count of
+//! attempts again, so the attempts of each run up to `n` are kept beside. The rows of a purged
+//! job are purged after it ([`Driver::purge_attempts`]). A successful first attempt costs one
+//! statement (inside the attempt's transaction where the half has one).
 //!
 //! The record is written after the attempt's own outcome (inside a successful attempt's
 //! transaction where the half has one), so an attempt cut short by a crash has no row: the
