@@ -140,6 +140,15 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     assert_eq!(shown["type"], "charge.succeeded");
     assert_eq!(shown["last_error"], "refused by the test handler");
     assert!(shown["body"].as_str().unwrap().contains(ids[1].as_str()));
+    let history = shown["history"].as_array().unwrap();
+    let last = history.last().expect("an attempt on record");
+    assert_eq!(last["outcome"], "failed", "{label}: {shown}");
+    assert_eq!(last["error"], "refused by the test handler");
+    let text = stdout(&cli(&args(&["inbox", "show", "stripe", &ids[1]])).await);
+    assert!(
+        text.contains("outcome=failed error=\"refused by the test handler\""),
+        "{label}: {text}"
+    );
     let missing = cli(&args(&["inbox", "show", "stripe", "evt_absent"])).await;
     assert!(!missing.status.success());
 
@@ -211,8 +220,8 @@ async fn inbox_list_and_retry_postgres() {
     let table = format!("cli_inbox_{}", random_suffix());
     let inbox = Inbox::new(pool.clone(), &table).unwrap();
     list_and_retry(inbox, &url, "postgres").await;
-    sqlx::query(sqlx::AssertSqlSafe(&*format!(
-        "DROP TABLE IF EXISTS {table}"
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await

@@ -126,6 +126,16 @@ async fn drive<DB: OutboxDatabase>(
     assert_eq!(failed["last_error"], REFUSAL, "{label}: {failed}");
     assert_eq!(failed["topic"], "orders");
     assert_eq!(failed["body"], "payload");
+    assert_eq!(
+        failed["history"][0]["outcome"], "failed",
+        "{label}: {failed}"
+    );
+    assert_eq!(failed["history"][0]["error"], REFUSAL);
+    let text = stdout(&cli(&args(&["outbox", "show", &keys[1]])).await);
+    assert!(
+        text.contains("attempt 1: started_at_ms="),
+        "{label}: {text}"
+    );
     refused(
         &args(&["outbox", "show", "absent"]),
         "no message with this key",
@@ -226,8 +236,8 @@ async fn outbox_commands_postgres() {
     let table = format!("cli_outbox_{}", random_suffix());
     let outbox = Outbox::new(pool.clone(), &table).unwrap();
     drive(outbox, pool.clone(), &url, "postgres").await;
-    sqlx::query(sqlx::AssertSqlSafe(&*format!(
-        "DROP TABLE IF EXISTS {table}"
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await

@@ -147,6 +147,11 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     browser::assert_fits_the_window(&browser, "an event's page").await;
     let error = text_until(&browser, "#last-error", "test.permanent fails permanently").await;
     assert_eq!(error, "test.permanent fails permanently");
+    // Its one attempt is on record, failed with the handler's error.
+    let outcomes = texts(&browser, "#attempts td.outcome").await;
+    assert_eq!(outcomes, ["failed"]);
+    let errors = texts(&browser, "#attempts td.err").await;
+    assert_eq!(errors, ["test.permanent fails permanently"]);
     let shown = text_until(&browser, "#body", "\"type\": \"test.permanent\"").await;
     assert!(shown.contains("<b>bold</b>"), "the body is text: {shown}");
     std::fs::write(&heal, b"").unwrap();

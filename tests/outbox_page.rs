@@ -2,7 +2,7 @@
 //! (WebDriver), against the reference receiver as a child process with `INBOX_ADMIN=1` and
 //! `OUTBOX_TARGET_URL` pointing at this test's server, on SQLite and on Postgres. The server
 //! refuses (`400`) until the test switches it to accept, so a `test.outbox` event's message fails
-//! at once: the page lists it, its detail shows the refusal, "Retry" puts it back and the relay
+//! at once: the page lists it, its detail shows the refusal and the attempt on record, "Retry" puts it back and the relay
 //! delivers it once (the server counts accepted requests per `Idempotency-Key`). The test writes
 //! the page's screenshot to `target/tmp/outbox-page.png` (docs/outbox-page.png is a copy).
 //!
@@ -165,6 +165,11 @@ async fn outbox_page(store: &str, screenshot: bool) {
     text_until(&browser, "#message-key", &key).await;
     browser::assert_fits_the_window(&browser, "a message's page").await;
     let error = text_until(&browser, "#last-error", "refused").await;
+    // Its one attempt is on record: failed, with the target's status.
+    let outcomes = texts(&browser, "#attempts td.outcome").await;
+    assert_eq!(outcomes, ["failed"]);
+    let cells = texts(&browser, "#attempts tbody td.num").await;
+    assert!(cells.contains(&"400".to_owned()), "{cells:?}");
     assert_eq!(error, "HTTP 400: the receiver refused the message with 400");
     assert_eq!(text_until(&browser, "#method", "POST").await, "POST");
     assert_eq!(text_until(&browser, "#url", &url).await, url);

@@ -179,6 +179,30 @@ enum CliError {
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.
+/// A `show` command's attempt history, a line per recorded attempt, oldest first.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn print_attempts(attempts: &[tower_idempotency::jobs::Attempt]) {
+    for attempt in attempts {
+        let mut line = format!(
+            "attempt {}: started_at_ms={} took_ms={} outcome={}",
+            attempt.attempt,
+            attempt.started_at_ms,
+            attempt.duration_ms,
+            attempt.outcome.as_str()
+        );
+        if let Some(status) = attempt.status {
+            line.push_str(&format!(" status={status}"));
+        }
+        if let Some(error) = &attempt.error {
+            line.push_str(&format!(" error={error:?}"));
+        }
+        if let Some(answer) = &attempt.response {
+            line.push_str(&format!(" answer={answer:?}"));
+        }
+        println!("{line}");
+    }
+}
+
 fn describe(error: &dyn std::error::Error, url: &str) -> String {
     let chain: Vec<String> = std::iter::successors(Some(error), |error| error.source())
         .map(ToString::to_string)

@@ -154,7 +154,14 @@ impl Drop for PgTableGuard {
     fn drop(&mut self) {
         let _ = Command::new("psql")
             .arg(database_url())
-            .args(["-q", "-c", &format!("DROP TABLE IF EXISTS {}", self.table)])
+            .args([
+                "-q",
+                "-c",
+                &format!(
+                    "DROP TABLE IF EXISTS {0}_attempts; DROP TABLE IF EXISTS {0}",
+                    self.table
+                ),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

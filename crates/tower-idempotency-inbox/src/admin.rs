@@ -73,6 +73,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 DB::purge_batch(&self.pool, &self.sql, before, now, i64::from(batch)).await?;
             purged += done;
             if done < u64::from(batch) {
+                self.purge_orphan_attempts(batch).await?;
                 return Ok(purged);
             }
         }

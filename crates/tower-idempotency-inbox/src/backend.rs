@@ -169,9 +169,11 @@ impl Sql {
              PRIMARY KEY (provider, event_id)){suffix};\n\
              CREATE UNIQUE INDEX IF NOT EXISTS {name}_auth_idx ON {name} (provider, authenticator);\n\
              {due}\
-             CREATE INDEX IF NOT EXISTS {name}_order_idx ON {name} (provider, order_key, state);\n",
+             CREATE INDEX IF NOT EXISTS {name}_order_idx ON {name} (provider, order_key, state);\n\
+             {history}",
             columns = DB::JOB_COLUMNS,
             due = DB::due_index(name),
+            history = DB::history_schema(&table(name)),
         )
     }
 
@@ -872,6 +874,22 @@ pub(crate) async fn complete<DB: InboxDatabase>(
 ) -> sqlx::Result<bool> {
     sql.sent();
     DB::complete(conn, &sql.jobs, &job_key(key), token, now, None).await
+}
+
+/// Records an attempt in the event's history on `conn` (the handler's transaction for a
+/// processed event), keeping its first and its newest `keep`.
+pub(crate) async fn record<DB: InboxDatabase>(
+    conn: &mut DB::Connection,
+    sql: &Sql,
+    key: &EventKey,
+    attempt: &tower_idempotency_jobs::Attempt,
+    keep: u32,
+) -> sqlx::Result<()> {
+    sql.sent();
+    if attempt.attempt > keep {
+        sql.sent();
+    }
+    DB::record_attempt(conn, &sql.jobs, &job_key(key), attempt, keep).await
 }
 
 /// Records a failed attempt, fenced by the claim's token: back to pending until `retry_at`,

@@ -103,6 +103,9 @@ pub struct EventDetail {
     pub body: String,
     /// The body pretty-printed, when it is JSON, masked as `body`.
     pub body_pretty: Option<String>,
+    /// Its recorded attempts, oldest first (the first and the newest kept:
+    /// [`WorkerBuilder::history`](crate::WorkerBuilder::history)).
+    pub history: Vec<tower_idempotency_jobs::Attempt>,
 }
 
 /// How [`Inbox::retry_matching`] runs.
@@ -321,7 +324,34 @@ impl<DB: InboxDatabase> Inbox<DB> {
             body: shown,
             headers,
             body_pretty,
+            history: self.attempts(key).await?,
         }))
+    }
+
+    /// The recorded attempts of the event `key`, oldest first: its first and its newest
+    /// ([`WorkerBuilder::history`](crate::WorkerBuilder::history)), each with its start,
+    /// duration, outcome and error.
+    pub async fn attempts(
+        &self,
+        key: &EventKey,
+    ) -> Result<Vec<tower_idempotency_jobs::Attempt>, InboxError> {
+        self.sql.sent();
+        let key = crate::backend::job_key(key);
+        Ok(DB::attempts(&self.pool, &self.sql.jobs, &key).await?)
+    }
+
+    /// Deletes the attempt history of events no longer in the table (purged or discarded), a
+    /// batch of `limit` rows per statement; answers how many rows.
+    pub(crate) async fn purge_orphan_attempts(&self, limit: u32) -> Result<u64, InboxError> {
+        let mut purged = 0;
+        loop {
+            self.sql.sent();
+            let batch = DB::purge_attempts(&self.pool, &self.sql.jobs, i64::from(limit)).await?;
+            purged += batch;
+            if batch < u64::from(limit) {
+                return Ok(purged);
+            }
+        }
     }
 
     /// Discards a failed event; answers `false` when the event is not failed. It is deleted,

@@ -344,6 +344,8 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                     .map(|finished| time(now, finished)),
             },
             actions,
+            attempts: &detail.history,
+            now_ms: now,
             headers_titles: ("Kept headers", "None kept."),
             headers: &detail.headers,
             body: detail.body_pretty.as_deref().unwrap_or(&detail.body),
@@ -430,6 +432,12 @@ mod tests {
             headers: vec![("x-note".into(), EVIL.into()), (EVIL.into(), "v".into())],
             body: format!(r#"{{"note":"{EVIL}"}}"#),
             body_pretty: Some(format!("{{\n  \"note\": \"{EVIL}\"\n}}")),
+            history: vec![tower_idempotency_jobs::Attempt::ended(
+                1,
+                0,
+                tower_idempotency_jobs::AttemptOutcome::Failed,
+            )
+            .error(Some(format!("boom {EVIL}")))],
         };
         let html = render_detail(&detail, 0).into_string();
         assert_eq!(scripts(&html), 1, "{html}");

@@ -206,6 +206,9 @@ impl Retention {
                     Ok(purged) => {
                         crate::metrics::purged(purged);
                         if purged < u64::from(self.batch) {
+                            if let Err(error) = inbox.purge_orphan_attempts(self.batch).await {
+                                tracing::warn!(%error, "purging the history of purged inbox events failed; retrying at the next round");
+                            }
                             break;
                         }
                         // Others (acknowledgements, claims) may take the database between

@@ -29,6 +29,7 @@ use crate::{
     retention::Retention,
     Inbox, InboxDatabase, InboxHandler,
 };
+use tower_idempotency_jobs::{Attempt, AttemptOutcome};
 
 /// Attempts before an event is marked failed, unless configured otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
@@ -112,6 +113,10 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         /// about twice this many connections, so acknowledgements, claims and lease renewals find
         /// one while every handler runs (docs/inbox.md, "Throughput").
         concurrency;
+        /// Attempts an event's history keeps after its first (default
+        /// [`DEFAULT_HISTORY`](tower_idempotency_jobs::DEFAULT_HISTORY); 0: none is written):
+        /// each attempt's start, duration, outcome and error ([`Inbox::attempts`]).
+        history;
     }
 
     /// Events the in-process queue holds (default 1024, at least 1). A delivery acknowledged
@@ -430,6 +435,7 @@ async fn attempt<DB: InboxDatabase>(
         attempt,
     );
     let started = Instant::now();
+    let started_ms = now_ms();
     let event = InboxEvent {
         key: key.clone(),
         headers: serde_json::from_str(&row.headers).unwrap_or_default(),
@@ -438,12 +444,29 @@ async fn attempt<DB: InboxDatabase>(
         attempt,
     };
     let ended = async {
-        let outcome = match shared.run(event, token).await {
-            Ok(Ended::Processed) => Some("processed"),
-            Ok(Ended::Skipped) => Some("skipped"),
-            Ok(Ended::Stale) => Some("lease_lost"),
-            Err(failure) => shared.failed(&key, token, attempt, &failure).await,
+        let (outcome, history) = match shared.run(event, token, started_ms).await {
+            // Recorded inside the handler's transaction.
+            Ok(Ended::Processed) => (Some("processed"), None),
+            Ok(Ended::Skipped) => (Some("skipped"), Some((AttemptOutcome::Skipped, None))),
+            Ok(Ended::Stale) => (Some("lease_lost"), None),
+            Err(failure) => {
+                let outcome = shared.failed(&key, token, attempt, &failure).await;
+                let ended = match outcome {
+                    Some("retry") => Some(AttemptOutcome::Retried),
+                    Some("failed") => Some(AttemptOutcome::Failed),
+                    _ => None,
+                };
+                (outcome, ended.map(|ended| (ended, Some(failure.text))))
+            }
         };
+        if let Some((ended, error)) = history {
+            let recorded = Attempt::ended(attempt, started_ms, ended).error(error);
+            let (pool, sql) = (&inbox.pool, &inbox.sql);
+            shared
+                .settings
+                .record(pool, &sql.jobs, &backend::job_key(&key), &recorded)
+                .await;
+        }
         if inbox.ordering.is_some() {
             shared.hand_on(&key).await;
         }
@@ -520,11 +543,11 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// therefore cannot outlast the claim while this instance still runs the event. On error,
     /// panic or timeout the transaction is rolled back (explicitly, or by its drop), so SQLite's
     /// write lock is free for the failure record.
-    async fn run(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
+    async fn run(&self, event: InboxEvent, token: i64, started: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
         let timeout = self.settings.attempt_timeout;
         let keeper = self.keep_lease(&key, token);
-        match guarded(timeout, self.transact(event, token), keeper).await {
+        match guarded(timeout, self.transact(event, token, started), keeper).await {
             Ok(ended) => ended,
             Err(Cut::Panicked(message)) => Err(Failure::from(panic_text(message))),
             Err(cut) => Err(Failure::from(cut.error("attempt"))),
@@ -548,20 +571,25 @@ impl<DB: InboxDatabase> Shared<DB> {
     /// staleness holds its key's lock from the check to the commit, so its transaction starts
     /// with the lock (on SQLite the write lock); an event without an ordering key starts lazily
     /// under every policy.
-    async fn transact(&self, event: InboxEvent, token: i64) -> Result<Ended, Failure> {
+    async fn transact(
+        &self,
+        event: InboxEvent,
+        token: i64,
+        started: i64,
+    ) -> Result<Ended, Failure> {
         if self.skips_stale(&event) || DB::BEGIN_LAZY == DB::BEGIN {
             return self
-                .in_transaction(DB::BEGIN, event, token)
+                .in_transaction(DB::BEGIN, event, token, started)
                 .await
                 .map_err(Tried::failure);
         }
         match self
-            .in_transaction(DB::BEGIN_LAZY, event.clone(), token)
+            .in_transaction(DB::BEGIN_LAZY, event.clone(), token, started)
             .await
         {
             Err(Tried::Conflict(failure)) => {
                 tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
-                self.in_transaction(DB::BEGIN, event, token)
+                self.in_transaction(DB::BEGIN, event, token, started)
                     .await
                     .map_err(Tried::failure)
             }
@@ -576,8 +604,9 @@ impl<DB: InboxDatabase> Shared<DB> {
         begin: &'static str,
         event: InboxEvent,
         token: i64,
+        started: i64,
     ) -> Result<Ended, Tried> {
-        let key = event.key.clone();
+        let (key, attempt) = (event.key.clone(), event.attempt);
         let mut transaction = self
             .inbox
             .pool
@@ -641,6 +670,16 @@ impl<DB: InboxDatabase> Shared<DB> {
         if !current {
             let _ = transaction.rollback().await;
             return Ok(Ended::Stale);
+        }
+        let keep = self.settings.history;
+        if keep > 0 {
+            let done = Attempt::ended(attempt, started, AttemptOutcome::Done);
+            if let Err(error) =
+                backend::record::<DB>(&mut *transaction, sql, &key, &done, keep).await
+            {
+                let _ = transaction.rollback().await;
+                return Err(Tried::Failed(Failure::from(error_text(&error))));
+            }
         }
         // A commit whose outcome is unknown is recorded as a failure below: when it did
         // commit, the failure record (fenced by the token the commit cleared) changes nothing.

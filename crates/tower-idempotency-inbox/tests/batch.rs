@@ -247,8 +247,10 @@ async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
 
 /// A backlog of 50 events acknowledged before any worker runs, then a worker (on an inbox of its
 /// own on the table, so its statements are counted apart from the test's reads) with 16 handlers
-/// that sweeps once: each event is processed once, and the worker sends fewer statements than one
-/// claim and one completion per event would (its first batch alone claims 16 in one).
+/// and no attempt history that sweeps once: each event is processed once, and the worker sends
+/// fewer statements than one claim and one completion per event would (its first batch alone
+/// claims 16 in one). A second backlog with the history on costs one statement more per event
+/// (its record, inside the handler's transaction).
 async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let sender = Sender::new(&setup.inbox).await;
@@ -259,6 +261,7 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
         .worker(probe.handler::<DB>())
         .concurrency(16)
         .poll_every(Duration::from_secs(3600))
+        .history(0)
         .spawn();
     each_processed_once(&setup, &probe, &all, [worker]).await;
     let sent = working.statements_executed();
@@ -267,6 +270,26 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
         "{}: the worker sent {sent} statements for 50 events",
         DB::LABEL
     );
+
+    let more = sender.deliver("evt_recorded", 50, "charge.succeeded").await;
+    let recording = Inbox::new(setup.pool.clone(), &setup.inbox_table).unwrap();
+    let worker = recording
+        .worker(probe.handler::<DB>())
+        .concurrency(16)
+        .poll_every(Duration::from_secs(3600))
+        .spawn();
+    each_processed_once(&setup, &probe, &more, [worker]).await;
+    let recorded = recording.statements_executed();
+    assert!(
+        recorded < 3 * 50,
+        "{}: with its history the worker sent {recorded} statements for 50 events",
+        DB::LABEL
+    );
+    for id in &more {
+        let key = tower_idempotency_inbox::EventKey::new("stripe", id.as_str());
+        let attempts = setup.inbox.attempts(&key).await.unwrap();
+        assert_eq!(attempts.len(), 1, "{}: {id}", DB::LABEL);
+    }
     setup.cleanup().await;
 }
 

@@ -274,6 +274,35 @@ async fn admin_router<DB: Fixture>() {
     assert_eq!(failed[0]["event_id"], "evt_admin");
     assert_eq!(failed[0]["state"], "failed");
     assert_eq!(failed[0]["attempts"], 4);
+    // Each attempt is on record: three retried, the last failed, each with the handler's error;
+    // the processed event's one attempt is done.
+    let detail: serde_json::Value = json(get("/events/stripe/evt_admin").await.unwrap()).await;
+    let outcomes: Vec<&str> = detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| attempt["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["retried", "retried", "retried", "failed"],
+        "{detail}"
+    );
+    for (n, attempt) in detail["history"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(attempt["attempt"], n + 1);
+        assert!(
+            attempt["error"]
+                .as_str()
+                .unwrap()
+                .contains("poisoned event"),
+            "{attempt}"
+        );
+        assert!(attempt["started_at_ms"].as_i64().unwrap() > 0);
+    }
+    let ok_detail: serde_json::Value =
+        json(get("/events/stripe/evt_admin_ok").await.unwrap()).await;
+    assert_eq!(ok_detail["history"][0]["outcome"], "done", "{ok_detail}");
+    assert_eq!(ok_detail["history"].as_array().unwrap().len(), 1);
     let retry = format!("{admin_url}/failed/stripe/evt_admin/retry");
     let post = |url: &str| client.post(url).header("x-inbox-admin", "1").send();
     assert_eq!(post(&retry).await.unwrap().status(), 202);

@@ -50,6 +50,7 @@ pub struct Statements {
     pub(crate) counts: SqlStr,
     pub(crate) group_counts: SqlStr,
     pub(crate) oldest_pending: SqlStr,
+    pub(crate) history: crate::history::HistoryStatements,
 }
 
 /// A statement of [`Statements`] whose text [`Statements::text`] shows.
@@ -215,6 +216,7 @@ impl Statements {
                 }
             }),
             oldest_pending: table_sql(format!("SELECT min({created}) FROM {t} WHERE state = 0")),
+            history: crate::history::HistoryStatements::new(&table),
             table,
         }
     }
@@ -289,6 +291,22 @@ pub trait Driver: sqlx::Database + Sized {
     /// Jobs a worker runs at once unless told otherwise: 16 on Postgres, whose commits of many
     /// connections proceed side by side; 4 on SQLite, whose writers take one lock in turn.
     const CONCURRENCY: usize;
+
+    /// The history table's sequence column, its primary key ([`history`](crate::history)).
+    const HISTORY_SEQ: &'static str;
+
+    /// The type of the history table's key columns.
+    const HISTORY_KEY_TYPE: &'static str;
+
+    /// The history table's columns after its key: `attempt`, `started_at`, `duration_ms`,
+    /// `outcome`, `error`, `status`, `response`.
+    const HISTORY_COLUMNS: &'static str;
+
+    /// The DDL of `table`'s attempt history table (`{table}_attempts`) and its index, to run
+    /// after the job table's.
+    fn history_schema(table: &Table) -> String {
+        crate::history::schema::<Self>(table)
+    }
 
     /// This database's statements for `table`.
     fn statements(table: Table) -> Statements;
@@ -474,6 +492,32 @@ pub trait Driver: sqlx::Database + Sized {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
     ) -> BoxFuture<'a, sqlx::Result<Option<i64>>>;
+
+    /// Records one attempt of the job `key` on `conn` (inside the attempt's transaction, or on
+    /// its own); an attempt numbered past `keep_last` then deletes the job's rows but its first
+    /// and its newest `keep_last`.
+    fn record_attempt<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        key: &'a JobKey,
+        attempt: &'a crate::Attempt,
+        keep_last: u32,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// The recorded attempts of the job `key`, oldest first.
+    fn attempts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        key: &'a JobKey,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<crate::Attempt>>>;
+
+    /// Deletes up to `limit` attempt rows whose job is gone (purged or deleted); answers how
+    /// many.
+    fn purge_attempts<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
 
     /// Runs `script`, several statements without parameters (a half's DDL).
     fn run_script<'a>(
@@ -845,6 +889,70 @@ macro_rules! driver_calls {
                 sqlx::query_scalar(sql.oldest_pending.clone())
                     .fetch_one(pool)
                     .await
+            })
+        }
+
+        fn record_attempt<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+            attempt: &'a $crate::Attempt,
+            keep_last: u32,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
+            Box::pin(async move {
+                let mut insert = sqlx::query(sql.history.insert.clone());
+                for part in &key.0 {
+                    insert = insert.bind(part.as_str());
+                }
+                insert
+                    .bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
+                    .bind(attempt.started_at_ms)
+                    .bind(i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX))
+                    .bind(attempt.outcome.code())
+                    .bind(attempt.error.as_deref())
+                    .bind(attempt.status)
+                    .bind(attempt.response.as_deref())
+                    .execute(&mut *conn)
+                    .await?;
+                // Only an attempt past the newest kept can leave a row to delete.
+                if attempt.attempt > keep_last {
+                    let mut trim = sqlx::query(sql.history.trim.clone());
+                    for part in &key.0 {
+                        trim = trim.bind(part.as_str());
+                    }
+                    trim.bind(i64::from(keep_last)).execute(&mut *conn).await?;
+                }
+                Ok(())
+            })
+        }
+
+        fn attempts<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::Attempt>>> {
+            Box::pin(async move {
+                let mut query =
+                    sqlx::query_as::<_, $crate::history::AttemptRow>(sql.history.list.clone());
+                for part in &key.0 {
+                    query = query.bind(part.as_str());
+                }
+                let rows = query.fetch_all(pool).await?;
+                Ok(rows.into_iter().map($crate::Attempt::from).collect())
+            })
+        }
+
+        fn purge_attempts<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            limit: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
+            Box::pin(async move {
+                let done = sqlx::query(sql.history.orphans.clone())
+                    .bind(limit)
+                    .execute(pool)
+                    .await?;
+                Ok(done.rows_affected())
             })
         }
 

@@ -31,7 +31,7 @@
 //!     type Payload = Email;
 //!     async fn run(&self, job: Claimed<Email>) -> Outcome {
 //!         println!("sending {}", job.payload.body);
-//!         Outcome::Done { status: None }
+//!         Outcome::done()
 //!     }
 //! }
 //!
@@ -63,6 +63,7 @@ pub mod conformance;
 pub mod cursor;
 mod dispatch;
 pub mod driver;
+pub mod history;
 pub mod page;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -79,12 +80,13 @@ mod worker;
 pub use backoff::Backoff;
 pub use dispatch::{Dispatcher, Source};
 pub use driver::{Dialect, Driver, KeyBatch, Statement, Statements, DUE, DUE_BY_KEY, SPENT};
+pub use history::{Attempt, AttemptOutcome};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};
 pub use text::{bounded, MAX_ERROR_LEN};
 pub use unavailable::Unavailable;
 pub use worker::{
     guarded, keep_lease, persist, Cut, Job, Outcome, Round, Settings, Worker, WorkerHandle,
-    DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
+    DEFAULT_HISTORY, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS, DEFAULT_POLL_EVERY,
 };
 
 /// The `Debug` of a half's handle over a job table: its name, its database and its table, and

@@ -159,6 +159,10 @@ pub struct Detail<'a> {
     pub job: JobFields<'a>,
     /// The Retry and Discard buttons, shown while the job is failed.
     pub actions: Option<[Action<'a>; 2]>,
+    /// Its recorded attempts, oldest first ([`attempts`]).
+    pub attempts: &'a [crate::Attempt],
+    /// Now, unix ms, for the attempts' relative times.
+    pub now_ms: i64,
     /// The headers' heading, and what stands there when there are none.
     pub headers_titles: (&'a str, &'a str),
     /// The stored headers (credentials already masked).
@@ -198,7 +202,7 @@ pub struct Action<'a> {
 
 /// One job's page content (for [`shell`]): the link back, the heading, the fields (the half's
 /// rows, then state, attempts, last error, enqueue, due and finish times), the Retry
-/// (`#retry`) and Discard (`#discard`) buttons, and [`headers_and_body`].
+/// (`#retry`) and Discard (`#discard`) buttons, its [`attempts`], and [`headers_and_body`].
 pub fn detail(detail: Detail<'_>) -> Markup {
     let job = &detail.job;
     html! {
@@ -221,7 +225,46 @@ pub fn detail(detail: Detail<'_>) -> Markup {
                 button #discard type="button" data-post=(discard.post) data-key=[discard.key] data-done=(discard.done) { "Discard" }
             }
         }
+        (attempts(detail.now_ms, detail.attempts))
         (headers_and_body(detail.headers_titles, detail.headers, detail.body))
+    }
+}
+
+/// A job's recorded attempts (`#attempts`, under the heading `Attempts`), oldest first: number,
+/// start, duration, outcome and error, and the status and the start of the answer when any
+/// attempt met one. A gap in the numbers is the attempts the history no longer keeps.
+pub fn attempts(now: i64, attempts: &[crate::Attempt]) -> Markup {
+    let answered = attempts
+        .iter()
+        .any(|attempt| attempt.status.is_some() || attempt.response.is_some());
+    html! {
+        h2 #attempts-heading { "Attempts" }
+        @if attempts.is_empty() {
+            p #no-attempts { "None recorded." }
+        } @else {
+            table #attempts aria-labelledby="attempts-heading" {
+                thead { tr {
+                    th scope="col" { "#" } th scope="col" { "started" } th scope="col" { "took" }
+                    th scope="col" { "outcome" } th scope="col" { "error" }
+                    @if answered { th scope="col" { "status" } th scope="col" { "answer" } }
+                } }
+                tbody {
+                    @for attempt in attempts {
+                        tr data-attempt=(attempt.attempt) {
+                            td.num { (attempt.attempt) }
+                            td { (time_ms(now, attempt.started_at_ms)) }
+                            td.num { (attempt.duration_ms) " ms" }
+                            td.outcome { (attempt.outcome.as_str()) }
+                            td.err { (attempt.error.as_deref().unwrap_or("")) }
+                            @if answered {
+                                td.num { @if let Some(status) = attempt.status { (status) } }
+                                td { @if let Some(answer) = &attempt.response { code.answer { (answer) } } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -161,6 +161,15 @@ pub fn shown_body(body: &[u8]) -> (String, Option<String>) {
     (text, pretty)
 }
 
+/// An attempt as an operator is shown it: its answer masked as [`shown_body`] masks a body (a
+/// JSON answer's credential fields; an answer cut short of valid JSON is shown as text).
+pub fn shown_attempt(mut attempt: crate::Attempt) -> crate::Attempt {
+    attempt.response = attempt
+        .response
+        .map(|response| shown_body(response.as_bytes()).0);
+    attempt
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 
 /// Writes, inside an `impl` block of a builder that holds the engine's
 /// [`Settings`](crate::Settings) in a field named `settings`, its setters `max_attempts`,
-/// `backoff`, `lease`, `attempt_timeout`, `poll_every` and `concurrency`, each with the doc
+/// `backoff`, `lease`, `attempt_timeout`, `poll_every`, `concurrency` and `history`, each with the doc
 /// comment written before its name (the half's words for its jobs) and the engine's bounds:
 /// at least one attempt and at most `i32::MAX`, a lease of at least 3 ms (renewed every
 /// third), an attempt timeout and a poll interval of at least 1 ms, a concurrency of at least 1.
@@ -31,6 +31,8 @@
 ///         poll_every;
 ///         /// Jobs run at once.
 ///         concurrency;
+///         /// Attempts a job's history keeps after its first.
+///         history;
 ///     }
 /// }
 ///
@@ -47,6 +49,7 @@ macro_rules! settings_setters {
         $(#[doc = $attempt_timeout:literal])* attempt_timeout;
         $(#[doc = $poll_every:literal])* poll_every;
         $(#[doc = $concurrency:literal])* concurrency;
+        $(#[doc = $history:literal])* history;
     ) => {
         $(#[doc = $max_attempts])*
         pub fn max_attempts(mut self, n: u32) -> Self {
@@ -81,6 +84,12 @@ macro_rules! settings_setters {
         $(#[doc = $concurrency])*
         pub fn concurrency(mut self, n: usize) -> Self {
             self.settings.concurrency = n.max(1);
+            self
+        }
+
+        $(#[doc = $history])*
+        pub fn history(mut self, n: u32) -> Self {
+            self.settings.history = n;
             self
         }
     };

@@ -19,7 +19,7 @@ use tower_idempotency_sqlx::is_unavailable_error;
 use crate::{
     text::bounded,
     time::{duration_ms, now_ms},
-    Backoff, Claimed, Driver, Statements,
+    Attempt, AttemptOutcome, Backoff, Claimed, Driver, Statements,
 };
 
 /// Attempts before a job is failed, unless a half says otherwise.
@@ -30,6 +30,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// How often an idle worker looks for due jobs, unless a half says otherwise.
 pub const DEFAULT_POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Attempts a job's history keeps after its first, by default ([`Settings::history`]).
+pub const DEFAULT_HISTORY: u32 = 10;
 
 /// How a worker runs: the same names on every half of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,11 +54,15 @@ pub struct Settings {
     /// that only a stopped or stalled worker loses one. Off, an attempt longer than the lease
     /// is claimed again by another worker.
     pub keep_leases: bool,
+    /// Attempts a job's history keeps after its first: its newest `history` (0: no history is
+    /// written). See [`history`](crate::history).
+    pub history: u32,
 }
 
 impl Settings {
     /// The defaults: [`DEFAULT_MAX_ATTEMPTS`], [`Backoff::default`], [`DEFAULT_LEASE`], an
-    /// attempt timeout of half the lease, `concurrency`, [`DEFAULT_POLL_EVERY`], leases kept.
+    /// attempt timeout of half the lease, `concurrency`, [`DEFAULT_POLL_EVERY`], leases kept,
+    /// [`DEFAULT_HISTORY`] attempts of history.
     pub fn new(concurrency: usize) -> Self {
         Self {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
@@ -65,6 +72,29 @@ impl Settings {
             concurrency: concurrency.max(1),
             poll_every: DEFAULT_POLL_EVERY,
             keep_leases: true,
+            history: DEFAULT_HISTORY,
+        }
+    }
+
+    /// Records `attempt` of the job `key` in its history (when [`history`](Self::history) is
+    /// not 0) on a connection of `pool`, once: the history is for operators, and a failed
+    /// record is logged, not retried.
+    pub async fn record<DB: Driver>(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        sql: &Statements,
+        key: &crate::JobKey,
+        attempt: &crate::Attempt,
+    ) {
+        if self.history == 0 {
+            return;
+        }
+        let recorded = async {
+            let mut conn = pool.acquire().await?;
+            DB::record_attempt(&mut conn, sql, key, attempt, self.history).await
+        };
+        if let Err(error) = recorded.await {
+            tracing::warn!(%error, table = sql.table().name(), "recording an attempt's history failed");
         }
     }
 
@@ -74,13 +104,17 @@ impl Settings {
     }
 }
 
-/// What one attempt of a job answered.
+/// What one attempt of a job answered. `status` is recorded in
+/// [`Table::status`](crate::Table::status) and the attempt's history; `response`, the start of
+/// the answer the attempt met (a delivery's response body), in its history only.
 #[derive(Debug)]
 pub enum Outcome {
-    /// It succeeded; `status` is recorded in [`Table::status`](crate::Table::status).
+    /// It succeeded.
     Done {
         /// The attempt's status code.
         status: Option<i32>,
+        /// The start of the answer it met.
+        response: Option<String>,
     },
     /// It failed; another attempt follows after the backoff while attempts remain.
     Retry {
@@ -88,6 +122,8 @@ pub enum Outcome {
         status: Option<i32>,
         /// The error kept as the job's last (name no secret).
         error: String,
+        /// The start of the answer it met.
+        response: Option<String>,
     },
     /// It failed for good: the job is failed at once.
     Permanent {
@@ -95,7 +131,36 @@ pub enum Outcome {
         status: Option<i32>,
         /// The error kept as the job's last (name no secret).
         error: String,
+        /// The start of the answer it met.
+        response: Option<String>,
     },
+}
+
+impl Outcome {
+    /// A success without a status or an answer.
+    pub fn done() -> Self {
+        Self::Done {
+            status: None,
+            response: None,
+        }
+    }
+
+    /// Its status, error and answer.
+    fn parts(&self) -> (Option<i32>, Option<&str>, Option<&str>) {
+        match self {
+            Self::Done { status, response } => (*status, None, response.as_deref()),
+            Self::Retry {
+                status,
+                error,
+                response,
+            }
+            | Self::Permanent {
+                status,
+                error,
+                response,
+            } => (*status, Some(error), response.as_deref()),
+        }
+    }
 }
 
 /// The work of one job table: what a worker runs for each claimed job.
@@ -267,6 +332,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
         let attempt = job.attempt;
         let key = job.key.clone();
         let key = &key;
+        let started = now_ms();
         // The round's keeper renews every job of the claim at once (`keep_leases`).
         let run = guarded(
             settings.attempt_timeout,
@@ -280,10 +346,11 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 Cut::Panicked(_) => Cut::Panicked(None).error(J::NAME),
                 cut => cut.error(J::NAME),
             },
+            response: None,
         });
         let (pool, sql, now) = (&self.pool, &*self.sql, now_ms());
         let recorded = match &outcome {
-            Outcome::Done { status } => {
+            Outcome::Done { status, .. } => {
                 let status = *status;
                 persist(left_of(lease_until), || {
                     Box::pin(async move {
@@ -293,7 +360,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 })
                 .await
             }
-            Outcome::Retry { status, error } | Outcome::Permanent { status, error } => {
+            Outcome::Retry { status, error, .. } | Outcome::Permanent { status, error, .. } => {
                 let permanent = matches!(outcome, Outcome::Permanent { .. });
                 let retry_at = now.saturating_add(duration_ms(settings.backoff.delay(attempt)));
                 // A permanent failure is the last attempt: `attempts >= 0` holds for every row.
@@ -305,6 +372,19 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 .await
             }
         };
+        if let Ok(true) = recorded {
+            let ended = match &outcome {
+                Outcome::Done { .. } => AttemptOutcome::Done,
+                Outcome::Retry { .. } if attempt < settings.max_attempts => AttemptOutcome::Retried,
+                Outcome::Retry { .. } | Outcome::Permanent { .. } => AttemptOutcome::Failed,
+            };
+            let (status, error, response) = outcome.parts();
+            let history = Attempt::ended(attempt, started, ended)
+                .status(status)
+                .error(error.map(str::to_owned))
+                .response(response.map(str::to_owned));
+            settings.record(pool, sql, key, &history).await;
+        }
         let table = sql.table().name();
         match (recorded, outcome) {
             (Ok(true), Outcome::Done { .. }) => Recorded::Done,

@@ -16,7 +16,7 @@ use tower_idempotency_jobs::{
     admin::{Change, Operated},
     cursor, redact,
     time::{duration_ms, now_ms},
-    JobKey, JobSummary, PageFilter,
+    Attempt, JobKey, JobSummary, PageFilter,
 };
 
 use crate::{
@@ -110,11 +110,17 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             })
             .collect();
         let (body, body_pretty) = redact::shown_body(&payload.body);
+        let history = DB::attempts(&self.pool, &self.jobs, &key)
+            .await?
+            .into_iter()
+            .map(redact::shown_attempt)
+            .collect();
         Ok(Some(MessageDetail {
             summary,
             headers,
             body,
             body_pretty,
+            history,
         }))
     }
 
@@ -145,7 +151,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     }
 
     /// Deletes the messages delivered or discarded more than `older_than` ago, a batch per
-    /// statement; answers how many. A purged message's key can be enqueued again.
+    /// statement, and then their attempt history; answers how many messages. A purged
+    /// message's key can be enqueued again.
     pub async fn purge_finished(&self, older_than: Duration) -> Result<u64, OutboxError> {
         let before = now_ms().saturating_sub(duration_ms(older_than));
         let mut purged = 0;
@@ -153,9 +160,20 @@ impl<DB: OutboxDatabase> Outbox<DB> {
             let batch = DB::purge(&self.pool, &self.jobs, before, PURGE_BATCH).await?;
             purged += batch;
             if batch < PURGE_BATCH as u64 {
-                return Ok(purged);
+                break;
             }
         }
+        while DB::purge_attempts(&self.pool, &self.jobs, PURGE_BATCH).await? == PURGE_BATCH as u64 {
+        }
+        Ok(purged)
+    }
+
+    /// The recorded attempts of the message `key`, oldest first: its first and its newest
+    /// ([`Relay::history`](crate::Relay::history)), each with its start, duration, outcome,
+    /// error, HTTP status and the first KiB of the answer (as stored: show it through
+    /// [`Outbox::message`], which masks credentials).
+    pub async fn attempts(&self, key: &str) -> Result<Vec<Attempt>, OutboxError> {
+        Ok(DB::attempts(&self.pool, &self.jobs, &JobKey::one(key)).await?)
     }
 
     /// How many messages are in each state.

@@ -143,9 +143,10 @@ fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str) -
          body {bytes} NOT NULL,\n\
          created_at {big} NOT NULL,\n\
          last_status integer,\n\
-         {columns}){suffix};\n{index}",
+         {columns}){suffix};\n{index}\n{history}",
         columns = DB::JOB_COLUMNS,
         index = DB::due_index(table),
+        history = DB::history_schema(&self::table(table)),
     )
 }
 

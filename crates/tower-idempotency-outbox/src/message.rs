@@ -297,4 +297,7 @@ pub struct MessageDetail {
     pub body: String,
     /// The body pretty-printed, when it is JSON.
     pub body_pretty: Option<String>,
+    /// Its recorded attempts, oldest first (the first and the newest kept), each answer's
+    /// credentials masked as the body's are.
+    pub history: Vec<tower_idempotency_jobs::Attempt>,
 }

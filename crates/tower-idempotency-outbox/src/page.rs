@@ -235,6 +235,8 @@ pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
                     .map(|finished| time_ms(now, finished)),
             },
             actions,
+            attempts: &detail.history,
+            now_ms: now,
             headers_titles: ("Headers", "None."),
             headers: &detail.headers,
             body: detail.body_pretty.as_deref().unwrap_or(&detail.body),
@@ -307,6 +309,14 @@ mod tests {
             headers: vec![("x-note".into(), EVIL.into()), (EVIL.into(), "v".into())],
             body: format!(r#"{{"note":"{EVIL}"}}"#),
             body_pretty: Some(format!("{{\n  \"note\": \"{EVIL}\"\n}}")),
+            history: vec![tower_idempotency_jobs::Attempt::ended(
+                1,
+                0,
+                tower_idempotency_jobs::AttemptOutcome::Retried,
+            )
+            .status(Some(503))
+            .error(Some(format!("refused {EVIL}")))
+            .response(Some(EVIL.to_owned()))],
         };
         let html = render_detail(&detail, 0).into_string();
         assert_eq!(scripts(&html), 1, "{html}");
@@ -342,6 +352,7 @@ mod tests {
             headers: Vec::new(),
             body: String::new(),
             body_pretty: None,
+            history: Vec::new(),
         };
         for html in [
             render_overview(&view).into_string(),
@@ -362,6 +373,7 @@ mod tests {
             headers: Vec::new(),
             body: String::new(),
             body_pretty: None,
+            history: Vec::new(),
         };
         detail.summary.state = MessageState::Delivered;
         let html = render_detail(&detail, 0).into_string();

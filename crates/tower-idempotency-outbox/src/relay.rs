@@ -238,6 +238,11 @@ impl<DB: OutboxDatabase> Relay<DB> {
         /// Messages one round claims and delivers at once (default [`DEFAULT_CONCURRENCY`], at
         /// least 1): the inbox worker's name for the setting.
         concurrency;
+        /// Attempts a message's history keeps after its first (default
+        /// [`DEFAULT_HISTORY`](tower_idempotency_jobs::DEFAULT_HISTORY); 0: none is written):
+        /// each attempt's start, duration, outcome, error, HTTP status and the first KiB of
+        /// the answer ([`Outbox::attempts`]).
+        history;
     }
 
     /// The former name of [`concurrency`](Self::concurrency).
@@ -313,6 +318,9 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 }
 
+/// How a delivery ended: its HTTP status when there was one, or the status and the error.
+type Delivered = Result<Option<u16>, (Option<u16>, DispatchError)>;
+
 /// Delivers one claimed message: the relay's job for the engine's [`Worker`].
 #[derive(Clone)]
 pub(crate) struct Deliver {
@@ -329,30 +337,48 @@ impl<DB: OutboxDatabase> Job<DB> for Deliver {
 
     async fn run(&self, job: Claimed<DB::Payload>) -> Outcome {
         let key = job.key.0.into_iter().next().unwrap_or_default();
-        match self.deliver(key, job.payload.into(), job.attempt).await {
+        let (delivered, response) = self.deliver(key, job.payload.into(), job.attempt).await;
+        match delivered {
             Ok(status) => Outcome::Done {
                 status: status.map(i32::from),
+                response,
             },
             Err((status, DispatchError::Retry(error))) => Outcome::Retry {
                 status: status.map(i32::from),
                 error,
+                response,
             },
             Err((status, DispatchError::Permanent(error))) => Outcome::Permanent {
                 status: status.map(i32::from),
                 error,
+                response,
             },
         }
     }
 }
 
 impl Deliver {
-    /// One delivery: answers the HTTP status when there was one.
+    /// One delivery: answers the HTTP status when there was one, and the start of the HTTP
+    /// answer's body.
     async fn deliver(
         &self,
         key: String,
         row: Payload,
         attempt: u32,
-    ) -> Result<Option<u16>, (Option<u16>, DispatchError)> {
+    ) -> (Delivered, Option<String>) {
+        let mut head = None;
+        let delivered = self.send(key, row, attempt, &mut head).await;
+        (delivered, head)
+    }
+
+    /// One delivery, keeping the start of an HTTP answer's body in `head`.
+    async fn send(
+        &self,
+        key: String,
+        row: Payload,
+        attempt: u32,
+        head: &mut Option<String>,
+    ) -> Delivered {
         let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
         match (row.method, row.url, row.topic) {
             (Some(method), Some(url), _) => {
@@ -378,8 +404,14 @@ impl Deliver {
                 let location = status
                     .is_redirection()
                     .then(|| location(response.url(), response.headers()));
-                // Read the answer so the connection can be reused; its content is not kept.
-                let _ = response.bytes().await;
+                // Read the answer so the connection can be reused; its start goes to the
+                // attempt's history.
+                if let Ok(body) = response.bytes().await {
+                    let end = body
+                        .len()
+                        .min(tower_idempotency_jobs::history::MAX_RESPONSE_LEN);
+                    *head = Some(String::from_utf8_lossy(&body[..end]).into_owned());
+                }
                 classify(status, location.as_deref())
             }
             (_, _, Some(topic)) => {

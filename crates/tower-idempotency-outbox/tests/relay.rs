@@ -124,7 +124,8 @@ impl Fixture for sqlx::Postgres {
 
     fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let drop = format!("DROP TABLE IF EXISTS {table}");
+            let drop =
+                format!("DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}");
             sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
                 .execute(pool)
                 .await
@@ -217,8 +218,8 @@ impl Seen {
     }
 }
 
-/// A receiver at `/hook` answering `503` to the first `failures` requests of each key, then
-/// `status`.
+/// A receiver at `/hook` answering `503` to the first `failures` requests of each key (a JSON
+/// body with a credential-named field), then `status` (the body `created`).
 async fn receiver(seen: Seen, failures: usize, status: StatusCode) -> String {
     let app = Router::new()
         .route(
@@ -227,9 +228,10 @@ async fn receiver(seen: Seen, failures: usize, status: StatusCode) -> String {
                 move |State(seen): State<Seen>, headers: HeaderMap| async move {
                     let n = seen.record(&headers);
                     if n <= failures {
-                        StatusCode::SERVICE_UNAVAILABLE
+                        let busy = format!(r#"{{"busy": {n}, "token": "tk_answer_secret"}}"#);
+                        (StatusCode::SERVICE_UNAVAILABLE, busy)
                     } else {
-                        status
+                        (status, "created".to_owned())
                     }
                 },
             ),
@@ -471,6 +473,35 @@ async fn retries_a_failing_receiver_with_the_same_key<DB: Fixture>() {
     let (_, attempts, status, error) = env.state(&key).await;
     assert_eq!((attempts, status, error), (3, Some(201), None));
     assert_eq!(seen.keys(), ["evt_flaky/0"; 3]);
+
+    // Each attempt is on record with its status and the start of its answer; shown to an
+    // operator, the answer's credential field is masked.
+    let recorded = env.outbox.attempts(&key).await.unwrap();
+    let summary: Vec<(u32, &str, Option<i32>)> = recorded
+        .iter()
+        .map(|a| (a.attempt, a.outcome.as_str(), a.status))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "retried", Some(503)),
+            (2, "retried", Some(503)),
+            (3, "done", Some(201))
+        ]
+    );
+    assert!(recorded[0]
+        .response
+        .as_deref()
+        .unwrap()
+        .contains("tk_answer_secret"));
+    assert!(recorded[0].error.as_deref().unwrap().contains("503"));
+    assert_eq!(recorded[2].response.as_deref(), Some("created"));
+    let shown = env.outbox.message(&key).await.unwrap().unwrap().history;
+    let answer = shown[1].response.as_deref().unwrap();
+    assert!(
+        answer.contains(r#""busy":2"#) && !answer.contains("tk_answer_secret"),
+        "{answer}"
+    );
     env.finish().await;
 }
 

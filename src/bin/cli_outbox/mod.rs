@@ -129,6 +129,7 @@ impl Answer {
                 for (name, value) in &detail.headers {
                     println!("header: {name}: {value}");
                 }
+                crate::print_attempts(&detail.history);
                 println!();
                 println!("{}", detail.body_pretty.as_deref().unwrap_or(&detail.body));
             }

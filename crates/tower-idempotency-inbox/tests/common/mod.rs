@@ -146,11 +146,13 @@ macro_rules! same_sql {
         fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
             Box::pin(async move {
                 for table in tables {
-                    let _ = pool
-                        .execute(sqlx::AssertSqlSafe(
-                            format!("DROP TABLE IF EXISTS {table}").as_str(),
-                        ))
-                        .await;
+                    for dropped in [format!("{table}_attempts"), table.to_string()] {
+                        let _ = pool
+                            .execute(sqlx::AssertSqlSafe(
+                                format!("DROP TABLE IF EXISTS {dropped}").as_str(),
+                            ))
+                            .await;
+                    }
                 }
             })
         }

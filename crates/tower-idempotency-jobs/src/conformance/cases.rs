@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 
 use super::Fixture;
 use crate::{
-    time::now_ms, Backoff, Claimed, Driver, Job, JobKey, JobState, JobSummary, NoColumns, Outcome,
-    PageFilter, Settings, Table, Worker, SPENT,
+    time::now_ms, AttemptOutcome, Backoff, Claimed, Driver, Job, JobKey, JobState, JobSummary,
+    NoColumns, Outcome, PageFilter, Settings, Table, Worker, SPENT,
 };
 
 /// A test job's payload: its `body` column.
@@ -289,19 +289,26 @@ where
             "error" => Outcome::Retry {
                 status: Some(503),
                 error: format!("unavailable on attempt {}", job.attempt),
+                response: Some(format!("{{\"attempt\": {}}}", job.attempt)),
             },
             "timeout" => {
                 tokio::time::sleep(Duration::from_secs(30)).await;
-                Outcome::Done { status: None }
+                Outcome::done()
             }
             "panic" => panic!("the suite's job panics"),
             "hold" => {
                 let released = self.release.notified();
                 self.started.notify_one();
                 released.await;
-                Outcome::Done { status: Some(201) }
+                Outcome::Done {
+                    status: Some(201),
+                    response: None,
+                }
             }
-            _ => Outcome::Done { status: Some(200) },
+            _ => Outcome::Done {
+                status: Some(200),
+                response: Some("ok".into()),
+            },
         }
     }
 }
@@ -812,4 +819,110 @@ pub async fn the_dispatcher_runs_fed_and_swept_jobs_once<DB: Fixture>(
     let runs = job.runs.lock().unwrap().clone();
     assert_eq!(runs.len(), 10);
     assert!(runs.values().all(|&n| n == 1), "a job ran twice: {runs:?}");
+}
+
+/// The worker records each attempt: a job that fails five times keeps its first attempt and
+/// its last two (numbers, outcomes, status, error, answer, times), one that succeeds its one;
+/// with a history of 0 nothing is written; the rows of a deleted job are purged, in batches.
+pub async fn the_history_keeps_the_first_and_the_last_attempts<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    add_many(&pool, &name, "error", 1, 1_000).await;
+    add_many(&pool, &name, "ok", 1, 1_000).await;
+    add_many(&pool, &name, "quiet", 1, 1_000).await;
+    let mut kept = settings(5);
+    kept.history = 2;
+    let before = now_ms();
+    let worker = Worker::new(
+        pool.clone(),
+        sql.clone(),
+        Recording::default(),
+        kept,
+        Arc::new(Notify::new()),
+    );
+    let mut rounds = 0;
+    while DB::counts(&pool, &sql).await.unwrap().failed < 1 {
+        rounds += 1;
+        assert!(rounds < 100, "the failing job did not end");
+        worker.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let failing = DB::attempts(&pool, &sql, &key("error", "000"))
+        .await
+        .unwrap();
+    let shown: Vec<(u32, AttemptOutcome)> =
+        failing.iter().map(|a| (a.attempt, a.outcome)).collect();
+    assert_eq!(
+        shown,
+        [
+            (1, AttemptOutcome::Retried),
+            (4, AttemptOutcome::Retried),
+            (5, AttemptOutcome::Failed)
+        ]
+    );
+    for attempt in &failing {
+        assert_eq!(attempt.status, Some(503));
+        let error = format!("unavailable on attempt {}", attempt.attempt);
+        assert_eq!(attempt.error.as_deref(), Some(error.as_str()));
+        let answer = format!("{{\"attempt\": {}}}", attempt.attempt);
+        assert_eq!(attempt.response.as_deref(), Some(answer.as_str()));
+        assert!(attempt.started_at_ms >= before && attempt.started_at_ms <= now_ms());
+    }
+    let ok = DB::attempts(&pool, &sql, &key("ok", "000")).await.unwrap();
+    assert_eq!(ok.len(), 1, "{ok:?}");
+    assert_eq!(
+        (
+            ok[0].attempt,
+            ok[0].outcome,
+            ok[0].status,
+            ok[0].error.as_deref()
+        ),
+        (1, AttemptOutcome::Done, Some(200), None)
+    );
+    assert_eq!(ok[0].response.as_deref(), Some("ok"));
+
+    // No history: the job runs and nothing is recorded.
+    let mut quiet = settings(5);
+    quiet.history = 0;
+    let ran = Worker::new(
+        pool.clone(),
+        sql.clone(),
+        Recording::default(),
+        quiet,
+        Arc::new(Notify::new()),
+    );
+    DB::add(&pool, &name, "quiet", "001", "{}", 1_000)
+        .await
+        .unwrap();
+    ran.run_once().await.unwrap();
+    assert_eq!(
+        get(&pool, &sql, &key("quiet", "001")).await.state,
+        JobState::Done
+    );
+    assert!(DB::attempts(&pool, &sql, &key("quiet", "001"))
+        .await
+        .unwrap()
+        .is_empty());
+
+    // The rows of deleted jobs go with the purge of orphans, a batch at a time.
+    let delete = format!("DELETE FROM {name} WHERE kind = 'error'");
+    DB::run_script(&pool, &delete).await.unwrap();
+    assert_eq!(DB::purge_attempts(&pool, &sql, 2).await.unwrap(), 2);
+    assert_eq!(DB::purge_attempts(&pool, &sql, 2).await.unwrap(), 1);
+    assert_eq!(DB::purge_attempts(&pool, &sql, 2).await.unwrap(), 0);
+    assert!(DB::attempts(&pool, &sql, &key("error", "000"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        DB::attempts(&pool, &sql, &key("ok", "000"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }

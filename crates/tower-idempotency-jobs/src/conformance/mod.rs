@@ -22,7 +22,8 @@ use crate::{BoxFuture, Driver};
 pub trait Fixture: Driver {
     /// Creates `table`: key columns `kind` and `id` (text), `body` (text), `created_at`
     /// (big integer), `last_status` (integer, null), and [`Driver::JOB_COLUMNS`], with the due
-    /// index. Drops a table of that name first.
+    /// index, and its history table ([`Driver::history_schema`]). Drops tables of those names
+    /// first.
     fn create<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, sqlx::Result<()>>;
 
     /// Adds a pending job `(kind, id)` with `body`, enqueued and due at `created_at`.
@@ -35,7 +36,7 @@ pub trait Fixture: Driver {
         created_at: i64,
     ) -> BoxFuture<'a, sqlx::Result<()>>;
 
-    /// Drops `table`.
+    /// Drops `table` and its history table.
     fn drop_table<'a>(
         pool: &'a sqlx::Pool<Self>,
         table: &'a str,
@@ -61,15 +62,17 @@ macro_rules! fixture {
             ) -> BoxFuture<'a, sqlx::Result<()>> {
                 Box::pin(async move {
                     let ddl = format!(
-                        "DROP TABLE IF EXISTS {table};\n\
+                        "DROP TABLE IF EXISTS {table}_attempts;\n\
+                         DROP TABLE IF EXISTS {table};\n\
                          CREATE TABLE {table} (kind {text} NOT NULL, id {text} NOT NULL, \
                          body {text} NOT NULL, created_at {big} NOT NULL, last_status {int}, \
-                         {columns}, PRIMARY KEY (kind, id));\n{index}",
+                         {columns}, PRIMARY KEY (kind, id));\n{index}\n{history}",
                         text = $text,
                         big = $big,
                         int = $int,
                         columns = <$db as Driver>::JOB_COLUMNS,
                         index = <$db as Driver>::due_index(table),
+                        history = <$db as Driver>::history_schema(&cases::table(table)),
                     );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
@@ -107,7 +110,9 @@ macro_rules! fixture {
                 table: &'a str,
             ) -> BoxFuture<'a, sqlx::Result<()>> {
                 Box::pin(async move {
-                    let ddl = format!("DROP TABLE IF EXISTS {table}");
+                    let ddl = format!(
+                        "DROP TABLE IF EXISTS {table}_attempts;\nDROP TABLE IF EXISTS {table}"
+                    );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
                         .await?;
@@ -156,6 +161,18 @@ fixture!(
     "integer"
 );
 
+/// The table of `case` in the suite `name`: `jc_{name}_{the case's start}_{a hash of the
+/// case}`, at most [`MAX_TABLE_NAME_LEN`](tower_idempotency_sqlx::MAX_TABLE_NAME_LEN) bytes for
+/// a short `name`, so that its derived names (`{table}_attempts_job`) fit Postgres's 63-byte
+/// identifiers.
+pub fn table_name(name: &str, case: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    case.hash(&mut hasher);
+    let start: String = case.chars().take(20).collect();
+    format!("jc_{name}_{start}_{:08x}", hasher.finish() as u32)
+}
+
 /// Runs `case` once per fresh table named `{prefix}_{case}`.
 pub async fn with_table<DB, F, Fut>(pool: &sqlx::Pool<DB>, table: &str, case: F)
 where
@@ -174,7 +191,7 @@ where
 
 /// Every case of the suite, as `#[tokio::test]`s in a module `$name`, on the pool `$pool`
 /// (an `async` block answering a `sqlx::Pool<$db>`) of a database `$db` that implements
-/// [`Fixture`]. Each case makes its own table, `jobs_conf_{name}_{case}`.
+/// [`Fixture`]. Each case makes its own table ([`table_name`](crate::conformance::table_name)).
 #[macro_export]
 macro_rules! jobs_driver_conformance_tests {
     ($name:ident, $db:ty, $pool:expr) => {
@@ -198,6 +215,7 @@ macro_rules! jobs_driver_conformance_tests {
                 the_dispatcher_runs_fed_and_swept_jobs_once,
                 a_locked_table_delays_the_record_but_never_doubles_it,
                 a_database_gone_mid_batch_fails_the_round,
+                the_history_keeps_the_first_and_the_last_attempts,
             );
         }
     };
@@ -206,8 +224,9 @@ macro_rules! jobs_driver_conformance_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let pool: sqlx::Pool<$db> = $pool.await;
-                let table = concat!("jobs_conf_", stringify!($name), "_", stringify!($case));
-                $crate::conformance::with_table(&pool, table, |pool, table| async move {
+                let table =
+                    $crate::conformance::table_name(stringify!($name), stringify!($case));
+                $crate::conformance::with_table(&pool, &table, |pool, table| async move {
                     $crate::conformance::$case::<$db>(pool, table).await
                 })
                 .await;

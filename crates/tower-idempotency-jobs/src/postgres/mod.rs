@@ -14,6 +14,11 @@ impl Driver for sqlx::Postgres {
          last_error text";
     const BEGIN_WRITE: &'static str = "BEGIN";
     const CONCURRENCY: usize = 16;
+    const HISTORY_SEQ: &'static str = "seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY";
+    const HISTORY_KEY_TYPE: &'static str = "text COLLATE \"C\"";
+    const HISTORY_COLUMNS: &'static str = "attempt integer NOT NULL, started_at bigint NOT NULL, \
+         duration_ms bigint NOT NULL, outcome smallint NOT NULL, error text, status integer, \
+         response text";
 
     fn statements(table: Table) -> Statements {
         Statements::new(

@@ -13,6 +13,11 @@ impl Driver for sqlx::Sqlite {
          last_error TEXT";
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const CONCURRENCY: usize = 4;
+    const HISTORY_SEQ: &'static str = "seq INTEGER PRIMARY KEY AUTOINCREMENT";
+    const HISTORY_KEY_TYPE: &'static str = "TEXT";
+    const HISTORY_COLUMNS: &'static str = "attempt INTEGER NOT NULL, started_at INTEGER NOT NULL, \
+         duration_ms INTEGER NOT NULL, outcome INTEGER NOT NULL, error TEXT, status INTEGER, \
+         response TEXT";
 
     fn statements(table: Table) -> Statements {
         Statements::new(
