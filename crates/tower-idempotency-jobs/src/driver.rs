@@ -197,6 +197,7 @@ pub struct Statements {
     pub(crate) oldest_pending: Prepared,
     /// A database without `RETURNING`: what follows the locking `SELECT`s that
     /// `claim_due`, `claim_keys` and `exhaust` are there.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) unreturned: Option<Unreturned>,
     pub(crate) placeholders: Placeholders,
 }
@@ -204,6 +205,7 @@ pub struct Statements {
 /// The statements that write the rows a locking `SELECT` picked, on a database without
 /// `RETURNING`, each over a batch of keys bound as [`KeyBatch`] says.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) struct Unreturned {
     /// `$1` token, `$2` lease end, then the batch: counts an attempt and takes the lease.
     pub(crate) lease: Prepared,
