@@ -340,6 +340,7 @@ async fn at_most_one_statement_per_delivery<DB: Fixture>() {
 }
 
 on_both!(
+    and_mysql:
     concurrent_duplicates,
     ack_before_slow_handler,
     retries_until_success,
