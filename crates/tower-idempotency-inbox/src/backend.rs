@@ -5,8 +5,10 @@
 //! over the [`table`] shape), called through the functions at the end of this file, which count
 //! each statement for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use std::collections::HashMap;
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::atomic::{AtomicU64, Ordering},
 };
 
@@ -63,8 +65,11 @@ pub struct Listed {
 /// The database a statement is written for, where the inbox's own SQL differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Db {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Postgres,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Sqlite,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     MySql,
 }
 
@@ -97,6 +102,7 @@ pub struct Sql {
     /// The job engine's statements of the table.
     pub(crate) jobs: Statements,
     /// Postgres: the acknowledgement of many deliveries in one statement (see `acks.rs`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     insert_many: Prepared,
     /// The statements of ordered events.
     pub(crate) ordered: OrderedSql,
@@ -180,6 +186,7 @@ impl Sql {
     }
 
     /// The inbox's columns in a database's types, around the engine's.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     fn schema<DB: Driver>(name: &str, lock: &str, types: [&str; 4], suffix: &str) -> String {
         let [key, text, bytes, big] = types;
         format!(

@@ -70,6 +70,7 @@ pub(crate) struct QueueSql {
     pub(crate) purge_picked: Option<Prepared>,
     /// SQLite and MySQL: records one object's position (`$1` provider, `$2` key, `$3` time,
     /// `$4` event id, `$5` now), keeping the newer one.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) keep_position: Prepared,
     /// Deletes up to `$2` positions written before `$1` whose object has no pending or failed
     /// event.
