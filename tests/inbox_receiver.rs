@@ -1,5 +1,5 @@
-//! The reference receiver's webhook inbox (`POST /inbox/stripe`) as a child process, on SQLite
-//! and on Postgres: SIGKILLed while its handlers run, then restarted, every acknowledged event
+//! The reference receiver's webhook inbox (`POST /inbox/stripe`) as a child process, on SQLite,
+//! on Postgres and (feature `mysql`) on MySQL/MariaDB: SIGKILLed while its handlers run, then restarted, every acknowledged event
 //! ends with exactly one row in `inbox_effects`; flaky events are retried, poisoned ones listed
 //! as failed and re-queued through its routes, forged ones never stored.
 #![cfg(unix)]
@@ -355,6 +355,20 @@ on_sqlite_and_postgres!(attempts_spent_by_kills:
 on_sqlite_and_postgres!(retention_purges_processed_events:
     inbox_retention_purges_sqlite("inbox-retention"),
     inbox_retention_purges_postgres("tidem_retention"));
+
+/// On MySQL/MariaDB, in a database of the test's own (the receiver's tables have fixed names):
+/// the same kills and routes.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_survives_sigkill_exactly_once_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("inbox crash test (mysql)") {
+        return;
+    }
+    let name = format!("tidem_inbox_{}", random_suffix());
+    let database = receiver_process::MySqlDatabase::create(name).await;
+    killed_mid_handler(&database.url(), "mysql", 4).await;
+    routes(&database.url(), "mysql").await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_survives_sigkill_exactly_once_postgres() {

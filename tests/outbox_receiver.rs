@@ -1,4 +1,5 @@
-//! The reference receiver's outbox as two child processes, on SQLite and on Postgres: an
+//! The reference receiver's outbox as two child processes, on SQLite, on Postgres and (feature
+//! `mysql`) on MySQL/MariaDB: an
 //! upstream receiver whose `test.outbox` events each enqueue one `POST /orders` to a downstream
 //! receiver (`OUTBOX_TARGET_URL`), SIGKILLed at random points while it processes the events and
 //! relays their messages, restarted, until every message is delivered: the downstream's
@@ -54,10 +55,11 @@ async fn interrupted(store: &str, event_id: &str) -> bool {
 /// Waits until one of the messages whose scope starts with `prefix` is claimed by a delivery
 /// that has not finished (polled every 5 ms, at most 20 s).
 async fn delivery_in_flight(store: &str, prefix: &str) {
-    let sql =
-        "SELECT count(*) FROM outbox WHERE scope LIKE $1 || '%' AND state = 0 AND attempts > 0";
+    // The pattern is bound whole: `||` is not concatenation on MySQL.
+    let sql = "SELECT count(*) FROM outbox WHERE scope LIKE $1 AND state = 0 AND attempts > 0";
+    let pattern = format!("{prefix}%");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while scalars(store, sql, prefix).await[0] == 0 {
+    while scalars(store, sql, &pattern).await[0] == 0 {
         assert!(Instant::now() < deadline, "{prefix}: no delivery started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -158,4 +160,16 @@ async fn outbox_survives_sigkill_exactly_once_downstream_sqlite() {
 async fn outbox_survives_sigkill_exactly_once_downstream_postgres() {
     let database = Database::create(format!("tidem_outbox_{}", random_suffix())).await;
     killed_while_relaying(&database.url(), "postgres", 5).await;
+}
+
+/// On MySQL/MariaDB, in a database of the test's own (the receiver's tables have fixed names).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_survives_sigkill_exactly_once_downstream_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("outbox crash test (mysql)") {
+        return;
+    }
+    let name = format!("tidem_outbox_{}", random_suffix());
+    let database = receiver_process::MySqlDatabase::create(name).await;
+    killed_while_relaying(&database.url(), "mysql", 5).await;
 }

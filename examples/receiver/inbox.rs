@@ -101,6 +101,12 @@ const TABLE: Table = Table {
                CREATE TABLE IF NOT EXISTS inbox_order (seq bigserial PRIMARY KEY, \
                object_id text NOT NULL, event_id text NOT NULL, started_ms bigint NOT NULL, \
                ended_ms bigint NOT NULL)",
+    #[cfg(feature = "mysql")]
+    mysql: "CREATE TABLE IF NOT EXISTS inbox_effects (event_id VARCHAR(255) NOT NULL) \
+            ENGINE = InnoDB;\
+            CREATE TABLE IF NOT EXISTS inbox_order (seq BIGINT AUTO_INCREMENT PRIMARY KEY, \
+            object_id VARCHAR(255) NOT NULL, event_id VARCHAR(255) NOT NULL, \
+            started_ms BIGINT NOT NULL, ended_ms BIGINT NOT NULL) ENGINE = InnoDB",
 };
 
 impl Effects {
@@ -162,10 +168,19 @@ fn object_id(event: &InboxEvent) -> Option<String> {
     Some(json.pointer("/data/object/id")?.as_str()?.to_owned())
 }
 
-/// The processing handler on one database: waits, writes one row (and for a `test.outbox` event
-/// enqueues its message), then fails on purpose or not.
+/// The processing handler on one database (`$effect` and `$order` its inserts): waits, writes
+/// one row (and for a `test.outbox` event enqueues its message), then fails on purpose or not.
 macro_rules! handler {
     ($name:ident, $db:ty) => {
+        handler!(
+            $name,
+            $db,
+            "INSERT INTO inbox_effects (event_id) VALUES ($1)",
+            "INSERT INTO inbox_order (object_id, event_id, started_ms, ended_ms) \
+             VALUES ($1, $2, $3, $4)"
+        );
+    };
+    ($name:ident, $db:ty, $effect:literal, $order:literal) => {
         async fn $name(
             delay: Duration,
             outgoing: Outgoing<$db>,
@@ -175,15 +190,12 @@ macro_rules! handler {
         ) -> Result<(), HandlerError> {
             let started = unix_ms();
             tokio::time::sleep(delay).await;
-            sqlx::query("INSERT INTO inbox_effects (event_id) VALUES ($1)")
+            sqlx::query($effect)
                 .bind(&event.key.event_id)
                 .execute(&mut *tx)
                 .await?;
             if let Some(object) = object_id(&event) {
-                sqlx::query(
-                    "INSERT INTO inbox_order (object_id, event_id, started_ms, ended_ms) \
-                     VALUES ($1, $2, $3, $4)",
-                )
+                sqlx::query($order)
                 .bind(object)
                 .bind(&event.key.event_id)
                 .bind(started)
@@ -220,6 +232,13 @@ macro_rules! handler {
 handler!(handle_sqlite, sqlx::Sqlite);
 #[cfg(feature = "postgres")]
 handler!(handle_postgres, sqlx::Postgres);
+#[cfg(feature = "mysql")]
+handler!(
+    handle_mysql,
+    sqlx::MySql,
+    "INSERT INTO inbox_effects (event_id) VALUES (?)",
+    "INSERT INTO inbox_order (object_id, event_id, started_ms, ended_ms) VALUES (?, ?, ?, ?)"
+);
 
 /// The worker's default concurrency on the database `url` names.
 fn default_concurrency(url: &str) -> usize {
@@ -230,6 +249,10 @@ fn default_concurrency(url: &str) -> usize {
     #[cfg(feature = "sqlite")]
     if url.starts_with("sqlite") {
         return <sqlx::Sqlite as InboxDatabase>::DEFAULT_CONCURRENCY;
+    }
+    #[cfg(feature = "mysql")]
+    if url.starts_with("mysql") || url.starts_with("mariadb") {
+        return <sqlx::MySql as InboxDatabase>::DEFAULT_CONCURRENCY;
     }
     let _ = url;
     1
@@ -271,6 +294,15 @@ pub async fn start(
             let outbox_admin = outbox_admin(&outgoing);
             let handler =
                 move |event, tx| handle_postgres(delay, outgoing.clone(), heal.clone(), event, tx);
+            mount(inbox, verifier, handler, settings, (relay, outbox_admin)).await?
+        }
+        #[cfg(feature = "mysql")]
+        Pool::MySql(pool) => {
+            let inbox = ordered(Inbox::new(pool.clone(), DEFAULT_TABLE)?, settings);
+            let (outgoing, relay) = start_outbox(pool, settings).await?;
+            let outbox_admin = outbox_admin(&outgoing);
+            let handler =
+                move |event, tx| handle_mysql(delay, outgoing.clone(), heal.clone(), event, tx);
             mount(inbox, verifier, handler, settings, (relay, outbox_admin)).await?
         }
     };

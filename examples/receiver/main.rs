@@ -67,9 +67,8 @@
 //! (a JSON array), `POST /inbox/failed/<event id>/retry` re-queues one (`202`, `404` when it is
 //! not failed). Built with the `outbox` feature and with `OUTBOX_TARGET_URL` set, a `test.outbox`
 //! event also enqueues one message in the outbox table `outbox` (docs/outbox.md), which a relay
-//! with the inbox's lease, backoff, attempts and sweep interval sends to that URL. On a MySQL or
-//! MariaDB store the inbox and the outbox are off (they do not run on MySQL yet), which the
-//! receiver logs once at start; the layer's routes and `POST /payments` run there.
+//! with the inbox's lease, backoff, attempts and sweep interval sends to that URL. The inbox and the
+//! outbox run on every SQL store: SQLite, Postgres, and MySQL or MariaDB (`--features mysql`).
 //!
 //! Built with the `metrics` feature (`--features metrics`), it also serves `GET /metrics`: the
 //! layer's metrics in the Prometheus text format (docs/observability.md).
@@ -116,16 +115,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// How long running handlers get to finish and record their results on shutdown.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
-/// The webhook inbox, when this build has it, the store is SQLite or Postgres and Stripe is
-/// configured.
+/// The webhook inbox, when this build has it, the store is SQL (SQLite, Postgres, MySQL or
+/// MariaDB) and Stripe is configured.
 async fn start_inbox(config: &Config) -> Result<Option<inbox::Running>, StartError> {
-    if matches!(config.store_kind(), "mysql" | "mariadb") {
-        tracing::warn!(
-            store = config.store_kind(),
-            "the webhook inbox and the outbox do not run on MySQL/MariaDB yet: POST /inbox/stripe is not mounted and OUTBOX_TARGET_URL is not used"
-        );
-        return Ok(None);
-    }
     let Some(secrets) = secrets("STRIPE_WEBHOOK_SECRET") else {
         return Ok(None);
     };

@@ -13,7 +13,6 @@ use axum::{
 use serde_json::json;
 use tower_idempotency::{sqlx, IdempotencyLayer, IdempotentTx};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::sql::{Pool, Table};
 use crate::{
     app::{idempotency_key, App},
@@ -22,12 +21,7 @@ use crate::{
 
 /// The payments table's own pool (for its DDL and `GET /effects`).
 #[derive(Clone)]
-pub enum Payments {
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    Sql(Pool),
-    #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlPool),
-}
+pub struct Payments(Pool);
 
 #[derive(serde::Deserialize)]
 pub struct Payment {
@@ -44,7 +38,6 @@ fn failed(error: sqlx::Error) -> Response {
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const TABLE: Table = Table {
     #[cfg(feature = "sqlite")]
     sqlite: "CREATE TABLE IF NOT EXISTS payments (\
@@ -55,39 +48,29 @@ const TABLE: Table = Table {
                CREATE TABLE IF NOT EXISTS payments (\
                id bigserial PRIMARY KEY, \
                idempotency_key text NOT NULL, amount bigint NOT NULL)",
+    // InnoDB: the rows commit with the key's completion.
+    #[cfg(feature = "mysql")]
+    mysql: "CREATE TABLE IF NOT EXISTS payments (\
+            id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+            idempotency_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, \
+            INDEX payments_key_idx (idempotency_key)) ENGINE = InnoDB",
 };
-
-/// `payments` on MySQL and MariaDB (InnoDB: the rows commit with the key's completion).
-#[cfg(feature = "mysql")]
-const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS payments (\
-                           id BIGINT AUTO_INCREMENT PRIMARY KEY, \
-                           idempotency_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, \
-                           INDEX payments_key_idx (idempotency_key)) ENGINE = InnoDB";
 
 impl Payments {
     /// Opens a small pool of its own on the store's database and creates `payments`.
     pub async fn open(url: &str) -> Result<Option<Self>, BoxError> {
-        #[cfg(feature = "mysql")]
-        if let Some(pool) = crate::sql::open_mysql(url, 2, MYSQL_TABLE).await? {
-            return Ok(Some(Self::MySql(pool)));
-        }
-        #[cfg(any(feature = "sqlite", feature = "postgres"))]
-        if let Some(pool) = Pool::open(url, 2, false, &TABLE).await? {
-            return Ok(Some(Self::Sql(pool)));
-        }
-        let _ = url;
-        Ok(None)
+        Ok(Pool::open(url, 2, false, &TABLE).await?.map(Self))
     }
 
     /// The route, behind `layer` (transactional on this database's store).
     pub fn route(&self, layer: IdempotencyLayer) -> Router<App> {
-        let router = match self {
+        let router = match &self.0 {
             #[cfg(feature = "sqlite")]
-            Self::Sql(Pool::Sqlite(_)) => Router::new().route("/payments", post(pay_sqlite)),
+            Pool::Sqlite(_) => Router::new().route("/payments", post(pay_sqlite)),
             #[cfg(feature = "postgres")]
-            Self::Sql(Pool::Postgres(_)) => Router::new().route("/payments", post(pay_postgres)),
+            Pool::Postgres(_) => Router::new().route("/payments", post(pay_postgres)),
             #[cfg(feature = "mysql")]
-            Self::MySql(_) => Router::new().route("/payments", post(pay_mysql)),
+            Pool::MySql(_) => Router::new().route("/payments", post(pay_mysql)),
         };
         router.route_layer(layer)
     }
@@ -95,12 +78,7 @@ impl Payments {
     /// Rows of `payments` per idempotency key.
     pub async fn rows(&self) -> Result<Vec<(String, u64)>, BoxError> {
         let sql = "SELECT idempotency_key, count(*) FROM payments GROUP BY idempotency_key";
-        match self {
-            #[cfg(any(feature = "sqlite", feature = "postgres"))]
-            Self::Sql(pool) => pool.counts(sql).await,
-            #[cfg(feature = "mysql")]
-            Self::MySql(pool) => crate::sql::mysql_counts(pool, sql).await,
-        }
+        self.0.counts(sql).await
     }
 }
 

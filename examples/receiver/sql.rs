@@ -1,7 +1,5 @@
 //! A small pool of the receiver's own on the store's database, for the tables its handlers
-//! write (`payments`, `inbox_effects`) and their counts in `GET /effects`. A MySQL or MariaDB
-//! store's database has a pool of its own type ([`open_mysql`]): only `payments` runs there,
-//! as the inbox and the outbox do not run on MySQL yet.
+//! write (`payments`, `inbox_effects`) and their counts in `GET /effects`.
 
 #[cfg(feature = "sqlite")]
 use std::{str::FromStr, time::Duration};
@@ -11,22 +9,24 @@ use tower_idempotency::sqlx;
 use crate::BoxError;
 
 /// The pool, by database.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Clone)]
 pub enum Pool {
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
 }
 
 /// A table's DDL on each database, run once when the pool opens.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub struct Table {
     #[cfg(feature = "sqlite")]
     pub sqlite: &'static str,
     #[cfg(feature = "postgres")]
     pub postgres: &'static str,
+    #[cfg(feature = "mysql")]
+    pub mysql: &'static str,
 }
 
 /// A pool of `max_connections` on the database `options` name, `ddl` run once on it.
@@ -48,39 +48,6 @@ where
     Ok(pool)
 }
 
-/// A pool of `max_connections` on a MySQL or MariaDB store's database (`mysql://`,
-/// `mariadb://`), `ddl` run once on it; `None` for another store.
-#[cfg(feature = "mysql")]
-pub async fn open_mysql(
-    url: &str,
-    max_connections: u32,
-    ddl: &'static str,
-) -> Result<Option<sqlx::MySqlPool>, BoxError> {
-    match url.split(':').next().unwrap_or_default() {
-        "mysql" | "mariadb" => {
-            let options = url.parse::<sqlx::mysql::MySqlConnectOptions>()?;
-            Ok(Some(connect(options, max_connections, ddl).await?))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// The rows of `sql` on a MySQL pool, as [`Pool::counts`] reads them.
-#[cfg(feature = "mysql")]
-pub async fn mysql_counts(
-    pool: &sqlx::MySqlPool,
-    sql: &'static str,
-) -> Result<Vec<(String, u64)>, BoxError> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(name, n)| (name, n.max(0) as u64))
-        .collect())
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl Pool {
     /// Opens `max_connections` on the store's database (SQLite in WAL mode when `wal`) and
     /// creates `table`; `None` for a store that is not SQL.
@@ -110,6 +77,12 @@ impl Pool {
                 let pool = connect(options, max_connections, table.postgres).await?;
                 Ok(Some(Self::Postgres(pool)))
             }
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => {
+                let options = url.parse::<sqlx::mysql::MySqlConnectOptions>()?;
+                let pool = connect(options, max_connections, table.mysql).await?;
+                Ok(Some(Self::MySql(pool)))
+            }
             _ => Ok(None),
         }
     }
@@ -125,6 +98,12 @@ impl Pool {
             }
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => {
                 sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .fetch_all(pool)
                     .await?
@@ -148,6 +127,12 @@ impl Pool {
             }
             #[cfg(feature = "postgres")]
             Self::Postgres(pool) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(pool)
+                    .await?
+            }
+            #[cfg(feature = "mysql")]
+            Self::MySql(pool) => {
                 sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .fetch_all(pool)
                     .await?

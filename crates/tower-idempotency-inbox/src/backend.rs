@@ -5,17 +5,18 @@
 //! over the [`table`] shape), called through the functions at the end of this file, which count
 //! each statement for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
 
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use std::collections::HashMap;
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::atomic::{AtomicU64, Ordering},
 };
 
 use futures_util::future::BoxFuture;
-use sqlx::SqlStr;
 use tower_idempotency_jobs::{
-    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Statements, Table, DUE, DUE_BY_KEY,
+    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Placeholders, Prepared, Statements,
+    Table, DUE, DUE_BY_KEY,
 };
-use tower_idempotency_sqlx::table_sql;
 
 use crate::{
     event::{EventKey, EventSummary, StateCounts},
@@ -61,6 +62,32 @@ pub struct Listed {
     pub body: Vec<u8>,
 }
 
+/// The database a statement is written for, where the inbox's own SQL differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Db {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    Sqlite,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    MySql,
+}
+
+impl Db {
+    /// How its statements write parameters.
+    pub(crate) fn placeholders(self) -> Placeholders {
+        match self {
+            Self::MySql => Placeholders::Positional,
+            Self::Postgres | Self::Sqlite => Placeholders::Numbered,
+        }
+    }
+}
+
+/// MySQL's type of a key column: compared byte by byte (as Postgres's "C" collation does), and
+/// short enough for the primary key and the positions table's.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) const MYSQL_KEY: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+
 /// The inbox table's shape for the job engine.
 pub(crate) fn table(name: &str) -> Table {
     Table::new(name, &["provider", "event_id"], "received_at")
@@ -75,17 +102,18 @@ pub struct Sql {
     /// The job engine's statements of the table.
     pub(crate) jobs: Statements,
     /// Postgres: the acknowledgement of many deliveries in one statement (see `acks.rs`).
-    insert_many: SqlStr,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    insert_many: Prepared,
     /// The statements of ordered events.
     pub(crate) ordered: OrderedSql,
     pub(crate) schema: String,
-    insert: SqlStr,
+    insert: Prepared,
     /// The gauges' and the retention's statements ([`crate::retention`]).
     pub(crate) queue: crate::retention::QueueSql,
     /// The operator's discard: keeps a row whose authenticator must still refuse a replay.
-    discard_keep: SqlStr,
+    discard_keep: Prepared,
     /// The operator's discard of a row without an authenticator to keep.
-    discard_delete: SqlStr,
+    discard_delete: Prepared,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
 }
@@ -110,12 +138,18 @@ impl Sql {
     fn new<DB: Driver>(
         name: &str,
         schema: String,
-        postgres: bool,
+        db: Db,
         queue: crate::retention::QueueSql,
     ) -> Self {
+        let sql = |text: String| Prepared::new(text, db.placeholders());
+        // MySQL: `INSERT IGNORE`, which skips a row that would repeat any unique key.
+        let (insert, on_conflict) = match db {
+            Db::MySql => ("INSERT IGNORE", ""),
+            Db::Postgres | Db::Sqlite => ("INSERT", " ON CONFLICT DO NOTHING"),
+        };
         Self {
             jobs: DB::statements(table(name)),
-            insert_many: table_sql(format!(
+            insert_many: sql(format!(
                 "INSERT INTO {name} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
                  SELECT p, e, h, b, a, r, r, k, t, u FROM unnest($1::text[], $2::text[], \
@@ -123,26 +157,26 @@ impl Sql {
                  $9::int8[]) AS x(p, e, h, b, a, r, k, t, u) \
                  ON CONFLICT DO NOTHING RETURNING provider, event_id"
             )),
-            ordered: OrderedSql::new(name, (DUE, DUE_BY_KEY), postgres),
+            ordered: OrderedSql::new(name, (DUE, DUE_BY_KEY), db),
             schema: schema + &queue.schema,
             // One statement: the insert is the dedupe. No conflict target, so a replayed
             // authenticator (a captured signature under another event id) is ignored too.
-            insert: table_sql(format!(
-                "INSERT INTO {name} (provider, event_id, headers, body, authenticator, \
+            insert: sql(format!(
+                "{insert} INTO {name} (provider, event_id, headers, body, authenticator, \
                  received_at, available_at, order_key, event_time, authenticator_until) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
+                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8, $9){on_conflict}"
             )),
             queue,
             // Each statement checks the horizon itself, so whichever matches the row does the
             // right thing. Bound: provider, event id, now, an empty body, the error.
-            discard_keep: table_sql(format!(
+            discard_keep: sql(format!(
                 "UPDATE {name} SET state = 3, body = $4, headers = '[]', finished_at = $3, \
                  last_error = $5, lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND state = 2 \
                  AND authenticator IS NOT NULL AND authenticator_until > $3"
             )),
             // Bound: provider, event id, now.
-            discard_delete: table_sql(format!(
+            discard_delete: sql(format!(
                 "DELETE FROM {name} WHERE provider = $1 AND event_id = $2 AND state = 2 \
                  AND (authenticator IS NULL OR authenticator_until IS NULL \
                  OR authenticator_until <= $3)"
@@ -152,6 +186,7 @@ impl Sql {
     }
 
     /// The inbox's columns in a database's types, around the engine's.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     fn schema<DB: Driver>(name: &str, lock: &str, types: [&str; 4], suffix: &str) -> String {
         let [key, text, bytes, big] = types;
         format!(
@@ -185,7 +220,7 @@ impl Sql {
         let types = ["text COLLATE \"C\"", "text", "bytea", "bigint"];
         let schema = Self::schema::<sqlx::Postgres>(name, &lock, types, "");
         let queue = crate::retention::QueueSql::postgres(name);
-        Self::new::<sqlx::Postgres>(name, schema, true, queue)
+        Self::new::<sqlx::Postgres>(name, schema, Db::Postgres, queue)
     }
 
     /// The SQLite statements.
@@ -194,12 +229,41 @@ impl Sql {
         let types = ["TEXT", "TEXT", "BLOB", "INTEGER"];
         let schema = Self::schema::<sqlx::Sqlite>(name, "", types, " WITHOUT ROWID");
         let queue = crate::retention::QueueSql::sqlite(name);
-        Self::new::<sqlx::Sqlite>(name, schema, false, queue)
+        Self::new::<sqlx::Sqlite>(name, schema, Db::Sqlite, queue)
+    }
+
+    /// The MySQL statements: one `CREATE TABLE IF NOT EXISTS` with its indexes (MySQL has no
+    /// `CREATE INDEX IF NOT EXISTS`, nor partial indexes: the open index holds every row).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(name: &str) -> Self {
+        let key = MYSQL_KEY;
+        let schema = format!(
+            "CREATE TABLE IF NOT EXISTS {name} (\n\
+             provider {key} NOT NULL,\n\
+             event_id {key} NOT NULL,\n\
+             headers MEDIUMTEXT NOT NULL,\n\
+             body LONGBLOB NOT NULL,\n\
+             authenticator VARBINARY(1024),\n\
+             authenticator_until BIGINT,\n\
+             received_at BIGINT NOT NULL,\n\
+             order_key {key},\n\
+             event_time BIGINT,\n\
+             {columns},\n\
+             PRIMARY KEY (provider, event_id),\n\
+             UNIQUE INDEX {name}_auth_idx (provider, authenticator),\n\
+             INDEX {name}_order_idx (provider, order_key, state),\n\
+             INDEX {name}_open_idx (state, provider, received_at),\n\
+             INDEX {name}_finished_idx (state, finished_at)) ENGINE = InnoDB;\n{history}",
+            columns = <sqlx::MySql as Driver>::JOB_COLUMNS,
+            history = <sqlx::MySql as Driver>::history_schema(&table(name)),
+        );
+        let queue = crate::retention::QueueSql::mysql(name);
+        Self::new::<sqlx::MySql>(name, schema, Db::MySql, queue)
     }
 }
 
-/// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
-/// (feature `sqlite`), through its job engine [`Driver`] (whose
+/// A database the inbox runs on: [`sqlx::Postgres`] (feature `postgres`), [`sqlx::Sqlite`]
+/// (feature `sqlite`) or `sqlx::MySql` (feature `mysql`: MySQL 8.0+, MariaDB 10.6+), through its job engine [`Driver`] (whose
 /// [`CONCURRENCY`](Driver::CONCURRENCY) is a worker's default). Sealed: its
 /// statements are the inbox's own.
 pub trait InboxDatabase: Driver + sealed::InboxSql {
@@ -366,11 +430,16 @@ macro_rules! inbox_sql {
             type Query<'q> = sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>;
 
             /// `statement`, counted, with the event's key bound as `$1` and `$2`.
-            fn keyed<'q>(sql: &Sql, statement: &SqlStr, key: &'q EventKey) -> Query<'q> {
+            fn keyed<'q>(
+                sql: &Sql,
+                statement: &'q Prepared,
+                key: &'q EventKey,
+            ) -> tower_idempotency_jobs::Binder<'q, $db> {
                 sql.sent();
-                sqlx::query(statement.clone())
-                    .bind(&key.provider)
-                    .bind(&key.event_id)
+                statement
+                    .binder::<$db>()
+                    .bind(key.provider.as_str())
+                    .bind(key.event_id.as_str())
             }
 
             /// Runs `query`: whether it changed exactly one row (`false`: a duplicate, or a
@@ -399,14 +468,14 @@ macro_rules! inbox_sql {
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
                         let query = keyed(sql, &sql.insert, &event.key)
-                            .bind(&event.headers)
-                            .bind(&event.body)
-                            .bind(&event.authenticator)
+                            .bind(event.headers.as_str())
+                            .bind(event.body.as_slice())
+                            .bind(event.authenticator.as_deref())
                             .bind(event.received_at)
                             .bind(event.order.as_ref().map(|o| o.key.as_str()))
                             .bind(event.order.as_ref().map(|o| o.time))
                             .bind(event.authenticator_until);
-                        one_row(query, pool).await
+                        one_row(query.query(), pool).await
                     })
                 }
 
@@ -428,30 +497,53 @@ macro_rules! inbox_sql {
                     max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                     Box::pin(async move {
-                        let claim = |conn| {
+                        let claim = |statement: &'a Prepared| {
                             sql.sent();
-                            sqlx::query(sql.ordered.claim.clone())
+                            statement
+                                .binder::<$db>()
                                 .bind(now)
-                                .bind(&key.provider)
-                                .bind(&key.event_id)
+                                .bind(key.provider.as_str())
+                                .bind(key.event_id.as_str())
                                 .bind(token)
                                 .bind(lease_until)
                                 .bind(max_attempts)
-                                .fetch_optional(conn)
+                                .query()
                         };
                         let row = match &sql.ordered.lock {
+                            // MySQL, without `RETURNING`: the key's rows locked, the event
+                            // picked, its claim written and its row read, in one transaction.
+                            Some(lock) if sql.ordered.unreturned.is_some() => {
+                                let (update, read) =
+                                    sql.ordered.unreturned.as_ref().expect("checked");
+                                let mut tx = pool.begin().await?;
+                                keyed(sql, lock, key).query().fetch_all(&mut *tx).await?;
+                                let picked =
+                                    claim(&sql.ordered.claim).fetch_optional(&mut *tx).await?;
+                                let row = if picked.is_some() {
+                                    claim(update).execute(&mut *tx).await?;
+                                    keyed(sql, read, key)
+                                        .query()
+                                        .fetch_optional(&mut *tx)
+                                        .await?
+                                } else {
+                                    None
+                                };
+                                tx.commit().await?;
+                                row
+                            }
                             // The lock's statement and the claim's are two, so the claim reads
                             // what the key's previous holder committed before it let go.
                             Some(lock) => {
                                 let mut tx = pool.begin().await?;
-                                keyed(sql, lock, key).fetch_all(&mut *tx).await?;
-                                let row = claim(&mut *tx).await?;
+                                keyed(sql, lock, key).query().fetch_all(&mut *tx).await?;
+                                let row =
+                                    claim(&sql.ordered.claim).fetch_optional(&mut *tx).await?;
                                 tx.commit().await?;
                                 row
                             }
                             None => {
                                 let mut conn = pool.acquire().await?;
-                                claim(&mut *conn).await?
+                                claim(&sql.ordered.claim).fetch_optional(&mut *conn).await?
                             }
                         };
                         row.map(|row| returned_row(&row)).transpose()
@@ -467,10 +559,15 @@ macro_rules! inbox_sql {
                 ) -> BoxFuture<'a, sqlx::Result<Vec<EventKey>>> {
                     Box::pin(async move {
                         sql.sent();
-                        let rows: Vec<(String, String)> = sqlx::query_as(sql.ordered.due.clone())
+                        let rows: Vec<(String, String)> = sql
+                            .ordered
+                            .due
+                            .binder::<$db>()
                             .bind(now)
                             .bind(limit)
                             .bind(max_attempts)
+                            .query()
+                            .try_map(|row| sqlx::FromRow::from_row(&row))
                             .fetch_all(pool)
                             .await?;
                         Ok(rows
@@ -487,12 +584,11 @@ macro_rules! inbox_sql {
                 ) -> BoxFuture<'a, sqlx::Result<Option<String>>> {
                     Box::pin(async move {
                         if let Some(lock) = &sql.ordered.lock {
-                            keyed(sql, lock, key).fetch_all(&mut *conn).await?;
+                            keyed(sql, lock, key).query().fetch_all(&mut *conn).await?;
                         }
-                        sql.sent();
-                        sqlx::query_scalar(sql.ordered.newer.clone())
-                            .bind(&key.provider)
-                            .bind(&key.event_id)
+                        keyed(sql, &sql.ordered.newer, key)
+                            .query()
+                            .try_map(|row| sqlx::Row::try_get(&row, 0))
                             .fetch_optional(&mut *conn)
                             .await
                     })
@@ -511,7 +607,7 @@ macro_rules! inbox_sql {
                             .bind(now)
                             .bind(token)
                             .bind(reason);
-                        one_row(query, conn).await
+                        one_row(query.query(), conn).await
                     })
                 }
 
@@ -521,10 +617,9 @@ macro_rules! inbox_sql {
                     key: &'a EventKey,
                 ) -> BoxFuture<'a, sqlx::Result<Option<String>>> {
                     Box::pin(async move {
-                        sql.sent();
-                        sqlx::query_scalar(sql.ordered.next.clone())
-                            .bind(&key.provider)
-                            .bind(&key.event_id)
+                        keyed(sql, &sql.ordered.next, key)
+                            .query()
+                            .try_map(|row| sqlx::Row::try_get(&row, 0))
                             .fetch_optional(pool)
                             .await
                     })
@@ -537,7 +632,7 @@ macro_rules! inbox_sql {
                     Box::pin(async move {
                         sql.sent();
                         let rows: Vec<(i16, String, i64, i64)> =
-                            sqlx::query_as(sql.queue.open_groups.clone())
+                            sqlx::query_as(sql.queue.open_groups.text().clone())
                                 .fetch_all(pool)
                                 .await?;
                         Ok(rows
@@ -573,10 +668,11 @@ macro_rules! inbox_sql {
                             .bind(now)
                             .bind(Vec::<u8>::new())
                             .bind(DISCARDED);
-                        if one_row(keep, pool).await? {
+                        if one_row(keep.query(), pool).await? {
                             return Ok(true);
                         }
-                        one_row(keyed(sql, &sql.discard_delete, key).bind(now), pool).await
+                        let delete = keyed(sql, &sql.discard_delete, key).bind(now);
+                        one_row(delete.query(), pool).await
                     })
                 }
             }
@@ -601,6 +697,45 @@ inbox_sql!(
     insert_many_sqlite
 );
 
+// A handler's transaction starts with `BEGIN`: InnoDB locks rows, not the database, so a lazy
+// start takes nothing before the handler's first statement either.
+inbox_sql!(sqlx::MySql, "mysql", Sql::mysql, "BEGIN", insert_many_mysql);
+
+/// MySQL: the rows one by one (`INSERT IGNORE`) in one transaction, so one commit for all of
+/// them.
+#[cfg(feature = "mysql")]
+async fn insert_many_mysql(
+    pool: &sqlx::MySqlPool,
+    sql: &Sql,
+    events: &[&NewEvent],
+) -> sqlx::Result<HashSet<EventKey>> {
+    let mut tx = pool.begin().await?;
+    let mut inserted = HashSet::new();
+    for event in events {
+        sql.sent();
+        let done = sql
+            .insert
+            .binder::<sqlx::MySql>()
+            .bind(event.key.provider.as_str())
+            .bind(event.key.event_id.as_str())
+            .bind(event.headers.as_str())
+            .bind(event.body.as_slice())
+            .bind(event.authenticator.as_deref())
+            .bind(event.received_at)
+            .bind(event.order.as_ref().map(|o| o.key.as_str()))
+            .bind(event.order.as_ref().map(|o| o.time))
+            .bind(event.authenticator_until)
+            .query()
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 1 {
+            inserted.insert(event.key.clone());
+        }
+    }
+    tx.commit().await?;
+    Ok(inserted)
+}
+
 /// Postgres: one statement over arrays, whatever the batch's size (one prepared statement).
 #[cfg(feature = "postgres")]
 async fn insert_many_postgres(
@@ -610,7 +745,7 @@ async fn insert_many_postgres(
 ) -> sqlx::Result<HashSet<EventKey>> {
     let column = |f: &dyn Fn(&NewEvent) -> String| events.iter().map(|e| f(e)).collect::<Vec<_>>();
     sql.sent();
-    let rows: Vec<(String, String)> = sqlx::query_as(sql.insert_many.clone())
+    let rows: Vec<(String, String)> = sqlx::query_as(sql.insert_many.text().clone())
         .bind(column(&|e| e.key.provider.clone()))
         .bind(column(&|e| e.key.event_id.clone()))
         .bind(column(&|e| e.headers.clone()))
@@ -660,7 +795,7 @@ async fn insert_many_sqlite(
     let mut inserted = HashSet::new();
     for event in events {
         sql.sent();
-        let done = sqlx::query(sql.insert.clone())
+        let done = sqlx::query(sql.insert.text().clone())
             .bind(&event.key.provider)
             .bind(&event.key.event_id)
             .bind(&event.headers)
@@ -706,12 +841,16 @@ where
     DB: sqlx::Database,
     E: sqlx::Executor<'e, Database = DB>,
     i64: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    <DB as sqlx::Database>::Arguments: Send,
     for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
 {
     sql.sent();
-    sqlx::query(sql.queue.purge_positions.clone())
+    sql.queue
+        .purge_positions
+        .binder::<DB>()
         .bind(before)
         .bind(limit)
+        .query()
         .execute(executor)
         .await?;
     Ok(())
@@ -728,7 +867,7 @@ impl Purge for sqlx::Postgres {
     ) -> BoxFuture<'a, sqlx::Result<u64>> {
         Box::pin(async move {
             sql.sent();
-            let purged: i64 = sqlx::query_scalar(sql.queue.purge_batch.clone())
+            let purged: i64 = sqlx::query_scalar(sql.queue.purge_batch.text().clone())
                 .bind(before)
                 .bind(now)
                 .bind(limit)
@@ -754,7 +893,7 @@ impl Purge for sqlx::Sqlite {
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
             sql.sent();
             type Deleted = (String, String, i16, Option<String>, Option<i64>);
-            let deleted: Vec<Deleted> = sqlx::query_as(sql.queue.purge_batch.clone())
+            let deleted: Vec<Deleted> = sqlx::query_as(sql.queue.purge_batch.text().clone())
                 .bind(before)
                 .bind(now)
                 .bind(limit)
@@ -775,7 +914,7 @@ impl Purge for sqlx::Sqlite {
             }
             for ((provider, key), (time, event_id)) in newest {
                 sql.sent();
-                sqlx::query(sql.queue.keep_position.clone())
+                sqlx::query(sql.queue.keep_position.text().clone())
                     .bind(provider)
                     .bind(key)
                     .bind(time)
@@ -787,6 +926,83 @@ impl Purge for sqlx::Sqlite {
             purge_positions(&mut *tx, sql, before, limit).await?;
             tx.commit().await?;
             Ok(u64::try_from(deleted.len()).unwrap_or(u64::MAX))
+        })
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Purge for sqlx::MySql {
+    fn purge_batch<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Sql,
+        before: i64,
+        now: i64,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>> {
+        Box::pin(async move {
+            // One transaction: the batch picked and locked (skipping rows another instance's
+            // purge holds), deleted by key, and the positions it carries kept.
+            let mut tx = pool.begin().await?;
+            sql.sent();
+            type Picked = (String, String, i16, Option<String>, Option<i64>);
+            let picked: Vec<Picked> = sql
+                .queue
+                .purge_batch
+                .binder::<sqlx::MySql>()
+                .bind(before)
+                .bind(now)
+                .bind(limit)
+                .query()
+                .try_map(|row| sqlx::FromRow::from_row(&row))
+                .fetch_all(&mut *tx)
+                .await?;
+            if !picked.is_empty() {
+                let column = |part: fn(&Picked) -> &str| {
+                    let values: Vec<&str> = picked.iter().map(part).collect();
+                    serde_json::to_string(&values).expect("strings serialize")
+                };
+                sql.sent();
+                sql.queue
+                    .purge_picked
+                    .as_ref()
+                    .expect("MySQL's purge deletes what it picked")
+                    .binder::<sqlx::MySql>()
+                    .bind(column(|row| &row.0))
+                    .bind(column(|row| &row.1))
+                    .query()
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let mut newest: HashMap<(&str, &str), (i64, &str)> = HashMap::new();
+            for (provider, event_id, state, key, time) in &picked {
+                let (Some(key), Some(time), 1) = (key, time, state) else {
+                    continue;
+                };
+                // The newest by time, then by event id, as on Postgres.
+                let entry = newest
+                    .entry((provider, key))
+                    .or_insert((*time, event_id.as_str()));
+                if (*time, event_id.as_str()) > *entry {
+                    *entry = (*time, event_id);
+                }
+            }
+            for ((provider, key), (time, event_id)) in newest {
+                sql.sent();
+                sql.queue
+                    .keep_position
+                    .binder::<sqlx::MySql>()
+                    .bind(provider)
+                    .bind(key)
+                    .bind(time)
+                    .bind(event_id)
+                    .bind(now)
+                    .query()
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            purge_positions(&mut *tx, sql, before, limit).await?;
+            tx.commit().await?;
+            Ok(u64::try_from(picked.len()).unwrap_or(u64::MAX))
         })
     }
 }

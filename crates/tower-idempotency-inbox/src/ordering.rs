@@ -2,8 +2,9 @@
 
 use std::{fmt, sync::Arc};
 
-use sqlx::SqlStr;
-use tower_idempotency_sqlx::table_sql;
+use tower_idempotency_jobs::Prepared;
+
+use crate::backend::Db;
 
 /// What the worker does with events of one ordering key that arrive out of order; see
 /// [`Ordering`].
@@ -126,29 +127,35 @@ impl Ordering {
 /// The statements of an ordered inbox table (see `backend.rs` for the others).
 #[derive(Debug)]
 pub struct OrderedSql {
-    /// Postgres: locks the event's ordering key for the transaction (no row for an unordered
-    /// event). Bound: provider, event id.
-    pub(crate) lock: Option<SqlStr>,
+    /// Postgres and MySQL: locks the event's ordering key for the transaction (no row for an
+    /// unordered event; Postgres: an advisory lock, MySQL: the rows of the key). Bound:
+    /// provider, event id.
+    pub(crate) lock: Option<Prepared>,
     /// The claim under [`OrderingPolicy::Sequential`]: as the plain claim, and only when no
-    /// other pending event of its key is earlier or running. Bound as the plain claim.
-    pub(crate) claim: SqlStr,
+    /// other pending event of its key is earlier or running. Bound as the plain claim (MySQL:
+    /// the locking `SELECT` that picks the event, followed by [`Self::unreturned`]).
+    pub(crate) claim: Prepared,
+    /// MySQL, which has no `RETURNING`: the claim's `UPDATE` of the picked event (bound as the
+    /// plain claim) and the read of its claimed row (bound: provider, event id).
+    pub(crate) unreturned: Option<(Prepared, Prepared)>,
     /// The sweep under [`OrderingPolicy::Sequential`]: the due events a claim would take now
     /// (no earlier pending or running event of their key), so a backlog of events waiting for
     /// an earlier one never fills the sweep's batch. Bound as the plain sweep.
-    pub(crate) due: SqlStr,
+    pub(crate) due: Prepared,
     /// Whether a processed event of the event's key is strictly newer, in the table or in the
     /// positions the retention kept; answers its event id.
-    pub(crate) newer: SqlStr,
+    pub(crate) newer: Prepared,
     /// Marks a claimed event skipped (fenced by its token).
-    pub(crate) skip: SqlStr,
+    pub(crate) skip: Prepared,
     /// The earliest pending event of the event's key, other than the event.
-    pub(crate) next: SqlStr,
+    pub(crate) next: Prepared,
 }
 
 impl OrderedSql {
     /// `due` selects due events; `due_by_key` is the same condition for a statement that names
     /// its event's key (kept on the primary key).
-    pub(crate) fn new(table: &str, (due, due_by_key): (&str, &str), postgres: bool) -> Self {
+    pub(crate) fn new(table: &str, (due, due_by_key): (&str, &str), db: Db) -> Self {
+        let sql = |text: String| Prepared::new(text, db.placeholders());
         // `o.state + 0` keeps the planner on the ordering index, which holds the key's events:
         // one led by `state` would walk every pending event of the provider instead.
         let earlier_or_running = |e: &str| {
@@ -160,28 +167,56 @@ impl OrderedSql {
                  < ({e}.event_time, {e}.received_at, {e}.event_id) OR o.lease_until > $1))"
             )
         };
-        let (lock, claim) = if postgres {
-            let lock = format!(
+        let returned = "headers, body, received_at, attempts";
+        let take = "attempts = attempts + 1, lease_token = $4, lease_until = $5";
+        let (lock, claim, unreturned) = match db {
+            Db::Postgres => {
+                let lock = format!(
                 "SELECT pg_advisory_xact_lock(hashtextextended(provider || ':' || order_key, 0)) \
                  FROM {table} WHERE provider = $1 AND event_id = $2 AND order_key IS NOT NULL"
             );
-            let claim = format!(
-                "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+                let claim = format!(
+                    "UPDATE {table} SET {take} \
                  WHERE (provider, event_id) = (SELECT provider, event_id FROM {table} e \
                  WHERE provider = $2 AND event_id = $3 AND {due_by_key} AND attempts < $6 AND {} \
                  FOR UPDATE SKIP LOCKED) \
-                 RETURNING headers, body, received_at, attempts",
-                earlier_or_running("e")
-            );
-            (Some(table_sql(lock)), table_sql(claim))
-        } else {
-            let claim = format!(
-                "UPDATE {table} SET attempts = attempts + 1, lease_token = $4, lease_until = $5 \
+                 RETURNING {returned}",
+                    earlier_or_running("e")
+                );
+                (Some(sql(lock)), sql(claim), None)
+            }
+            // The rows of the key, locked: a claim of the key's other events waits for this
+            // one's commit. The pick, the update and the read of the claimed row follow in
+            // the same transaction. A join, not a subquery: a locking read takes no snapshot,
+            // so under REPEATABLE READ the transaction's reads after it see what the key's
+            // previous holder committed.
+            Db::MySql => {
+                let lock = format!(
+                    "SELECT 1 FROM {table} e JOIN {table} o ON o.provider = e.provider \
+                     AND o.order_key = e.order_key \
+                     WHERE e.provider = $1 AND e.event_id = $2 FOR UPDATE"
+                );
+                let pick = format!(
+                    "SELECT provider FROM {table} e \
+                     WHERE provider = $2 AND event_id = $3 AND {due_by_key} AND attempts < $6 \
+                     AND {} FOR UPDATE",
+                    earlier_or_running("e")
+                );
+                let update =
+                    format!("UPDATE {table} SET {take} WHERE provider = $2 AND event_id = $3");
+                let read =
+                    format!("SELECT {returned} FROM {table} WHERE provider = $1 AND event_id = $2");
+                (Some(sql(lock)), sql(pick), Some((sql(update), sql(read))))
+            }
+            Db::Sqlite => {
+                let claim = format!(
+                    "UPDATE {table} SET {take} \
                  WHERE provider = $2 AND event_id = $3 AND {due_by_key} AND attempts < $6 AND {} \
-                 RETURNING headers, body, received_at, attempts",
-                earlier_or_running(table)
-            );
-            (None, table_sql(claim))
+                 RETURNING {returned}",
+                    earlier_or_running(table)
+                );
+                (None, sql(claim), None)
+            }
         };
         let due_now = format!(
             "SELECT provider, event_id FROM {table} e WHERE {due} AND attempts < $3 AND {} \
@@ -191,11 +226,12 @@ impl OrderedSql {
         Self {
             lock,
             claim,
-            due: table_sql(due_now),
+            unreturned,
+            due: sql(due_now),
             // A processed event still in the table, or the position the purge kept of the
             // processed events it deleted: one statement, so a purge committing meanwhile is
             // seen before or after, never half.
-            newer: table_sql(format!(
+            newer: sql(format!(
                 "SELECT o.event_id FROM {table} e JOIN {table} o ON o.provider = e.provider \
                  AND o.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND o.state = 1 \
@@ -206,12 +242,12 @@ impl OrderedSql {
                  WHERE e.provider = $1 AND e.event_id = $2 AND p.event_time > e.event_time \
                  LIMIT 1"
             )),
-            skip: table_sql(format!(
+            skip: sql(format!(
                 "UPDATE {table} SET state = 3, finished_at = $3, last_error = $5, \
                  lease_token = NULL, lease_until = NULL \
                  WHERE provider = $1 AND event_id = $2 AND lease_token = $4"
             )),
-            next: table_sql(format!(
+            next: sql(format!(
                 "SELECT n.event_id FROM {table} e JOIN {table} n ON n.provider = e.provider \
                  AND n.order_key = e.order_key \
                  WHERE e.provider = $1 AND e.event_id = $2 AND n.state = 0 \

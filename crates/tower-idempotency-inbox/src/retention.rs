@@ -27,8 +27,9 @@
 
 use std::time::Duration;
 
-use sqlx::SqlStr;
-use tower_idempotency_sqlx::table_sql;
+use tower_idempotency_jobs::Prepared;
+
+use crate::backend::Db;
 
 use crate::{
     event::{duration_ms, now_ms},
@@ -58,17 +59,22 @@ pub struct OpenGroup {
 pub(crate) struct QueueSql {
     /// DDL appended to the table's.
     pub(crate) schema: String,
-    pub(crate) open_groups: SqlStr,
+    pub(crate) open_groups: Prepared,
     /// Postgres: deletes a batch of finished events and moves the newest processed position of
     /// each object among them to the positions table, in one statement; answers the count.
-    /// SQLite: deletes the batch and answers each deleted row's state and position.
-    pub(crate) purge_batch: SqlStr,
-    /// SQLite: records one object's position (`$1` provider, `$2` key, `$3` time, `$4` event
-    /// id, `$5` now), keeping the newer one.
-    pub(crate) keep_position: SqlStr,
+    /// SQLite: deletes the batch and answers each deleted row's state and position. MySQL:
+    /// picks and locks the batch, answering each row's key, state and position.
+    pub(crate) purge_batch: Prepared,
+    /// MySQL: deletes the picked rows, bound as two JSON arrays (providers, event ids).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) purge_picked: Option<Prepared>,
+    /// SQLite and MySQL: records one object's position (`$1` provider, `$2` key, `$3` time,
+    /// `$4` event id, `$5` now), keeping the newer one.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) keep_position: Prepared,
     /// Deletes up to `$2` positions written before `$1` whose object has no pending or failed
     /// event.
-    pub(crate) purge_positions: SqlStr,
+    pub(crate) purge_positions: Prepared,
 }
 
 /// How the positions table keeps the newer of two positions of one object.
@@ -82,16 +88,65 @@ const NEWER_POSITION: &str = "ON CONFLICT (provider, order_key) DO UPDATE SET \
 impl QueueSql {
     /// `lock` ends a purge's selection; `text` is the type of the positions table's text
     /// columns.
-    fn new(table: &str, lock: &str, text: &str, postgres: bool) -> Self {
-        let doomed = format!(
-            "DELETE FROM {table} WHERE (provider, event_id) IN (\
-             SELECT provider, event_id FROM {table} \
+    fn new(table: &str, lock: &str, text: &str, db: Db) -> Self {
+        let sql = |text: String| Prepared::new(text, db.placeholders());
+        let finished = format!(
+            "SELECT provider, event_id FROM {table} \
              WHERE state IN (1, 3) AND finished_at < $1 \
              AND (authenticator_until IS NULL OR authenticator_until <= $2) \
-             ORDER BY finished_at LIMIT $3{lock})"
+             ORDER BY finished_at LIMIT $3{lock}"
         );
+        let doomed = format!("DELETE FROM {table} WHERE (provider, event_id) IN ({finished})");
         let positions = format!("{table}_positions");
-        let purge_batch = if postgres {
+        let stale_position = |p: &str| {
+            format!(
+                "updated_at < $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.provider = {p}.provider \
+                 AND e.order_key = {p}.order_key AND e.state IN (0, 2))"
+            )
+        };
+        if db == Db::MySql {
+            // No `RETURNING`, no `LIMIT` in an `IN` subquery, no `excluded`: the batch is
+            // picked and locked, then deleted by key; a position is upserted with its values
+            // bound again (`event_id` assigned before the `event_time` it compares).
+            let batch = "SELECT p.v AS provider, e.v AS event_id FROM \
+                 JSON_TABLE($1, '$[*]' COLUMNS (n FOR ORDINALITY, v TEXT PATH '$')) AS p JOIN \
+                 JSON_TABLE($2, '$[*]' COLUMNS (n FOR ORDINALITY, v TEXT PATH '$')) AS e \
+                 ON e.n = p.n";
+            return Self {
+                schema: format!(
+                    "CREATE TABLE IF NOT EXISTS {positions} (\n\
+                     provider {text} NOT NULL,\n\
+                     order_key {text} NOT NULL,\n\
+                     event_time BIGINT NOT NULL,\n\
+                     event_id {text} NOT NULL,\n\
+                     updated_at BIGINT NOT NULL,\n\
+                     PRIMARY KEY (provider, order_key),\n\
+                     INDEX {table}_pos_idx (updated_at)) ENGINE = InnoDB;\n"
+                ),
+                open_groups: sql(open_groups(table)),
+                purge_batch: sql(finished.replace(
+                    "SELECT provider, event_id FROM",
+                    "SELECT provider, event_id, state, order_key, event_time FROM",
+                )),
+                purge_picked: Some(sql(format!(
+                    "DELETE {table} FROM {table} JOIN ({batch}) AS b \
+                     ON {table}.provider = b.provider AND {table}.event_id = b.event_id"
+                ))),
+                keep_position: sql(format!(
+                    "INSERT INTO {positions} \
+                     (provider, order_key, event_time, event_id, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5) ON DUPLICATE KEY UPDATE updated_at = $5, \
+                     event_id = CASE WHEN $3 > event_time THEN $4 ELSE event_id END, \
+                     event_time = CASE WHEN $3 > event_time THEN $3 ELSE event_time END"
+                )),
+                purge_positions: sql(format!(
+                    "DELETE FROM {positions} WHERE {} ORDER BY updated_at LIMIT $2",
+                    stale_position(&positions)
+                )),
+            };
+        }
+        let purge_batch = if db == Db::Postgres {
             // One statement: the rows and the positions they carry change together. DISTINCT
             // ON: an upsert may not touch one row twice.
             format!(
@@ -128,22 +183,19 @@ impl QueueSql {
                  PRIMARY KEY (provider, order_key));\n\
                  CREATE INDEX IF NOT EXISTS {table}_pos_idx ON {positions} (updated_at);\n"
             ),
-            open_groups: table_sql(format!(
-                "SELECT state, provider, count(*), min(received_at) FROM {table} \
-                 WHERE state IN (0, 2) GROUP BY state, provider"
-            )),
-            purge_batch: table_sql(purge_batch),
-            keep_position: table_sql(format!(
+            open_groups: sql(open_groups(table)),
+            purge_batch: sql(purge_batch),
+            purge_picked: None,
+            keep_position: sql(format!(
                 "INSERT INTO {positions} AS p \
                  (provider, order_key, event_time, event_id, updated_at) \
                  VALUES ($1, $2, $3, $4, $5) {NEWER_POSITION}"
             )),
-            purge_positions: table_sql(format!(
+            purge_positions: sql(format!(
                 "DELETE FROM {positions} WHERE (provider, order_key) IN (\
-                 SELECT provider, order_key FROM {positions} p WHERE updated_at < $1 \
-                 AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.provider = p.provider \
-                 AND e.order_key = p.order_key AND e.state IN (0, 2)) \
-                 ORDER BY updated_at LIMIT $2{lock})"
+                 SELECT provider, order_key FROM {positions} p WHERE {} \
+                 ORDER BY updated_at LIMIT $2{lock})",
+                stale_position("p")
             )),
         }
     }
@@ -151,13 +203,38 @@ impl QueueSql {
     /// Several instances purge side by side: a batch skips the rows another one is deleting.
     #[cfg(feature = "postgres")]
     pub(crate) fn postgres(table: &str) -> Self {
-        Self::new(table, " FOR UPDATE SKIP LOCKED", "text COLLATE \"C\"", true)
+        Self::new(
+            table,
+            " FOR UPDATE SKIP LOCKED",
+            "text COLLATE \"C\"",
+            Db::Postgres,
+        )
     }
 
     #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(table: &str) -> Self {
-        Self::new(table, "", "TEXT", false)
+        Self::new(table, "", "TEXT", Db::Sqlite)
     }
+
+    /// As on Postgres, a batch skips the rows another instance's purge is deleting. The
+    /// table's own indexes are declared in its `CREATE TABLE` (`backend.rs`).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(table: &str) -> Self {
+        Self::new(
+            table,
+            " FOR UPDATE SKIP LOCKED",
+            crate::backend::MYSQL_KEY,
+            Db::MySql,
+        )
+    }
+}
+
+/// The gauges' statement: the open (pending and failed) rows by state and provider.
+fn open_groups(table: &str) -> String {
+    format!(
+        "SELECT state, provider, count(*), min(received_at) FROM {table} \
+         WHERE state IN (0, 2) GROUP BY state, provider"
+    )
 }
 
 impl<DB: InboxDatabase> Inbox<DB> {
@@ -284,7 +361,7 @@ mod tests {
                     .join("\n")
             }
         };
-        let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
+        let gauges = plan(inbox.sql.queue.open_groups.text().clone(), 0).await;
         assert!(
             gauges.contains("USING COVERING INDEX plans_open_idx"),
             "{gauges}"
@@ -293,17 +370,17 @@ mod tests {
             !gauges.contains("SCAN plans\n") && !gauges.ends_with("SCAN plans"),
             "{gauges}"
         );
-        let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
+        let purge = plan(inbox.sql.queue.purge_batch.text().clone(), 3).await;
         assert!(purge.contains("USING INDEX plans_finished_idx"), "{purge}");
         // The positions' purge finds an object's open events by the ordering index, and the
         // stale check finds its newer events and position by their keys.
-        let positions = plan(inbox.sql.queue.purge_positions.clone(), 2).await;
+        let positions = plan(inbox.sql.queue.purge_positions.text().clone(), 2).await;
         assert!(
             positions.contains("USING INDEX plans_pos_idx"),
             "{positions}"
         );
         assert!(positions.contains("plans_order_idx"), "{positions}");
-        let newer = plan(inbox.sql.ordered.newer.clone(), 2).await;
+        let newer = plan(inbox.sql.ordered.newer.text().clone(), 2).await;
         assert!(
             newer.contains("plans_positions_1 (provider=? AND order_key=?)"),
             "{newer}"
@@ -360,10 +437,10 @@ mod tests {
                 lines.join("\n")
             }
         };
-        let gauges = plan(inbox.sql.queue.open_groups.clone(), 0).await;
-        let purge = plan(inbox.sql.queue.purge_batch.clone(), 3).await;
-        let positions = plan(inbox.sql.queue.purge_positions.clone(), 2).await;
-        let newer = format!("EXPLAIN {}", inbox.sql.ordered.newer.as_str());
+        let gauges = plan(inbox.sql.queue.open_groups.text().clone(), 0).await;
+        let purge = plan(inbox.sql.queue.purge_batch.text().clone(), 3).await;
+        let positions = plan(inbox.sql.queue.purge_positions.text().clone(), 2).await;
+        let newer = format!("EXPLAIN {}", inbox.sql.ordered.newer.text().as_str());
         let newer: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(&*newer))
             .bind("stripe")
             .bind("evt_5")
@@ -413,7 +490,7 @@ mod tests {
         let (now, token, until, max) = (0_i64, 7_i64, 0_i64, 25_i32);
         let (claim_many, ordered) = (
             explain(inbox.sql.jobs.text(Statement::ClaimKeys)),
-            explain(&inbox.sql.ordered.claim),
+            explain(inbox.sql.ordered.claim.text()),
         );
         let many = sqlx::query_scalar(sqlx::AssertSqlSafe(&*claim_many))
             .bind(now)

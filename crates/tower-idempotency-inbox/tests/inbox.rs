@@ -386,6 +386,7 @@ async fn at_most_one_statement_per_delivery<DB: Fixture>() {
 }
 
 on_both!(
+    and_mysql:
     concurrent_duplicates,
     ack_before_slow_handler,
     retries_until_success,
@@ -403,13 +404,27 @@ on_both!(
 /// process some.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_one_postgres_inbox() {
-    let setup = Setup::<sqlx::Postgres>::new().await;
-    let second_pool = sqlx::PgPool::connect(&database_url()).await.unwrap();
+    two_instances_share_one_inbox::<sqlx::Postgres>().await;
+}
+
+/// The same on one MySQL or MariaDB table (claims skip the rows the other instance locks).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_mysql_inbox() {
+    if tower_idempotency_testkit::mysql_or_skip("two inbox instances on MySQL") {
+        two_instances_share_one_inbox::<sqlx::MySql>().await;
+    }
+}
+
+/// Two instances on one shared database's table (`DB::open` gives the second its own pool).
+async fn two_instances_share_one_inbox<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let (second_pool, _, _) = DB::open().await;
     let second =
         tower_idempotency_inbox::Inbox::new(second_pool.clone(), &setup.inbox_table).unwrap();
     let (probe_a, probe_b) = (setup.probe(), setup.probe());
     let worker_a = start(&setup, &probe_a).await;
-    let worker_b = quick(second.worker(probe_b.handler::<sqlx::Postgres>())).spawn();
+    let worker_b = quick(second.worker(probe_b.handler::<DB>())).spawn();
     let (url_a, url_b) = (serve(&setup.inbox).await, serve(&second).await);
     let client = reqwest::Client::new();
     let ids: Vec<String> = (0..40).map(|n| format!("evt_two_{n}")).collect();

@@ -295,4 +295,4 @@ async fn operator_actions<DB: Fixture>() {
     setup.cleanup().await;
 }
 
-on_both!(listing_pages_past_a_thousand, operator_actions);
+on_both!(and_mysql: listing_pages_past_a_thousand, operator_actions);

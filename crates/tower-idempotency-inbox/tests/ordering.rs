@@ -319,6 +319,7 @@ async fn skip_stale_never_runs_an_older_event_after_a_newer_one<DB: Fixture>() {
 }
 
 on_both!(
+    and_mysql:
     sequential_runs_pending_events_of_an_object_in_time_order,
     sequential_backlog_larger_than_a_sweep,
     sequential_holds_across_two_workers,

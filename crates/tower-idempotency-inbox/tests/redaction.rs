@@ -181,4 +181,4 @@ async fn a_failed_mailgun_delivery_is_shown_masked_and_discarded_keeping_its_aut
     setup.finish(worker).await;
 }
 
-on_both!(a_failed_mailgun_delivery_is_shown_masked_and_discarded_keeping_its_authenticator);
+on_both!(and_mysql: a_failed_mailgun_delivery_is_shown_masked_and_discarded_keeping_its_authenticator);

@@ -153,7 +153,7 @@ async fn a_failed_older_event_is_skipped_when_retried_after_the_purge<DB: Fixtur
     setup.finish(worker).await;
 }
 
-on_both!(
+on_both!(and_mysql:
     an_older_event_stays_stale_after_the_newer_one_is_purged,
     a_failed_older_event_is_skipped_when_retried_after_the_purge,
 );

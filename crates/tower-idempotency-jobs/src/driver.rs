@@ -1,7 +1,13 @@
 //! [`Driver`]: the statements of a job table on one database. Each database's folder
-//! (`postgres/`, `sqlite/`) owns its dialect (its column types, its claim's lock clause, how a
-//! batch of keys is bound) and implements the trait through `driver_calls!`, which writes the
-//! typed calls once.
+//! (`postgres/`, `sqlite/`, `mysql/`) owns its dialect (its column types, its claim's lock
+//! clause, how a batch of keys is bound, how parameters are written, whether it has
+//! `RETURNING`) and implements the trait through `driver_calls!`, which writes the typed calls
+//! once.
+//!
+//! Every statement is written once, with numbered parameters (`$1`, `$2`, ..); [`Prepared`]
+//! turns it into `?` placeholders for a database that has only those, with the parameter number
+//! of each `?`, and [`Binder`] binds a call's parameters in that order (twice where a parameter
+//! is used twice).
 
 use futures_util::future::BoxFuture;
 use sqlx::SqlStr;
@@ -12,11 +18,23 @@ use crate::table::{Claimed, JobCounts, JobKey, JobSummary, PageFilter, Table};
 /// What a database's driver says about its SQL; [`Statements::new`] builds the texts from it.
 #[derive(Clone, Copy, Debug)]
 pub struct Dialect {
-    /// Appended to a claim's inner `SELECT`: Postgres `FOR UPDATE SKIP LOCKED`, so workers
-    /// sharing a table take disjoint jobs instead of waiting for each other's locks.
+    /// Appended to a claim's inner `SELECT`: Postgres and MySQL `FOR UPDATE SKIP LOCKED`, so
+    /// workers sharing a table take disjoint jobs instead of waiting for each other's locks.
     pub claim_lock: &'static str,
     /// How the key columns' values of a batch are bound: one array per key column.
     pub key_batch: KeyBatch,
+    /// How parameters are written.
+    pub placeholders: Placeholders,
+    /// Whether an `UPDATE` can answer the rows it changed (`RETURNING`). Without it, a claim
+    /// and the sweep of spent jobs are a locking `SELECT` and an `UPDATE` of the rows it
+    /// picked, in one transaction (`Statements::unreturned`).
+    pub returning: bool,
+    /// The quote of a column name the half chose (MySQL's backtick: an outbox's `key` is a
+    /// reserved word there); empty for none.
+    pub quote: &'static str,
+    /// A `NULL` the database types as an integer: the status of a table without a status
+    /// column.
+    pub null_integer: &'static str,
 }
 
 /// How a statement receives a batch of keys.
@@ -26,41 +44,187 @@ pub enum KeyBatch {
     PostgresArrays,
     /// One JSON array of strings per key column, paired by position (`json_each`).
     JsonArrays,
+    /// One JSON array of strings per key column, paired by position (`JSON_TABLE .. FOR
+    /// ORDINALITY`, MySQL 8.0 and MariaDB 10.6 on).
+    JsonTable,
+}
+
+/// How a database writes a statement's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placeholders {
+    /// `$1`, `$2`, .. by number: a parameter used twice is bound once (Postgres, SQLite).
+    Numbered,
+    /// `?` by position: each use of a parameter is bound (MySQL, MariaDB).
+    Positional,
+}
+
+/// One statement's text in its database's placeholder form. Written with numbered parameters
+/// (`$1`, `$2`, ..); for [`Placeholders::Positional`] each `$N` becomes `?` and the statement
+/// keeps the number each `?` takes, so that [`Binder`] binds them in that order.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    text: SqlStr,
+    order: Option<Box<[usize]>>,
+}
+
+impl Prepared {
+    /// `text`, whose parameters are numbered (`$1` ..), in the form of `placeholders`.
+    pub fn new(text: String, placeholders: Placeholders) -> Self {
+        match placeholders {
+            Placeholders::Numbered => Self {
+                text: table_sql(text),
+                order: None,
+            },
+            Placeholders::Positional => {
+                let (text, order) = positional(&text);
+                Self {
+                    text: table_sql(text),
+                    order: Some(order.into_boxed_slice()),
+                }
+            }
+        }
+    }
+
+    /// The text as the database receives it.
+    pub fn text(&self) -> &SqlStr {
+        &self.text
+    }
+
+    /// A query of this statement, to bind its parameters in their numbers' order.
+    pub fn binder<'q, DB: sqlx::Database>(&'q self) -> Binder<'q, DB> {
+        Binder {
+            query: sqlx::query(self.text.clone()),
+            order: self.order.as_deref(),
+            deferred: Vec::new(),
+        }
+    }
+}
+
+/// `text` with each `$N` as `?`, and the `N` of each `?` in order.
+fn positional(text: &str) -> (String, Vec<usize>) {
+    let mut out = String::with_capacity(text.len());
+    let mut order = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        let digits = text[at + c.len_utf8()..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        if c != '$' || digits == 0 {
+            out.push(c);
+            continue;
+        }
+        let number = &text[at + 1..at + 1 + digits];
+        order.push(number.parse().expect("a parameter number"));
+        out.push('?');
+        for _ in 0..digits {
+            chars.next();
+        }
+    }
+    (out, order)
+}
+
+/// One applied parameter of a positional statement.
+type Bind<'q, DB> = Box<
+    dyn Fn(
+            sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+        ) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+        + Send
+        + 'q,
+>;
+
+/// A [`Prepared`] statement's parameters, given in their numbers' order (`$1` first) and bound
+/// in the order its text uses them.
+pub struct Binder<'q, DB: sqlx::Database> {
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    order: Option<&'q [usize]>,
+    deferred: Vec<Bind<'q, DB>>,
+}
+
+impl<'q, DB: sqlx::Database> Binder<'q, DB> {
+    /// The next parameter (`$1`, then `$2`, ..).
+    #[allow(clippy::should_implement_trait)]
+    pub fn bind<T>(mut self, value: T) -> Self
+    where
+        T: sqlx::Encode<'q, DB> + sqlx::Type<DB> + Clone + Send + 'q,
+    {
+        if self.order.is_some() {
+            self.deferred
+                .push(Box::new(move |query| query.bind(value.clone())));
+        } else {
+            self.query = self.query.bind(value);
+        }
+        self
+    }
+
+    /// The query with its parameters bound.
+    pub fn query(self) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments> {
+        let Some(order) = self.order else {
+            return self.query;
+        };
+        let deferred = self.deferred;
+        order.iter().fold(self.query, |query, number| {
+            match number.checked_sub(1).and_then(|i| deferred.get(i)) {
+                Some(bind) => bind(query),
+                // Left unbound, the statement fails with the database's count error.
+                None => query,
+            }
+        })
+    }
 }
 
 /// The prepared texts of one job table's statements on one database. Built once per table.
 #[derive(Debug)]
 pub struct Statements {
     pub(crate) table: Table,
-    pub(crate) claim_due: SqlStr,
-    pub(crate) claim_keys: SqlStr,
-    pub(crate) renew: SqlStr,
-    pub(crate) renew_one: SqlStr,
-    pub(crate) complete: SqlStr,
-    pub(crate) fail: SqlStr,
-    pub(crate) exhaust: SqlStr,
-    pub(crate) due: SqlStr,
-    pub(crate) retry: SqlStr,
-    pub(crate) discard: SqlStr,
-    pub(crate) purge: SqlStr,
-    pub(crate) list: SqlStr,
-    pub(crate) page: SqlStr,
-    pub(crate) get: SqlStr,
-    pub(crate) detail: SqlStr,
-    pub(crate) counts: SqlStr,
-    pub(crate) group_counts: SqlStr,
-    pub(crate) oldest_pending: SqlStr,
+    pub(crate) claim_due: Prepared,
+    pub(crate) claim_keys: Prepared,
+    pub(crate) renew: Prepared,
+    pub(crate) renew_one: Prepared,
+    pub(crate) complete: Prepared,
+    pub(crate) fail: Prepared,
+    pub(crate) exhaust: Prepared,
+    pub(crate) due: Prepared,
+    pub(crate) retry: Prepared,
+    pub(crate) discard: Prepared,
+    pub(crate) purge: Prepared,
+    pub(crate) list: Prepared,
+    pub(crate) page: Prepared,
+    pub(crate) get: Prepared,
+    pub(crate) detail: Prepared,
+    pub(crate) counts: Prepared,
+    pub(crate) group_counts: Prepared,
+    pub(crate) oldest_pending: Prepared,
+    /// A database without `RETURNING`: what follows the locking `SELECT`s that
+    /// `claim_due`, `claim_keys` and `exhaust` are there.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) unreturned: Option<Unreturned>,
+    pub(crate) placeholders: Placeholders,
     pub(crate) history: crate::history::HistoryStatements,
+}
+
+/// The statements that write the rows a locking `SELECT` picked, on a database without
+/// `RETURNING`, each over a batch of keys bound as [`KeyBatch`] says.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) struct Unreturned {
+    /// `$1` token, `$2` lease end, then the batch: counts an attempt and takes the lease.
+    pub(crate) lease: Prepared,
+    /// `$1` token, then the batch: the claimed rows, as a claim answers them.
+    pub(crate) read: Prepared,
+    /// `$1` now, `$2` error, then the batch: fails the spent jobs.
+    pub(crate) spend: Prepared,
 }
 
 /// A statement of [`Statements`] whose text [`Statements::text`] shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Statement {
-    /// [`Driver::claim_due`]: `$1` now, `$2` token, `$3` lease end, `$4` attempts, `$5` limit.
+    /// [`Driver::claim_due`]: `$1` now, `$2` token, `$3` lease end, `$4` attempts, `$5` limit
+    /// (without `RETURNING`: the locking `SELECT` that picks the jobs).
     ClaimDue,
     /// [`Driver::claim_keys`]: `$1` now, one batch per key column, then token, lease end and
-    /// attempts.
+    /// attempts (without `RETURNING`: the locking `SELECT` that picks the jobs).
     ClaimKeys,
     /// [`Driver::renew`]: `$1` token, `$2` lease end.
     Renew,
@@ -91,70 +255,139 @@ pub const SPENT: &str =
 impl Statements {
     /// The statements of `table` in `dialect`.
     pub fn new(table: Table, dialect: Dialect) -> Self {
+        let sql = |text: String| Prepared::new(text, dialect.placeholders);
+        let q = dialect.quote;
         let t = table.name.as_str();
-        let keys = table.key_list();
+        let keys = table.key_list(q);
         let n = table.key.len();
-        let payload = table.payload_columns();
-        let returning = format!("RETURNING {keys}, attempts AS job_attempts{payload}");
+        let payload = table.payload_columns(q);
+        let claimed = format!("{keys}, attempts AS job_attempts{payload}");
+        let returning = format!("RETURNING {claimed}");
         let lock = dialect.claim_lock;
-        let claim_due = format!(
-            "UPDATE {t} SET attempts = attempts + 1, lease_token = $2, lease_until = $3 \
-             WHERE ({keys}) IN (SELECT {keys} FROM {t} WHERE {DUE} AND attempts < $4 \
-             ORDER BY available_at LIMIT $5{lock}) {returning}"
+        let lease = |token: usize, until: usize| {
+            format!("attempts = attempts + 1, lease_token = ${token}, lease_until = ${until}")
+        };
+        // $1 now, $2 token, $3 lease end, $4 attempts, $5 limit.
+        let due_pick = format!(
+            "SELECT {keys} FROM {t} WHERE {DUE} AND attempts < $4 \
+             ORDER BY available_at LIMIT $5{lock}"
         );
         // $1 now, $2.. one batch parameter per key column, then token, lease end, attempts.
         let after = 2 + n;
         let batch = key_batch(&table, dialect.key_batch, 2);
-        let claim_keys = format!(
-            "UPDATE {t} SET attempts = attempts + 1, lease_token = ${after}, \
-             lease_until = ${} WHERE ({keys}) IN (SELECT {keys} FROM {t} \
-             WHERE ({keys}) IN ({batch}) AND {DUE_BY_KEY} AND attempts < ${}{lock}) {returning}",
-            after + 1,
+        let keys_pick = format!(
+            "SELECT {keys} FROM {t} WHERE ({keys}) IN ({batch}) AND {DUE_BY_KEY} \
+             AND attempts < ${}{lock}",
             after + 2,
         );
-        let by_key = table.key_match(1);
+        // $1 now, $2 max attempts, $3 error.
+        let spent = format!("{DUE} AND attempts >= $2");
+        let spend = |now: usize, error: usize| {
+            format!(
+                "state = 2, finished_at = ${now}, last_error = ${error}, \
+                 lease_token = NULL, lease_until = NULL"
+            )
+        };
+        // $1 before, $2 limit.
+        let purged = "state IN (1, 3) AND finished_at < $1";
+        let (claim_due, claim_keys, exhaust, purge, unreturned) = if dialect.returning {
+            (
+                format!(
+                    "UPDATE {t} SET {} WHERE ({keys}) IN ({due_pick}) {returning}",
+                    lease(2, 3)
+                ),
+                format!(
+                    "UPDATE {t} SET {} WHERE ({keys}) IN ({keys_pick}) {returning}",
+                    lease(after, after + 1)
+                ),
+                format!(
+                    "UPDATE {t} SET {} WHERE {spent} RETURNING {keys}",
+                    spend(1, 3)
+                ),
+                format!(
+                    "DELETE FROM {t} WHERE ({keys}) IN (SELECT {keys} FROM {t} \
+                     WHERE {purged} ORDER BY finished_at LIMIT $2)"
+                ),
+                None,
+            )
+        } else {
+            // The rows a locking `SELECT` picked, joined by key (a join, not `IN`: MariaDB
+            // walks the whole table for an `UPDATE .. WHERE .. IN (subquery)`).
+            let join = |first: usize| {
+                let on: Vec<String> = table
+                    .key
+                    .iter()
+                    .enumerate()
+                    .map(|(i, column)| format!("{t}.{q}{column}{q} = b.job_k{i}"))
+                    .collect();
+                format!(
+                    "{t} JOIN ({}) AS b ON {}",
+                    key_batch(&table, dialect.key_batch, first),
+                    on.join(" AND ")
+                )
+            };
+            (
+                due_pick,
+                keys_pick,
+                format!("SELECT {keys} FROM {t} WHERE {spent}{lock}"),
+                format!("DELETE FROM {t} WHERE {purged} ORDER BY finished_at LIMIT $2"),
+                Some(Unreturned {
+                    lease: sql(format!("UPDATE {} SET {}", join(3), lease(1, 2))),
+                    read: sql(format!(
+                        "SELECT {claimed} FROM {} WHERE lease_token = $1",
+                        join(2)
+                    )),
+                    spend: sql(format!("UPDATE {} SET {}", join(3), spend(1, 2))),
+                }),
+            )
+        };
+        let by_key = table.key_match(1, q);
         let k = n + 1; // the first parameter after a key
         let status_set = |param: usize| {
             table
                 .status
-                .map(|column| format!("{column} = ${param}, "))
+                .map(|column| format!("{q}{column}{q} = ${param}, "))
                 .unwrap_or_default()
         };
-        let summary = table.summary_columns();
+        let summary = table.summary_columns(q, dialect.null_integer);
         let detail_columns: String = table
             .payload
             .iter()
             .filter(|c| !table.key.contains(c) && !table.summary.contains(c))
-            .map(|c| format!(", {c}"))
+            .map(|c| format!(", {q}{c}{q}"))
             .collect();
         let group = match table.group {
-            Some(column) => format!("($2 IS NULL OR {column} = $2)"),
+            Some(column) => format!("($2 IS NULL OR {q}{column}{q} = $2)"),
             None => "$2 IS NULL".to_owned(),
         };
-        let created = table.created;
+        let created = format!("{q}{}{q}", table.created);
         let after_keys: Vec<String> = (0..n).map(|i| format!("${}", 6 + i)).collect();
         let page_limit = 6 + n;
-        let order_desc: Vec<String> = table.key.iter().map(|c| format!("{c} DESC")).collect();
+        let order_desc: Vec<String> = table
+            .key
+            .iter()
+            .map(|c| format!("{q}{c}{q} DESC"))
+            .collect();
         Self {
-            claim_due: table_sql(claim_due),
-            claim_keys: table_sql(claim_keys),
-            renew: table_sql(format!(
+            claim_due: sql(claim_due),
+            claim_keys: sql(claim_keys),
+            renew: sql(format!(
                 "UPDATE {t} SET lease_until = $2 WHERE state = 0 AND lease_token = $1"
             )),
-            renew_one: table_sql(format!(
+            renew_one: sql(format!(
                 "UPDATE {t} SET lease_until = ${} \
                  WHERE {by_key} AND lease_token = ${k} AND state + 0 = 0",
                 k + 1
             )),
             // $k token, $k+1 now, $k+2 status.
-            complete: table_sql(format!(
+            complete: sql(format!(
                 "UPDATE {t} SET state = 1, finished_at = ${}, {}last_error = NULL, \
                  lease_token = NULL, lease_until = NULL WHERE {by_key} AND lease_token = ${k}",
                 k + 1,
                 status_set(k + 2),
             )),
             // $k token, $k+1 now, $k+2 max attempts, $k+3 retry at, $k+4 error, $k+5 status.
-            fail: table_sql(format!(
+            fail: sql(format!(
                 "UPDATE {t} SET \
                  state = CASE WHEN attempts >= ${max} THEN 2 ELSE 0 END, \
                  finished_at = CASE WHEN attempts >= ${max} THEN ${now} ELSE NULL END, \
@@ -166,34 +399,27 @@ impl Statements {
                 at = k + 3,
                 err = k + 4,
             )),
-            exhaust: table_sql(format!(
-                "UPDATE {t} SET state = 2, finished_at = $1, last_error = $3, \
-                 lease_token = NULL, lease_until = NULL WHERE {DUE} AND attempts >= $2 \
-                 RETURNING {keys}"
-            )),
+            exhaust: sql(exhaust),
             // Retries and recovered jobs first: fresh ones are usually claimed already.
-            due: table_sql(format!(
+            due: sql(format!(
                 "SELECT {keys} FROM {t} WHERE {DUE} AND attempts < $3 \
                  ORDER BY attempts = 0, available_at LIMIT $2"
             )),
-            retry: table_sql(format!(
+            retry: sql(format!(
                 "UPDATE {t} SET state = 0, attempts = 0, available_at = ${k}, \
                  finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
                  WHERE {by_key} AND state = 2"
             )),
-            discard: table_sql(format!(
+            discard: sql(format!(
                 "UPDATE {t} SET state = 3, finished_at = ${k}, \
                  lease_token = NULL, lease_until = NULL WHERE {by_key} AND (state = 2 OR \
                  (state = 0 AND (lease_until IS NULL OR lease_until <= ${k})))"
             )),
-            purge: table_sql(format!(
-                "DELETE FROM {t} WHERE ({keys}) IN (SELECT {keys} FROM {t} \
-                 WHERE state IN (1, 3) AND finished_at < $1 ORDER BY finished_at LIMIT $2)"
-            )),
-            list: table_sql(format!(
+            purge: sql(purge),
+            list: sql(format!(
                 "SELECT {summary} FROM {t} WHERE state = $1 ORDER BY {created}, {keys} LIMIT $2"
             )),
-            page: table_sql(format!(
+            page: sql(format!(
                 "SELECT {summary} FROM {t} WHERE ($1 IS NULL OR state = $1) AND {group} \
                  AND ($3 IS NULL OR {created} >= $3) AND ($4 IS NULL OR {created} < $4) \
                  AND ($5 IS NULL OR ({created}, {keys}) < ($5, {})) \
@@ -201,22 +427,24 @@ impl Statements {
                 after_keys.join(", "),
                 order_desc.join(", "),
             )),
-            get: table_sql(format!("SELECT {summary} FROM {t} WHERE {by_key}")),
-            detail: table_sql(format!(
+            get: sql(format!("SELECT {summary} FROM {t} WHERE {by_key}")),
+            detail: sql(format!(
                 "SELECT {summary}{detail_columns} FROM {t} WHERE {by_key}"
             )),
-            counts: table_sql(format!("SELECT state, count(*) FROM {t} GROUP BY state")),
-            group_counts: table_sql(match table.group {
+            counts: sql(format!("SELECT state, count(*) FROM {t} GROUP BY state")),
+            group_counts: sql(match table.group {
                 Some(column) => format!(
-                    "SELECT {column}, state, count(*) FROM {t} \
-                     GROUP BY {column}, state ORDER BY {column}, state"
+                    "SELECT {q}{column}{q}, state, count(*) FROM {t} \
+                     GROUP BY {q}{column}{q}, state ORDER BY {q}{column}{q}, state"
                 ),
                 None => {
                     format!("SELECT '', state, count(*) FROM {t} GROUP BY state ORDER BY state")
                 }
             }),
-            oldest_pending: table_sql(format!("SELECT min({created}) FROM {t} WHERE state = 0")),
-            history: crate::history::HistoryStatements::new(&table),
+            oldest_pending: sql(format!("SELECT min({created}) FROM {t} WHERE state = 0")),
+            unreturned,
+            placeholders: dialect.placeholders,
+            history: crate::history::HistoryStatements::new(&table, dialect),
             table,
         }
     }
@@ -226,16 +454,22 @@ impl Statements {
         &self.table
     }
 
+    /// How these statements write their parameters: the form a half's own statements beside
+    /// them take ([`Prepared::new`]).
+    pub fn placeholders(&self) -> Placeholders {
+        self.placeholders
+    }
+
     /// The text of one statement, to show or to explain (a query plan test).
     pub fn text(&self, which: Statement) -> &SqlStr {
         match which {
-            Statement::ClaimDue => &self.claim_due,
-            Statement::ClaimKeys => &self.claim_keys,
-            Statement::Renew => &self.renew,
-            Statement::RenewOne => &self.renew_one,
-            Statement::Due => &self.due,
-            Statement::Purge => &self.purge,
-            Statement::Page => &self.page,
+            Statement::ClaimDue => self.claim_due.text(),
+            Statement::ClaimKeys => self.claim_keys.text(),
+            Statement::Renew => self.renew.text(),
+            Statement::RenewOne => self.renew_one.text(),
+            Statement::Due => self.due.text(),
+            Statement::Purge => self.purge.text(),
+            Statement::Page => self.page.text(),
         }
     }
 }
@@ -266,14 +500,33 @@ fn key_batch(table: &Table, batch: KeyBatch, first: usize) -> String {
             }
             format!("SELECT {} FROM {from}", columns.join(", "))
         }
+        KeyBatch::JsonTable => {
+            // Compared under the key column's collation (the column's is the stronger).
+            let table = |param: usize| {
+                format!(
+                    "JSON_TABLE(${param}, '$[*]' COLUMNS \
+                     (n FOR ORDINALITY, v TEXT PATH '$'))"
+                )
+            };
+            let columns: Vec<String> = (0..n).map(|i| format!("k{i}.v AS job_k{i}")).collect();
+            let mut from = format!("{} AS k0", table(first));
+            for i in 1..n {
+                from.push_str(&format!(
+                    " JOIN {} AS k{i} ON k{i}.n = k0.n",
+                    table(first + i)
+                ));
+            }
+            format!("SELECT {} FROM {from}", columns.join(", "))
+        }
     }
 }
 
 /// One job with its payload, as [`Driver::detail`] reads it.
 pub type Detail<S, P> = (JobSummary<S>, P);
 
-/// A job table's statements on one database: [`sqlx::Postgres`] (feature `postgres`) and
-/// [`sqlx::Sqlite`] (feature `sqlite`). A database's folder implements it with
+/// A job table's statements on one database: [`sqlx::Postgres`] (feature `postgres`),
+/// [`sqlx::Sqlite`] (feature `sqlite`) and `sqlx::MySql` (feature `mysql`: MySQL 8.0+,
+/// MariaDB 10.6+). A database's folder implements it with
 /// `driver_calls!`; [`jobs_driver_conformance_tests!`](crate::jobs_driver_conformance_tests)
 /// checks an implementation.
 ///
@@ -288,8 +541,9 @@ pub trait Driver: sqlx::Database + Sized {
     /// connection's commit), `BEGIN` elsewhere.
     const BEGIN_WRITE: &'static str;
 
-    /// Jobs a worker runs at once unless told otherwise: 16 on Postgres, whose commits of many
-    /// connections proceed side by side; 4 on SQLite, whose writers take one lock in turn.
+    /// Jobs a worker runs at once unless told otherwise: 16 on Postgres and MySQL, whose
+    /// commits of many connections proceed side by side; 4 on SQLite, whose writers take one
+    /// lock in turn.
     const CONCURRENCY: usize;
 
     /// The history table's sequence column, its primary key ([`history`](crate::history)).
@@ -297,6 +551,9 @@ pub trait Driver: sqlx::Database + Sized {
 
     /// The type of the history table's key columns.
     const HISTORY_KEY_TYPE: &'static str;
+
+    /// The quote of the history table's key column names ([`Dialect::quote`]).
+    const HISTORY_QUOTE: &'static str = "";
 
     /// The history table's columns after its key: `attempt`, `started_at`, `duration_ms`,
     /// `outcome`, `error`, `status`, `response`.
@@ -311,7 +568,8 @@ pub trait Driver: sqlx::Database + Sized {
     /// This database's statements for `table`.
     fn statements(table: Table) -> Statements;
 
-    /// The due-index DDL of `table` (`{table}_due_idx` on state and due time).
+    /// The due-index DDL of `table` (`{table}_due_idx` on state and due time); empty on MySQL,
+    /// whose [`JOB_COLUMNS`](Self::JOB_COLUMNS) declare it.
     fn due_index(table: &str) -> String {
         format!("CREATE INDEX IF NOT EXISTS {table}_due_idx ON {table} (state, available_at);\n")
     }
@@ -533,9 +791,20 @@ pub trait Driver: sqlx::Database + Sized {
 /// Inside `impl Driver for MyDatabase { .. }`, after the consts and `statements`:
 /// `tower_idempotency_jobs::driver_calls!(MyDatabase, key_column);`, where `key_column` binds
 /// key column `i` of a batch of keys in the form the dialect's [`KeyBatch`] reads.
+/// A database without `RETURNING` ([`Dialect::returning`] `false`) writes `claim_due`,
+/// `claim_keys` and `exhaust` itself and invokes
+/// `driver_calls!(MyDatabase, key_column, unreturned)` for the rest.
 #[macro_export]
 macro_rules! driver_calls {
     ($db:ty, $keys:path) => {
+        $crate::driver_calls!(@returning $db, $keys);
+        $crate::driver_calls!(@common $db, $keys);
+    };
+    // A database without `RETURNING` writes `claim_due`, `claim_keys` and `exhaust` itself.
+    ($db:ty, $keys:path, unreturned) => {
+        $crate::driver_calls!(@common $db, $keys);
+    };
+    (@returning $db:ty, $keys:path) => {
         fn claim_due<'a, P>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a $crate::Statements,
@@ -549,12 +818,13 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let rows = sqlx::query(sql.claim_due.clone())
+                let rows = sql.claim_due.binder::<$db>()
                     .bind(now)
                     .bind(token)
                     .bind(lease_until)
                     .bind(max_attempts)
                     .bind(limit)
+                    .query()
                     .fetch_all(pool)
                     .await?;
                 rows.iter()
@@ -576,7 +846,7 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.claim_keys.clone()).bind(now);
+                let mut query = sql.claim_keys.binder::<$db>().bind(now);
                 for column in 0..sql.table().key.len() {
                     query = query.bind($keys(keys, column));
                 }
@@ -584,6 +854,7 @@ macro_rules! driver_calls {
                     .bind(token)
                     .bind(lease_until)
                     .bind(max_attempts)
+                    .query()
                     .fetch_all(pool)
                     .await?;
                 rows.iter()
@@ -592,6 +863,28 @@ macro_rules! driver_calls {
             })
         }
 
+        fn exhaust<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            now: i64,
+            max_attempts: i32,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
+            Box::pin(async move {
+                let rows = sql.exhaust.binder::<$db>()
+                    .bind(now)
+                    .bind(max_attempts)
+                    .bind($crate::driver::SPENT)
+                    .query()
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| $crate::driver::key(sql.table(), row))
+                    .collect()
+            })
+        }
+
+    };
+    (@common $db:ty, $keys:path) => {
         fn renew<'a>(
             pool: &'a sqlx::Pool<Self>,
             sql: &'a $crate::Statements,
@@ -599,9 +892,10 @@ macro_rules! driver_calls {
             lease_until: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
-                let done = sqlx::query(sql.renew.clone())
+                let done = sql.renew.binder::<$db>()
                     .bind(token)
                     .bind(lease_until)
+                    .query()
                     .execute(pool)
                     .await?;
                 Ok(done.rows_affected())
@@ -616,11 +910,11 @@ macro_rules! driver_calls {
             lease_until: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.renew_one.clone());
+                let mut query = sql.renew_one.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                let done = query.bind(token).bind(lease_until).execute(pool).await?;
+                let done = query.bind(token).bind(lease_until).query().execute(pool).await?;
                 Ok(done.rows_affected() == 1)
             })
         }
@@ -634,7 +928,7 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.complete.clone());
+                let mut query = sql.complete.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
@@ -642,7 +936,7 @@ macro_rules! driver_calls {
                 if sql.table().status.is_some() {
                     query = query.bind(status);
                 }
-                Ok(query.execute(conn).await?.rows_affected() == 1)
+                Ok(query.query().execute(conn).await?.rows_affected() == 1)
             })
         }
 
@@ -658,7 +952,7 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.fail.clone());
+                let mut query = sql.fail.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
@@ -671,26 +965,7 @@ macro_rules! driver_calls {
                 if sql.table().status.is_some() {
                     query = query.bind(status);
                 }
-                Ok(query.execute(pool).await?.rows_affected() == 1)
-            })
-        }
-
-        fn exhaust<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            now: i64,
-            max_attempts: i32,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
-            Box::pin(async move {
-                let rows = sqlx::query(sql.exhaust.clone())
-                    .bind(now)
-                    .bind(max_attempts)
-                    .bind($crate::driver::SPENT)
-                    .fetch_all(pool)
-                    .await?;
-                rows.iter()
-                    .map(|row| $crate::driver::key(sql.table(), row))
-                    .collect()
+                Ok(query.query().execute(pool).await?.rows_affected() == 1)
             })
         }
 
@@ -702,10 +977,11 @@ macro_rules! driver_calls {
             max_attempts: i32,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
             Box::pin(async move {
-                let rows = sqlx::query(sql.due.clone())
+                let rows = sql.due.binder::<$db>()
                     .bind(now)
                     .bind(limit)
                     .bind(max_attempts)
+                    .query()
                     .fetch_all(pool)
                     .await?;
                 rows.iter()
@@ -721,11 +997,11 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.retry.clone());
+                let mut query = sql.retry.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                Ok(query.bind(now).execute(pool).await?.rows_affected() == 1)
+                Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
         }
 
@@ -736,11 +1012,11 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.discard.clone());
+                let mut query = sql.discard.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                Ok(query.bind(now).execute(pool).await?.rows_affected() == 1)
+                Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
         }
 
@@ -751,9 +1027,10 @@ macro_rules! driver_calls {
             limit: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
-                let done = sqlx::query(sql.purge.clone())
+                let done = sql.purge.binder::<$db>()
                     .bind(before)
                     .bind(limit)
+                    .query()
                     .execute(pool)
                     .await?;
                 Ok(done.rows_affected())
@@ -770,9 +1047,10 @@ macro_rules! driver_calls {
             S: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let rows = sqlx::query(sql.list.clone())
+                let rows = sql.list.binder::<$db>()
                     .bind(state.code())
                     .bind(limit)
+                    .query()
                     .fetch_all(pool)
                     .await?;
                 rows.iter()
@@ -795,7 +1073,7 @@ macro_rules! driver_calls {
                     Some((at, key)) => (Some(*at), Some(key)),
                     None => (None, None),
                 };
-                let mut query = sqlx::query(sql.page.clone())
+                let mut query = sql.page.binder::<$db>()
                     .bind(filter.state.map($crate::JobState::code))
                     .bind(filter.group.as_deref())
                     .bind(filter.from_ms)
@@ -804,7 +1082,7 @@ macro_rules! driver_calls {
                 for column in 0..sql.table().key.len() {
                     query = query.bind(after_key.map(|key| key.part(column)));
                 }
-                let rows = query.bind(limit).fetch_all(pool).await?;
+                let rows = query.bind(limit).query().fetch_all(pool).await?;
                 rows.iter()
                     .map(|row| $crate::driver::summary(sql.table(), row))
                     .collect()
@@ -820,11 +1098,11 @@ macro_rules! driver_calls {
             S: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.get.clone());
+                let mut query = sql.get.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                let row = query.fetch_optional(pool).await?;
+                let row = query.query().fetch_optional(pool).await?;
                 row.map(|row| $crate::driver::summary(sql.table(), &row))
                     .transpose()
             })
@@ -840,11 +1118,11 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let mut query = sqlx::query(sql.detail.clone());
+                let mut query = sql.detail.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                let Some(row) = query.fetch_optional(pool).await? else {
+                let Some(row) = query.query().fetch_optional(pool).await? else {
                     return Ok(None);
                 };
                 let summary = $crate::driver::summary(sql.table(), &row)?;
@@ -858,7 +1136,7 @@ macro_rules! driver_calls {
         ) -> $crate::BoxFuture<'a, sqlx::Result<$crate::JobCounts>> {
             Box::pin(async move {
                 let rows: Vec<(i16, i64)> =
-                    sqlx::query_as(sql.counts.clone()).fetch_all(pool).await?;
+                    sqlx::query_as(sql.counts.text().clone()).fetch_all(pool).await?;
                 Ok($crate::driver::counts(rows))
             })
         }
@@ -868,7 +1146,7 @@ macro_rules! driver_calls {
             sql: &'a $crate::Statements,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<(String, $crate::JobState, u64)>>> {
             Box::pin(async move {
-                let rows: Vec<(String, i16, i64)> = sqlx::query_as(sql.group_counts.clone())
+                let rows: Vec<(String, i16, i64)> = sqlx::query_as(sql.group_counts.text().clone())
                     .fetch_all(pool)
                     .await?;
                 Ok(rows
@@ -886,7 +1164,7 @@ macro_rules! driver_calls {
             sql: &'a $crate::Statements,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Option<i64>>> {
             Box::pin(async move {
-                sqlx::query_scalar(sql.oldest_pending.clone())
+                sqlx::query_scalar(sql.oldest_pending.text().clone())
                     .fetch_one(pool)
                     .await
             })
@@ -900,7 +1178,7 @@ macro_rules! driver_calls {
             keep_last: u32,
         ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
             Box::pin(async move {
-                let mut insert = sqlx::query(sql.history.insert.clone());
+                let mut insert = sql.history.insert.binder::<$db>();
                 for part in &key.0 {
                     insert = insert.bind(part.as_str());
                 }
@@ -912,15 +1190,19 @@ macro_rules! driver_calls {
                     .bind(attempt.error.as_deref())
                     .bind(attempt.status)
                     .bind(attempt.response.as_deref())
+                    .query()
                     .execute(&mut *conn)
                     .await?;
                 // Only an attempt past the newest kept can leave a row to delete.
                 if attempt.attempt > keep_last {
-                    let mut trim = sqlx::query(sql.history.trim.clone());
+                    let mut trim = sql.history.trim.binder::<$db>();
                     for part in &key.0 {
                         trim = trim.bind(part.as_str());
                     }
-                    trim.bind(i64::from(keep_last)).execute(&mut *conn).await?;
+                    trim.bind(i64::from(keep_last))
+                        .query()
+                        .execute(&mut *conn)
+                        .await?;
                 }
                 Ok(())
             })
@@ -932,13 +1214,17 @@ macro_rules! driver_calls {
             key: &'a $crate::JobKey,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::Attempt>>> {
             Box::pin(async move {
-                let mut query =
-                    sqlx::query_as::<_, $crate::history::AttemptRow>(sql.history.list.clone());
+                let mut query = sql.history.list.binder::<$db>();
                 for part in &key.0 {
                     query = query.bind(part.as_str());
                 }
-                let rows = query.fetch_all(pool).await?;
-                Ok(rows.into_iter().map($crate::Attempt::from).collect())
+                let rows = query.query().fetch_all(pool).await?;
+                rows.iter()
+                    .map(|row| {
+                        let row: $crate::history::AttemptRow = sqlx::FromRow::from_row(row)?;
+                        Ok($crate::Attempt::from(row))
+                    })
+                    .collect()
             })
         }
 
@@ -948,8 +1234,12 @@ macro_rules! driver_calls {
             limit: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
-                let done = sqlx::query(sql.history.orphans.clone())
+                let done = sql
+                    .history
+                    .orphans
+                    .binder::<$db>()
                     .bind(limit)
+                    .query()
                     .execute(pool)
                     .await?;
                 Ok(done.rows_affected())
@@ -1035,4 +1325,31 @@ pub fn counts(rows: Vec<(i16, i64)>) -> JobCounts {
         }
     }
     counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_parameters_become_positional_in_their_order() {
+        let (text, order) = positional(
+            "UPDATE t SET a = $2, b = $10 WHERE c <= $1 AND d <= $1 \
+             AND e IN (SELECT v FROM JSON_TABLE($3, '$[*]' COLUMNS (v TEXT PATH '$')) AS x)",
+        );
+        assert_eq!(
+            text,
+            "UPDATE t SET a = ?, b = ? WHERE c <= ? AND d <= ? \
+             AND e IN (SELECT v FROM JSON_TABLE(?, '$[*]' COLUMNS (v TEXT PATH '$')) AS x)"
+        );
+        assert_eq!(order, [2, 10, 1, 1, 3]);
+    }
+
+    #[test]
+    fn numbered_statements_are_left_as_written() {
+        let text = "SELECT a FROM t WHERE b = $1 AND c = $1".to_owned();
+        let prepared = Prepared::new(text.clone(), Placeholders::Numbered);
+        assert_eq!(prepared.text().as_str(), text);
+        assert!(prepared.order.is_none());
+    }
 }

@@ -12,10 +12,8 @@
 //! job's count of attempts then exceeds its rows.
 
 use serde::Serialize;
-use sqlx::SqlStr;
-use tower_idempotency_sqlx::table_sql;
 
-use crate::{Driver, Table};
+use crate::{Dialect, Driver, Placeholders, Prepared, Table};
 
 /// The most bytes of an answer an attempt keeps ([`Attempt::response`]).
 pub const MAX_RESPONSE_LEN: usize = 1024;
@@ -162,47 +160,65 @@ impl From<AttemptRow> for Attempt {
 /// The attempt history's statements of one job table.
 #[derive(Debug)]
 pub struct HistoryStatements {
-    pub(crate) insert: SqlStr,
-    pub(crate) trim: SqlStr,
-    pub(crate) list: SqlStr,
-    pub(crate) orphans: SqlStr,
+    pub(crate) insert: Prepared,
+    pub(crate) trim: Prepared,
+    pub(crate) list: Prepared,
+    pub(crate) orphans: Prepared,
 }
 
 impl HistoryStatements {
-    /// The statements over `table`'s history table.
-    pub(crate) fn new(table: &Table) -> Self {
-        let (t, keys, n) = (history_table(table), table.key_list(), table.key.len());
+    /// The statements over `table`'s history table in `dialect`. A database with positional
+    /// parameters (MySQL) cannot read the table a `DELETE` writes in a subquery of it, so there
+    /// the subqueries read from a derived table.
+    pub(crate) fn new(table: &Table, dialect: Dialect) -> Self {
+        let sql = |text: String| Prepared::new(text, dialect.placeholders);
+        let q = dialect.quote;
+        let (t, keys, n) = (history_table(table), table.key_list(q), table.key.len());
         let jobs = &table.name;
-        let by_key = table.key_match(1);
+        let by_key = table.key_match(1, q);
         let values: Vec<String> = (1..=n + 7).map(|i| format!("${i}")).collect();
         // The job's first row stays, and its newest `${n + 1}` after it.
         let keep = n + 1;
         let joined: Vec<String> = table
             .key
             .iter()
-            .map(|column| format!("j.{column} = a.{column}"))
+            .map(|column| format!("j.{q}{column}{q} = a.{q}{column}{q}"))
             .collect();
+        let derived = dialect.placeholders == Placeholders::Positional;
+        let scalar = |select: String| {
+            if derived {
+                format!("(SELECT v FROM ({select}) AS d)")
+            } else {
+                format!("({select})")
+            }
+        };
+        let first = scalar(format!("SELECT min(seq) AS v FROM {t} WHERE {by_key}"));
+        let newest = scalar(format!(
+            "SELECT seq AS v FROM {t} WHERE {by_key} ORDER BY seq DESC LIMIT 1 OFFSET ${keep}"
+        ));
+        let orphan = format!(
+            "SELECT a.seq FROM {t} a WHERE NOT EXISTS (SELECT 1 FROM {jobs} j WHERE {}) LIMIT $1",
+            joined.join(" AND ")
+        );
+        let orphans = if derived {
+            format!("DELETE FROM {t} WHERE seq IN (SELECT seq FROM ({orphan}) AS d)")
+        } else {
+            format!("DELETE FROM {t} WHERE seq IN ({orphan})")
+        };
         Self {
-            insert: table_sql(format!(
+            insert: sql(format!(
                 "INSERT INTO {t} ({keys}, attempt, started_at, duration_ms, outcome, error, \
                  status, response) VALUES ({})",
                 values.join(", ")
             )),
-            trim: table_sql(format!(
-                "DELETE FROM {t} WHERE {by_key} \
-                 AND seq > (SELECT min(seq) FROM {t} WHERE {by_key}) \
-                 AND seq <= (SELECT seq FROM {t} WHERE {by_key} ORDER BY seq DESC \
-                 LIMIT 1 OFFSET ${keep})"
+            trim: sql(format!(
+                "DELETE FROM {t} WHERE {by_key} AND seq > {first} AND seq <= {newest}"
             )),
-            list: table_sql(format!(
+            list: sql(format!(
                 "SELECT attempt, started_at, duration_ms, outcome, error, status, response \
                  FROM {t} WHERE {by_key} ORDER BY seq"
             )),
-            orphans: table_sql(format!(
-                "DELETE FROM {t} WHERE seq IN (SELECT a.seq FROM {t} a WHERE NOT EXISTS \
-                 (SELECT 1 FROM {jobs} j WHERE {}) LIMIT $1)",
-                joined.join(" AND ")
-            )),
+            orphans: sql(orphans),
         }
     }
 }
@@ -215,12 +231,13 @@ pub fn history_table(table: &Table) -> String {
 /// The DDL of `table`'s history table on `DB`, its key columns typed `key_type`.
 pub(crate) fn schema<DB: Driver>(table: &Table) -> String {
     let t = history_table(table);
+    let q = DB::HISTORY_QUOTE;
     let keys: Vec<String> = table
         .key
         .iter()
-        .map(|column| format!("{column} {} NOT NULL", DB::HISTORY_KEY_TYPE))
+        .map(|column| format!("{q}{column}{q} {} NOT NULL", DB::HISTORY_KEY_TYPE))
         .collect();
-    let key_list = table.key_list();
+    let key_list = table.key_list(q);
     format!(
         "CREATE TABLE IF NOT EXISTS {t} ({}, {}, {});\n\
          CREATE INDEX IF NOT EXISTS {t}_job ON {t} ({key_list}, seq);\n",

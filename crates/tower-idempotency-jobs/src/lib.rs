@@ -2,7 +2,7 @@
 //!
 //! A job table holds the engine's columns beside the columns of the half that owns it. The
 //! engine owns every statement over its columns, once per database ([`Driver`], a folder per
-//! database: `sqlite/`, `postgres/`): claims under a fenced lease, renewals, completion (inside
+//! database: `sqlite/`, `postgres/`, `mysql/`): claims under a fenced lease, renewals, completion (inside
 //! the caller's transaction when asked), failures with bounded attempts and [`Backoff`], the
 //! sweep of spent jobs, purges in batches, keyset listings, retries, discards, counts and lag.
 //! Its [`Worker`] runs a table's jobs in rounds (the outbox's relay), its [`Dispatcher`] as
@@ -64,6 +64,8 @@ pub mod cursor;
 mod dispatch;
 pub mod driver;
 pub mod history;
+#[cfg(feature = "mysql")]
+mod mysql;
 pub mod page;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -79,7 +81,10 @@ mod worker;
 
 pub use backoff::Backoff;
 pub use dispatch::{Dispatcher, Source};
-pub use driver::{Dialect, Driver, KeyBatch, Statement, Statements, DUE, DUE_BY_KEY, SPENT};
+pub use driver::{
+    Binder, Dialect, Driver, KeyBatch, Placeholders, Prepared, Statement, Statements, DUE,
+    DUE_BY_KEY, SPENT,
+};
 pub use history::{Attempt, AttemptOutcome};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};
 pub use text::{bounded, MAX_ERROR_LEN};

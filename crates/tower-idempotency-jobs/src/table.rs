@@ -154,25 +154,30 @@ impl Table {
         &self.name
     }
 
-    /// The key columns, comma-separated.
-    pub(crate) fn key_list(&self) -> String {
-        self.key.join(", ")
+    /// The key columns, comma-separated, each quoted with `q` (empty: unquoted).
+    pub(crate) fn key_list(&self, q: &str) -> String {
+        self.key
+            .iter()
+            .map(|column| format!("{q}{column}{q}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// `k1 = $n AND k2 = $n+1 ..` for the key bound from parameter `first`.
-    pub(crate) fn key_match(&self, first: usize) -> String {
+    pub(crate) fn key_match(&self, first: usize, q: &str) -> String {
         self.key
             .iter()
             .enumerate()
-            .map(|(i, column)| format!("{column} = ${}", first + i))
+            .map(|(i, column)| format!("{q}{column}{q} = ${}", first + i))
             .collect::<Vec<_>>()
             .join(" AND ")
     }
 
-    /// The columns of a listing row, in [`JobSummary`]'s reading order.
-    pub(crate) fn summary_columns(&self) -> String {
-        let mut columns: Vec<String> = self.key.iter().map(|c| (*c).to_owned()).collect();
-        columns.push(format!("{} AS job_created_at", self.created));
+    /// The columns of a listing row, in [`JobSummary`]'s reading order; `null_integer` is the
+    /// database's typed integer `NULL`, the status of a table without a status column.
+    pub(crate) fn summary_columns(&self, q: &str, null_integer: &str) -> String {
+        let mut columns: Vec<String> = self.key.iter().map(|c| format!("{q}{c}{q}")).collect();
+        columns.push(format!("{q}{}{q} AS job_created_at", self.created));
         columns.extend(
             [
                 "state",
@@ -185,24 +190,24 @@ impl Table {
             .map(|c| (*c).to_owned()),
         );
         columns.push(match self.status {
-            Some(status) => format!("{status} AS job_status"),
-            None => "CAST(NULL AS integer) AS job_status".to_owned(),
+            Some(status) => format!("{q}{status}{q} AS job_status"),
+            None => format!("{null_integer} AS job_status"),
         });
         columns.extend(
             self.summary
                 .iter()
                 .filter(|c| !self.key.contains(c))
-                .map(|c| (*c).to_owned()),
+                .map(|c| format!("{q}{c}{q}")),
         );
         columns.join(", ")
     }
 
     /// The payload's columns after the key's, for a claim's or a detail's answer.
-    pub(crate) fn payload_columns(&self) -> String {
+    pub(crate) fn payload_columns(&self, q: &str) -> String {
         self.payload
             .iter()
             .filter(|c| !self.key.contains(c))
-            .map(|c| format!(", {c}"))
+            .map(|c| format!(", {q}{c}{q}"))
             .collect()
     }
 }

@@ -3,9 +3,7 @@
 //! ([`Driver`]), over the [`table`] shape.
 
 use futures_util::future::BoxFuture;
-use sqlx::SqlStr;
-use tower_idempotency_jobs::{Driver, Table};
-use tower_idempotency_sqlx::table_sql;
+use tower_idempotency_jobs::{Driver, Placeholders, Prepared, Table};
 
 /// A message as [`Outbox::enqueue`](crate::Outbox::enqueue) inserts it.
 #[derive(Debug)]
@@ -70,35 +68,39 @@ pub(crate) fn table(name: &str) -> Table {
 #[derive(Debug)]
 pub struct Sql {
     pub(crate) schema: String,
-    insert: SqlStr,
-    existing: SqlStr,
+    insert: Prepared,
+    existing: Prepared,
 }
 
 impl Sql {
     pub(crate) fn new<DB: OutboxDatabase>(name: &str) -> Self {
+        let q = DB::QUOTE;
+        let sql = |text: String| Prepared::new(text, DB::PLACEHOLDERS);
         Self {
             schema: DB::schema(name),
-            insert: table_sql(format!(
-                "INSERT INTO {name} (key, scope, method, url, topic, headers, body, \
-                 created_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) \
-                 ON CONFLICT (key) DO NOTHING"
+            insert: sql(format!(
+                "INSERT INTO {name} ({q}key{q}, scope, method, url, topic, headers, body, \
+                 created_at, available_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8){}",
+                DB::ON_CONFLICT,
             )),
-            existing: table_sql(format!(
-                "SELECT method, url, topic, headers, body FROM {name} WHERE key = $1"
+            existing: sql(format!(
+                "SELECT method, url, topic, headers, body FROM {name} WHERE {q}key{q} = $1{}",
+                DB::READ_LOCK,
             )),
         }
     }
 }
 
-/// A database the outbox runs on: [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`]
-/// (feature `sqlite`), through its job engine [`Driver`]. Sealed: its statements are the
+/// A database the outbox runs on: [`sqlx::Postgres`] (feature `postgres`), [`sqlx::Sqlite`]
+/// (feature `sqlite`) or `sqlx::MySql` (feature `mysql`: MySQL 8.0+, MariaDB 10.6+), through
+/// its job engine [`Driver`]. Sealed: its statements are the
 /// outbox's own.
 pub trait OutboxDatabase: Driver + sealed::OutboxSql {}
 
 impl<DB: Driver + sealed::OutboxSql> OutboxDatabase for DB {}
 
 pub(crate) mod sealed {
-    use super::{BoxFuture, Listed, NewRow, Payload, Sql};
+    use super::{BoxFuture, Listed, NewRow, Payload, Placeholders, Sql};
 
     /// The outbox's own statements on one database, and its rows as this database decodes
     /// them (associated types, so that generic code knows they decode).
@@ -108,6 +110,20 @@ pub(crate) mod sealed {
 
         /// [`Listed`], decodable from this database's rows.
         type Listed: for<'r> sqlx::FromRow<'r, Self::Row> + Into<Listed> + Send + Unpin + 'static;
+
+        /// How the outbox's statements write parameters (the engine's form on this database).
+        const PLACEHOLDERS: Placeholders;
+
+        /// The quote of the `key` column's name (a reserved word on MySQL).
+        const QUOTE: &'static str;
+
+        /// After the insert's `VALUES`: what a taken key does (nothing, where the database can
+        /// say so; MySQL's duplicate-key error is answered `false` instead).
+        const ON_CONFLICT: &'static str;
+
+        /// After the read-back's `WHERE`: MySQL's locking read, which sees the row a
+        /// conflicting insert waited for whatever the transaction read before.
+        const READ_LOCK: &'static str;
 
         /// The outbox table's DDL.
         fn schema(table: &str) -> String;
@@ -129,12 +145,12 @@ pub(crate) mod sealed {
     }
 }
 
-/// The outbox's columns in a database's types, around the engine's.
-fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str) -> String {
+/// The outbox's columns in a database's types, around the engine's; `q` quotes `key`.
+fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str, q: &str) -> String {
     let [key, text, bytes, big] = types;
     format!(
         "{lock}CREATE TABLE IF NOT EXISTS {table} (\n\
-         key {key} PRIMARY KEY,\n\
+         {q}key{q} {key} PRIMARY KEY,\n\
          scope {key},\n\
          method {text},\n\
          url {text},\n\
@@ -151,11 +167,16 @@ fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str) -
 }
 
 macro_rules! outbox_database {
-    ($db:ty, $feature:literal, $schema:expr) => {
+    ($db:ty, $feature:literal, $placeholders:expr, $quote:literal, $conflict:literal, $read_lock:literal, $schema:expr) => {
         #[cfg(feature = $feature)]
         impl sealed::OutboxSql for $db {
             type Payload = Payload;
             type Listed = Listed;
+
+            const PLACEHOLDERS: Placeholders = $placeholders;
+            const QUOTE: &'static str = $quote;
+            const ON_CONFLICT: &'static str = $conflict;
+            const READ_LOCK: &'static str = $read_lock;
 
             fn schema(table: &str) -> String {
                 $schema(table)
@@ -167,18 +188,28 @@ macro_rules! outbox_database {
                 row: &'a NewRow,
             ) -> BoxFuture<'a, sqlx::Result<bool>> {
                 Box::pin(async move {
-                    let done = sqlx::query(sql.insert.clone())
-                        .bind(&row.key)
-                        .bind(&row.scope)
-                        .bind(&row.method)
-                        .bind(&row.url)
-                        .bind(&row.topic)
-                        .bind(&row.headers)
-                        .bind(&row.body)
+                    let done = sql
+                        .insert
+                        .binder::<$db>()
+                        .bind(row.key.as_str())
+                        .bind(row.scope.as_deref())
+                        .bind(row.method.as_deref())
+                        .bind(row.url.as_deref())
+                        .bind(row.topic.as_deref())
+                        .bind(row.headers.as_str())
+                        .bind(row.body.as_slice())
                         .bind(row.created_at)
+                        .query()
                         .execute(conn)
-                        .await?;
-                    Ok(done.rows_affected() == 1)
+                        .await;
+                    match done {
+                        Ok(done) => Ok(done.rows_affected() == 1),
+                        // MySQL: the key is taken (the statement alone is undone).
+                        Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                            Ok(false)
+                        }
+                        Err(error) => Err(error),
+                    }
                 })
             }
 
@@ -188,10 +219,15 @@ macro_rules! outbox_database {
                 key: &'a str,
             ) -> BoxFuture<'a, sqlx::Result<Option<Payload>>> {
                 Box::pin(async move {
-                    sqlx::query_as(sql.existing.clone())
+                    let row = sql
+                        .existing
+                        .binder::<$db>()
                         .bind(key)
+                        .query()
                         .fetch_optional(conn)
-                        .await
+                        .await?;
+                    row.map(|row| <Payload as sqlx::FromRow<_>>::from_row(&row))
+                        .transpose()
                 })
             }
         }
@@ -199,21 +235,56 @@ macro_rules! outbox_database {
 }
 
 // One migration at a time per table: `CREATE .. IF NOT EXISTS` races on Postgres.
-outbox_database!(sqlx::Postgres, "postgres", |table: &str| schema::<
+outbox_database!(
     sqlx::Postgres,
->(
-    table,
-    &format!("SELECT pg_advisory_xact_lock(hashtext('tower-idempotency-outbox:{table}'));\n"),
-    ["text COLLATE \"C\"", "text", "bytea", "bigint"],
+    "postgres",
+    Placeholders::Numbered,
     "",
-));
+    " ON CONFLICT (key) DO NOTHING",
+    "",
+    |table: &str| schema::<sqlx::Postgres>(
+        table,
+        &format!("SELECT pg_advisory_xact_lock(hashtext('tower-idempotency-outbox:{table}'));\n"),
+        ["text COLLATE \"C\"", "text", "bytea", "bigint"],
+        "",
+        "",
+    )
+);
 outbox_database!(
     sqlx::Sqlite,
     "sqlite",
+    Placeholders::Numbered,
+    "",
+    " ON CONFLICT (key) DO NOTHING",
+    "",
     |table: &str| schema::<sqlx::Sqlite>(
         table,
         "",
         ["TEXT", "TEXT", "BLOB", "INTEGER"],
         " WITHOUT ROWID",
+        "",
+    )
+);
+// MySQL and MariaDB: keys compared byte by byte (as Postgres's "C" collation does); one
+// statement, as MySQL has no `CREATE INDEX IF NOT EXISTS` (the engine's columns declare the due
+// index), and `CREATE TABLE IF NOT EXISTS` is safe to race there.
+outbox_database!(
+    sqlx::MySql,
+    "mysql",
+    Placeholders::Positional,
+    "`",
+    "",
+    " LOCK IN SHARE MODE",
+    |table: &str| schema::<sqlx::MySql>(
+        table,
+        "",
+        [
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            "MEDIUMTEXT",
+            "LONGBLOB",
+            "BIGINT",
+        ],
+        " ENGINE = InnoDB",
+        "`",
     )
 );

@@ -77,8 +77,8 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
-compile_error!("tower-idempotency-outbox needs its `sqlite` or `postgres` feature");
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+compile_error!("tower-idempotency-outbox needs its `sqlite`, `postgres` or `mysql` feature");
 
 pub mod admin;
 mod backend;

@@ -1,8 +1,10 @@
-//! The outbox on the real SQLite file and the shared Postgres, each test with a table of its
-//! own, delivering over real HTTP to loopback servers: messages exist exactly when their
-//! transaction commits, failed deliveries are retried with the same `Idempotency-Key`, spent
-//! ones are failed and operated through the admin router, and several relays on Postgres
-//! deliver each message at least once while the receiver's client-key layer runs it once.
+//! The outbox on the real SQLite file, the shared Postgres and (feature `mysql`) the shared
+//! MySQL or MariaDB, each test with a table of its own, delivering over real HTTP to loopback
+//! servers: messages exist exactly when their transaction commits, failed deliveries are
+//! retried with the same `Idempotency-Key`, spent ones are failed and operated through the
+//! admin router, and several relays on Postgres and on MySQL deliver each message at least once
+//! while the receiver's client-key layer runs it once. The MySQL tests skip, saying so, when
+//! the server is unreachable, unless CI=true.
 
 use std::{
     collections::HashMap,
@@ -102,6 +104,46 @@ impl Fixture for sqlx::Sqlite {
     ) -> BoxFuture<'a, Option<Stored>> {
         Box::pin(async move {
             sqlx::query_as(sqlx::AssertSqlSafe(&*stored_sql(table)))
+                .bind(key)
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+        })
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Fixture for sqlx::MySql {
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(16)
+                .connect(&tower_idempotency_testkit::mysql_url())
+                .await
+                .expect("MySQL or MariaDB at MYSQL_URL");
+            (pool, tower_idempotency_testkit::mysql_table("outbox"), None)
+        })
+    }
+
+    fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let drop = format!("DROP TABLE IF EXISTS {table}");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
+                .execute(pool)
+                .await
+                .unwrap();
+        })
+    }
+
+    fn stored<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        key: &'a str,
+    ) -> BoxFuture<'a, Option<Stored>> {
+        Box::pin(async move {
+            let sql =
+                format!("SELECT method, url, topic, headers, body FROM {table} WHERE `key` = ?");
+            sqlx::query_as(sqlx::AssertSqlSafe(&*sql))
                 .bind(key)
                 .fetch_optional(pool)
                 .await
@@ -915,6 +957,20 @@ macro_rules! on_both {
                 }
             )*
         }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if tower_idempotency_testkit::mysql_or_skip(concat!(
+                        "outbox on MySQL: ",
+                        stringify!($name)
+                    )) {
+                        super::$name::<super::sqlx::MySql>().await;
+                    }
+                }
+            )*
+        }
     };
 }
 
@@ -1038,7 +1094,8 @@ struct Orders {
 /// client-key layer runs each order once, and every message ends delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_relays_on_postgres_deliver_each_message_once_at_the_receiver() {
-    let requests = four_relays_deliver_60_messages(Duration::from_millis(60)).await;
+    let requests =
+        four_relays_deliver_60_messages::<sqlx::Postgres>(Duration::from_millis(60)).await;
     assert!(
         requests > 60,
         "no message was delivered twice ({requests} requests): the test proved nothing"
@@ -1050,15 +1107,40 @@ async fn several_relays_on_postgres_deliver_each_message_once_at_the_receiver() 
 /// LOCKED`): the receiver gets exactly one request per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_relays_on_postgres_claim_disjoint_batches() {
-    let requests = four_relays_deliver_60_messages(Duration::from_secs(30)).await;
+    let requests = four_relays_deliver_60_messages::<sqlx::Postgres>(Duration::from_secs(30)).await;
+    assert_eq!(requests, 60);
+}
+
+/// Four relays on one MySQL outbox, leases lapsing mid-delivery: each order runs once.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_on_mysql_deliver_each_message_once_at_the_receiver() {
+    if !tower_idempotency_testkit::mysql_or_skip("several relays on MySQL") {
+        return;
+    }
+    let requests = four_relays_deliver_60_messages::<sqlx::MySql>(Duration::from_millis(60)).await;
+    assert!(
+        requests > 60,
+        "no message was delivered twice ({requests} requests): the test proved nothing"
+    );
+}
+
+/// With long leases, four relays' batches on MySQL are disjoint (`FOR UPDATE SKIP LOCKED`).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_relays_on_mysql_claim_disjoint_batches() {
+    if !tower_idempotency_testkit::mysql_or_skip("several relays on MySQL") {
+        return;
+    }
+    let requests = four_relays_deliver_60_messages::<sqlx::MySql>(Duration::from_secs(30)).await;
     assert_eq!(requests, 60);
 }
 
 /// Four spawned relays with `lease` deliver 60 messages to a client-key route whose first ten
 /// orders take 600 ms and the others 20 ms; each order runs once. Answers the requests the
 /// route received.
-async fn four_relays_deliver_60_messages(lease: Duration) -> usize {
-    let env = Env::<sqlx::Postgres>::new().await;
+async fn four_relays_deliver_60_messages<DB: Fixture>(lease: Duration) -> usize {
+    let env = Env::<DB>::new().await;
     let orders = Orders::default();
     let counted = orders.clone();
     let app = Router::new()

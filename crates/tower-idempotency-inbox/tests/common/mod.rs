@@ -211,6 +211,93 @@ impl Fixture for sqlx::Postgres {
     same_sql!();
 }
 
+/// MySQL or MariaDB (`MYSQL_URL`), with the server's own isolation level and lock wait
+/// timeout, as an application brings its pool.
+#[cfg(feature = "mysql")]
+impl Fixture for sqlx::MySql {
+    const LABEL: &'static str = "mysql";
+
+    fn open() -> BoxFuture<'static, (sqlx::Pool<Self>, String, Option<PathBuf>)> {
+        Box::pin(async {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(8)
+                .connect(&tower_idempotency_testkit::mysql_url())
+                .await
+                .expect("MySQL or MariaDB at MYSQL_URL");
+            (pool, format!("t{}", suffix()), None)
+        })
+    }
+
+    fn create_effects<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let sql = format!("CREATE TABLE {table} (event_id VARCHAR(255) NOT NULL)");
+            pool.execute(sqlx::AssertSqlSafe(sql.as_str()))
+                .await
+                .unwrap();
+        })
+    }
+
+    fn write_effect<'a>(
+        tx: &'a mut IdempotentTx<Self>,
+        table: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<()>> {
+        Box::pin(async move {
+            let sql = format!("INSERT INTO {table} (event_id) VALUES (?)");
+            sqlx::query(sqlx::AssertSqlSafe(&*sql))
+                .bind(event_id)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn effects<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        table: &'a str,
+        event_id: &'a str,
+    ) -> BoxFuture<'a, i64> {
+        Box::pin(async move {
+            let sql = format!("SELECT count(*) FROM {table} WHERE event_id = ?");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+                .bind(event_id)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        })
+    }
+
+    fn read_effects<'a>(
+        tx: &'a mut IdempotentTx<Self>,
+        table: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<i64>> {
+        Box::pin(async move {
+            let sql = format!("SELECT count(*) FROM {table}");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(&*sql))
+                .fetch_one(&mut **tx)
+                .await
+        })
+    }
+
+    fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for table in tables {
+                let _ = pool
+                    .execute(sqlx::AssertSqlSafe(
+                        format!("DROP TABLE IF EXISTS {table}").as_str(),
+                    ))
+                    .await;
+            }
+        })
+    }
+
+    fn exec<'a>(pool: &'a sqlx::Pool<Self>, sql: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            pool.execute(sqlx::AssertSqlSafe(sql)).await.expect(sql);
+        })
+    }
+}
+
 /// One test's inbox and effects tables, dropped by [`Setup::cleanup`].
 pub struct Setup<DB: Fixture> {
     pub pool: sqlx::Pool<DB>,
@@ -585,6 +672,24 @@ pub fn quick_retries<DB: Fixture>(
 /// `postgres::<name>` (the including file imports `sqlx`).
 #[allow(unused_macros)] // Not every test binary has generic tests.
 macro_rules! on_both {
+    // The same tests on MySQL or MariaDB too (feature `mysql`): skipped, saying so, when it is
+    // unreachable, unless CI=true.
+    (and_mysql: $($name:ident),* $(,)?) => {
+        on_both!($($name),*);
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let what = concat!("inbox on MySQL: ", stringify!($name));
+                    if tower_idempotency_testkit::mysql_or_skip(what) {
+                        super::$name::<sqlx::MySql>().await;
+                    }
+                }
+            )*
+        }
+    };
     ($($name:ident),* $(,)?) => {
         mod sqlite {
             use super::*;

@@ -2,7 +2,10 @@
 //! (threads or instances) take disjoint jobs; a batch of keys is bound as one `text[]` per key
 //! column.
 
-use crate::{driver::KeyBatch, Dialect, Driver, JobKey, Statements, Table};
+use crate::{
+    driver::{KeyBatch, Placeholders},
+    Dialect, Driver, JobKey, Statements, Table,
+};
 
 impl Driver for sqlx::Postgres {
     const JOB_COLUMNS: &'static str = "state smallint NOT NULL DEFAULT 0,\n\
@@ -26,6 +29,10 @@ impl Driver for sqlx::Postgres {
             Dialect {
                 claim_lock: " FOR UPDATE SKIP LOCKED",
                 key_batch: KeyBatch::PostgresArrays,
+                placeholders: Placeholders::Numbered,
+                returning: true,
+                quote: "",
+                null_integer: "CAST(NULL AS integer)",
             },
         )
     }

@@ -1,7 +1,10 @@
 //! The SQLite driver: one writer at a time, so a claim needs no lock clause; a batch of keys is
 //! bound as one JSON array of strings per key column.
 
-use crate::{driver::KeyBatch, Dialect, Driver, JobKey, Statements, Table};
+use crate::{
+    driver::{KeyBatch, Placeholders},
+    Dialect, Driver, JobKey, Statements, Table,
+};
 
 impl Driver for sqlx::Sqlite {
     const JOB_COLUMNS: &'static str = "state INTEGER NOT NULL DEFAULT 0,\n\
@@ -25,6 +28,10 @@ impl Driver for sqlx::Sqlite {
             Dialect {
                 claim_lock: "",
                 key_batch: KeyBatch::JsonArrays,
+                placeholders: Placeholders::Numbered,
+                returning: true,
+                quote: "",
+                null_integer: "CAST(NULL AS integer)",
             },
         )
     }
