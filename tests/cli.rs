@@ -249,24 +249,6 @@ async fn mysql_inspect_forget_purge() {
     );
 }
 
-/// The inbox and outbox commands on a MySQL URL answer a clear error (they do not run on MySQL
-/// yet) without connecting, and never print the URL's password.
-#[cfg(all(feature = "mysql", feature = "inbox", feature = "outbox"))]
-#[tokio::test]
-async fn mysql_inbox_and_outbox_commands_are_refused() {
-    let url = "mysql://root:hunter2-secret@127.0.0.1:1/test";
-    for command in [["inbox", "list"], ["outbox", "list"]] {
-        let output = cli(&["--store", url, command[0], command[1]]).await;
-        assert!(!output.status.success(), "{command:?}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("do not run on MySQL/MariaDB yet"),
-            "{command:?}: {stderr}"
-        );
-        assert!(!stderr.contains("hunter2"), "{stderr}");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_inspect_forget_purge() {
     require_postgres!("cli postgres");

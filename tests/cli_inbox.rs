@@ -228,3 +228,24 @@ async fn inbox_list_and_retry_postgres() {
     .unwrap();
     pool.close().await;
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_list_and_retry_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("inbox CLI test (mysql)") {
+        return;
+    }
+    let url = tower_idempotency_testkit::mysql_url();
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let table = tower_idempotency_testkit::mysql_table("cli_inbox");
+    let inbox = Inbox::new(pool.clone(), &table).unwrap();
+    // The `mariadb://` spelling of the same database.
+    let url = url.replacen("mysql:", "mariadb:", 1);
+    list_and_retry(inbox, &url, "mysql").await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}

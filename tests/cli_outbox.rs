@@ -244,3 +244,22 @@ async fn outbox_commands_postgres() {
     .unwrap();
     pool.close().await;
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_commands_mysql() {
+    if !tower_idempotency_testkit::mysql_or_skip("outbox CLI test (mysql)") {
+        return;
+    }
+    let url = tower_idempotency_testkit::mysql_url();
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let table = tower_idempotency_testkit::mysql_table("cli_outbox");
+    let outbox = Outbox::new(pool.clone(), &table).unwrap();
+    drive(outbox, pool.clone(), &url, "mysql").await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}

@@ -155,9 +155,6 @@ enum CliError {
     #[cfg(feature = "outbox")]
     #[error("the outbox lives in a SQLite or Postgres database")]
     OutboxNotSql,
-    #[cfg(any(feature = "inbox", feature = "outbox"))]
-    #[error("the webhook inbox and the outbox do not run on MySQL/MariaDB yet")]
-    NotOnMySql,
     #[cfg(feature = "inbox")]
     #[error("no failed event with this provider and event id")]
     NotFailed,
@@ -364,11 +361,12 @@ enum SqlPool {
     Sqlite(tower_idempotency::sqlx::SqlitePool),
     #[cfg(feature = "postgres")]
     Postgres(tower_idempotency::sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(tower_idempotency::sqlx::MySqlPool),
 }
 
-/// Opens the SQLite or Postgres database `url` names, without creating anything (a SQLite file
-/// must exist); answers `not_sql` for a store that is not SQL (memory, Redis), and
-/// [`CliError::NotOnMySql`] for MySQL, where the inbox and the outbox do not run yet.
+/// Opens the SQLite, Postgres or MySQL database `url` names, without creating anything (a SQLite
+/// file must exist); answers `not_sql` for a store that is not SQL (memory, Redis).
 #[cfg(any(feature = "inbox", feature = "outbox"))]
 async fn sql_pool(url: &str, not_sql: CliError) -> Result<SqlPool, CliError> {
     let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
@@ -386,7 +384,15 @@ async fn sql_pool(url: &str, not_sql: CliError) -> Result<SqlPool, CliError> {
             .await
             .map(SqlPool::Postgres)
             .map_err(|e| connect_error("postgres", &e, url)),
-        "mysql" | "mariadb" => Err(CliError::NotOnMySql),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => {
+            // sqlx names the protocol `mysql` whichever server speaks it.
+            let url = url.replacen("mariadb:", "mysql:", 1);
+            tower_idempotency::sqlx::MySqlPool::connect(&url)
+                .await
+                .map(SqlPool::MySql)
+                .map_err(|e| connect_error("mysql", &e, &url))
+        }
         "memory" | "redis" | "rediss" => Err(not_sql),
         _ => Err(CliError::UnsupportedScheme),
     }

@@ -335,7 +335,7 @@ impl InboxCommand {
     }
 }
 
-/// Runs `command` on the inbox of the database `url` names (SQLite or Postgres), without
+/// Runs `command` on the inbox of the database `url` names (SQLite, Postgres or MySQL), without
 /// creating anything.
 pub async fn run(url: &str, command: &InboxCommand) -> Result<Answer, CliError> {
     let failed = |error: InboxError| CliError::Store(describe(&error, url));
@@ -350,6 +350,12 @@ pub async fn run(url: &str, command: &InboxCommand) -> Result<Answer, CliError> 
         crate::SqlPool::Postgres(pool) => {
             let inbox = Inbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("postgres", &e, url))?;
+            execute(&inbox, command).await.map_err(failed)?
+        }
+        #[cfg(feature = "mysql")]
+        crate::SqlPool::MySql(pool) => {
+            let inbox = Inbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("mysql", &e, url))?;
             execute(&inbox, command).await.map_err(failed)?
         }
     }

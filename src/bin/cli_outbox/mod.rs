@@ -189,7 +189,7 @@ fn print_table(messages: &[MessageSummary]) {
     crate::print_table(header, &rows);
 }
 
-/// Runs `command` on the outbox of the database `url` names (SQLite or Postgres), without
+/// Runs `command` on the outbox of the database `url` names (SQLite, Postgres or MySQL), without
 /// creating anything.
 pub async fn run(url: &str, command: &OutboxCommand) -> Result<Answer, CliError> {
     let failed = |error: OutboxError| CliError::Store(describe(&error, url));
@@ -204,6 +204,12 @@ pub async fn run(url: &str, command: &OutboxCommand) -> Result<Answer, CliError>
         crate::SqlPool::Postgres(pool) => {
             let outbox = Outbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("postgres", &e, url))?;
+            execute(&outbox, command).await.map_err(failed)?
+        }
+        #[cfg(feature = "mysql")]
+        crate::SqlPool::MySql(pool) => {
+            let outbox = Outbox::new(pool, command.table())
+                .map_err(|e| crate::connect_error("mysql", &e, url))?;
             execute(&outbox, command).await.map_err(failed)?
         }
     }
