@@ -1,5 +1,5 @@
-//! The transactional mode's cost, measured side by side in one run on loopback: for SQLite and
-//! Postgres, first requests (a new key each) to three routes whose handler inserts one row:
+//! The transactional mode's cost, measured side by side in one run on loopback: for SQLite,
+//! Postgres and MySQL/MariaDB, first requests (a new key each) to three routes whose handler inserts one row:
 //!
 //! - `bare`: no layer; the handler runs `BEGIN; INSERT; COMMIT` on the pool;
 //! - `plain`: `IdempotencyLayer::client_keys(store)` in front of the same handler;
@@ -9,8 +9,9 @@
 //! cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin transactional -- [SECONDS]
 //! ```
 //!
-//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
-//! its tables get random names and are dropped at the end. Prints one Markdown table.
+//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database,
+//! `MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`) the MySQL one; their tables get random
+//! names and are dropped at the end. Prints one Markdown table.
 
 mod drive;
 
@@ -21,8 +22,8 @@ use drive::{drive, postgres_pool, seconds_arg, serve, suffix};
 use axum::{extract::State, http::StatusCode, routing::post, Router};
 use tower_idempotency_core::{IdempotencyLayer, Store};
 use tower_idempotency_sqlx::{
-    sqlx::{self, Database, Pool, Postgres, Sqlite},
-    IdempotentTx, PostgresStore, SqliteStore,
+    sqlx::{self, Database, MySql, Pool, Postgres, Sqlite},
+    IdempotentTx, MySqlStore, PostgresStore, SqliteStore,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -61,6 +62,7 @@ macro_rules! handlers {
 }
 
 handlers!(bare_pg, tx_pg, Postgres, "BEGIN");
+handlers!(bare_my, tx_my, MySql, "BEGIN");
 // SQLite takes the write lock at BEGIN, as the layer's transactions do.
 handlers!(bare_sqlite, tx_sqlite, Sqlite, "BEGIN IMMEDIATE");
 
@@ -159,6 +161,31 @@ async fn main() -> Result<(), BoxError> {
     let base = serve(router).await?;
     let urls = ["bare", "plain", "transactional"].map(|r| (r, format!("{base}/{r}")));
     measure("postgres", urls, seconds).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+        "DROP TABLE {effects}; DROP TABLE {table};"
+    )))
+    .execute(&pool)
+    .await?;
+
+    let url =
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let table = format!("bench_tx_{}", suffix());
+    let effects = format!("bench_effects_{}", suffix());
+    let store = Arc::new(MySqlStore::connect_with_table(&url, &table).await?);
+    store.migrate().await?;
+    let pool = store.pool().clone();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
+        "CREATE TABLE {effects} (amount BIGINT NOT NULL)"
+    )))
+    .execute(&pool)
+    .await?;
+    let sql = Arc::new(Sql {
+        insert: format!("INSERT INTO {effects} (amount) VALUES (?)"),
+    });
+    let router = routes((pool.clone(), sql), store.clone(), bare_my, tx_my);
+    let base = serve(router).await?;
+    let urls = ["bare", "plain", "transactional"].map(|r| (r, format!("{base}/{r}")));
+    measure("mysql", urls, seconds).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "DROP TABLE {effects}; DROP TABLE {table};"
     )))
