@@ -1,5 +1,5 @@
-//! The driver conformance suite, unchanged, on SQLite (a file per test) and on the shared
-//! Postgres (`DATABASE_URL`).
+//! The driver conformance suite, unchanged, on SQLite (a file per test, in cargo's temporary
+//! directory for tests, `target/tmp`) and on the shared Postgres (`DATABASE_URL`).
 
 use std::str::FromStr;
 
@@ -7,7 +7,8 @@ use sqlx::{postgres::PgPoolOptions, sqlite::SqliteConnectOptions, SqlitePool};
 use tower_idempotency_testkit::{database_url, random_suffix};
 
 async fn sqlite() -> SqlitePool {
-    let path = std::env::temp_dir().join(format!("jobs-conformance-{}.db", random_suffix()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("jobs-conformance-{}.db", random_suffix()));
     let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
         .unwrap()
         .create_if_missing(true)
