@@ -24,10 +24,7 @@ use crate::{
     EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
 };
 
-/// The request header the state-changing routes accept instead of a JSON body: a browser
-/// sends it only from a script of the page's own origin (another site's would need a CORS
-/// preflight the router does not answer), never from a cross-site form.
-pub const ADMIN_HEADER: &str = "x-inbox-admin";
+pub use crate::page::ADMIN_HEADER;
 
 /// The most events one listing returns.
 pub const MAX_LIST: u32 = 1000;

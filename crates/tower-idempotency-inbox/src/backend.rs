@@ -14,8 +14,8 @@ use std::{
 
 use futures_util::future::BoxFuture;
 use tower_idempotency_jobs::{
-    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Placeholders, Prepared, Statements,
-    Table, DUE, DUE_BY_KEY,
+    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Prepared, Statements, Table, DUE,
+    DUE_BY_KEY,
 };
 
 use crate::{
@@ -62,31 +62,7 @@ pub struct Listed {
     pub body: Vec<u8>,
 }
 
-/// The database a statement is written for, where the inbox's own SQL differs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Db {
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    Postgres,
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    Sqlite,
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    MySql,
-}
-
-impl Db {
-    /// How its statements write parameters.
-    pub(crate) fn placeholders(self) -> Placeholders {
-        match self {
-            Self::MySql => Placeholders::Positional,
-            Self::Postgres | Self::Sqlite => Placeholders::Numbered,
-        }
-    }
-}
-
-/// MySQL's type of a key column: compared byte by byte (as Postgres's "C" collation does), and
-/// short enough for the primary key and the positions table's.
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) const MYSQL_KEY: &str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+pub(crate) use crate::dialect::{Db, MYSQL_KEY};
 
 /// The inbox table's shape for the job engine.
 pub(crate) fn table(name: &str) -> Table {

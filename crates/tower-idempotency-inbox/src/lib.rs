@@ -64,6 +64,7 @@ mod ack;
 mod acks;
 pub mod admin;
 mod backend;
+mod dialect;
 mod event;
 mod handler;
 mod inbox;

@@ -4,7 +4,7 @@ use std::{fmt, sync::Arc};
 
 use tower_idempotency_jobs::Prepared;
 
-use crate::backend::Db;
+use crate::dialect::Db;
 
 /// What the worker does with events of one ordering key that arrive out of order; see
 /// [`Ordering`].

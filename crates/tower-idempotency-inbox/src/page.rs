@@ -24,12 +24,17 @@ use tower_idempotency_jobs::{
 };
 
 use crate::{
-    admin::ADMIN_HEADER, event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord,
-    EventState, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
+    event::now_ms, EventDetail, EventFilter, EventKey, EventPage, EventRecord, EventState, Inbox,
+    InboxDatabase, InboxError, ProviderCounts, StateCounts,
 };
 
 /// Events per page of the overview.
 const PAGE_SIZE: u32 = 50;
+
+/// The request header the state-changing routes accept instead of a JSON body: a browser
+/// sends it only from a script of the page's own origin (another site's would need a CORS
+/// preflight the router does not answer), never from a cross-site form.
+pub const ADMIN_HEADER: &str = "x-inbox-admin";
 
 pub(crate) fn routes<DB: InboxDatabase>() -> Router<Inbox<DB>> {
     page::routes(get(overview::<DB>), get(detail::<DB>))

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tower_idempotency_jobs::Prepared;
 
-use crate::backend::Db;
+use crate::dialect::Db;
 
 use crate::{
     event::{duration_ms, now_ms},
@@ -223,7 +223,7 @@ impl QueueSql {
         Self::new(
             table,
             " FOR UPDATE SKIP LOCKED",
-            crate::backend::MYSQL_KEY,
+            crate::dialect::MYSQL_KEY,
             Db::MySql,
         )
     }

@@ -26,10 +26,7 @@ use crate::{
     StateCounts,
 };
 
-/// The request header the outbox's page sends with its actions, next to their JSON body (the
-/// inbox's `x-inbox-admin` rule, under the outbox's name). Every state-changing route takes a
-/// JSON body, which is what makes it unreachable from another site's form.
-pub const ADMIN_HEADER: &str = "x-outbox-admin";
+pub use crate::page::ADMIN_HEADER;
 
 /// The most messages one listing returns.
 pub const MAX_LIST: u32 = 1000;

@@ -21,7 +21,6 @@ use tower_idempotency_jobs::{
 };
 
 use crate::{
-    admin::ADMIN_HEADER,
     http::{state_filter, KeyQuery, Listing, Unavailable},
     MessageDetail, MessagePage, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     StateCounts,
@@ -31,6 +30,11 @@ use crate::{
 const PAGE_SIZE: u32 = 50;
 
 const SITE: &str = "Outbox";
+
+/// The request header the outbox's page sends with its actions, next to their JSON body (the
+/// inbox's `x-inbox-admin` rule, under the outbox's name). Every state-changing route takes a
+/// JSON body, which is what makes it unreachable from another site's form.
+pub const ADMIN_HEADER: &str = "x-outbox-admin";
 
 pub(crate) fn routes<DB: OutboxDatabase>() -> Router<Outbox<DB>> {
     page::routes(get(overview::<DB>), get(detail::<DB>))
