@@ -157,6 +157,17 @@ impl<'q, DB: sqlx::Database> Binder<'q, DB> {
         self
     }
 
+    /// A job's key columns, as the next parameters.
+    pub fn key(mut self, key: &'q JobKey) -> Self
+    where
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        for part in &key.0 {
+            self = self.bind(part.as_str());
+        }
+        self
+    }
+
     /// The query with its parameters bound.
     pub fn query(self) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments> {
         let Some(order) = self.order else {
@@ -910,10 +921,7 @@ macro_rules! driver_calls {
             lease_until: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.renew_one.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.renew_one.binder::<$db>().key(key);
                 let done = query.bind(token).bind(lease_until).query().execute(pool).await?;
                 Ok(done.rows_affected() == 1)
             })
@@ -928,10 +936,7 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.complete.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let mut query = sql.complete.binder::<$db>().key(key);
                 query = query.bind(token).bind(now);
                 if sql.table().status.is_some() {
                     query = query.bind(status);
@@ -952,10 +957,7 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.fail.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let mut query = sql.fail.binder::<$db>().key(key);
                 query = query
                     .bind(token)
                     .bind(now)
@@ -997,10 +999,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.retry.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.retry.binder::<$db>().key(key);
                 Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
         }
@@ -1012,10 +1011,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.discard.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.discard.binder::<$db>().key(key);
                 Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
         }
@@ -1098,10 +1094,7 @@ macro_rules! driver_calls {
             S: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let mut query = sql.get.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.get.binder::<$db>().key(key);
                 let row = query.query().fetch_optional(pool).await?;
                 row.map(|row| $crate::driver::summary(sql.table(), &row))
                     .transpose()
@@ -1118,10 +1111,7 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
-                let mut query = sql.detail.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.detail.binder::<$db>().key(key);
                 let Some(row) = query.query().fetch_optional(pool).await? else {
                     return Ok(None);
                 };
@@ -1178,10 +1168,7 @@ macro_rules! driver_calls {
             keep_last: u32,
         ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
             Box::pin(async move {
-                let mut insert = sql.history.insert.binder::<$db>();
-                for part in &key.0 {
-                    insert = insert.bind(part.as_str());
-                }
+                let insert = sql.history.insert.binder::<$db>().key(key);
                 insert
                     .bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
                     .bind(attempt.started_at_ms)
@@ -1195,10 +1182,7 @@ macro_rules! driver_calls {
                     .await?;
                 // Only an attempt past the newest kept can leave a row to delete.
                 if attempt.attempt > keep_last {
-                    let mut trim = sql.history.trim.binder::<$db>();
-                    for part in &key.0 {
-                        trim = trim.bind(part.as_str());
-                    }
+                    let trim = sql.history.trim.binder::<$db>().key(key);
                     trim.bind(i64::from(keep_last))
                         .query()
                         .execute(&mut *conn)
@@ -1214,10 +1198,7 @@ macro_rules! driver_calls {
             key: &'a $crate::JobKey,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::Attempt>>> {
             Box::pin(async move {
-                let mut query = sql.history.list.binder::<$db>();
-                for part in &key.0 {
-                    query = query.bind(part.as_str());
-                }
+                let query = sql.history.list.binder::<$db>().key(key);
                 let rows = query.query().fetch_all(pool).await?;
                 rows.iter()
                     .map(|row| {
