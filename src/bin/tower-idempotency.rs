@@ -68,6 +68,10 @@ struct Cli {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Who the inbox's and outbox's audit records a change as made by (default `cli:` and the
+    /// operating-system user).
+    #[arg(long, env = "IDEMPOTENCY_OPERATOR", global = true)]
+    operator: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -159,6 +163,9 @@ enum CliError {
     #[error("no failed event with this provider and event id")]
     NotFailed,
     #[cfg(feature = "inbox")]
+    #[error("no processed or skipped event with this provider and event id that kept its body")]
+    NotReplayable,
+    #[cfg(feature = "inbox")]
     #[error("no event with this provider and event id")]
     NoEvent,
     #[cfg(feature = "inbox")]
@@ -176,6 +183,40 @@ enum CliError {
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.
+/// Who a change is audited as made by: `--operator`, else `cli:` and the operating-system user.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn operator(cli: &Cli) -> String {
+    cli.operator.clone().unwrap_or_else(|| {
+        let user = std::env::var("USER").or_else(|_| std::env::var("USERNAME"));
+        format!("cli:{}", user.as_deref().unwrap_or("unknown"))
+    })
+}
+
+/// An `audit` command's entries, newest first: a table, or JSON.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn print_audit(entries: &[tower_idempotency::jobs::audit::AuditEntry], as_json: bool) {
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_value(entries).unwrap_or(serde_json::Value::Null)
+        );
+        return;
+    }
+    let rows: Vec<[String; 5]> = entries
+        .iter()
+        .map(|entry| {
+            [
+                tower_idempotency::jobs::time::rfc3339_ms(entry.at_ms),
+                entry.who.clone(),
+                entry.action_name().to_owned(),
+                entry.target.clone(),
+                entry.changed.to_string(),
+            ]
+        })
+        .collect();
+    print_table(["AT", "WHO", "ACTION", "TARGET", "CHANGED"], &rows);
+}
+
 /// A `show` command's attempt history, a line per recorded attempt, oldest first.
 #[cfg(any(feature = "inbox", feature = "outbox"))]
 fn print_attempts(attempts: &[tower_idempotency::jobs::Attempt]) {
@@ -550,12 +591,16 @@ async fn run(cli: Cli) -> Result<Answer, CliError> {
     #[cfg(feature = "inbox")]
     if let Command::Inbox(command) = &cli.command {
         let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
-        return inbox::run(url, command).await.map(Answer::Inbox);
+        return inbox::run(url, command, &operator(&cli))
+            .await
+            .map(Answer::Inbox);
     }
     #[cfg(feature = "outbox")]
     if let Command::Outbox(command) = &cli.command {
         let url = cli.store.as_deref().ok_or(CliError::NoStore)?;
-        return outbox::run(url, command).await.map(Answer::Outbox);
+        return outbox::run(url, command, &operator(&cli))
+            .await
+            .map(Answer::Outbox);
     }
     run_store(cli).await.map(Answer::Report)
 }

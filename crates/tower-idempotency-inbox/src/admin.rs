@@ -20,11 +20,15 @@ use tower_idempotency_jobs::{
 use crate::{
     backend,
     event::{duration_ms, now_ms},
-    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
-    EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
+    BulkReplay, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage,
+    EventState, EventSummary, Inbox, InboxDatabase, InboxError, StateCounts,
 };
 
 pub use crate::page::ADMIN_HEADER;
+pub use tower_idempotency_jobs::{
+    admin::{operator, Operator},
+    audit::{AuditAction, AuditEntry},
+};
 
 /// The most events one listing returns.
 pub const MAX_LIST: u32 = 1000;
@@ -98,7 +102,15 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `POST /events/{provider}/{event_id}/retry` | the same |
 /// | `POST /events/{provider}/{event_id}/discard` | `204` discarded ([`Inbox::discard`]: deleted, or kept without its body until its authenticator's horizon), `404` no such failed event |
 /// | `POST /retry` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkRetry`] (the filter's fields as [`EventFilter`]) |
+/// | `POST /events/{provider}/{event_id}/replay` | `202` replayed ([`Inbox::replay`]: the handler runs it again), `404` no such processed or skipped event with its body |
+/// | `POST /replay` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkReplay`] ([`Inbox::replay_matching`]) |
 /// | `POST /purge?older_than_secs=N` (or a JSON body `{"older_than_secs": N}`) | `200 {"purged": n}` |
+/// | `GET /audit?limit=N` | `200`, the newest [`AuditEntry`]s, newest first (default 20) |
+///
+/// Every change that took effect (not a dry run) is audited as made by the request's
+/// [`Operator`]: name it from your own authentication with
+/// `axum::middleware::from_fn(admin::operator::<YourUser>)` around this router
+/// ([`tower_idempotency_jobs::admin::operator`]).
 ///
 /// The routes shared with the outbox's router (listing by state, counts, one event, retry,
 /// discard, purge) are the job engine's [`tower_idempotency_jobs::admin::routes`].
@@ -147,12 +159,17 @@ pub fn router<DB: InboxDatabase>(inbox: Inbox<DB>) -> Router {
         .route(
             "/failed/{provider}/{event_id}/retry",
             post(
-                |_: SameSite, State(inbox): State<Inbox<DB>>, Path(key): Path<(String, String)>| async move {
-                    Change::Retry.apply(&inbox, &key).await
+                |_: SameSite,
+                 who: Operator,
+                 State(inbox): State<Inbox<DB>>,
+                 Path(key): Path<(String, String)>| async move {
+                    Change::Retry.apply(&inbox, &key, &who).await
                 },
             ),
         )
         .route("/retry", post(retry_matching::<DB>))
+        .route("/events/{provider}/{event_id}/replay", post(replay::<DB>))
+        .route("/replay", post(replay_matching::<DB>))
         .merge(crate::page::routes())
         .with_state(inbox)
 }
@@ -202,6 +219,47 @@ impl<DB: InboxDatabase> Operated for Inbox<DB> {
 
     async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
         Ok(self.purge_processed(older_than).await?)
+    }
+
+    fn target((provider, event_id): &(String, String)) -> String {
+        format!("{provider}/{event_id}")
+    }
+
+    async fn audit(&self, entry: AuditEntry) {
+        // A failure is logged by the record; the change it records stands.
+        let _ = Inbox::audit(self, &entry).await;
+    }
+
+    async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, Unavailable> {
+        Ok(Inbox::audit_log(self, limit).await?)
+    }
+}
+
+impl EventFilter {
+    /// The filter as the audit names a bulk call's target: its set fields (`provider=stripe
+    /// type=charge.failed`), or `all events`.
+    pub fn described(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(state) = self.state {
+            parts.push(format!("state={}", state.as_str()));
+        }
+        if let Some(provider) = &self.provider {
+            parts.push(format!("provider={provider}"));
+        }
+        if let Some(kind) = &self.event_type {
+            parts.push(format!("type={kind}"));
+        }
+        if let Some(after) = self.received_after {
+            parts.push(format!("received_after={}", crate::rfc3339(after)));
+        }
+        if let Some(before) = self.received_before {
+            parts.push(format!("received_before={}", crate::rfc3339(before)));
+        }
+        if parts.is_empty() {
+            "all events".to_owned()
+        } else {
+            parts.join(" ")
+        }
     }
 }
 
@@ -300,20 +358,75 @@ struct BulkRetryRequest {
     per_second: Option<std::num::NonZeroU32>,
 }
 
+impl BulkRetryRequest {
+    fn options(&self) -> BulkRetryOptions {
+        BulkRetryOptions {
+            dry_run: self.dry_run,
+            per_second: self.per_second,
+        }
+    }
+}
+
 async fn retry_matching<DB: InboxDatabase>(
     _: SameSite,
+    who: Operator,
     State(inbox): State<Inbox<DB>>,
     Json(request): Json<BulkRetryRequest>,
 ) -> Result<Json<BulkRetry>, Unavailable> {
-    Ok(Json(
-        inbox
-            .retry_matching(
-                &request.filter.into(),
-                BulkRetryOptions {
-                    dry_run: request.dry_run,
-                    per_second: request.per_second,
-                },
-            )
-            .await?,
-    ))
+    let options = request.options();
+    let filter: EventFilter = request.filter.into();
+    let retried = inbox.retry_matching(&filter, options).await?;
+    if !options.dry_run {
+        let target = EventFilter {
+            state: Some(EventState::Failed),
+            ..filter
+        };
+        let entry = AuditEntry::now(
+            who.name(),
+            AuditAction::BulkRetry,
+            target.described(),
+            retried.retried,
+        );
+        Operated::audit(&inbox, entry).await;
+    }
+    Ok(Json(retried))
+}
+
+/// `POST /events/{provider}/{event_id}/replay`.
+async fn replay<DB: InboxDatabase>(
+    _: SameSite,
+    who: Operator,
+    State(inbox): State<Inbox<DB>>,
+    Path((provider, event_id)): Path<(String, String)>,
+) -> Result<StatusCode, Unavailable> {
+    let key = EventKey::new(provider, event_id);
+    if !inbox.replay(&key).await? {
+        return Ok(StatusCode::NOT_FOUND);
+    }
+    let target = format!("{}/{}", key.provider, key.event_id);
+    let entry = AuditEntry::now(who.name(), AuditAction::Replay, target, 1);
+    Operated::audit(&inbox, entry).await;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// `POST /replay`: the body of a bulk retry, over processed and skipped events.
+async fn replay_matching<DB: InboxDatabase>(
+    _: SameSite,
+    who: Operator,
+    State(inbox): State<Inbox<DB>>,
+    Json(request): Json<BulkRetryRequest>,
+) -> Result<Json<BulkReplay>, Unavailable> {
+    let options = request.options();
+    let filter: EventFilter = request.filter.into();
+    let replayed = inbox.replay_matching(&filter, options).await?;
+    if !options.dry_run {
+        let entry = AuditEntry::now(
+            who.name(),
+            AuditAction::BulkReplay,
+            filter.described(),
+            replayed.replayed,
+        );
+        Operated::audit(&inbox, entry).await;
+    }
+    Ok(Json(replayed))
 }

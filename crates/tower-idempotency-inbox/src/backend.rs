@@ -14,12 +14,12 @@ use std::{
 
 use futures_util::future::BoxFuture;
 use tower_idempotency_jobs::{
-    Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Prepared, Statements, Table, DUE,
-    DUE_BY_KEY,
+    Attempt, AttemptOutcome, Claimed, Driver, JobKey, JobState, JobSummary, PageFilter, Prepared,
+    Statements, Table, DUE, DUE_BY_KEY,
 };
 
 use crate::{
-    event::{EventKey, EventSummary, StateCounts},
+    event::{now_ms, EventKey, EventSummary, StateCounts},
     ordering::OrderedSql,
     retention::OpenGroup,
 };
@@ -90,6 +90,8 @@ pub struct Sql {
     discard_keep: Prepared,
     /// The operator's discard of a row without an authenticator to keep.
     discard_delete: Prepared,
+    /// The operator's replay of a processed or skipped event that kept its body.
+    replay: Prepared,
     /// Statements sent through these, for [`Inbox::statements_executed`](crate::Inbox::statements_executed).
     executed: AtomicU64,
 }
@@ -157,6 +159,13 @@ impl Sql {
                  AND (authenticator IS NULL OR authenticator_until IS NULL \
                  OR authenticator_until <= $3)"
             )),
+            // Bound: provider, event id, due time, the kept discard's error.
+            replay: sql(format!(
+                "UPDATE {name} SET state = 0, attempts = 0, available_at = $3, \
+                 finished_at = NULL, last_error = NULL, lease_token = NULL, lease_until = NULL \
+                 WHERE provider = $1 AND event_id = $2 AND state IN (1, 3) \
+                 AND (last_error IS NULL OR last_error <> $4)"
+            )),
             executed: AtomicU64::new(0),
         }
     }
@@ -181,10 +190,11 @@ impl Sql {
              CREATE UNIQUE INDEX IF NOT EXISTS {name}_auth_idx ON {name} (provider, authenticator);\n\
              {due}\
              CREATE INDEX IF NOT EXISTS {name}_order_idx ON {name} (provider, order_key, state);\n\
-             {history}",
+             {history}{audit}",
             columns = DB::JOB_COLUMNS,
             due = DB::due_index(name),
             history = DB::history_schema(&table(name)),
+            audit = DB::audit_schema(&table(name)),
         )
     }
 
@@ -229,9 +239,10 @@ impl Sql {
              UNIQUE INDEX {name}_auth_idx (provider, authenticator),\n\
              INDEX {name}_order_idx (provider, order_key, state),\n\
              INDEX {name}_open_idx (state, provider, received_at),\n\
-             INDEX {name}_finished_idx (state, finished_at)) ENGINE = InnoDB;\n{history}",
+             INDEX {name}_finished_idx (state, finished_at)) ENGINE = InnoDB;\n{history}{audit}",
             columns = <sqlx::MySql as Driver>::JOB_COLUMNS,
             history = <sqlx::MySql as Driver>::history_schema(&table(name)),
+            audit = <sqlx::MySql as Driver>::audit_schema(&table(name)),
         );
         let queue = crate::retention::QueueSql::mysql(name);
         Self::new::<sqlx::MySql>(name, schema, Db::MySql, queue)
@@ -367,6 +378,16 @@ pub(crate) mod sealed {
             sql: &'a Sql,
             key: &'a EventKey,
             now: i64,
+        ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+        /// Puts a processed or skipped event that kept its body back to pending with a fresh
+        /// count of attempts, due at `due`, and records the replay in its history, in one
+        /// transaction; whether it did.
+        fn replay<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a Sql,
+            key: &'a EventKey,
+            due: i64,
         ) -> BoxFuture<'a, sqlx::Result<bool>>;
     }
 }
@@ -649,6 +670,34 @@ macro_rules! inbox_sql {
                         }
                         let delete = keyed(sql, &sql.discard_delete, key).bind(now);
                         one_row(delete.query(), pool).await
+                    })
+                }
+
+                fn replay<'a>(
+                    pool: &'a sqlx::Pool<Self>,
+                    sql: &'a Sql,
+                    key: &'a EventKey,
+                    due: i64,
+                ) -> BoxFuture<'a, sqlx::Result<bool>> {
+                    Box::pin(async move {
+                        let mut tx = pool.begin().await?;
+                        let replay = keyed(sql, &sql.replay, key).bind(due).bind(DISCARDED);
+                        if !one_row(replay.query(), &mut *tx).await? {
+                            return Ok(false);
+                        }
+                        let marker = Attempt::ended(0, now_ms(), AttemptOutcome::Replayed);
+                        sql.sent();
+                        // Attempt 0 never trims: the rows of the runs before stay.
+                        <$db as Driver>::record_attempt(
+                            &mut tx,
+                            &sql.jobs,
+                            &job_key(key),
+                            &marker,
+                            0,
+                        )
+                        .await?;
+                        tx.commit().await?;
+                        Ok(true)
                     })
                 }
             }
@@ -1199,6 +1248,16 @@ pub(crate) async fn retry<DB: InboxDatabase>(
 ) -> sqlx::Result<bool> {
     sql.sent();
     DB::retry(pool, &sql.jobs, &job_key(key), now).await
+}
+
+/// Replays a processed or skipped event, due at `due` ([`sealed::InboxSql::replay`]).
+pub(crate) async fn replay<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+    due: i64,
+) -> sqlx::Result<bool> {
+    <DB as sealed::InboxSql>::replay(pool, sql, key, due).await
 }
 
 /// How many events are in each state.

@@ -86,8 +86,8 @@ pub use metrics::{
     LAG_SECONDS, PURGED_TOTAL,
 };
 pub use ops::{
-    parse_rfc3339, rfc3339, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventPage,
-    EventRecord, ProviderCounts, MAX_PAGE, REDACTED,
+    parse_rfc3339, rfc3339, BulkReplay, BulkRetry, BulkRetryOptions, EventDetail, EventFilter,
+    EventPage, EventRecord, ProviderCounts, MAX_PAGE, REDACTED,
 };
 pub use ordering::{OrderPosition, Ordering, OrderingPolicy};
 pub use retention::{DEFAULT_PURGE_BATCH, DEFAULT_PURGE_EVERY, DEFAULT_RETENTION};

@@ -13,7 +13,7 @@ pub use tower_idempotency_jobs::redact::REDACTED;
 use tower_idempotency_jobs::redact::{redact, shown_body};
 
 pub use tower_idempotency_jobs::time::{parse_rfc3339, rfc3339};
-use tower_idempotency_jobs::{cursor, time::rfc3339_ms, JobKey, PageFilter};
+use tower_idempotency_jobs::{audit::AuditEntry, cursor, time::rfc3339_ms, JobKey, PageFilter};
 
 use crate::{
     backend,
@@ -134,6 +134,34 @@ pub struct BulkRetry {
     pub last_due_at: Option<String>,
 }
 
+/// What a bulk replay did ([`Inbox::replay_matching`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BulkReplay {
+    /// Whether it was a dry run.
+    pub dry_run: bool,
+    /// The processed and skipped events that matched the filter.
+    pub matched: u64,
+    /// The events put back to pending (0 on a dry run; fewer than `matched` when some changed
+    /// meanwhile or were discarded events kept without their body).
+    pub replayed: u64,
+    /// When the last replayed event is due.
+    pub last_due_at: Option<String>,
+}
+
+/// How a bulk call puts an event back to pending.
+#[derive(Clone, Copy)]
+enum Requeue {
+    Retry,
+    Replay,
+}
+
+/// What a bulk call did: the events matched, those changed, the last one's due time.
+struct Requeued {
+    matched: u64,
+    changed: u64,
+    last_due_at: Option<String>,
+}
+
 /// Events per state of one provider.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProviderCounts {
@@ -168,8 +196,9 @@ pub(crate) mod filter_fields {
             Some("pending") => Ok(Some(EventState::Pending)),
             Some("processed") => Ok(Some(EventState::Processed)),
             Some("failed") => Ok(Some(EventState::Failed)),
+            Some("skipped") => Ok(Some(EventState::Skipped)),
             Some(_) => Err(D::Error::custom(
-                "the state is pending, processed or failed",
+                "the state is pending, processed, failed or skipped",
             )),
         }
     }
@@ -381,23 +410,84 @@ impl<DB: InboxDatabase> Inbox<DB> {
             state: Some(EventState::Failed),
             ..filter.clone()
         };
+        let requeued = self
+            .requeue_matching(&filter, options, |_| true, Requeue::Retry)
+            .await?;
+        Ok(BulkRetry {
+            dry_run: options.dry_run,
+            matched: requeued.matched,
+            retried: requeued.changed,
+            last_due_at: requeued.last_due_at,
+        })
+    }
+
+    /// Replays a processed or skipped event: puts it back to pending with a fresh count of
+    /// attempts, so the handler runs it again, and records the replay in its attempt history
+    /// (outcome [`Replayed`](tower_idempotency_jobs::AttemptOutcome::Replayed)); answers
+    /// `false` when the event is not processed or skipped, or is a discarded event kept without
+    /// its body. Under [`OrderingPolicy::SkipStale`](crate::OrderingPolicy::SkipStale) a
+    /// replayed event older than its object's newest processed one is skipped again.
+    pub async fn replay(&self, key: &EventKey) -> Result<bool, InboxError> {
+        let replayed = backend::replay(&self.pool, &self.sql, key, now_ms()).await?;
+        if replayed {
+            self.notify(key.clone());
+        }
+        Ok(replayed)
+    }
+
+    /// Replays every processed and skipped event matching `filter` ([`replay`](Self::replay));
+    /// a `state` of `processed` or `skipped` takes only those, another state matches nothing.
+    /// With [`per_second`](BulkRetryOptions::per_second) their due times are spread from now at
+    /// that rate, newest acknowledgement first; a dry run only counts them.
+    pub async fn replay_matching(
+        &self,
+        filter: &EventFilter,
+        options: BulkRetryOptions,
+    ) -> Result<BulkReplay, InboxError> {
+        let replayable = |state: EventState| match filter.state {
+            None => matches!(state, EventState::Processed | EventState::Skipped),
+            Some(wanted) => {
+                wanted == state && matches!(state, EventState::Processed | EventState::Skipped)
+            }
+        };
+        let requeued = self
+            .requeue_matching(filter, options, replayable, Requeue::Replay)
+            .await?;
+        Ok(BulkReplay {
+            dry_run: options.dry_run,
+            matched: requeued.matched,
+            replayed: requeued.changed,
+            last_due_at: requeued.last_due_at,
+        })
+    }
+
+    /// Scans the events matching `filter` whose state `wanted` takes, then (unless a dry run)
+    /// requeues each with `how`, due times spread at the options' rate.
+    async fn requeue_matching(
+        &self,
+        filter: &EventFilter,
+        options: BulkRetryOptions,
+        wanted: impl Fn(EventState) -> bool,
+        how: Requeue,
+    ) -> Result<Requeued, InboxError> {
         let mut keys = Vec::new();
-        self.scan(&filter, None, SCAN_BATCH, |summary, _| {
-            keys.push(EventKey::new(summary.provider, summary.event_id));
+        self.scan(filter, None, SCAN_BATCH, |summary, _| {
+            if wanted(summary.state) {
+                keys.push(EventKey::new(summary.provider, summary.event_id));
+            }
             true
         })
         .await?;
         let matched = u64::try_from(keys.len()).unwrap_or(u64::MAX);
         if options.dry_run {
-            return Ok(BulkRetry {
-                dry_run: true,
+            return Ok(Requeued {
                 matched,
-                retried: 0,
+                changed: 0,
                 last_due_at: None,
             });
         }
         let now = now_ms();
-        let mut retried = 0;
+        let mut changed = 0;
         let mut last_due = None;
         for (index, key) in keys.iter().enumerate() {
             let offset = match options.per_second {
@@ -409,20 +499,36 @@ impl<DB: InboxDatabase> Inbox<DB> {
                 None => 0,
             };
             let due = now.saturating_add(offset);
-            if backend::retry(&self.pool, &self.sql, key, due).await? {
-                retried += 1;
+            let done = match how {
+                Requeue::Retry => backend::retry(&self.pool, &self.sql, key, due).await?,
+                Requeue::Replay => backend::replay(&self.pool, &self.sql, key, due).await?,
+            };
+            if done {
+                changed += 1;
                 last_due = Some(due);
                 if offset == 0 {
                     self.notify(key.clone());
                 }
             }
         }
-        Ok(BulkRetry {
-            dry_run: false,
+        Ok(Requeued {
             matched,
-            retried,
+            changed,
             last_due_at: last_due.map(rfc3339_ms),
         })
+    }
+
+    /// Logs and stores an operator's change in the inbox's audit table
+    /// ([`audit`](tower_idempotency_jobs::audit)).
+    pub async fn audit(&self, entry: &AuditEntry) -> Result<(), InboxError> {
+        self.sql.sent();
+        Ok(tower_idempotency_jobs::audit::record(&self.pool, &self.sql.jobs, entry).await?)
+    }
+
+    /// The newest `limit` entries of the inbox's audit, newest first.
+    pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, InboxError> {
+        self.sql.sent();
+        Ok(DB::audit_log(&self.pool, &self.sql.jobs, i64::from(limit)).await?)
     }
 
     /// Events per state for each provider that has any, by provider name.

@@ -17,6 +17,7 @@ use axum::{
 use maud::{html, Markup};
 use serde::Deserialize;
 use tower_idempotency_jobs::{
+    audit::{AuditEntry, DEFAULT_AUDIT_LIMIT},
     page::{
         self, amount, encode, html_response, relative, shell, Action, Detail, JobFields, Listing,
     },
@@ -61,6 +62,8 @@ pub(crate) struct Overview {
     pub(crate) provider: String,
     pub(crate) event_type: String,
     pub(crate) page: EventPage,
+    /// The newest operator changes.
+    pub(crate) audit: Vec<AuditEntry>,
     pub(crate) now_ms: i64,
 }
 
@@ -107,6 +110,7 @@ async fn overview<DB: InboxDatabase>(
         provider: filter.provider.unwrap_or_default(),
         event_type: filter.event_type.unwrap_or_default(),
         page,
+        audit: inbox.audit_log(DEFAULT_AUDIT_LIMIT).await?,
         now_ms: now_ms(),
     };
     Ok(html_response(render_overview(&view)))
@@ -170,39 +174,88 @@ fn action_path(event: &EventRecord, action: &str) -> String {
 static SCRIPT: LazyLock<String> =
     LazyLock::new(|| page::script(ADMIN_HEADER, "inbox", "event", "inbox", BULK_SCRIPT));
 
-/// The bulk retry's count and confirmation, inside the page's script.
+/// The bulk retry's and the bulk replay's count and confirmation, inside the page's script:
+/// each section (`#bulk-retry`, `#bulk-replay`) counts with a dry run, asks, then posts.
 const BULK_SCRIPT: &str = r#"
-  var count = document.getElementById('bulk-count');
-  if (count) {
-    var filter = JSON.parse(count.getAttribute('data-filter'));
-    var confirmBox = document.getElementById('bulk-confirm');
-    var text = document.getElementById('bulk-text');
-    var go = document.getElementById('bulk-go');
+  document.querySelectorAll('section.bulk').forEach(function (section) {
+    var route = section.getAttribute('data-route');
+    var noun = section.getAttribute('data-noun');
+    var verb = section.getAttribute('data-verb');
+    var filter = JSON.parse(section.getAttribute('data-filter'));
+    var count = section.querySelector('.bulk-count');
+    var confirmBox = section.querySelector('.bulk-confirm');
+    var text = section.querySelector('.bulk-text');
+    var go = section.querySelector('.bulk-go');
+    var cancel = section.querySelector('.bulk-cancel');
     count.addEventListener('click', function () {
-      post('retry', { filter: filter, dry_run: true }).then(function (r) { return r.json(); })
+      post(route, { filter: filter, dry_run: true }).then(function (r) { return r.json(); })
         .then(function (answer) {
           go.setAttribute('data-matched', answer.matched);
-          text.textContent = answer.matched + ' failed events match this filter. Retry them?';
+          text.textContent = answer.matched + ' ' + noun + ' match this filter. ' +
+            section.getAttribute('data-question');
           confirmBox.hidden = false;
           go.disabled = answer.matched === 0;
-          (answer.matched === 0 ? document.getElementById('bulk-cancel') : go).focus();
+          (answer.matched === 0 ? cancel : go).focus();
         }, function () { say('Failed: the inbox did not answer.'); });
     });
     go.addEventListener('click', function () {
-      var rate = document.getElementById('bulk-rate').value;
+      var rate = section.querySelector('.bulk-rate').value;
       var body = { filter: filter, dry_run: false };
       if (rate) { body.per_second = parseInt(rate, 10); }
-      post('retry', body).then(function (r) { return r.json(); }).then(function (answer) {
+      post(route, body).then(function (r) { return r.json(); }).then(function (answer) {
         confirmBox.hidden = true;
-        say('Retried ' + answer.retried + ' of ' + answer.matched + ' failed events.');
+        say(verb + ' ' + answer[section.getAttribute('data-field')] + ' of ' + answer.matched + ' ' + noun + '.');
       }, function () { say('Failed: the inbox did not answer.'); });
     });
-    document.getElementById('bulk-cancel').addEventListener('click', function () {
+    cancel.addEventListener('click', function () {
       confirmBox.hidden = true;
       count.focus();
     });
-  }
+  });
 "#;
+
+/// A bulk call's section: the rate, the count button, the confirmation.
+struct Bulk<'a> {
+    /// `retry` or `replay`: the section's id suffix and its route.
+    route: &'a str,
+    heading: &'a str,
+    note: &'a str,
+    /// The filter the call sends, as JSON.
+    filter: String,
+    /// What the count names (`failed events`).
+    noun: &'a str,
+    /// The question after the count.
+    question: &'a str,
+    /// The answer's field that counts the events changed, and the status line's verb.
+    field: &'a str,
+    verb: &'a str,
+    count: &'a str,
+    go: &'a str,
+}
+
+fn bulk(bulk: &Bulk<'_>) -> Markup {
+    let id = |what: &str| format!("bulk-{}-{what}", bulk.route);
+    html! {
+        section.bulk id=(format!("bulk-{}", bulk.route)) data-route=(bulk.route)
+            data-noun=(bulk.noun) data-verb=(bulk.verb) data-field=(bulk.field)
+            data-question=(bulk.question) data-filter=(bulk.filter) {
+            h2 { (bulk.heading) }
+            p { (bulk.note) }
+            p {
+                label for=(id("rate")) { "Release at most this many per second (empty: all at once)" }
+                " " input.bulk-rate id=(id("rate")) type="number" min="1" step="1";
+            }
+            p { button.bulk-count id=(id("count")) type="button" { (bulk.count) } }
+            div.bulk-confirm id=(id("confirm")) hidden data-busy role="group" aria-labelledby=(id("text")) {
+                p.bulk-text id=(id("text")) {}
+                div.actions {
+                    button.bulk-go id=(id("go")) type="button" { (bulk.go) }
+                    button.bulk-cancel id=(id("cancel")) type="button" { "Cancel" }
+                }
+            }
+        }
+    }
+}
 
 fn layout(title: &str, content: Markup) -> Markup {
     shell("Webhook inbox", title, &SCRIPT, content)
@@ -237,11 +290,19 @@ fn counts_table(view: &Overview) -> Markup {
 
 /// The overview: counts, lag, the filter form, the events and the bulk retry.
 pub(crate) fn render_overview(view: &Overview) -> Markup {
-    let filter = serde_json::json!({
-        "state": "failed",
-        "provider": view.provider,
-        "type": view.event_type,
-    });
+    let filter = |state: &str| {
+        serde_json::json!({
+            "state": state,
+            "provider": view.provider,
+            "type": view.event_type,
+        })
+        .to_string()
+    };
+    // A replay takes the state filtered on when it is processed or skipped, else both.
+    let replayed = match view.state.as_str() {
+        "processed" | "skipped" => view.state.as_str(),
+        _ => "",
+    };
     let next = view.page.next_cursor.as_ref().map(|cursor| {
         format!(
             "page?state={}&provider={}&type={}&cursor={}",
@@ -290,20 +351,32 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                 }),
                 next,
             }))
-            h2 { "Retry all failed events matching the filter" }
-            p { "Provider and event type as filtered above; pending and processed events are never retried." }
-            p {
-                label for="bulk-rate" { "Release at most this many per second (empty: all at once)" }
-                " " input #bulk-rate type="number" min="1" step="1";
-            }
-            p { button #bulk-count type="button" data-filter=(filter.to_string()) { "Count matching failed events" } }
-            div #bulk-confirm hidden data-busy role="group" aria-labelledby="bulk-text" {
-                p #bulk-text {}
-                div.actions {
-                    button #bulk-go type="button" { "Retry them" }
-                    button #bulk-cancel type="button" { "Cancel" }
-                }
-            }
+            (bulk(&Bulk {
+                route: "retry",
+                heading: "Retry all failed events matching the filter",
+                note: "Provider and event type as filtered above; pending and processed events are never retried.",
+                filter: filter("failed"),
+                noun: "failed events",
+                question: "Retry them?",
+                field: "retried",
+                verb: "Retried",
+                count: "Count matching failed events",
+                go: "Retry them",
+            }))
+            (bulk(&Bulk {
+                route: "replay",
+                heading: "Replay processed events matching the filter",
+                note: "Provider, event type and state (processed or skipped; both otherwise) as filtered above. \
+                       The handler runs again for every one of them.",
+                filter: filter(replayed),
+                noun: "processed or skipped events",
+                question: "The handler runs again for each of them. Replay them?",
+                field: "replayed",
+                verb: "Replayed",
+                count: "Count events to replay",
+                go: "Replay them",
+            }))
+            (page::audit(view.now_ms, &view.audit))
         },
     )
 }
@@ -312,20 +385,28 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
 pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
     let event = &detail.record;
     let (retry, discard) = (action_path(event, "retry"), action_path(event, "discard"));
-    let actions = (event.state == EventState::Failed).then(|| {
-        [
-            Action {
-                post: &retry,
-                key: None,
-                done: "Retried: the event is pending and the worker takes it.",
-            },
-            Action {
-                post: &discard,
-                key: None,
-                done: "Discarded: the event is never run again.",
-            },
-        ]
-    });
+    let replay = action_path(event, "replay");
+    let kept_body = event.last_error.as_deref() != Some(crate::backend::DISCARDED);
+    let actions = match event.state {
+        EventState::Failed => Action::failed(
+            (&retry, &discard),
+            None,
+            (
+                "Retried: the event is pending and the worker takes it.",
+                "Discarded: the event is never run again.",
+            ),
+        ),
+        EventState::Processed | EventState::Skipped if kept_body => vec![Action {
+            id: "replay",
+            label: "Replay",
+            post: &replay,
+            key: None,
+            done: "Replayed: the event is pending and the worker runs the handler again.",
+            missed: "Nothing done: the event is no longer processed or skipped.",
+            confirm: Some("The handler runs again for this event. Replay it?"),
+        }],
+        _ => Vec::new(),
+    };
     layout(
         "event",
         page::detail(Detail {
@@ -401,6 +482,12 @@ mod tests {
                 events,
                 next_cursor: Some("ab&cd".into()),
             },
+            audit: vec![AuditEntry::now(
+                EVIL,
+                tower_idempotency_jobs::audit::AuditAction::BulkReplay,
+                EVIL,
+                2,
+            )],
             now_ms: 1_767_323_105_000,
         }
     }

@@ -12,25 +12,65 @@
 //! | `POST {item}/retry` | `202` re-queued; `404` no such failed job |
 //! | `POST {item}/discard` | [`Operated::DISCARDED`]; `404` no such job in a state a discard applies to |
 //! | `POST /purge?older_than_secs=N`, or with a JSON body `{"older_than_secs": N}` | `200 {"purged": n}`; `400` without the age |
+//! | `GET /audit?limit=N` | `200`, the newest audit entries, newest first (default [`DEFAULT_AUDIT_LIMIT`]) |
 //!
 //! `{item}` is the half's path of one job (`/events/{provider}/{event_id}`,
 //! `/messages/{key}`). Every `POST` needs the half's [`Operated::ADMIN_HEADER`] or a
 //! `Content-Type: application/json` body and is refused `403` without ([`SameSite`]). A
 //! database failure is a `503` problem ([`Unavailable`]).
+//!
+//! Every change that took effect is audited ([`audit`](crate::audit)) as made by the request's
+//! [`Operator`]: name it from your own authentication with [`operator`] and your extractor.
+//!
+//! ```
+//! use std::convert::Infallible;
+//!
+//! use axum::{extract::FromRequestParts, http::request::Parts, middleware, Router};
+//! use tower_idempotency_jobs::admin;
+//!
+//! /// The signed-in user, as the application's own auth layer put it in the request.
+//! #[derive(Clone)]
+//! struct User(String);
+//!
+//! impl std::fmt::Display for User {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         f.write_str(&self.0)
+//!     }
+//! }
+//!
+//! impl<S: Send + Sync> FromRequestParts<S> for User {
+//!     type Rejection = axum::http::StatusCode;
+//!
+//!     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+//!         parts.extensions.get::<User>().cloned().ok_or(axum::http::StatusCode::UNAUTHORIZED)
+//!     }
+//! }
+//!
+//! /// An admin router (the inbox's or the outbox's), its changes audited as made by the user.
+//! fn audited(admin: Router) -> Router {
+//!     admin.layer(middleware::from_fn(admin::operator::<User>))
+//! }
+//! # let _ = audited(Router::new());
+//! ```
 
-use std::{future::Future, time::Duration};
+use std::{convert::Infallible, fmt, future::Future, time::Duration};
 
 use axum::{
     body::Bytes,
-    extract::{FromRequestParts, Path, Query, State},
+    extract::{FromRequestParts, Path, Query, Request, State},
     http::{request::Parts, StatusCode},
+    middleware::Next,
     response::{IntoResponse, Response},
     routing::{get, post, MethodRouter},
     Json, Router,
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::Unavailable;
+pub use crate::audit::DEFAULT_AUDIT_LIMIT;
+use crate::{
+    audit::{AuditAction, AuditEntry},
+    Unavailable,
+};
 
 /// A half's handle as the operator's routes drive it.
 pub trait Operated: Clone + Send + Sync + 'static {
@@ -78,6 +118,65 @@ pub trait Operated: Clone + Send + Sync + 'static {
 
     /// Deletes the jobs finished more than `older_than` ago; answers how many.
     fn purge(&self, older_than: Duration) -> impl Future<Output = Result<u64, Unavailable>> + Send;
+
+    /// A job's key as the audit names it (`stripe/evt_1`).
+    fn target(key: &Self::Key) -> String;
+
+    /// Logs and stores `entry` ([`audit::record`](crate::audit::record)); a failure to store
+    /// is logged, and the change it records stands.
+    fn audit(&self, entry: AuditEntry) -> impl Future<Output = ()> + Send;
+
+    /// The newest `limit` audit entries, newest first.
+    fn audit_log(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>, Unavailable>> + Send;
+}
+
+/// Who makes an operator's change, as the audit records it: the request extension that
+/// [`operator`] sets from the user's own extractor (or the user's middleware inserts);
+/// [`Operator::UNIDENTIFIED`] when there is none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operator(pub String);
+
+impl Operator {
+    /// The name of a change whose request named no operator.
+    pub const UNIDENTIFIED: &'static str = "unidentified";
+
+    /// The operator's name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Operator {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(parts
+            .extensions
+            .get::<Self>()
+            .cloned()
+            .unwrap_or_else(|| Self(Self::UNIDENTIFIED.to_owned())))
+    }
+}
+
+/// Middleware (`axum::middleware::from_fn(operator::<E>)`) that names each request's
+/// [`Operator`] with the user's extractor `E` (their signed-in user, read by their own auth
+/// layer), or answers `E`'s rejection.
+pub async fn operator<E>(request: Request, next: Next) -> Response
+where
+    E: FromRequestParts<()> + fmt::Display,
+    E::Rejection: IntoResponse,
+{
+    let (mut parts, body) = request.into_parts();
+    match E::from_request_parts(&mut parts, &()).await {
+        Ok(who) => {
+            parts.extensions.insert(Operator(who.to_string()));
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(rejection) => rejection.into_response(),
+    }
 }
 
 /// The operator's routes over `O`, one job at `item` (a path with the parameters
@@ -90,6 +189,7 @@ pub fn routes<O: Operated>(item: &str) -> Router<O> {
         .route(&format!("{item}/retry"), change::<O>(Change::Retry))
         .route(&format!("{item}/discard"), change::<O>(Change::Discard))
         .route("/purge", post(purge::<O>))
+        .route("/audit", get(audit_log::<O>))
 }
 
 /// A state-changing request that a cross-site form could not have sent: it carries the
@@ -138,6 +238,14 @@ async fn list<O: Operated>(
     Ok(Json(jobs).into_response())
 }
 
+async fn audit_log<O: Operated>(
+    State(operated): State<O>,
+    Query(limit): Query<Limit>,
+) -> Result<Json<Vec<AuditEntry>>, Unavailable> {
+    let limit = limit.limit.unwrap_or(DEFAULT_AUDIT_LIMIT);
+    Ok(Json(operated.audit_log(limit).await?))
+}
+
 async fn counts<O: Operated>(State(operated): State<O>) -> Result<Json<O::Counts>, Unavailable> {
     Ok(Json(operated.counts().await?))
 }
@@ -162,30 +270,41 @@ pub enum Change {
 }
 
 impl Change {
-    /// Makes the change on the job at `key` and answers as the routes do: the change's status,
-    /// or `404` when the job is not in a state the change applies to.
+    /// Makes the change on the job at `key` as `who`, audits it when it took effect, and
+    /// answers as the routes do: the change's status, or `404` when the job is not in a state
+    /// the change applies to.
     pub async fn apply<O: Operated>(
         self,
         operated: &O,
         key: &O::Key,
+        who: &Operator,
     ) -> Result<StatusCode, Unavailable> {
-        let (changed, status) = match self {
-            Self::Retry => (operated.retry(key).await?, StatusCode::ACCEPTED),
-            Self::Discard => (operated.discard(key).await?, O::DISCARDED),
+        let (changed, status, action) = match self {
+            Self::Retry => (
+                operated.retry(key).await?,
+                StatusCode::ACCEPTED,
+                AuditAction::Retry,
+            ),
+            Self::Discard => (
+                operated.discard(key).await?,
+                O::DISCARDED,
+                AuditAction::Discard,
+            ),
         };
-        Ok(if changed {
-            status
-        } else {
-            StatusCode::NOT_FOUND
-        })
+        if !changed {
+            return Ok(StatusCode::NOT_FOUND);
+        }
+        let entry = AuditEntry::now(who.name(), action, O::target(key), 1);
+        operated.audit(entry).await;
+        Ok(status)
     }
 }
 
 /// `POST` of `change` on the job at the route's path.
 fn change<O: Operated>(change: Change) -> MethodRouter<O> {
     post(
-        move |_: SameSite, State(operated): State<O>, Path(key): Path<O::Key>| async move {
-            change.apply(&operated, &key).await
+        move |_: SameSite, who: Operator, State(operated): State<O>, Path(key): Path<O::Key>| async move {
+            change.apply(&operated, &key, &who).await
         },
     )
 }
@@ -198,6 +317,7 @@ struct Age {
 /// `POST /purge`: the age from the query, else from a JSON body.
 async fn purge<O: Operated>(
     _: SameSite,
+    who: Operator,
     State(operated): State<O>,
     Query(query): Query<Age>,
     body: Bytes,
@@ -212,5 +332,8 @@ async fn purge<O: Operated>(
         return Ok((StatusCode::BAD_REQUEST, message).into_response());
     };
     let purged = operated.purge(Duration::from_secs(secs)).await?;
+    let target = format!("finished more than {secs} s ago");
+    let entry = AuditEntry::now(who.name(), AuditAction::Purge, target, purged);
+    operated.audit(entry).await;
     Ok(Json(serde_json::json!({ "purged": purged })).into_response())
 }

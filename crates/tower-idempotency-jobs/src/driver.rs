@@ -212,6 +212,7 @@ pub struct Statements {
     pub(crate) unreturned: Option<Unreturned>,
     pub(crate) placeholders: Placeholders,
     pub(crate) history: crate::history::HistoryStatements,
+    pub(crate) audit: crate::audit::AuditStatements,
 }
 
 /// The statements that write the rows a locking `SELECT` picked, on a database without
@@ -456,6 +457,7 @@ impl Statements {
             unreturned,
             placeholders: dialect.placeholders,
             history: crate::history::HistoryStatements::new(&table, dialect),
+            audit: crate::audit::AuditStatements::new(&table, dialect),
             table,
         }
     }
@@ -574,6 +576,15 @@ pub trait Driver: sqlx::Database + Sized {
     /// after the job table's.
     fn history_schema(table: &Table) -> String {
         crate::history::schema::<Self>(table)
+    }
+
+    /// The audit table's columns after its sequence: `at`, `who`, `action`, `target`,
+    /// `changed` ([`audit`](crate::audit)).
+    const AUDIT_COLUMNS: &'static str;
+
+    /// The DDL of `table`'s audit table (`{table}_audit`), to run after the job table's.
+    fn audit_schema(table: &Table) -> String {
+        crate::audit::schema::<Self>(table)
     }
 
     /// This database's statements for `table`.
@@ -787,6 +798,20 @@ pub trait Driver: sqlx::Database + Sized {
         sql: &'a Statements,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<u64>>;
+
+    /// Stores one audit entry ([`audit::record`](crate::audit::record) logs it too).
+    fn record_audit<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        entry: &'a crate::audit::AuditEntry,
+    ) -> BoxFuture<'a, sqlx::Result<()>>;
+
+    /// The newest `limit` audit entries, newest first.
+    fn audit_log<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        limit: i64,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<crate::audit::AuditEntry>>>;
 
     /// Runs `script`, several statements without parameters (a half's DDL).
     fn run_script<'a>(
@@ -1224,6 +1249,44 @@ macro_rules! driver_calls {
                     .execute(pool)
                     .await?;
                 Ok(done.rows_affected())
+            })
+        }
+
+        fn record_audit<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            entry: &'a $crate::audit::AuditEntry,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
+            Box::pin(async move {
+                sql.audit
+                    .insert
+                    .binder::<$db>()
+                    .bind(entry.at_ms)
+                    .bind(entry.who.as_str())
+                    .bind(entry.action_name())
+                    .bind(entry.target.as_str())
+                    .bind(i64::try_from(entry.changed).unwrap_or(i64::MAX))
+                    .query()
+                    .execute(pool)
+                    .await?;
+                Ok(())
+            })
+        }
+
+        fn audit_log<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            limit: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::audit::AuditEntry>>> {
+            Box::pin(async move {
+                let query = sql.audit.list.binder::<$db>().bind(limit);
+                let rows = query.query().fetch_all(pool).await?;
+                rows.iter()
+                    .map(|row| {
+                        let row: $crate::audit::AuditRow = sqlx::FromRow::from_row(row)?;
+                        Ok($crate::audit::AuditEntry::from(row))
+                    })
+                    .collect()
             })
         }
 

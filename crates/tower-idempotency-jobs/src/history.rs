@@ -31,6 +31,9 @@ pub enum AttemptOutcome {
     Failed,
     /// It found the job needs no run (the inbox's stale events under `SkipStale`).
     Skipped,
+    /// Not an attempt that ran: an operator replayed the finished job, whose next attempt runs
+    /// it again (numbered from 1). Recorded with attempt number 0.
+    Replayed,
 }
 
 impl AttemptOutcome {
@@ -41,6 +44,7 @@ impl AttemptOutcome {
             Self::Retried => 2,
             Self::Failed => 3,
             Self::Skipped => 4,
+            Self::Replayed => 5,
         }
     }
 
@@ -50,17 +54,19 @@ impl AttemptOutcome {
             1 => Self::Done,
             2 => Self::Retried,
             4 => Self::Skipped,
+            5 => Self::Replayed,
             _ => Self::Failed,
         }
     }
 
-    /// The lowercase name (`done`, `retried`, `failed`, `skipped`).
+    /// The lowercase name (`done`, `retried`, `failed`, `skipped`, `replayed`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Done => "done",
             Self::Retried => "retried",
             Self::Failed => "failed",
             Self::Skipped => "skipped",
+            Self::Replayed => "replayed",
         }
     }
 }

@@ -57,6 +57,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod audit;
 mod backoff;
 #[cfg(feature = "conformance")]
 pub mod conformance;

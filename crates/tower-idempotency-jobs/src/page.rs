@@ -157,8 +157,9 @@ pub struct Detail<'a> {
     pub rows: Markup,
     /// The engine's rows.
     pub job: JobFields<'a>,
-    /// The Retry and Discard buttons, shown while the job is failed.
-    pub actions: Option<[Action<'a>; 2]>,
+    /// The buttons of the job's state (Retry and Discard while it is failed; none, or the
+    /// half's own, otherwise).
+    pub actions: Vec<Action<'a>>,
     /// Its recorded attempts, oldest first ([`attempts`]).
     pub attempts: &'a [crate::Attempt],
     /// Now, unix ms, for the attempts' relative times.
@@ -189,15 +190,84 @@ pub struct JobFields<'a> {
     pub finished: Option<Markup>,
 }
 
-/// A button of a failed job's page: the page's script `POST`s to `post` (relative to the
-/// page), with `key` as a `{"key": ..}` body when set, and shows `done` when it succeeds.
+/// A button of a job's page (`#{id}`, reading `label`): the page's script `POST`s to `post`
+/// (relative to the page), with `key` as a `{"key": ..}` body when set, and shows `done` when
+/// it succeeds, `missed` when the route answers `404`. With `confirm`, the page first shows
+/// that question (`#confirm-text`) with a button that goes ahead (`#confirm-go`) and one that
+/// cancels (`#confirm-cancel`).
 pub struct Action<'a> {
+    /// The button's id (`retry`, `discard`, `replay`).
+    pub id: &'a str,
+    /// The button's text.
+    pub label: &'a str,
     /// The path the button posts to.
     pub post: &'a str,
     /// The key the body names, for a route that takes it there.
     pub key: Option<&'a str>,
     /// The status line's text once it succeeded.
     pub done: &'a str,
+    /// The status line's text when the job is no longer in a state the action applies to.
+    pub missed: &'a str,
+    /// The question to confirm before the action is sent.
+    pub confirm: Option<&'a str>,
+}
+
+impl<'a> Action<'a> {
+    /// The Retry (`#retry`) and Discard (`#discard`) buttons of a failed job, posting to
+    /// `retry` and `discard` (paths relative to the page) with `key` as the body's when set,
+    /// showing `done`'s texts once they succeeded.
+    pub fn failed(
+        (retry, discard): (&'a str, &'a str),
+        key: Option<&'a str>,
+        done: (&'a str, &'a str),
+    ) -> Vec<Self> {
+        let missed = "Nothing done: it is no longer failed.";
+        vec![
+            Self {
+                id: "retry",
+                label: "Retry",
+                post: retry,
+                key,
+                done: done.0,
+                missed,
+                confirm: None,
+            },
+            Self {
+                id: "discard",
+                label: "Discard",
+                post: discard,
+                key,
+                done: done.1,
+                missed,
+                confirm: None,
+            },
+        ]
+    }
+}
+
+/// The buttons of `actions` and, when one asks for a confirmation, the box that asks
+/// (`#confirm`, hidden until then).
+pub fn actions(actions: &[Action<'_>]) -> Markup {
+    html! {
+        @if !actions.is_empty() {
+            div.actions {
+                @for action in actions {
+                    button id=(action.id) type="button" data-post=(action.post) data-key=[action.key]
+                        data-done=(action.done) data-missed=(action.missed)
+                        data-confirm=[action.confirm] { (action.label) }
+                }
+            }
+        }
+        @if actions.iter().any(|action| action.confirm.is_some()) {
+            div #confirm hidden data-busy role="group" aria-labelledby="confirm-text" {
+                p #confirm-text {}
+                div.actions {
+                    button #confirm-go type="button" { "Go ahead" }
+                    button #confirm-cancel type="button" { "Cancel" }
+                }
+            }
+        }
+    }
 }
 
 /// One job's page content (for [`shell`]): the link back, the heading, the fields (the half's
@@ -219,12 +289,7 @@ pub fn detail(detail: Detail<'_>) -> Markup {
                 tr { th scope="row" { "finished" } td { @if let Some(finished) = &job.finished { (finished) } } }
             }
         }
-        @if let Some([retry, discard]) = &detail.actions {
-            div.actions {
-                button #retry type="button" data-post=(retry.post) data-key=[retry.key] data-done=(retry.done) { "Retry" }
-                button #discard type="button" data-post=(discard.post) data-key=[discard.key] data-done=(discard.done) { "Discard" }
-            }
-        }
+        (actions(&detail.actions))
         (attempts(detail.now_ms, detail.attempts))
         (headers_and_body(detail.headers_titles, detail.headers, detail.body))
     }
@@ -250,8 +315,9 @@ pub fn attempts(now: i64, attempts: &[crate::Attempt]) -> Markup {
                 } }
                 tbody {
                     @for attempt in attempts {
-                        tr data-attempt=(attempt.attempt) {
-                            td.num { (attempt.attempt) }
+                        tr data-attempt=(attempt.attempt) data-outcome=(attempt.outcome.as_str()) {
+                            // A replay is no attempt that ran: it has no number.
+                            td.num { @if attempt.outcome != crate::AttemptOutcome::Replayed { (attempt.attempt) } }
                             td { (time_ms(now, attempt.started_at_ms)) }
                             td.num { (attempt.duration_ms) " ms" }
                             td.outcome { (attempt.outcome.as_str()) }
@@ -260,6 +326,35 @@ pub fn attempts(now: i64, attempts: &[crate::Attempt]) -> Markup {
                                 td.num { @if let Some(status) = attempt.status { (status) } }
                                 td { @if let Some(answer) = &attempt.response { code.answer { (answer) } } }
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The newest operator changes (`#audit`, under the heading `Operator changes`), newest
+/// first: when, who, what, on which jobs, how many rows.
+pub fn audit(now: i64, entries: &[crate::audit::AuditEntry]) -> Markup {
+    html! {
+        h2 #audit-heading { "Operator changes" }
+        @if entries.is_empty() {
+            p #no-audit { "None recorded." }
+        } @else {
+            table #audit aria-labelledby="audit-heading" {
+                thead { tr {
+                    th scope="col" { "when" } th scope="col" { "who" } th scope="col" { "action" }
+                    th scope="col" { "target" } th scope="col" { "changed" }
+                } }
+                tbody {
+                    @for entry in entries {
+                        tr data-action=(entry.action_name()) {
+                            td { (time_ms(now, entry.at_ms)) }
+                            td.who { (entry.who) }
+                            td.action { (entry.action_name()) }
+                            td.err { (entry.target) }
+                            td.num { (entry.changed) }
                         }
                     }
                 }
@@ -385,16 +480,39 @@ pub fn script(admin_header: &str, name: &str, noun: &str, site: &str, more: &str
     }}
     return fetch(url, init);
   }}
+  function act(button) {{
+    button.disabled = true;
+    var key = button.getAttribute('data-key');
+    post(button.getAttribute('data-post'), key === null ? undefined : {{ key: key }}).then(function (response) {{
+      if (response.ok) {{ say(button.getAttribute('data-done')); }}
+      else if (response.status === 404) {{ say(button.getAttribute('data-missed') || 'Nothing done: the {noun} changed meanwhile.'); }}
+      else {{ say('Failed: HTTP ' + response.status); }}
+      button.disabled = false;
+    }}, function () {{ say('Failed: the {site} did not answer.'); button.disabled = false; }});
+  }}
+  var asking = null;
+  var confirmBox = document.getElementById('confirm');
+  if (confirmBox) {{
+    document.getElementById('confirm-go').addEventListener('click', function () {{
+      confirmBox.hidden = true;
+      if (asking) {{ act(asking); asking = null; }}
+    }});
+    document.getElementById('confirm-cancel').addEventListener('click', function () {{
+      confirmBox.hidden = true;
+      if (asking) {{ asking.focus(); asking = null; }}
+    }});
+  }}
   document.querySelectorAll('button[data-post]').forEach(function (button) {{
     button.addEventListener('click', function () {{
-      button.disabled = true;
-      var key = button.getAttribute('data-key');
-      post(button.getAttribute('data-post'), key === null ? undefined : {{ key: key }}).then(function (response) {{
-        if (response.ok) {{ say(button.getAttribute('data-done')); }}
-        else if (response.status === 404) {{ say('Nothing done: the {noun} is no longer failed.'); }}
-        else {{ say('Failed: HTTP ' + response.status); }}
-        button.disabled = false;
-      }}, function () {{ say('Failed: the {site} did not answer.'); button.disabled = false; }});
+      var question = button.getAttribute('data-confirm');
+      if (question && confirmBox) {{
+        asking = button;
+        document.getElementById('confirm-text').textContent = question;
+        confirmBox.hidden = false;
+        document.getElementById('confirm-go').focus();
+      }} else {{
+        act(button);
+      }}
     }});
   }});
 {more}

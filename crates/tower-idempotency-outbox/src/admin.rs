@@ -27,6 +27,10 @@ use crate::{
 };
 
 pub use crate::page::ADMIN_HEADER;
+pub use tower_idempotency_jobs::{
+    admin::{operator, Operator},
+    audit::{AuditAction, AuditEntry},
+};
 
 /// The most messages one listing returns.
 pub const MAX_LIST: u32 = 1000;
@@ -177,6 +181,17 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     pub async fn counts(&self) -> Result<StateCounts, OutboxError> {
         Ok(DB::counts(&self.pool, &self.jobs).await?.into())
     }
+
+    /// Logs and stores an operator's change in the outbox's audit table
+    /// ([`audit`](tower_idempotency_jobs::audit)).
+    pub async fn audit(&self, entry: &AuditEntry) -> Result<(), OutboxError> {
+        Ok(tower_idempotency_jobs::audit::record(&self.pool, &self.jobs, entry).await?)
+    }
+
+    /// The newest `limit` entries of the outbox's audit, newest first.
+    pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, OutboxError> {
+        Ok(DB::audit_log(&self.pool, &self.jobs, i64::from(limit)).await?)
+    }
 }
 
 /// A listed job as a message summary.
@@ -217,6 +232,11 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// | `POST /discard` `{"key": ".."}` | `200` discarded, `404` no such failed or idle pending message |
 /// | `POST /messages/{key}/discard` | the same, in the inbox router's shape |
 /// | `POST /purge` `{"older_than_secs": N}` (or `?older_than_secs=N`) | `200 {"purged": n}` |
+/// | `GET /audit?limit=N` | `200`, the newest [`AuditEntry`]s, newest first (default 20) |
+///
+/// Every change that took effect is audited as made by the request's [`Operator`], named from
+/// your own authentication with `axum::middleware::from_fn(admin::operator::<YourUser>)`
+/// around this router ([`tower_idempotency_jobs::admin::operator`]).
 ///
 /// `POST /retry` and `POST /discard` take JSON and answer `415` without `Content-Type:
 /// application/json`, which a page on another site cannot send through an operator's browser
@@ -295,6 +315,19 @@ impl<DB: OutboxDatabase> Operated for Outbox<DB> {
     async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
         Ok(self.purge_finished(older_than).await?)
     }
+
+    fn target(key: &String) -> String {
+        key.clone()
+    }
+
+    async fn audit(&self, entry: AuditEntry) {
+        // A failure is logged by the record; the change it records stands.
+        let _ = Outbox::audit(self, &entry).await;
+    }
+
+    async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, Unavailable> {
+        Ok(Outbox::audit_log(self, limit).await?)
+    }
 }
 
 async fn messages<DB: OutboxDatabase>(
@@ -340,8 +373,8 @@ struct Key {
 /// `POST` of `change` on the message of the JSON body's key `{"key": ..}`.
 fn change<DB: OutboxDatabase>(change: Change) -> MethodRouter<Outbox<DB>> {
     post(
-        move |State(outbox): State<Outbox<DB>>, Json(body): Json<Key>| async move {
-            change.apply(&outbox, &body.key).await
+        move |who: Operator, State(outbox): State<Outbox<DB>>, Json(body): Json<Key>| async move {
+            change.apply(&outbox, &body.key, &who).await
         },
     )
 }

@@ -159,10 +159,11 @@ fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str, q
          body {bytes} NOT NULL,\n\
          created_at {big} NOT NULL,\n\
          last_status integer,\n\
-         {columns}){suffix};\n{index}\n{history}",
+         {columns}){suffix};\n{index}\n{history}{audit}",
         columns = DB::JOB_COLUMNS,
         index = DB::due_index(table),
         history = DB::history_schema(&self::table(table)),
+        audit = DB::audit_schema(&self::table(table)),
     )
 }
 

@@ -15,6 +15,7 @@ use axum::{
 };
 use maud::{html, Markup};
 use tower_idempotency_jobs::{
+    audit::{AuditEntry, DEFAULT_AUDIT_LIMIT},
     page::{self, encode, html_response, shell, time_ms, Action, Detail, JobFields},
     redact::redact_url,
     time::now_ms,
@@ -47,6 +48,8 @@ pub(crate) struct Overview {
     /// The state filter's value: `failed`, `pending`, `delivered`, `discarded` or empty (any).
     pub(crate) state: String,
     pub(crate) page: MessagePage,
+    /// The newest operator changes.
+    pub(crate) audit: Vec<AuditEntry>,
     pub(crate) now_ms: i64,
 }
 
@@ -77,6 +80,7 @@ async fn overview<DB: OutboxDatabase>(
         counts: outbox.counts().await?,
         state,
         page,
+        audit: outbox.audit_log(DEFAULT_AUDIT_LIMIT).await?,
         now_ms: now_ms(),
     };
     Ok(html_response(render_overview(&view)))
@@ -187,6 +191,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                 }),
                 next,
             }))
+            (page::audit(view.now_ms, &view.audit))
         },
     )
 }
@@ -195,20 +200,18 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
 /// (credentials redacted), and the retry and discard actions.
 pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
     let message = &detail.summary;
-    let actions = (message.state == MessageState::Failed).then(|| {
-        [
-            Action {
-                post: "retry",
-                key: Some(&message.key),
-                done: "Retried: the message is pending and the relay delivers it.",
-            },
-            Action {
-                post: "discard",
-                key: Some(&message.key),
-                done: "Discarded: the message is never attempted again.",
-            },
-        ]
-    });
+    let actions = if message.state == MessageState::Failed {
+        Action::failed(
+            ("retry", "discard"),
+            Some(&message.key),
+            (
+                "Retried: the message is pending and the relay delivers it.",
+                "Discarded: the message is never attempted again.",
+            ),
+        )
+    } else {
+        Vec::new()
+    };
     shell(
         SITE,
         "message",
@@ -290,6 +293,12 @@ mod tests {
                 messages: vec![summary(EVIL)],
                 next_cursor: Some("17.a&b".into()),
             },
+            audit: vec![AuditEntry::now(
+                EVIL,
+                tower_idempotency_jobs::audit::AuditAction::Retry,
+                EVIL,
+                1,
+            )],
             now_ms: 1_767_323_105_000,
         };
         let html = render_overview(&view).into_string();
@@ -349,6 +358,7 @@ mod tests {
                 messages: vec![message.clone()],
                 next_cursor: None,
             },
+            audit: Vec::new(),
             now_ms: 0,
         };
         let detail = MessageDetail {

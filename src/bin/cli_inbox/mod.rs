@@ -1,4 +1,5 @@
-//! `tower-idempotency inbox list|counts|show|retry|discard|purge`: the webhook inbox's events,
+//! `tower-idempotency inbox list|counts|show|retry|replay|discard|purge|audit`: the webhook
+//! inbox's events,
 //! from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 
 use std::{num::NonZeroU32, time::Duration};
@@ -6,9 +7,12 @@ use std::{num::NonZeroU32, time::Duration};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
 use tower_idempotency::inbox::{
-    BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage, EventState,
-    EventSummary, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts, DEFAULT_TABLE,
+    BulkReplay, BulkRetry, BulkRetryOptions, EventDetail, EventFilter, EventKey, EventPage,
+    EventState, EventSummary, Inbox, InboxDatabase, InboxError, ProviderCounts, StateCounts,
+    DEFAULT_TABLE,
 };
+
+use tower_idempotency::jobs::audit::{AuditAction, AuditEntry, DEFAULT_AUDIT_LIMIT};
 
 use crate::{describe, CliError};
 
@@ -26,10 +30,27 @@ pub enum InboxCommand {
     /// Put a failed event back to pending, with a fresh count of attempts; or, without an
     /// event, every failed event matching the filters (`--dry-run` only counts them).
     Retry(RetryArgs),
+    /// Run a processed or skipped event through the handler again (a fresh count of attempts,
+    /// the replay recorded in its history); or, without an event, every processed and skipped
+    /// event matching the filters (`--dry-run` only counts them).
+    Replay(RetryArgs),
     /// Delete a failed event.
     Discard(KeyArgs),
     /// Delete the events processed more than `--older-than-secs` ago.
     Purge(PurgeArgs),
+    /// The newest operator changes (retry, replay, discard, purge, pause, resume): when, who,
+    /// what, how many events.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = DEFAULT_AUDIT_LIMIT)]
+    limit: u32,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -102,29 +123,31 @@ pub struct ListArgs {
     inbox_table: String,
 }
 
+/// One event, or the filters of a bulk call: a retry takes failed events, a replay processed
+/// and skipped ones.
 #[derive(Debug, Args)]
 pub struct RetryArgs {
-    /// The provider's name (`stripe`, `github`, ...) of the one event to retry.
+    /// The provider's name (`stripe`, `github`, ...) of the one event.
     #[arg(requires = "event_id")]
     provider: Option<String>,
     /// The provider's event id.
     event_id: Option<String>,
-    /// Without an event: only count the failed events the filters match.
+    /// Without an event: only count the events the filters match.
     #[arg(long, conflicts_with = "provider")]
     dry_run: bool,
-    /// Without an event: release the retried events at this many per second.
+    /// Without an event: release the events at this many per second.
     #[arg(long, conflicts_with = "provider")]
     per_second: Option<NonZeroU32>,
-    /// Only failed events from this provider.
+    /// Only events from this provider.
     #[arg(long = "from-provider", conflicts_with = "provider")]
     from_provider: Option<String>,
-    /// Only failed events of this type (the body's top-level `type`).
+    /// Only events of this type (the body's top-level `type`).
     #[arg(long = "type", conflicts_with = "provider")]
     event_type: Option<String>,
-    /// Only failed events acknowledged at or after this RFC 3339 time.
+    /// Only events acknowledged at or after this RFC 3339 time.
     #[arg(long, value_parser = rfc3339, conflicts_with = "provider")]
     received_after: Option<std::time::SystemTime>,
-    /// Only failed events acknowledged before this RFC 3339 time.
+    /// Only events acknowledged before this RFC 3339 time.
     #[arg(long, value_parser = rfc3339, conflicts_with = "provider")]
     received_before: Option<std::time::SystemTime>,
     /// The inbox table.
@@ -166,8 +189,11 @@ pub enum Answer {
     },
     Detail(Box<EventDetail>),
     Bulk(BulkRetry),
+    Replayed(EventKey),
+    BulkReplay(BulkReplay),
     Discarded(EventKey),
     Purged(u64),
+    Audit(Vec<AuditEntry>),
 }
 
 impl Answer {
@@ -287,6 +313,21 @@ impl Answer {
                 println!("{}", serde_json::json!({ "purged": purged }));
             }
             Self::Purged(purged) => println!("purged {purged} processed events"),
+            Self::Replayed(key) if as_json => {
+                println!("{}", serde_json::json!({ "replayed": key }));
+            }
+            Self::Replayed(key) => println!("replayed {} {}", key.provider, key.event_id),
+            Self::BulkReplay(bulk) if as_json => {
+                println!("{}", serde_json::to_value(bulk).unwrap_or(Value::Null));
+            }
+            Self::BulkReplay(bulk) if bulk.dry_run => {
+                println!("would replay {} processed or skipped events", bulk.matched);
+            }
+            Self::BulkReplay(bulk) => println!(
+                "replayed {} of {} processed or skipped events",
+                bulk.replayed, bulk.matched
+            ),
+            Self::Audit(entries) => crate::print_audit(entries, as_json),
         }
     }
 }
@@ -327,7 +368,8 @@ impl InboxCommand {
         match self {
             Self::List(args) => &args.inbox_table,
             Self::Events(args) => &args.inbox_table,
-            Self::Retry(args) => &args.inbox_table,
+            Self::Retry(args) | Self::Replay(args) => &args.inbox_table,
+            Self::Audit(args) => &args.inbox_table,
             Self::Counts(args) => &args.inbox_table,
             Self::Show(args) | Self::Discard(args) => &args.inbox_table,
             Self::Purge(args) => &args.inbox_table,
@@ -336,32 +378,96 @@ impl InboxCommand {
 }
 
 /// Runs `command` on the inbox of the database `url` names (SQLite, Postgres or MySQL), without
-/// creating anything.
-pub async fn run(url: &str, command: &InboxCommand) -> Result<Answer, CliError> {
+/// creating anything; a change is audited as made by `who`.
+pub async fn run(url: &str, command: &InboxCommand, who: &str) -> Result<Answer, CliError> {
     let failed = |error: InboxError| CliError::Store(describe(&error, url));
     match crate::sql_pool(url, CliError::NotSql).await? {
         #[cfg(feature = "sqlite")]
         crate::SqlPool::Sqlite(pool) => {
             let inbox = Inbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("sqlite", &e, url))?;
-            execute(&inbox, command).await.map_err(failed)?
+            execute(&inbox, command, who).await.map_err(failed)?
         }
         #[cfg(feature = "postgres")]
         crate::SqlPool::Postgres(pool) => {
             let inbox = Inbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("postgres", &e, url))?;
-            execute(&inbox, command).await.map_err(failed)?
+            execute(&inbox, command, who).await.map_err(failed)?
         }
         #[cfg(feature = "mysql")]
         crate::SqlPool::MySql(pool) => {
             let inbox = Inbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("mysql", &e, url))?;
-            execute(&inbox, command).await.map_err(failed)?
+            execute(&inbox, command, who).await.map_err(failed)?
         }
     }
 }
 
+/// The options of a bulk call.
+fn options(args: &RetryArgs) -> BulkRetryOptions {
+    BulkRetryOptions {
+        dry_run: args.dry_run,
+        per_second: args.per_second,
+    }
+}
+
+/// The filters of a bulk call.
+fn filter(args: &RetryArgs, state: Option<EventState>) -> EventFilter {
+    EventFilter {
+        state,
+        provider: args.from_provider.clone(),
+        event_type: args.event_type.clone(),
+        received_after: args.received_after,
+        received_before: args.received_before,
+    }
+}
+
 async fn execute<DB: InboxDatabase>(
+    inbox: &Inbox<DB>,
+    command: &InboxCommand,
+    who: &str,
+) -> Result<Result<Answer, CliError>, InboxError> {
+    let answer = answer(inbox, command).await?;
+    if let Ok(done) = &answer {
+        let change = match (command, done) {
+            (_, Answer::Retried(key)) => Some((AuditAction::Retry, described(key), 1)),
+            (_, Answer::Replayed(key)) => Some((AuditAction::Replay, described(key), 1)),
+            (_, Answer::Discarded(key)) => Some((AuditAction::Discard, described(key), 1)),
+            (InboxCommand::Purge(args), Answer::Purged(purged)) => Some((
+                AuditAction::Purge,
+                format!("finished more than {} s ago", args.older_than_secs),
+                *purged,
+            )),
+            (InboxCommand::Retry(args), Answer::Bulk(bulk)) if !bulk.dry_run => Some((
+                AuditAction::BulkRetry,
+                filter(args, Some(EventState::Failed)).described(),
+                bulk.retried,
+            )),
+            (InboxCommand::Replay(args), Answer::BulkReplay(bulk)) if !bulk.dry_run => Some((
+                AuditAction::BulkReplay,
+                filter(args, None).described(),
+                bulk.replayed,
+            )),
+            _ => None,
+        };
+        if let Some((action, target, changed)) = change {
+            if inbox
+                .audit(&AuditEntry::now(who, action, target, changed))
+                .await
+                .is_err()
+            {
+                eprintln!("warning: the change was made, but its audit entry was not stored");
+            }
+        }
+    }
+    Ok(answer)
+}
+
+fn described(key: &EventKey) -> String {
+    format!("{}/{}", key.provider, key.event_id)
+}
+
+async fn answer<DB: InboxDatabase>(
     inbox: &Inbox<DB>,
     command: &InboxCommand,
 ) -> Result<Result<Answer, CliError>, InboxError> {
@@ -399,19 +505,29 @@ async fn execute<DB: InboxDatabase>(
             }
         }
         InboxCommand::Retry(args) => {
-            let filter = EventFilter {
-                state: Some(EventState::Failed),
-                provider: args.from_provider.clone(),
-                event_type: args.event_type.clone(),
-                received_after: args.received_after,
-                received_before: args.received_before,
-            };
-            let options = BulkRetryOptions {
-                dry_run: args.dry_run,
-                per_second: args.per_second,
-            };
-            Ok(Answer::Bulk(inbox.retry_matching(&filter, options).await?))
+            let filter = filter(args, Some(EventState::Failed));
+            Ok(Answer::Bulk(
+                inbox.retry_matching(&filter, options(args)).await?,
+            ))
         }
+        InboxCommand::Replay(RetryArgs {
+            provider: Some(provider),
+            event_id: Some(event_id),
+            ..
+        }) => {
+            let key = EventKey::new(provider.as_str(), event_id.as_str());
+            if inbox.replay(&key).await? {
+                Ok(Answer::Replayed(key))
+            } else {
+                Err(CliError::NotReplayable)
+            }
+        }
+        InboxCommand::Replay(args) => Ok(Answer::BulkReplay(
+            inbox
+                .replay_matching(&filter(args, None), options(args))
+                .await?,
+        )),
+        InboxCommand::Audit(args) => Ok(Answer::Audit(inbox.audit_log(args.limit).await?)),
         InboxCommand::Counts(_) => Ok(Answer::Counts {
             states: inbox.counts().await?,
             providers: inbox.counts_by_provider().await?,

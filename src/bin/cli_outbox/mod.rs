@@ -1,4 +1,4 @@
-//! `tower-idempotency outbox list|show|retry|discard|purge`: the transactional outbox's
+//! `tower-idempotency outbox list|show|retry|discard|purge|audit`: the transactional outbox's
 //! messages, from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 //! Every URL it prints is shown without user-info and with its query values masked
 //! (`admin::shown`), and `show` prints the redacted detail of [`Outbox::message`].
@@ -11,6 +11,8 @@ use tower_idempotency::outbox::{
     admin, MessageDetail, MessageState, MessageSummary, Outbox, OutboxDatabase, OutboxError,
     DEFAULT_TABLE,
 };
+
+use tower_idempotency::jobs::audit::{AuditAction, AuditEntry, DEFAULT_AUDIT_LIMIT};
 
 use crate::{describe, CliError};
 
@@ -28,6 +30,19 @@ pub enum OutboxCommand {
     Discard(KeyArgs),
     /// Delete the messages delivered or discarded more than `--older-than-secs` ago.
     Purge(PurgeArgs),
+    /// The newest operator changes (retry, discard, purge, pause, resume): when, who, what, how
+    /// many messages.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = DEFAULT_AUDIT_LIMIT)]
+    limit: u32,
+    /// The outbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    outbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +102,7 @@ impl OutboxCommand {
             Self::List(args) => &args.outbox_table,
             Self::Show(args) | Self::Retry(args) | Self::Discard(args) => &args.outbox_table,
             Self::Purge(args) => &args.outbox_table,
+            Self::Audit(args) => &args.outbox_table,
         }
     }
 }
@@ -99,6 +115,7 @@ pub enum Answer {
     Retried(String),
     Discarded(String),
     Purged(u64),
+    Audit(Vec<AuditEntry>),
 }
 
 impl Answer {
@@ -139,6 +156,7 @@ impl Answer {
             Self::Discarded(key) => println!("discarded {key}"),
             Self::Purged(purged) if as_json => println!("{}", json!({ "purged": purged })),
             Self::Purged(purged) => println!("purged {purged} delivered or discarded messages"),
+            Self::Audit(entries) => crate::print_audit(entries, as_json),
         }
     }
 }
@@ -190,32 +208,57 @@ fn print_table(messages: &[MessageSummary]) {
 }
 
 /// Runs `command` on the outbox of the database `url` names (SQLite, Postgres or MySQL), without
-/// creating anything.
-pub async fn run(url: &str, command: &OutboxCommand) -> Result<Answer, CliError> {
+/// creating anything; a change is audited as made by `who`.
+pub async fn run(url: &str, command: &OutboxCommand, who: &str) -> Result<Answer, CliError> {
     let failed = |error: OutboxError| CliError::Store(describe(&error, url));
     match crate::sql_pool(url, CliError::OutboxNotSql).await? {
         #[cfg(feature = "sqlite")]
         crate::SqlPool::Sqlite(pool) => {
             let outbox = Outbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("sqlite", &e, url))?;
-            execute(&outbox, command).await.map_err(failed)?
+            execute(&outbox, command, who).await.map_err(failed)?
         }
         #[cfg(feature = "postgres")]
         crate::SqlPool::Postgres(pool) => {
             let outbox = Outbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("postgres", &e, url))?;
-            execute(&outbox, command).await.map_err(failed)?
+            execute(&outbox, command, who).await.map_err(failed)?
         }
         #[cfg(feature = "mysql")]
         crate::SqlPool::MySql(pool) => {
             let outbox = Outbox::new(pool, command.table())
                 .map_err(|e| crate::connect_error("mysql", &e, url))?;
-            execute(&outbox, command).await.map_err(failed)?
+            execute(&outbox, command, who).await.map_err(failed)?
         }
     }
 }
 
 async fn execute<DB: OutboxDatabase>(
+    outbox: &Outbox<DB>,
+    command: &OutboxCommand,
+    who: &str,
+) -> Result<Result<Answer, CliError>, OutboxError> {
+    let answer = answer(outbox, command).await?;
+    let change = match (command, &answer) {
+        (_, Ok(Answer::Retried(key))) => Some((AuditAction::Retry, key.clone(), 1)),
+        (_, Ok(Answer::Discarded(key))) => Some((AuditAction::Discard, key.clone(), 1)),
+        (OutboxCommand::Purge(args), Ok(Answer::Purged(purged))) => Some((
+            AuditAction::Purge,
+            format!("finished more than {} s ago", args.older_than_secs),
+            *purged,
+        )),
+        _ => None,
+    };
+    if let Some((action, target, changed)) = change {
+        let entry = AuditEntry::now(who, action, target, changed);
+        if outbox.audit(&entry).await.is_err() {
+            eprintln!("warning: the change was made, but its audit entry was not stored");
+        }
+    }
+    Ok(answer)
+}
+
+async fn answer<DB: OutboxDatabase>(
     outbox: &Outbox<DB>,
     command: &OutboxCommand,
 ) -> Result<Result<Answer, CliError>, OutboxError> {
@@ -249,5 +292,6 @@ async fn execute<DB: OutboxDatabase>(
                 .purge_finished(Duration::from_secs(args.older_than_secs))
                 .await?,
         )),
+        OutboxCommand::Audit(args) => Ok(Answer::Audit(outbox.audit_log(args.limit).await?)),
     })
 }

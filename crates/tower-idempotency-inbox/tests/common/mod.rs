@@ -356,7 +356,15 @@ impl<DB: Fixture> Setup<DB> {
     pub async fn cleanup(self) {
         // The inbox's positions table (the retention's, see `Inbox::purge_batch`) with it.
         let positions = format!("{}_positions", self.inbox_table);
-        let tables = [&self.inbox_table, &positions, &self.effects_table];
+        let attempts = format!("{}_attempts", self.inbox_table);
+        let audit = format!("{}_audit", self.inbox_table);
+        let tables = [
+            &self.inbox_table,
+            &positions,
+            &attempts,
+            &audit,
+            &self.effects_table,
+        ];
         DB::drop_tables(&self.pool, &tables.map(String::as_str)).await;
         self.pool.close().await;
         if let Some(dir) = &self.dir {

@@ -32,6 +32,9 @@ impl Driver for MySql {
     const HISTORY_KEY_TYPE: &'static str = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
     const HISTORY_QUOTE: &'static str = "`";
     // The job index is declared with the columns (no `CREATE INDEX IF NOT EXISTS` on MySQL).
+    const AUDIT_COLUMNS: &'static str =
+        "at BIGINT NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL, \
+         target TEXT NOT NULL, changed BIGINT NOT NULL";
     const HISTORY_COLUMNS: &'static str = "attempt INT NOT NULL, started_at BIGINT NOT NULL, \
          duration_ms BIGINT NOT NULL, outcome SMALLINT NOT NULL, error TEXT, status INT, \
          response TEXT";

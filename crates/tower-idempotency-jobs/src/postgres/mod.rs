@@ -19,6 +19,9 @@ impl Driver for sqlx::Postgres {
     const CONCURRENCY: usize = 16;
     const HISTORY_SEQ: &'static str = "seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY";
     const HISTORY_KEY_TYPE: &'static str = "text COLLATE \"C\"";
+    const AUDIT_COLUMNS: &'static str =
+        "at bigint NOT NULL, who text NOT NULL, action text NOT NULL, \
+         target text NOT NULL, changed bigint NOT NULL";
     const HISTORY_COLUMNS: &'static str = "attempt integer NOT NULL, started_at bigint NOT NULL, \
          duration_ms bigint NOT NULL, outcome smallint NOT NULL, error text, status integer, \
          response text";

@@ -18,6 +18,9 @@ impl Driver for sqlx::Sqlite {
     const CONCURRENCY: usize = 4;
     const HISTORY_SEQ: &'static str = "seq INTEGER PRIMARY KEY AUTOINCREMENT";
     const HISTORY_KEY_TYPE: &'static str = "TEXT";
+    const AUDIT_COLUMNS: &'static str =
+        "at INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL, \
+         target TEXT NOT NULL, changed INTEGER NOT NULL";
     const HISTORY_COLUMNS: &'static str = "attempt INTEGER NOT NULL, started_at INTEGER NOT NULL, \
          duration_ms INTEGER NOT NULL, outcome INTEGER NOT NULL, error TEXT, status INTEGER, \
          response TEXT";
