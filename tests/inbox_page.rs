@@ -2,7 +2,9 @@
 //! (WebDriver), against the reference receiver as a child process with `INBOX_ADMIN=1`, on
 //! SQLite and on Postgres. Failing events are listed; one event's detail shows its error; "Retry" puts it back
 //! and the worker processes it once; the bulk retry of a type filter shows its count, asks to
-//! confirm and retries exactly the matching events. The test writes the page's screenshot to
+//! confirm and retries exactly the matching events; a processed event's "Replay" asks to confirm
+//! (saying the handler runs again) and runs it once more; the audit lists each change and who
+//! made it. The test writes the page's screenshot to
 //! `target/tmp/inbox-page.png` (docs/inbox-page.png is a copy).
 //!
 //! Under `CI=true` a missing `/usr/bin/chromium` or `/usr/bin/chromedriver` fails the test.
@@ -137,9 +139,6 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let counts = texts(&browser, "#counts tbody tr:first-child td").await;
     assert_eq!(counts, ["0", "1", "4", "0"]);
     browser::assert_fits_the_window(&browser, "the overview").await;
-    if screenshot {
-        browser::screenshot(&browser, "inbox-page.png").await;
-    }
 
     // The detail of the single event, reached by its link (its id is text, not markup).
     click(&browser, Locator::LinkText(single)).await;
@@ -162,6 +161,45 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     let effects = "SELECT count(*) FROM inbox_effects WHERE event_id = $1";
     assert_eq!(scalars(&store, effects, single).await[0], 1);
 
+    // Replay of the processed event: the page asks first, saying the handler runs again, then
+    // the worker runs it once more; its history shows each run and the replay between.
+    browser.refresh().await.unwrap();
+    text_until(&browser, "#state", "processed").await;
+    assert!(browser.find(Locator::Id("retry")).await.is_err());
+    click(&browser, Locator::Id("replay")).await;
+    let question = text_until(&browser, "#confirm-text", "runs again").await;
+    assert_eq!(
+        question,
+        "The handler runs again for this event. Replay it?"
+    );
+    click(&browser, Locator::Id("confirm-cancel")).await;
+    assert!(!browser
+        .find(Locator::Id("confirm"))
+        .await
+        .unwrap()
+        .is_displayed()
+        .await
+        .unwrap());
+    assert_eq!(
+        scalars(&store, effects, single).await[0],
+        1,
+        "asking and cancelling changed nothing"
+    );
+    click(&browser, Locator::Id("replay")).await;
+    text_until(&browser, "#confirm-text", "runs again").await;
+    click(&browser, Locator::Id("confirm-go")).await;
+    text_until(&browser, "#status", "Replayed").await;
+    let runs = || scalars(&store, effects, single);
+    poll_until("the replay's run", Duration::from_millis(25), runs, |n| {
+        n[0] == 2
+    })
+    .await;
+    event_until(&client, &base, single, |state, _| state == "processed").await;
+    browser.refresh().await.unwrap();
+    text_until(&browser, "#state", "processed").await;
+    let outcomes = texts(&browser, "#attempts td.outcome").await;
+    assert_eq!(outcomes, ["failed", "done", "replayed", "done"]);
+
     // Bulk retry by type: the count first, then the confirmation.
     browser.goto(&page).await.unwrap();
     let kind = browser.find(Locator::Id("f-type")).await.unwrap();
@@ -177,14 +215,14 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
         filtered,
     )
     .await;
-    click(&browser, Locator::Id("bulk-count")).await;
-    let question = text_until(&browser, "#bulk-text", "match").await;
+    click(&browser, Locator::Id("bulk-retry-count")).await;
+    let question = text_until(&browser, "#bulk-retry-text", "match").await;
     assert_eq!(question, "2 failed events match this filter. Retry them?");
     for id in poisoned {
         let (state, _) = event_until(&client, &base, id, |_, _| true).await;
         assert_eq!(state, "failed", "the count changed nothing");
     }
-    click(&browser, Locator::Id("bulk-go")).await;
+    click(&browser, Locator::Id("bulk-retry-go")).await;
     text_until(&browser, "#status", "Retried 2 of 2").await;
     for id in poisoned {
         event_until(&client, &base, id, |state, _| state == "processed").await;
@@ -196,6 +234,27 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
         ("failed", 1),
         "outside the filter"
     );
+
+    // The overview's audit, newest first: each change, by the operator the receiver's
+    // extractor names, on its events.
+    browser.goto(&page).await.unwrap();
+    let actions = texts(&browser, "#audit td.action").await;
+    assert_eq!(actions, ["bulk_retry", "replay", "retry"]);
+    let who = texts(&browser, "#audit td.who").await;
+    assert!(who.iter().all(|who| who == "receiver-operator"), "{who:?}");
+    let targets = texts(&browser, "#audit td.err").await;
+    assert_eq!(
+        targets,
+        [
+            "state=failed type=test.poison".to_owned(),
+            format!("stripe/{single}"),
+            format!("stripe/{single}"),
+        ]
+    );
+    browser::assert_fits_the_window(&browser, "the overview with its audit").await;
+    if screenshot {
+        browser::screenshot(&browser, "inbox-page.png").await;
+    }
 
     browser.close().await.unwrap();
     drop(driver);

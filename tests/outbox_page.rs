@@ -190,6 +190,17 @@ async fn outbox_page(store: &str, screenshot: bool) {
     text_until(&browser, "#state", "delivered").await;
     assert!(browser.find(Locator::Id("retry")).await.is_err());
 
+    // The overview's audit: the page's retry, made by the operator the receiver's extractor
+    // names.
+    open_page(&browser, &format!("{base}/admin/outbox")).await;
+    let actions = texts(&browser, "#audit td.action").await;
+    assert_eq!(actions, ["retry"]);
+    assert_eq!(
+        texts(&browser, "#audit td.who").await,
+        ["receiver-operator"]
+    );
+    assert_eq!(texts(&browser, "#audit td.err").await, [key.clone()]);
+
     browser.close().await.unwrap();
     drop(driver);
     drop(receiver);

@@ -384,6 +384,31 @@ fn outbox_admin<DB>(_outgoing: &Outgoing<DB>) -> Option<Router> {
     None
 }
 
+/// Who the admin routes' audit records a change as made by: the request's `x-operator` header,
+/// else `receiver-operator`. A deployment's own extractor reads its signed-in user instead.
+struct FixtureOperator(String);
+
+impl std::fmt::Display for FixtureOperator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for FixtureOperator {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let named = parts
+            .headers
+            .get("x-operator")
+            .and_then(|value| value.to_str().ok());
+        Ok(Self(named.unwrap_or("receiver-operator").to_owned()))
+    }
+}
+
 #[cfg(feature = "outbox")]
 type Relay = RelayHandle;
 #[cfg(not(feature = "outbox"))]
@@ -425,10 +450,11 @@ async fn mount<DB: InboxDatabase>(
         .with_state(inbox.clone());
     if settings.admin {
         // The receiver is a test and demo fixture: a real deployment puts its authentication
-        // layer on this router (docs/inbox.md).
-        router = router.nest("/admin/inbox", admin::router(inbox));
+        // layer on these routers (docs/inbox.md), and names the audit's operator from it.
+        let operator = axum::middleware::from_fn(admin::operator::<FixtureOperator>);
+        router = router.nest("/admin/inbox", admin::router(inbox).layer(operator.clone()));
         if let Some(outbox_admin) = outbox_admin {
-            router = router.nest("/admin/outbox", outbox_admin);
+            router = router.nest("/admin/outbox", outbox_admin.layer(operator));
         }
     }
     #[cfg(not(feature = "outbox"))]

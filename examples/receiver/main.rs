@@ -23,7 +23,7 @@
 //! | `INBOX_SWEEP_MS` | `POST /inbox/stripe`: how often the worker looks for due events (default 1000) |
 //! | `INBOX_ORDERING` | `POST /inbox/stripe`: `sequential` or `skip-stale` orders Stripe events by `data.object.id` and `created` (unset: no ordering) |
 //! | `OUTBOX_TARGET_URL` | `POST /inbox/stripe` (feature `outbox`): a `test.outbox` event enqueues one message of `{"event": "<event id>"}` keyed `<event id>/0`, relayed after its transaction commits: a `POST` to an `http(s)://` URL (the key as `Idempotency-Key`); with feature `nats`, `nats://HOST:PORT/SUBJECT` publishes to JetStream (the key as `Nats-Msg-Id`; a stream for the subject is created when missing); with feature `rabbitmq`, `amqp://USER:PASS@HOST:PORT/VHOST?exchange=E&routing_key=K` publishes to RabbitMQ (the key as `message_id`, publisher confirms) (unset: no outbox) |
-//! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, and with the outbox on (`OUTBOX_TARGET_URL`) the outbox's at `/admin/outbox` (page `/admin/outbox/page`), without authentication (a fixture) |
+//! | `INBOX_ADMIN` | `1`: the operator's page and admin routes at `/admin/inbox`, and with the outbox on (`OUTBOX_TARGET_URL`) the outbox's at `/admin/outbox` (page `/admin/outbox/page`), without authentication (a fixture); the audit records a change as made by the request's `x-operator` header, else `receiver-operator` |
 //! | `INBOX_HEAL_FILE` | a path; while that file exists, `test.poison` and `test.permanent` events succeed |
 //! | `INBOX_RETENTION_SECS` | `POST /inbox/stripe`: how long processed events are kept before the worker purges them, at its start and every minute (default 604800, a week) |
 //! | `RUST_LOG` | log filter (default `info`); logs go to stderr |

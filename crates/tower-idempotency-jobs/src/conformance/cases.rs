@@ -926,3 +926,33 @@ pub async fn the_history_keeps_the_first_and_the_last_attempts<DB: Fixture>(
         1
     );
 }
+
+/// Audit entries read back as they were stored, newest first, up to the limit; an action this
+/// version does not know reads as `None`.
+pub async fn the_audit_lists_the_newest_entries_first<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) {
+    use crate::audit::{AuditAction, AuditEntry};
+
+    let sql = DB::statements(table(&name));
+    assert!(DB::audit_log(&pool, &sql, 10).await.unwrap().is_empty());
+    let entries = [
+        AuditEntry::now("alice", AuditAction::Retry, "kind/id-1", 1),
+        AuditEntry::now("bob \u{e9}", AuditAction::BulkReplay, "type=x.y", 250),
+        AuditEntry::now(
+            "carol",
+            AuditAction::Purge,
+            "finished more than 60 s ago",
+            0,
+        ),
+    ];
+    for entry in &entries {
+        crate::audit::record(&pool, &sql, entry).await.unwrap();
+    }
+    let listed = DB::audit_log(&pool, &sql, 2).await.unwrap();
+    assert_eq!(listed, [entries[2].clone(), entries[1].clone()]);
+    let all = DB::audit_log(&pool, &sql, 10).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[2], entries[0]);
+}
