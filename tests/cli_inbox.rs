@@ -1,5 +1,6 @@
-//! `tower-idempotency inbox list|retry` end to end: an inbox fed over real HTTP fails an event,
-//! the built binary lists it (table and JSON) and re-queues it, on SQLite and on Postgres.
+//! `tower-idempotency inbox list|retry|replay|audit` end to end: an inbox fed over real HTTP
+//! fails an event, the built binary lists it (table and JSON) and re-queues it; once processed it
+//! replays it; the audit lists each change and who made it; on SQLite, Postgres and MariaDB.
 
 mod support;
 
@@ -23,6 +24,14 @@ async fn refuse<DB: InboxDatabase>(
     _tx: IdempotentTx<DB>,
 ) -> Result<(), HandlerError> {
     Err("refused by the test handler".into())
+}
+
+/// Every attempt succeeds.
+async fn accept<DB: InboxDatabase>(
+    _event: InboxEvent,
+    _tx: IdempotentTx<DB>,
+) -> Result<(), HandlerError> {
+    Ok(())
 }
 
 /// Delivers two events through the inbox over HTTP; a worker with one attempt fails them.
@@ -174,7 +183,16 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     .await;
     assert_eq!(purged["purged"], 0, "{label}: nothing was processed");
 
-    let retried = json(&args(&["--json", "inbox", "retry", "stripe", &ids[0]])).await;
+    let retried = json(&args(&[
+        "--json",
+        "--operator",
+        "ops@example",
+        "inbox",
+        "retry",
+        "stripe",
+        &ids[0],
+    ]))
+    .await;
     assert_eq!(retried["retried"]["event_id"], ids[0].as_str());
     let key = EventKey::new("stripe", ids[0].as_str());
     assert_eq!(
@@ -193,6 +211,96 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     assert!(!again.status.success());
     let message = String::from_utf8_lossy(&again.stderr);
     assert!(message.contains("no failed event"), "{label}: {message}");
+
+    // Processed, then replayed: one by key, the bulk's dry run by type first.
+    let worker = inbox
+        .worker(accept::<DB>)
+        .poll_every(Duration::from_millis(10))
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while inbox.get(&key).await.unwrap().unwrap().state != EventState::Processed {
+        assert!(Instant::now() < deadline, "{label}: never processed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(worker.drain(Duration::from_secs(30)).await);
+    let dry = json(&args(&[
+        "--json",
+        "inbox",
+        "replay",
+        "--dry-run",
+        "--type",
+        "charge.succeeded",
+    ]))
+    .await;
+    assert_eq!(
+        (dry["matched"].as_u64(), dry["replayed"].as_u64()),
+        (Some(1), Some(0)),
+        "{label}: {dry}"
+    );
+    let replayed = json(&args(&[
+        "--json",
+        "--operator",
+        "ops@example",
+        "inbox",
+        "replay",
+        "stripe",
+        &ids[0],
+    ]))
+    .await;
+    assert_eq!(replayed["replayed"]["event_id"], ids[0].as_str(), "{label}");
+    let event = inbox.event(&key).await.unwrap().unwrap();
+    assert_eq!(event.record.state, EventState::Pending);
+    let last = event.history.last().unwrap();
+    assert_eq!(
+        last.outcome,
+        tower_idempotency::jobs::AttemptOutcome::Replayed
+    );
+    // A failed event is retried, not replayed.
+    let refused = cli(&args(&["inbox", "replay", "stripe", &ids[1]])).await;
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("no processed or skipped event"),
+        "{label}: {message}"
+    );
+
+    // The audit, newest first: who made each change, what, on which events.
+    let audit = json(&args(&["--json", "inbox", "audit"])).await;
+    let entries: Vec<(&str, &str, &str, u64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["who"].as_str().unwrap(),
+                entry["action"].as_str().unwrap(),
+                entry["target"].as_str().unwrap(),
+                entry["changed"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let target = format!("stripe/{}", ids[0]);
+    let user = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    assert_eq!(
+        entries,
+        [
+            ("ops@example", "replay", target.as_str(), 1),
+            ("ops@example", "retry", target.as_str(), 1),
+            (user.as_str(), "purge", "finished more than 0 s ago", 0),
+        ],
+        "{label}"
+    );
+    let table = stdout(&cli(&args(&["inbox", "audit", "--limit", "1"])).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("AT"), "{label}: {table}");
+    assert_eq!(lines.len(), 2, "{label}: {table}");
+    assert!(
+        lines[1].contains("ops@example") && lines[1].contains("replay"),
+        "{table}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

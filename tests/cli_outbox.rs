@@ -202,6 +202,40 @@ async fn drive<DB: OutboxDatabase>(
     assert_eq!(state(keys[1].clone()).await, None);
     assert_eq!(state(secret_key.clone()).await, Some(MessageState::Pending));
 
+    // The audit, newest first: each change that took effect, as `--operator` or the user made it.
+    let audit = json(&args(&["--json", "--operator", "ops", "outbox", "audit"])).await;
+    let entries: Vec<(&str, &str, u64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["action"].as_str().unwrap(),
+                entry["target"].as_str().unwrap(),
+                entry["changed"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("purge", "finished more than 0 s ago", 1),
+            ("purge", "finished more than 3600 s ago", 0),
+            ("discard", keys[1].as_str(), 1),
+            ("retry", keys[0].as_str(), 1),
+        ],
+        "{label}: {audit}"
+    );
+    let user = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|entry| entry["who"] == user.as_str()));
+
     // A store that holds no outbox is refused before anything runs.
     refused(
         &["--store", "redis://127.0.0.1:6379", "outbox", "list"].map(str::to_owned),

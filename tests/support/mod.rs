@@ -191,13 +191,14 @@ impl Drop for RedisPrefixGuard {
     }
 }
 
-/// Runs the built `tower-idempotency` tool with `args` (and no `IDEMPOTENCY_STORE` from the
-/// environment).
+/// Runs the built `tower-idempotency` tool with `args` (and no `IDEMPOTENCY_STORE` or
+/// `IDEMPOTENCY_OPERATOR` from the environment).
 #[cfg(feature = "cli")]
 pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency"))
         .args(args)
         .env_remove("IDEMPOTENCY_STORE")
+        .env_remove("IDEMPOTENCY_OPERATOR")
         .kill_on_drop(true)
         .output()
         .await
