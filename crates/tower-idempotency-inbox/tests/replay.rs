@@ -12,12 +12,12 @@ use std::time::Duration;
 use axum::{extract::FromRequestParts, http::request::Parts, middleware};
 use common::*;
 use tower_idempotency_inbox::{
-    admin::{self, AuditAction},
+    admin::{self, AuditAction, AuditEntry},
     EventKey, EventState,
 };
 use tower_idempotency_jobs::AttemptOutcome;
 use tower_idempotency_sqlx::sqlx;
-use tower_idempotency_testkit::poll_until;
+use tower_idempotency_testkit::{poll_until, CapturedLogs};
 
 /// The signed-in operator, as a user's own auth layer reads it: the `x-operator` header;
 /// refused `401` without one.
@@ -206,6 +206,22 @@ async fn replay_and_audit<DB: Fixture>() {
     assert_eq!(entries, expected, "{}", DB::LABEL);
     let stored = setup.inbox.audit_log(1).await.unwrap();
     assert_eq!(stored[0].action, Some(AuditAction::Purge));
+
+    // Each entry is logged too, under the audit's target, with its fields.
+    let (logs, guard) = CapturedLogs::start(tracing::Level::INFO);
+    let entry = AuditEntry::now("erin", AuditAction::Discard, "stripe/evt_x", 1);
+    setup.inbox.audit(&entry).await.unwrap();
+    drop(guard);
+    let line = logs.text();
+    for field in [
+        "tower_idempotency::audit",
+        "who=erin",
+        "discard",
+        "target=stripe/evt_x",
+        "changed=1",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
     setup.finish(worker).await;
 }
 
