@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::{
+    os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -15,7 +16,9 @@ use tower_idempotency_testkit::{skip, ReservedPort};
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// chromedriver on a reserved loopback port, killed on drop.
+/// chromedriver on a reserved loopback port, in a process group of its own: dropped, the group
+/// is killed, with the Chromium it started (which a test that failed before closing its session
+/// would otherwise leave running).
 pub struct Driver {
     child: Child,
     pub url: String,
@@ -28,6 +31,7 @@ impl Driver {
         let child = Command::new(CHROMEDRIVER)
             .arg(format!("--port={}", port.port()))
             .arg("--allowed-ips=127.0.0.1")
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -74,6 +78,12 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The group's id is chromedriver's pid (`process_group(0)`).
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
