@@ -58,6 +58,7 @@
 
 pub mod admin;
 mod backoff;
+pub mod chart;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod cursor;

@@ -244,6 +244,7 @@ macro_rules! jobs_driver_conformance_tests {
                 a_locked_table_delays_the_record_but_never_doubles_it,
                 a_database_gone_mid_batch_fails_the_round,
                 the_history_keeps_the_first_and_the_last_attempts,
+                activity_counts_each_minute_and_its_lag,
             );
         }
     };
