@@ -2,7 +2,8 @@
 //! (WebDriver), against the reference receiver as a child process with `INBOX_ADMIN=1`, on
 //! SQLite and on Postgres. Failing events are listed; one event's detail shows its error; "Retry" puts it back
 //! and the worker processes it once; the bulk retry of a type filter shows its count, asks to
-//! confirm and retries exactly the matching events. The test writes the page's screenshot to
+//! confirm and retries exactly the matching events; the last hour's charts count the deliveries
+//! received, processed and failed. The test writes the page's screenshot to
 //! `target/tmp/inbox-page.png` (docs/inbox-page.png is a copy).
 //!
 //! Under `CI=true` a missing `/usr/bin/chromium` or `/usr/bin/chromedriver` fails the test.
@@ -136,6 +137,10 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     // The stripe row: pending, processed, failed, skipped.
     let counts = texts(&browser, "#counts tbody tr:first-child td").await;
     assert_eq!(counts, ["0", "1", "4", "0"]);
+    // The last hour's charts: the five deliveries received, one processed, four failed.
+    let mount = format!("{base}/admin/inbox");
+    let totals = [("received", 5), ("processed", 1), ("failed", 4)];
+    browser::assert_charts(&browser, &client, &mount, totals).await;
     browser::assert_fits_the_window(&browser, "the overview").await;
     if screenshot {
         browser::screenshot(&browser, "inbox-page.png").await;
