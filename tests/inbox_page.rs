@@ -4,7 +4,8 @@
 //! and the worker processes it once; the bulk retry of a type filter shows its count, asks to
 //! confirm and retries exactly the matching events; a processed event's "Replay" asks to confirm
 //! (saying the handler runs again) and runs it once more; the audit lists each change and who
-//! made it. The test writes the page's screenshot to
+//! made it; the last hour's charts count the deliveries received, processed and failed. The test
+//! writes the page's screenshot to
 //! `target/tmp/inbox-page.png` (docs/inbox-page.png is a copy).
 //!
 //! Under `CI=true` a missing `/usr/bin/chromium` or `/usr/bin/chromedriver` fails the test.
@@ -138,6 +139,10 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     // The stripe row: pending, processed, failed, skipped.
     let counts = texts(&browser, "#counts tbody tr:first-child td").await;
     assert_eq!(counts, ["0", "1", "4", "0"]);
+    // The last hour's charts: the five deliveries received, one processed, four failed.
+    let mount = format!("{base}/admin/inbox");
+    let totals = [("received", 5), ("processed", 1), ("failed", 4)];
+    browser::assert_charts(&browser, &client, &mount, totals).await;
     browser::assert_fits_the_window(&browser, "the overview").await;
 
     // The detail of the single event, reached by its link (its id is text, not markup).

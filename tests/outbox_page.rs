@@ -3,7 +3,8 @@
 //! `OUTBOX_TARGET_URL` pointing at this test's server, on SQLite and on Postgres. The server
 //! refuses (`400`) until the test switches it to accept, so a `test.outbox` event's message fails
 //! at once: the page lists it, its detail shows the refusal and the attempt on record, "Retry" puts it back and the relay
-//! delivers it once (the server counts accepted requests per `Idempotency-Key`). The test writes
+//! delivers it once (the server counts accepted requests per `Idempotency-Key`); the last hour's
+//! charts count the message enqueued and failed, then delivered. The test writes
 //! the page's screenshot to `target/tmp/outbox-page.png` (docs/outbox-page.png is a copy).
 //!
 //! Under `CI=true` a missing `/usr/bin/chromium` or `/usr/bin/chromedriver` fails the test.
@@ -155,6 +156,10 @@ async fn outbox_page(store: &str, screenshot: bool) {
     let counts = texts(&browser, "#counts tbody td").await;
     assert_eq!(counts, ["0", "0", "1", "0"]);
     text_until(&browser, "#messages td.err", "HTTP 400").await;
+    // The last hour's charts: the one message enqueued and failed.
+    let mount = format!("{base}/admin/outbox");
+    let totals = [("received", 1), ("delivered", 0), ("failed", 1)];
+    browser::assert_charts(&browser, &client, &mount, totals).await;
     browser::assert_fits_the_window(&browser, "the overview").await;
     if screenshot {
         browser::screenshot(&browser, "outbox-page.png").await;
@@ -189,6 +194,10 @@ async fn outbox_page(store: &str, screenshot: bool) {
     browser.refresh().await.unwrap();
     text_until(&browser, "#state", "delivered").await;
     assert!(browser.find(Locator::Id("retry")).await.is_err());
+    // The charts read the rows as they are: the message now counts as delivered, not failed.
+    browser.goto(&format!("{mount}/page")).await.unwrap();
+    let totals = [("received", 1), ("delivered", 1), ("failed", 0)];
+    browser::assert_charts(&browser, &client, &mount, totals).await;
 
     // The overview's audit: the page's retry, made by the operator the receiver's extractor
     // names.
@@ -199,7 +208,7 @@ async fn outbox_page(store: &str, screenshot: bool) {
         texts(&browser, "#audit td.who").await,
         ["receiver-operator"]
     );
-    assert_eq!(texts(&browser, "#audit td.err").await, [key.clone()]);
+    assert_eq!(texts(&browser, "#audit td.err").await, [key.as_str()]);
 
     browser.close().await.unwrap();
     drop(driver);

@@ -180,3 +180,71 @@ pub async fn deliver(client: &reqwest::Client, base: &str, secret: &str, body: &
         200
     );
 }
+
+/// Asserts the overview's activity charts (`#chart-counts`, `#chart-lag`) and the admin
+/// router's `GET {mount}/activity` agree with `totals`, the jobs received, done (under the
+/// page's name for it) and failed in the last hour: the counts chart's series, its legend and
+/// its `data-totals`, the lag chart's legend (nothing pending now), an SVG with a title drawn
+/// at a readable width, and the JSON route's sixty minutes.
+pub async fn assert_charts(
+    browser: &Client,
+    client: &reqwest::Client,
+    mount: &str,
+    totals: [(&str, u64); 3],
+) {
+    let legend: Vec<String> = totals
+        .iter()
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    let shown = texts(browser, "#chart-counts figcaption .series").await;
+    assert_eq!(shown, legend, "the counts chart's legend");
+    let data: Vec<String> = totals
+        .iter()
+        .map(|(name, n)| format!("{name}={n}"))
+        .collect();
+    assert_eq!(
+        attrs(browser, "#chart-counts", "data-totals").await,
+        [data.join(" ")]
+    );
+    let names: Vec<&str> = totals.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        attrs(browser, "#chart-counts", "data-series").await,
+        [names.join(",")]
+    );
+    assert_eq!(
+        attrs(browser, "#chart-lag", "data-series").await,
+        ["oldest"]
+    );
+    let drawn = browser
+        .execute(
+            "return ['#chart-counts', '#chart-lag'].map(function (id) { \
+               var svg = document.querySelector(id + ' svg'); \
+               return [svg.querySelector('title').textContent, \
+                       Math.round(svg.getBoundingClientRect().width), \
+                       svg.querySelectorAll('polyline').length]; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for chart in drawn.as_array().unwrap() {
+        let title = chart[0].as_str().unwrap();
+        assert!(title.contains("last hour"), "{title}");
+        let width = chart[1].as_u64().unwrap();
+        assert!((300..=640).contains(&width), "{title}: {width} px wide");
+        assert!(chart[2].as_u64().unwrap() > 1, "{title}: no line drawn");
+    }
+    let activity = crate::receiver_process::get_json(client, format!("{mount}/activity")).await;
+    let minutes = activity["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    let sum = |field: &str| {
+        minutes
+            .iter()
+            .map(|m| m[field].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        [sum("received"), sum("done"), sum("failed")],
+        totals.map(|(_, n)| n),
+        "GET {mount}/activity"
+    );
+}

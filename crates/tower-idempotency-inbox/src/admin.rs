@@ -14,6 +14,7 @@ use axum::{
 use serde::Deserialize;
 use tower_idempotency_jobs::{
     admin::{Change, Operated, SameSite},
+    chart::Activity,
     Unavailable,
 };
 
@@ -84,6 +85,14 @@ impl<DB: InboxDatabase> Inbox<DB> {
     pub async fn counts(&self) -> Result<StateCounts, InboxError> {
         Ok(backend::counts(&self.pool, &self.sql).await?)
     }
+
+    /// The inbox's activity per minute over the last hour: the events received, processed
+    /// (done) and failed, and the oldest pending event's age at each minute's end (the page's
+    /// charts; [`tower_idempotency_jobs::chart`]). Three bounded statements.
+    pub async fn activity(&self) -> Result<Activity, InboxError> {
+        (0..3).for_each(|_| self.sql.sent());
+        Ok(DB::activity(&self.pool, &self.sql.jobs, now_ms()).await?)
+    }
 }
 
 /// The inbox's operations over HTTP, JSON in and out. Mount it behind your own authentication
@@ -96,6 +105,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `GET /detail?provider=..&event_id=..` | one event's page |
 /// | `GET /{state}?limit=N` | `200`, an array of [`EventSummary`] in that state (`failed`, `pending`, `processed`, `skipped`; default limit 100), oldest first |
 /// | `GET /counts` | `200` [`StateCounts`] |
+/// | `GET /activity` | `200` [`Activity`]: per minute over the last hour, events received, processed (`done`) and failed, and the oldest pending event's age at each minute's end ([`Inbox::activity`]) |
 /// | `GET /events?state=&provider=&type=&received_after=&received_before=&cursor=&limit=` | `200` [`EventPage`], newest first; times RFC 3339; `400` a bad filter or cursor |
 /// | `GET /events/{provider}/{event_id}` | `200` [`EventDetail`] (credentials masked: [`Inbox::event`]), `404` |
 /// | `POST /failed/{provider}/{event_id}/retry` | `202` re-queued, `404` no such failed event |
@@ -112,8 +122,8 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// `axum::middleware::from_fn(admin::operator::<YourUser>)` around this router
 /// ([`tower_idempotency_jobs::admin::operator`]).
 ///
-/// The routes shared with the outbox's router (listing by state, counts, one event, retry,
-/// discard, purge) are the job engine's [`tower_idempotency_jobs::admin::routes`].
+/// The routes shared with the outbox's router (listing by state, counts, activity, one event,
+/// retry, discard, purge) are the job engine's [`tower_idempotency_jobs::admin::routes`].
 ///
 /// Every `POST` needs the [`ADMIN_HEADER`] header or a `Content-Type: application/json`
 /// body, and is refused `403` without: neither can come from another site's form, so a browser
@@ -219,6 +229,10 @@ impl<DB: InboxDatabase> Operated for Inbox<DB> {
 
     async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
         Ok(self.purge_processed(older_than).await?)
+    }
+
+    async fn activity(&self) -> Result<Activity, Unavailable> {
+        Ok(Inbox::activity(self).await?)
     }
 
     fn target((provider, event_id): &(String, String)) -> String {

@@ -18,6 +18,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use tower_idempotency_jobs::{
     audit::{AuditEntry, DEFAULT_AUDIT_LIMIT},
+    chart::{self, Activity},
     page::{
         self, amount, encode, html_response, relative, shell, Action, Detail, JobFields, Listing,
     },
@@ -57,6 +58,8 @@ pub(crate) struct Overview {
     pub(crate) states: StateCounts,
     pub(crate) providers: Vec<ProviderCounts>,
     pub(crate) lag: Option<Duration>,
+    /// The last hour, for the charts.
+    pub(crate) activity: Activity,
     /// The state filter's value: `failed`, `pending`, `processed`, `skipped` or empty (any).
     pub(crate) state: String,
     pub(crate) provider: String,
@@ -106,6 +109,7 @@ async fn overview<DB: InboxDatabase>(
         states: inbox.counts().await?,
         providers: inbox.counts_by_provider().await?,
         lag: inbox.oldest_pending_age().await?,
+        activity: inbox.activity().await?,
         state,
         provider: filter.provider.unwrap_or_default(),
         event_type: filter.event_type.unwrap_or_default(),
@@ -288,7 +292,7 @@ fn counts_table(view: &Overview) -> Markup {
     }
 }
 
-/// The overview: counts, lag, the filter form, the events and the bulk retry.
+/// The overview: counts, lag, the last hour's charts, the filter form, the events and the bulk retry.
 pub(crate) fn render_overview(view: &Overview) -> Markup {
     let filter = |state: &str| {
         serde_json::json!({
@@ -317,6 +321,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
         html! {
             (page::refresh())
             (counts_table(view))
+            (chart::charts(&view.activity, "events", "processed"))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "processed", "skipped"], &view.state))
@@ -475,6 +480,7 @@ mod tests {
                 skipped: 4,
             }],
             lag: Some(Duration::from_secs(90)),
+            activity: chart::assemble(0, Vec::new(), Vec::new(), None),
             state: "failed".into(),
             provider: "\"><script>".into(),
             event_type: String::new(),

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `GET /{state}?limit=N` | `200`, an array of the half's summaries in that state, oldest first (default limit 100); `404` a name that is no state |
 //! | `GET /counts` | `200`, the half's counts per state |
+//! | `GET /activity` | `200` [`Activity`](crate::chart::Activity): per minute over the last hour, the jobs received, done and failed, and the oldest pending job's age at each minute's end (the pages' charts) |
 //! | `GET {item}` | `200`, one job's detail; `404` |
 //! | `POST {item}/retry` | `202` re-queued; `404` no such failed job |
 //! | `POST {item}/discard` | [`Operated::DISCARDED`]; `404` no such job in a state a discard applies to |
@@ -119,6 +120,9 @@ pub trait Operated: Clone + Send + Sync + 'static {
     /// Deletes the jobs finished more than `older_than` ago; answers how many.
     fn purge(&self, older_than: Duration) -> impl Future<Output = Result<u64, Unavailable>> + Send;
 
+    /// The activity per minute over the last hour ([`chart`](crate::chart)).
+    fn activity(&self) -> impl Future<Output = Result<crate::chart::Activity, Unavailable>> + Send;
+
     /// A job's key as the audit names it (`stripe/evt_1`).
     fn target(key: &Self::Key) -> String;
 
@@ -185,6 +189,7 @@ pub fn routes<O: Operated>(item: &str) -> Router<O> {
     Router::new()
         .route("/{state}", get(list::<O>))
         .route("/counts", get(counts::<O>))
+        .route("/activity", get(activity::<O>))
         .route(item, get(detail::<O>))
         .route(&format!("{item}/retry"), change::<O>(Change::Retry))
         .route(&format!("{item}/discard"), change::<O>(Change::Discard))
@@ -248,6 +253,12 @@ async fn audit_log<O: Operated>(
 
 async fn counts<O: Operated>(State(operated): State<O>) -> Result<Json<O::Counts>, Unavailable> {
     Ok(Json(operated.counts().await?))
+}
+
+async fn activity<O: Operated>(
+    State(operated): State<O>,
+) -> Result<Json<crate::chart::Activity>, Unavailable> {
+    Ok(Json(operated.activity().await?))
 }
 
 async fn detail<O: Operated>(

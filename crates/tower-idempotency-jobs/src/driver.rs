@@ -213,6 +213,7 @@ pub struct Statements {
     pub(crate) placeholders: Placeholders,
     pub(crate) history: crate::history::HistoryStatements,
     pub(crate) audit: crate::audit::AuditStatements,
+    pub(crate) chart: crate::chart::ChartStatements,
 }
 
 /// The statements that write the rows a locking `SELECT` picked, on a database without
@@ -458,6 +459,7 @@ impl Statements {
             placeholders: dialect.placeholders,
             history: crate::history::HistoryStatements::new(&table, dialect),
             audit: crate::audit::AuditStatements::new(&table, dialect),
+            chart: crate::chart::ChartStatements::new(&table, dialect),
             table,
         }
     }
@@ -772,6 +774,13 @@ pub trait Driver: sqlx::Database + Sized {
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
     ) -> BoxFuture<'a, sqlx::Result<Option<i64>>>;
+
+    /// The table's activity per minute over the hour up to `now` ([`chart`](crate::chart)).
+    fn activity<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        now: i64,
+    ) -> BoxFuture<'a, sqlx::Result<crate::chart::Activity>>;
 
     /// Records one attempt of the job `key` on `conn` (inside the attempt's transaction, or on
     /// its own); an attempt numbered past `keep_last` then deletes the job's rows but its first
@@ -1182,6 +1191,38 @@ macro_rules! driver_calls {
                 sqlx::query_scalar(sql.oldest_pending.text().clone())
                     .fetch_one(pool)
                     .await
+            })
+        }
+
+        fn activity<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            now: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<$crate::chart::Activity>> {
+            Box::pin(async move {
+                let start = $crate::chart::window_start(now);
+                let rows = sql.chart.received.binder::<$db>()
+                    .bind(start)
+                    .query()
+                    .fetch_all(pool)
+                    .await?;
+                let received = rows
+                    .iter()
+                    .map(sqlx::FromRow::from_row)
+                    .collect::<sqlx::Result<Vec<$crate::chart::ReceivedRow>>>()?;
+                let rows = sql.chart.finished.binder::<$db>()
+                    .bind(start)
+                    .query()
+                    .fetch_all(pool)
+                    .await?;
+                let finished = rows
+                    .iter()
+                    .map(sqlx::FromRow::from_row)
+                    .collect::<sqlx::Result<Vec<$crate::chart::FinishedRow>>>()?;
+                let oldest: Option<i64> = sqlx::query_scalar(sql.oldest_pending.text().clone())
+                    .fetch_one(pool)
+                    .await?;
+                Ok($crate::chart::assemble(now, received, finished, oldest))
             })
         }
 

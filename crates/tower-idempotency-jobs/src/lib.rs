@@ -59,6 +59,7 @@
 pub mod admin;
 pub mod audit;
 mod backoff;
+pub mod chart;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod cursor;

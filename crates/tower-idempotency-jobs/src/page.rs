@@ -85,6 +85,9 @@ button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
 #status{min-height:1.5em;font-weight:600;color:#0b5a1a}pre{background:#fff;border:1px solid #ccd;
 padding:.8rem;overflow:auto;max-height:32rem}.actions{display:flex;gap:.6rem;margin:.6rem 0}
 :focus-visible{outline:3px solid #f0a500;outline-offset:2px}
+.charts{display:flex;flex-wrap:wrap;gap:1rem}figure.chart{margin:0;flex:1 1 24rem;max-width:38rem;background:#fff;
+border:1px solid #ccd;padding:.4rem}figure.chart svg{display:block;width:100%;height:auto}figcaption{font-size:.9em}
+.series{margin-right:.8rem;white-space:nowrap}.swatch{display:inline-block;width:.9em;height:.9em;margin-right:.3em}
 ";
 
 /// A page of `site` (`Webhook inbox`, `Outbox`): the shared style, a header linking to the overview

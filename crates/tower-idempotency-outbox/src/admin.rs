@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use tower_idempotency_jobs::{
     admin::{Change, Operated},
+    chart::Activity,
     cursor, redact,
     time::{duration_ms, now_ms},
     Attempt, JobKey, JobSummary, PageFilter,
@@ -182,6 +183,13 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         Ok(DB::counts(&self.pool, &self.jobs).await?.into())
     }
 
+    /// The outbox's activity per minute over the last hour: the messages enqueued (`received`),
+    /// delivered (done) and failed, and the oldest pending message's age at each minute's end
+    /// (the page's charts; [`tower_idempotency_jobs::chart`]). Three bounded statements.
+    pub async fn activity(&self) -> Result<Activity, OutboxError> {
+        Ok(DB::activity(&self.pool, &self.jobs, now_ms()).await?)
+    }
+
     /// Logs and stores an operator's change in the outbox's audit table
     /// ([`audit`](tower_idempotency_jobs::audit)).
     pub async fn audit(&self, entry: &AuditEntry) -> Result<(), OutboxError> {
@@ -226,6 +234,7 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// | `GET /message?key=..` | `200` [`MessageDetail`] (credentials masked: [`Outbox::message`]), `404` |
 /// | `GET /{state}?limit=N` | `200`, an array of [`MessageSummary`] in that state (`pending`, `delivered`, `failed`, `discarded`; default limit 100) |
 /// | `GET /counts` | `200` [`StateCounts`] |
+/// | `GET /activity` | `200` [`Activity`]: per minute over the last hour, messages enqueued (`received`), delivered (`done`) and failed, and the oldest pending message's age at each minute's end ([`Outbox::activity`]) |
 /// | `GET /messages/{key}` | `200` [`MessageDetail`], `404`: the inbox router's `GET /events/{provider}/{event_id}` shape (the key percent-encoded as one segment, `/` as `%2F`) |
 /// | `POST /retry` `{"key": ".."}` | `202` re-queued, `404` no such failed message |
 /// | `POST /messages/{key}/retry` | the same, in the inbox router's shape |
@@ -244,8 +253,8 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// [`ADMIN_HEADER`] or that content type, and are refused `403` without (the inbox router's
 /// rule): a cross-site form cannot retry, discard or purge. The page's own script sends JSON
 /// and the [`ADMIN_HEADER`]. A database failure is a `503` problem. The routes shared with the
-/// inbox's router (listing by state, counts, one message, retry, discard, purge) are the job
-/// engine's [`tower_idempotency_jobs::admin::routes`].
+/// inbox's router (listing by state, counts, activity, one message, retry, discard, purge) are
+/// the job engine's [`tower_idempotency_jobs::admin::routes`].
 ///
 /// Behind your authentication, as the inbox's router (`tower_idempotency_inbox::admin::router`
 /// shows the layer):
@@ -314,6 +323,10 @@ impl<DB: OutboxDatabase> Operated for Outbox<DB> {
 
     async fn purge(&self, older_than: Duration) -> Result<u64, Unavailable> {
         Ok(self.purge_finished(older_than).await?)
+    }
+
+    async fn activity(&self) -> Result<Activity, Unavailable> {
+        Ok(Outbox::activity(self).await?)
     }
 
     fn target(key: &String) -> String {

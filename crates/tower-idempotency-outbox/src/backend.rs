@@ -148,6 +148,21 @@ pub(crate) mod sealed {
 /// The outbox's columns in a database's types, around the engine's; `q` quotes `key`.
 fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str, q: &str) -> String {
     let [key, text, bytes, big] = types;
+    // The finished messages by state and time (the activity's and the purge's reads): declared
+    // in the table on a database whose due index is declared there (MySQL has no `CREATE
+    // INDEX IF NOT EXISTS`).
+    let index = DB::due_index(table);
+    let finished = "(state, finished_at)";
+    let (inline, finished) = if index.is_empty() {
+        (
+            format!(",\n INDEX {table}_finished_idx {finished}"),
+            String::new(),
+        )
+    } else {
+        let create =
+            format!("CREATE INDEX IF NOT EXISTS {table}_finished_idx ON {table} {finished};\n");
+        (String::new(), create)
+    };
     format!(
         "{lock}CREATE TABLE IF NOT EXISTS {table} (\n\
          {q}key{q} {key} PRIMARY KEY,\n\
@@ -159,9 +174,8 @@ fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str, q
          body {bytes} NOT NULL,\n\
          created_at {big} NOT NULL,\n\
          last_status integer,\n\
-         {columns}){suffix};\n{index}\n{history}{audit}",
+         {columns}{inline}){suffix};\n{index}{finished}\n{history}{audit}",
         columns = DB::JOB_COLUMNS,
-        index = DB::due_index(table),
         history = DB::history_schema(&self::table(table)),
         audit = DB::audit_schema(&self::table(table)),
     )

@@ -16,6 +16,7 @@ use axum::{
 use maud::{html, Markup};
 use tower_idempotency_jobs::{
     audit::{AuditEntry, DEFAULT_AUDIT_LIMIT},
+    chart::{self, Activity},
     page::{self, encode, html_response, shell, time_ms, Action, Detail, JobFields},
     redact::redact_url,
     time::now_ms,
@@ -45,6 +46,8 @@ pub(crate) fn routes<DB: OutboxDatabase>() -> Router<Outbox<DB>> {
 #[derive(Debug)]
 pub(crate) struct Overview {
     pub(crate) counts: StateCounts,
+    /// The last hour, for the charts.
+    pub(crate) activity: Activity,
     /// The state filter's value: `failed`, `pending`, `delivered`, `discarded` or empty (any).
     pub(crate) state: String,
     pub(crate) page: MessagePage,
@@ -78,6 +81,7 @@ async fn overview<DB: OutboxDatabase>(
     };
     let view = Overview {
         counts: outbox.counts().await?,
+        activity: outbox.activity().await?,
         state,
         page,
         audit: outbox.audit_log(DEFAULT_AUDIT_LIMIT).await?,
@@ -149,7 +153,7 @@ fn counts_table(counts: &StateCounts) -> Markup {
     }
 }
 
-/// The overview: counts, the state filter, the messages newest first and the next page's link.
+/// The overview: counts, the last hour's charts, the state filter, the messages newest first and the next page's link.
 pub(crate) fn render_overview(view: &Overview) -> Markup {
     let next = view.page.next_cursor.as_ref().map(|cursor| {
         format!(
@@ -165,6 +169,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
         html! {
             (page::refresh())
             (counts_table(&view.counts))
+            (chart::charts(&view.activity, "messages", "delivered"))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "delivered", "discarded"], &view.state))
@@ -282,6 +287,7 @@ mod tests {
     #[test]
     fn a_key_scope_target_and_error_render_as_text() {
         let view = Overview {
+            activity: chart::assemble(0, Vec::new(), Vec::new(), None),
             counts: StateCounts {
                 pending: 1,
                 delivered: 2,
@@ -353,6 +359,7 @@ mod tests {
         let shown = "https://api.example.com/hook?token=***&amp;v=***";
         let view = Overview {
             counts: StateCounts::default(),
+            activity: chart::assemble(0, Vec::new(), Vec::new(), None),
             state: String::new(),
             page: MessagePage {
                 messages: vec![message.clone()],

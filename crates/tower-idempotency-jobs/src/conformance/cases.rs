@@ -927,6 +927,155 @@ pub async fn the_history_keeps_the_first_and_the_last_attempts<DB: Fixture>(
     );
 }
 
+/// The activity counts the jobs enqueued, done and failed in each minute of the hour, and
+/// finds the oldest job pending at each minute's end among those pending now and those that
+/// finished later; jobs enqueued or finished before the hour are not counted.
+pub async fn activity_counts_each_minute_and_its_lag<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    use crate::chart::{window_start, MINUTES, MINUTE_MS};
+    let sql = DB::statements(table(&name));
+    // Half a minute into the current minute; `at(i)` is the start of the window's minute `i`.
+    let now = 30_000_000 * MINUTE_MS + 30_000;
+    let at = |i: i64| window_start(now) + i * MINUTE_MS;
+    let empty = DB::activity(&pool, &sql, now).await.unwrap();
+    assert_eq!(empty.start_ms, at(0));
+    assert_eq!(empty.minutes.len(), MINUTES);
+    assert_eq!(empty.totals(), (0, 0, 0));
+    assert!(empty
+        .minutes
+        .iter()
+        .all(|m| m.oldest_pending_secs.is_none()));
+
+    // Enqueued before the window, done in minute 4: pending at the ends of minutes 0 to 3.
+    DB::add(&pool, &name, "a", "early", "x", at(0) - 10 * MINUTE_MS)
+        .await
+        .unwrap();
+    // Enqueued and finished before the window: nowhere.
+    DB::add(&pool, &name, "a", "gone", "x", at(0) - 20 * MINUTE_MS)
+        .await
+        .unwrap();
+    // Enqueued in minute 2 (the last millisecond) and minute 10; failed in minute 12.
+    DB::add(&pool, &name, "a", "m2", "x", at(3) - 1)
+        .await
+        .unwrap();
+    DB::add(&pool, &name, "a", "m10", "x", at(10) + 1_000)
+        .await
+        .unwrap();
+    // Enqueued in minute 30 and discarded at the start of minute 31 (not counted as failed).
+    DB::add(&pool, &name, "a", "m30", "x", at(30))
+        .await
+        .unwrap();
+    // Enqueued in minute 40 and pending still; and two in the current minute, one done.
+    DB::add(&pool, &name, "a", "m40", "x", at(40) + 5_000)
+        .await
+        .unwrap();
+    DB::add(&pool, &name, "a", "m59a", "x", at(59))
+        .await
+        .unwrap();
+    DB::add(&pool, &name, "a", "m59b", "x", at(59) + 1)
+        .await
+        .unwrap();
+
+    let claimed: Vec<Claimed<Body>> = DB::claim_keys(
+        &pool,
+        &sql,
+        &[
+            key("a", "early"),
+            key("a", "gone"),
+            key("a", "m2"),
+            key("a", "m10"),
+            key("a", "m59a"),
+        ],
+        now,
+        1,
+        now + LEASE,
+        5,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 5);
+    let mut conn = pool.acquire().await.unwrap();
+    for (id, finished) in [
+        ("gone", at(0) - 1),
+        ("early", at(4) + 100),
+        ("m59a", now - 1),
+    ] {
+        assert!(
+            DB::complete(&mut conn, &sql, &key("a", id), 1, finished, None)
+                .await
+                .unwrap()
+        );
+    }
+    drop(conn);
+    // Failed for good: m2 at the start of minute 12, m10 in minute 12 too.
+    for (id, finished) in [("m2", at(12)), ("m10", at(12) + 59_999)] {
+        assert!(DB::fail(
+            &pool,
+            &sql,
+            &key("a", id),
+            1,
+            finished,
+            0,
+            finished,
+            "x",
+            None
+        )
+        .await
+        .unwrap());
+    }
+    assert!(DB::discard(&pool, &sql, &key("a", "m30"), at(31))
+        .await
+        .unwrap());
+
+    let activity = DB::activity(&pool, &sql, now).await.unwrap();
+    let m = &activity.minutes;
+    let received: Vec<(usize, u64)> = (0..MINUTES)
+        .filter(|&i| m[i].received > 0)
+        .map(|i| (i, m[i].received))
+        .collect();
+    assert_eq!(received, [(2, 1), (10, 1), (30, 1), (40, 1), (59, 2)]);
+    let done: Vec<(usize, u64)> = (0..MINUTES)
+        .filter(|&i| m[i].done > 0)
+        .map(|i| (i, m[i].done))
+        .collect();
+    assert_eq!(done, [(4, 1), (59, 1)]);
+    let failed: Vec<(usize, u64)> = (0..MINUTES)
+        .filter(|&i| m[i].failed > 0)
+        .map(|i| (i, m[i].failed))
+        .collect();
+    assert_eq!(failed, [(12, 2)]);
+    assert_eq!(activity.totals(), (6, 2, 2));
+
+    // The age at minute `i`'s end of a job enqueued at `from`, in whole seconds.
+    let age = |i: i64, from: i64| Some(u64::try_from((at(i + 1) - from) / 1000).unwrap());
+    let lag: Vec<Option<u64>> = m.iter().map(|m| m.oldest_pending_secs).collect();
+    let early = at(0) - 10 * MINUTE_MS;
+    for i in 0..4 {
+        assert_eq!(lag[i as usize], age(i, early), "minute {i}: the early job");
+    }
+    for i in 4..12 {
+        assert_eq!(
+            lag[i as usize],
+            age(i, at(3) - 1),
+            "minute {i}: m2 (enqueued in minute 2)"
+        );
+    }
+    assert!(lag[12..30].iter().all(Option::is_none), "{lag:?}");
+    assert_eq!(lag[30], age(30, at(30)), "m30 until its discard");
+    assert!(lag[31..40].iter().all(Option::is_none), "{lag:?}");
+    for i in 40..59 {
+        assert_eq!(lag[i as usize], age(i, at(40) + 5_000), "minute {i}: m40");
+    }
+    assert_eq!(
+        lag[59],
+        Some(u64::try_from((now - at(40) - 5_000) / 1000).unwrap())
+    );
+}
+
 /// Audit entries read back as they were stored, newest first, up to the limit; an action this
 /// version does not know reads as `None`.
 pub async fn the_audit_lists_the_newest_entries_first<DB: Fixture>(

@@ -248,6 +248,7 @@ macro_rules! jobs_driver_conformance_tests {
                 a_database_gone_mid_batch_fails_the_round,
                 the_history_keeps_the_first_and_the_last_attempts,
                 the_audit_lists_the_newest_entries_first,
+                activity_counts_each_minute_and_its_lag,
             );
         }
     };
