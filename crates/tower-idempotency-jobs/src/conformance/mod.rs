@@ -22,8 +22,8 @@ use crate::{BoxFuture, Driver};
 pub trait Fixture: Driver {
     /// Creates `table`: key columns `kind` and `id` (text), `body` (text), `created_at`
     /// (big integer), `last_status` (integer, null), and [`Driver::JOB_COLUMNS`], with the due
-    /// index, and its history table ([`Driver::history_schema`]). Drops tables of those names
-    /// first.
+    /// index, its history table ([`Driver::history_schema`]) and its pauses table
+    /// ([`Driver::pauses_schema`]). Drops tables of those names first.
     fn create<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, sqlx::Result<()>>;
 
     /// Adds a pending job `(kind, id)` with `body`, enqueued and due at `created_at`.
@@ -36,7 +36,7 @@ pub trait Fixture: Driver {
         created_at: i64,
     ) -> BoxFuture<'a, sqlx::Result<()>>;
 
-    /// Drops `table` and its history table.
+    /// Drops `table`, its history table and its pauses table.
     fn drop_table<'a>(
         pool: &'a sqlx::Pool<Self>,
         table: &'a str,
@@ -64,16 +64,18 @@ macro_rules! fixture {
                 Box::pin(async move {
                     let ddl = format!(
                         "DROP TABLE IF EXISTS {table}_attempts;\n\
+                         DROP TABLE IF EXISTS {table}_pauses;\n\
                          DROP TABLE IF EXISTS {table};\n\
                          CREATE TABLE {table} (kind {text} NOT NULL, id {text} NOT NULL, \
                          body {text} NOT NULL, created_at {big} NOT NULL, last_status {int}, \
-                         {columns}, PRIMARY KEY (kind, id));\n{index}\n{history}",
+                         {columns}, PRIMARY KEY (kind, id));\n{index}\n{history}{pauses}",
                         text = $text,
                         big = $big,
                         int = $int,
                         columns = <$db as Driver>::JOB_COLUMNS,
                         index = <$db as Driver>::due_index(table),
                         history = <$db as Driver>::history_schema(&cases::table(table)),
+                        pauses = <$db as Driver>::pauses_schema(&cases::table(table)),
                     );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
@@ -116,7 +118,8 @@ macro_rules! fixture {
             ) -> BoxFuture<'a, sqlx::Result<()>> {
                 Box::pin(async move {
                     let ddl = format!(
-                        "DROP TABLE IF EXISTS {table}_attempts;\nDROP TABLE IF EXISTS {table}"
+                        "DROP TABLE IF EXISTS {table}_attempts;\nDROP TABLE IF EXISTS {table}_pauses;\n\
+                         DROP TABLE IF EXISTS {table}"
                     );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
@@ -244,6 +247,7 @@ macro_rules! jobs_driver_conformance_tests {
                 a_locked_table_delays_the_record_but_never_doubles_it,
                 a_database_gone_mid_batch_fails_the_round,
                 the_history_keeps_the_first_and_the_last_attempts,
+                a_paused_scope_parks_its_jobs_until_resumed,
             );
         }
     };
