@@ -12,6 +12,9 @@
 //! | `POST {item}/retry` | `202` re-queued; `404` no such failed job |
 //! | `POST {item}/discard` | [`Operated::DISCARDED`]; `404` no such job in a state a discard applies to |
 //! | `POST /purge?older_than_secs=N`, or with a JSON body `{"older_than_secs": N}` | `200 {"purged": n}`; `400` without the age |
+//! | `GET /pauses` | `200`, an array of [`Pause`] by scope ([`pauses`](crate::pauses)) |
+//! | `POST /pauses` `{"scope": ".."}` | `201` paused, `200` paused already; `400` an empty scope or one past [`MAX_SCOPE_LEN`](crate::pauses::MAX_SCOPE_LEN) bytes |
+//! | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed (its parked jobs are due now); `404` not paused |
 //!
 //! `{item}` is the half's path of one job (`/events/{provider}/{event_id}`,
 //! `/messages/{key}`). Every `POST` needs the half's [`Operated::ADMIN_HEADER`] or a
@@ -30,7 +33,10 @@ use axum::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use crate::Unavailable;
+use crate::{pauses::Pause, Unavailable};
+
+/// Who the routes record as having paused a scope.
+pub const PAUSED_BY_ROUTE: &str = "admin-api";
 
 /// A half's handle as the operator's routes drive it.
 pub trait Operated: Clone + Send + Sync + 'static {
@@ -78,6 +84,20 @@ pub trait Operated: Clone + Send + Sync + 'static {
 
     /// Deletes the jobs finished more than `older_than` ago; answers how many.
     fn purge(&self, older_than: Duration) -> impl Future<Output = Result<u64, Unavailable>> + Send;
+
+    /// The paused scopes ([`pauses`](crate::pauses)).
+    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, Unavailable>> + Send;
+
+    /// Pauses `scope` (checked: [`check_scope`](crate::pauses::check_scope)) by `by`; answers
+    /// whether it was not paused already.
+    fn pause(
+        &self,
+        scope: &str,
+        by: &str,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
+
+    /// Resumes `scope`; answers whether it was paused.
+    fn resume(&self, scope: &str) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 }
 
 /// The operator's routes over `O`, one job at `item` (a path with the parameters
@@ -90,6 +110,8 @@ pub fn routes<O: Operated>(item: &str) -> Router<O> {
         .route(&format!("{item}/retry"), change::<O>(Change::Retry))
         .route(&format!("{item}/discard"), change::<O>(Change::Discard))
         .route("/purge", post(purge::<O>))
+        .route("/pauses", get(pauses::<O>).post(pause::<O>))
+        .route("/pauses/resume", post(resume::<O>))
 }
 
 /// A state-changing request that a cross-site form could not have sent: it carries the
@@ -213,4 +235,45 @@ async fn purge<O: Operated>(
     };
     let purged = operated.purge(Duration::from_secs(secs)).await?;
     Ok(Json(serde_json::json!({ "purged": purged })).into_response())
+}
+
+/// A scope named in a pause's or a resume's JSON body.
+#[derive(Deserialize)]
+struct Scoped {
+    scope: String,
+}
+
+async fn pauses<O: Operated>(State(operated): State<O>) -> Result<Json<Vec<Pause>>, Unavailable> {
+    Ok(Json(operated.pauses().await?))
+}
+
+/// `POST /pauses`.
+async fn pause<O: Operated>(
+    _: SameSite,
+    State(operated): State<O>,
+    Json(body): Json<Scoped>,
+) -> Result<Response, Unavailable> {
+    let scope = body.scope.trim();
+    if let Err(error) = crate::pauses::check_scope(scope) {
+        return Ok((StatusCode::BAD_REQUEST, error.to_string()).into_response());
+    }
+    Ok(if operated.pause(scope, PAUSED_BY_ROUTE).await? {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+    .into_response())
+}
+
+/// `POST /pauses/resume`.
+async fn resume<O: Operated>(
+    _: SameSite,
+    State(operated): State<O>,
+    Json(body): Json<Scoped>,
+) -> Result<StatusCode, Unavailable> {
+    Ok(if operated.resume(body.scope.trim()).await? {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    })
 }
