@@ -193,6 +193,69 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
     assert!(!again.status.success());
     let message = String::from_utf8_lossy(&again.stderr);
     assert!(message.contains("no failed event"), "{label}: {message}");
+
+    // `pause`, `pauses`, `resume`: the pause is stored for every worker, by `cli`.
+    let paused = stdout(
+        &cli(&args(&[
+            "inbox",
+            "pause",
+            "stripe",
+            "--type",
+            "test.refuse",
+        ]))
+        .await,
+    );
+    assert_eq!(paused.trim(), "paused stripe/test.refuse", "{label}");
+    let again = json(&args(&[
+        "--json",
+        "inbox",
+        "pause",
+        "stripe",
+        "--type",
+        "test.refuse",
+    ]))
+    .await;
+    assert_eq!(again["changed"], false, "{label}: {again}");
+    let stored = inbox.pauses().await.unwrap();
+    assert_eq!(stored.len(), 1, "{label}");
+    assert_eq!(
+        (stored[0].scope.as_str(), stored[0].by.as_str()),
+        ("stripe/test.refuse", "cli")
+    );
+    let listed = stdout(&cli(&args(&["inbox", "pauses"])).await);
+    let row = listed.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("stripe/test.refuse ") && row.ends_with("cli"),
+        "{label}: {listed}"
+    );
+    let listed = json(&args(&["--json", "inbox", "pauses"])).await;
+    assert_eq!(
+        listed[0]["scope"], "stripe/test.refuse",
+        "{label}: {listed}"
+    );
+    let resumed = stdout(
+        &cli(&args(&[
+            "inbox",
+            "resume",
+            "stripe",
+            "--type",
+            "test.refuse",
+        ]))
+        .await,
+    );
+    assert_eq!(resumed.trim(), "resumed stripe/test.refuse", "{label}");
+    assert!(inbox.pauses().await.unwrap().is_empty(), "{label}");
+    let again = cli(&args(&[
+        "inbox",
+        "resume",
+        "stripe",
+        "--type",
+        "test.refuse",
+    ]))
+    .await;
+    assert_eq!(again.status.code(), Some(1), "{label}");
+    let message = String::from_utf8_lossy(&again.stderr);
+    assert!(message.contains("this is not paused"), "{label}: {message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +284,8 @@ async fn inbox_list_and_retry_postgres() {
     let inbox = Inbox::new(pool.clone(), &table).unwrap();
     list_and_retry(inbox, &url, "postgres").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await
@@ -243,7 +307,8 @@ async fn inbox_list_and_retry_mysql() {
     let url = url.replacen("mysql:", "mariadb:", 1);
     list_and_retry(inbox, &url, "mysql").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await

@@ -20,7 +20,7 @@ use tower_idempotency_jobs::{
     page::{
         self, amount, encode, html_response, relative, shell, Action, Detail, JobFields, Listing,
     },
-    Unavailable,
+    Pause, Unavailable,
 };
 
 use crate::{
@@ -56,6 +56,7 @@ pub(crate) struct Overview {
     pub(crate) states: StateCounts,
     pub(crate) providers: Vec<ProviderCounts>,
     pub(crate) lag: Option<Duration>,
+    pub(crate) pauses: Vec<Pause>,
     /// The state filter's value: `failed`, `pending`, `processed`, `skipped` or empty (any).
     pub(crate) state: String,
     pub(crate) provider: String,
@@ -103,6 +104,7 @@ async fn overview<DB: InboxDatabase>(
         states: inbox.counts().await?,
         providers: inbox.counts_by_provider().await?,
         lag: inbox.oldest_pending_age().await?,
+        pauses: inbox.pauses().await?,
         state,
         provider: filter.provider.unwrap_or_default(),
         event_type: filter.event_type.unwrap_or_default(),
@@ -148,6 +150,12 @@ fn time(now: i64, rfc3339: &str) -> Markup {
         time datetime=(rfc3339) { (rfc3339) }
         " " span.rel { "(" (relative) ")" }
     }
+}
+
+/// An event's state as shown: `paused` for a pending event parked by a pause.
+fn shown_state(event: &EventRecord) -> &str {
+    let due = crate::parse_rfc3339(&event.available_at).map_or(0, crate::event::unix_ms);
+    page::shown_state(event.state.as_str(), due)
 }
 
 fn detail_link(event: &EventRecord) -> String {
@@ -256,6 +264,16 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
         html! {
             (page::refresh())
             (counts_table(view))
+            (page::pauses(view.now_ms, &view.pauses, "events", html! {
+                div {
+                    label for="pause-provider" { "Provider" }
+                    input #pause-provider data-scope-part required placeholder="stripe";
+                }
+                div {
+                    label for="pause-type" { "Event type (empty: all)" }
+                    input #pause-type data-scope-part placeholder="invoice.paid";
+                }
+            }))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "processed", "skipped"], &view.state))
@@ -280,7 +298,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                             td { (event.provider) }
                             td { a href=(detail_link(event)) { (event.event_id) } }
                             td { (event.event_type.as_deref().unwrap_or("")) }
-                            td { (event.state.as_str()) }
+                            td { (shown_state(event)) }
                             td.num { (event.attempts) }
                             td.err { (event.last_error.as_deref().unwrap_or("")) }
                             td { (time(view.now_ms, &event.received_at)) }
@@ -337,7 +355,7 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                 tr { th scope="row" { "type" } td { (event.event_type.as_deref().unwrap_or("")) } }
             },
             job: JobFields {
-                state: event.state.as_str(),
+                state: shown_state(event),
                 attempts: event.attempts,
                 attempts_note: "(the inbox keeps the count of attempts and the last one's error)",
                 last_error: html! { (event.last_error.as_deref().unwrap_or("")) },
@@ -394,6 +412,7 @@ mod tests {
                 skipped: 4,
             }],
             lag: Some(Duration::from_secs(90)),
+            pauses: vec![],
             state: "failed".into(),
             provider: "\"><script>".into(),
             event_type: String::new(),

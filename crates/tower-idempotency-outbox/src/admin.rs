@@ -213,14 +213,14 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// A relay sees it within [`REFRESH`](tower_idempotency_jobs::pauses::REFRESH) (at once
     /// through this handle's clones); a delivery already running finishes.
     pub async fn pause(&self, scope: &str, by: &str) -> Result<bool, OutboxError> {
-        let scope = normalized(scope);
+        let scope = pause_scope(scope);
         check_scope(&scope)?;
         Ok(DB::pause(&self.pool, &self.jobs, &scope, now_ms(), by).await?)
     }
 
     /// Resumes `scope`: its parked messages are due at once. Answers whether it was paused.
     pub async fn resume(&self, scope: &str) -> Result<bool, OutboxError> {
-        let resumed = DB::resume(&self.pool, &self.jobs, &normalized(scope), now_ms()).await?;
+        let resumed = DB::resume(&self.pool, &self.jobs, &pause_scope(scope), now_ms()).await?;
         if resumed {
             self.wake();
         }
@@ -233,8 +233,8 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     }
 }
 
-/// A scope as the outbox stores it: trimmed, a host in lowercase.
-fn normalized(scope: &str) -> String {
+/// A scope as the outbox stores it ([`Outbox::pause`]): trimmed, a host in lowercase.
+pub fn pause_scope(scope: &str) -> String {
     let scope = scope.trim();
     if scope.starts_with("broker:") || scope.starts_with("topic:") {
         scope.to_owned()

@@ -18,6 +18,7 @@ use tower_idempotency_jobs::{
     page::{self, encode, html_response, shell, time_ms, Action, Detail, JobFields},
     redact::redact_url,
     time::now_ms,
+    Pause,
 };
 
 use crate::{
@@ -44,6 +45,7 @@ pub(crate) fn routes<DB: OutboxDatabase>() -> Router<Outbox<DB>> {
 #[derive(Debug)]
 pub(crate) struct Overview {
     pub(crate) counts: StateCounts,
+    pub(crate) pauses: Vec<Pause>,
     /// The state filter's value: `failed`, `pending`, `delivered`, `discarded` or empty (any).
     pub(crate) state: String,
     pub(crate) page: MessagePage,
@@ -75,6 +77,7 @@ async fn overview<DB: OutboxDatabase>(
     };
     let view = Overview {
         counts: outbox.counts().await?,
+        pauses: outbox.pauses().await?,
         state,
         page,
         now_ms: now_ms(),
@@ -161,6 +164,12 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
         html! {
             (page::refresh())
             (counts_table(&view.counts))
+            (page::pauses(view.now_ms, &view.pauses, "messages", html! {
+                div {
+                    label for="pause-host" { "Target host (or broker:nats, broker:rabbitmq, topic:name)" }
+                    input #pause-host data-scope-part required placeholder="api.example.com";
+                }
+            }))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "delivered", "discarded"], &view.state))
@@ -177,7 +186,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                             td { a href=(detail_link(message)) { (message.key) } }
                             td { (message.scope.as_deref().unwrap_or("")) }
                             td { (target(message)) }
-                            td { (message.state.as_str()) }
+                            td { (page::shown_state(message.state.as_str(), message.available_at_ms)) }
                             td.num { (message.attempts) }
                             td.err { (last_error(message)) }
                             td { (time_ms(view.now_ms, message.created_at_ms)) }
@@ -228,7 +237,7 @@ pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
                 }
             },
             job: JobFields {
-                state: message.state.as_str(),
+                state: page::shown_state(message.state.as_str(), message.available_at_ms),
                 attempts: message.attempts,
                 attempts_note: "(the outbox keeps the count of attempts and the last one's answer)",
                 last_error: last_error(message),
@@ -279,6 +288,7 @@ mod tests {
     #[test]
     fn a_key_scope_target_and_error_render_as_text() {
         let view = Overview {
+            pauses: vec![],
             counts: StateCounts {
                 pending: 1,
                 delivered: 2,
@@ -344,6 +354,7 @@ mod tests {
         let shown = "https://api.example.com/hook?token=***&amp;v=***";
         let view = Overview {
             counts: StateCounts::default(),
+            pauses: vec![],
             state: String::new(),
             page: MessagePage {
                 messages: vec![message.clone()],

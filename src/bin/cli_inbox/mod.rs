@@ -1,4 +1,4 @@
-//! `tower-idempotency inbox list|counts|show|retry|discard|purge`: the webhook inbox's events,
+//! `tower-idempotency inbox list|counts|show|retry|discard|purge|pause|resume|pauses`: the webhook inbox's events,
 //! from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 
 use std::{num::NonZeroU32, time::Duration};
@@ -30,6 +30,26 @@ pub enum InboxCommand {
     Discard(KeyArgs),
     /// Delete the events processed more than `--older-than-secs` ago.
     Purge(PurgeArgs),
+    /// Pause a provider's events, or (with `--type`) those of one of its event types: they are
+    /// still acknowledged, and stay pending without spending an attempt until resumed, on
+    /// every worker.
+    Pause(PauseArgs),
+    /// Resume what `pause` paused: its events are due at once.
+    Resume(PauseArgs),
+    /// List what is paused (`provider` or `provider/type`).
+    Pauses(TableArg),
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// The provider's name (`stripe`, `github`, ...).
+    provider: String,
+    /// Only its events of this type (the body's top-level `type`).
+    #[arg(long = "type")]
+    event_type: Option<String>,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +188,9 @@ pub enum Answer {
     Bulk(BulkRetry),
     Discarded(EventKey),
     Purged(u64),
+    Paused(String, bool),
+    Resumed(String),
+    Pauses(Vec<tower_idempotency::jobs::Pause>),
 }
 
 impl Answer {
@@ -287,6 +310,9 @@ impl Answer {
                 println!("{}", serde_json::json!({ "purged": purged }));
             }
             Self::Purged(purged) => println!("purged {purged} processed events"),
+            Self::Paused(scope, changed) => crate::print_paused("paused", scope, *changed, as_json),
+            Self::Resumed(scope) => crate::print_paused("resumed", scope, true, as_json),
+            Self::Pauses(pauses) => crate::print_pauses(pauses, as_json),
         }
     }
 }
@@ -331,6 +357,8 @@ impl InboxCommand {
             Self::Counts(args) => &args.inbox_table,
             Self::Show(args) | Self::Discard(args) => &args.inbox_table,
             Self::Purge(args) => &args.inbox_table,
+            Self::Pause(args) | Self::Resume(args) => &args.inbox_table,
+            Self::Pauses(args) => &args.inbox_table,
         }
     }
 }
@@ -437,5 +465,23 @@ async fn execute<DB: InboxDatabase>(
                 .purge_processed(Duration::from_secs(args.older_than_secs))
                 .await?,
         )),
+        InboxCommand::Pause(args) => {
+            let kind = args.event_type.as_deref();
+            let scope = tower_idempotency::inbox::admin::pause_scope(&args.provider, kind);
+            let paused = inbox
+                .pause(&args.provider, kind, crate::PAUSED_BY_CLI)
+                .await?;
+            Ok(Answer::Paused(scope, paused))
+        }
+        InboxCommand::Resume(args) => {
+            let kind = args.event_type.as_deref();
+            if inbox.resume(&args.provider, kind).await? {
+                let scope = tower_idempotency::inbox::admin::pause_scope(&args.provider, kind);
+                Ok(Answer::Resumed(scope))
+            } else {
+                Err(CliError::NotPaused)
+            }
+        }
+        InboxCommand::Pauses(_) => Ok(Answer::Pauses(inbox.pauses().await?)),
     })
 }

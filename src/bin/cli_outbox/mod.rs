@@ -1,4 +1,4 @@
-//! `tower-idempotency outbox list|show|retry|discard|purge`: the transactional outbox's
+//! `tower-idempotency outbox list|show|retry|discard|purge|pause|resume|pauses`: the transactional outbox's
 //! messages, from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 //! Every URL it prints is shown without user-info and with its query values masked
 //! (`admin::shown`), and `show` prints the redacted detail of [`Outbox::message`].
@@ -28,6 +28,30 @@ pub enum OutboxCommand {
     Discard(KeyArgs),
     /// Delete the messages delivered or discarded more than `--older-than-secs` ago.
     Purge(PurgeArgs),
+    /// Pause the delivery to a target host (or `broker:nats`, `broker:rabbitmq`,
+    /// `topic:NAME`): its messages stay pending and spend no attempt until resumed, on every
+    /// relay.
+    Pause(ScopeArgs),
+    /// Resume a paused host: its messages are due at once.
+    Resume(ScopeArgs),
+    /// List what is paused.
+    Pauses(TableArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    /// The target host (`api.example.com`), `broker:nats`, `broker:rabbitmq` or `topic:NAME`.
+    scope: String,
+    /// The outbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    outbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TableArgs {
+    /// The outbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    outbox_table: String,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +111,8 @@ impl OutboxCommand {
             Self::List(args) => &args.outbox_table,
             Self::Show(args) | Self::Retry(args) | Self::Discard(args) => &args.outbox_table,
             Self::Purge(args) => &args.outbox_table,
+            Self::Pause(args) | Self::Resume(args) => &args.outbox_table,
+            Self::Pauses(args) => &args.outbox_table,
         }
     }
 }
@@ -99,6 +125,9 @@ pub enum Answer {
     Retried(String),
     Discarded(String),
     Purged(u64),
+    Paused(String, bool),
+    Resumed(String),
+    Pauses(Vec<tower_idempotency::jobs::Pause>),
 }
 
 impl Answer {
@@ -139,6 +168,9 @@ impl Answer {
             Self::Discarded(key) => println!("discarded {key}"),
             Self::Purged(purged) if as_json => println!("{}", json!({ "purged": purged })),
             Self::Purged(purged) => println!("purged {purged} delivered or discarded messages"),
+            Self::Paused(scope, changed) => crate::print_paused("paused", scope, *changed, as_json),
+            Self::Resumed(scope) => crate::print_paused("resumed", scope, true, as_json),
+            Self::Pauses(pauses) => crate::print_pauses(pauses, as_json),
         }
     }
 }
@@ -249,5 +281,17 @@ async fn execute<DB: OutboxDatabase>(
                 .purge_finished(Duration::from_secs(args.older_than_secs))
                 .await?,
         )),
+        OutboxCommand::Pause(args) => {
+            let paused = outbox.pause(&args.scope, crate::PAUSED_BY_CLI).await?;
+            Ok(Answer::Paused(admin::pause_scope(&args.scope), paused))
+        }
+        OutboxCommand::Resume(args) => {
+            if outbox.resume(&args.scope).await? {
+                Ok(Answer::Resumed(admin::pause_scope(&args.scope)))
+            } else {
+                Err(CliError::NotPaused)
+            }
+        }
+        OutboxCommand::Pauses(_) => Ok(Answer::Pauses(outbox.pauses().await?)),
     })
 }
