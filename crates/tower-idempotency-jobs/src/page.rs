@@ -79,8 +79,8 @@ header a{color:#fff}h1{font-size:1.3rem;margin:0}h2{font-size:1.1rem;margin:1.4r
 table{border-collapse:collapse;background:#fff;margin:.3rem 0}
 th,td{border:1px solid #ccd;padding:.3rem .6rem;text-align:left;vertical-align:top}
 th{background:#eef1f6}td{overflow-wrap:anywhere}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
-.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
-form.filters div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
+.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters,#pause-form{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
+form.filters div,#pause-form div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
 button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
 #status{min-height:1.5em;font-weight:600;color:#0b5a1a}pre{background:#fff;border:1px solid #ccd;
 padding:.8rem;overflow:auto;max-height:32rem}.actions{display:flex;gap:.6rem;margin:.6rem 0}
@@ -323,7 +323,7 @@ pub fn pauses(now: i64, pauses: &[crate::Pause], what: &str, inputs: Markup) -> 
             }
         }
         p { "Paused " (what) " stay pending and spend no attempt until resumed; an attempt already running finishes." }
-        form.filters #pause-form {
+        form #pause-form {
             (inputs)
             button #pause type="submit" { "Pause" }
         }
