@@ -100,7 +100,7 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `POST /events/{provider}/{event_id}/discard` | `204` discarded ([`Inbox::discard`]: deleted, or kept without its body until its authenticator's horizon), `404` no such failed event |
 /// | `POST /retry` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkRetry`] (the filter's fields as [`EventFilter`]) |
 /// | `POST /purge?older_than_secs=N` (or a JSON body `{"older_than_secs": N}`) | `200 {"purged": n}` |
-/// | `GET /pauses` | `200`, an array of [`Pause`](tower_idempotency_jobs::Pause) |
+/// | `GET /pauses` | `200`, an array of [`Pause`] |
 /// | `POST /pauses` `{"scope": "stripe"}` or `{"scope": "stripe/invoice.paid"}` | `201` paused ([`Inbox::pause`], scopes as [`pause_scope`]), `200` paused already, `400` an empty scope |
 /// | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed, `404` not paused |
 ///

@@ -261,7 +261,7 @@ pub fn pause_scope(scope: &str) -> String {
 /// | `POST /discard` `{"key": ".."}` | `200` discarded, `404` no such failed or idle pending message |
 /// | `POST /messages/{key}/discard` | the same, in the inbox router's shape |
 /// | `POST /purge` `{"older_than_secs": N}` (or `?older_than_secs=N`) | `200 {"purged": n}` |
-/// | `GET /pauses` | `200`, an array of [`Pause`](tower_idempotency_jobs::Pause) |
+/// | `GET /pauses` | `200`, an array of [`Pause`] |
 /// | `POST /pauses` `{"scope": "api.example.com"}` | `201` paused ([`Outbox::pause`]), `200` paused already, `400` an empty scope |
 /// | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed, `404` not paused |
 ///
