@@ -474,6 +474,31 @@ mod tests {
     }
 
     #[test]
+    fn pauses_render_as_text_and_a_parked_event_reads_paused() {
+        let mut parked = record("evt_parked");
+        parked.state = EventState::Pending;
+        parked.available_at =
+            tower_idempotency_jobs::time::rfc3339_ms(tower_idempotency_jobs::PARKED_AT);
+        let mut view = overview(vec![parked, record("evt_failed")]);
+        view.pauses = vec![Pause::from((
+            format!("stripe/{EVIL}"),
+            0,
+            "admin-api".into(),
+        ))];
+        let html = render_overview(&view).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(
+            html.contains(r#"data-resume="stripe/&lt;script&gt;alert(1)&lt;/script&gt;""#),
+            "{html}"
+        );
+        assert!(html.contains("<td>paused</td>"), "{html}");
+        assert!(html.contains("<td>failed</td>"), "{html}");
+        assert!(!html.contains("no-pauses"), "{html}");
+        let empty = render_overview(&overview(vec![])).into_string();
+        assert!(empty.contains("Nothing is paused."), "{empty}");
+    }
+
+    #[test]
     fn relative_times_read_naturally() {
         assert_eq!(relative(10_000, 5_000), "5 s ago");
         assert_eq!(relative(0, 180_000), "in 3 min");
