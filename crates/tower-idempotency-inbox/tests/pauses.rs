@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tower_idempotency_inbox::{EventKey, EventState, Inbox, InboxError};
+use tower_idempotency_inbox::{admin, EventKey, EventState, Inbox, InboxError};
 use tower_idempotency_jobs::PARKED_AT;
 use tower_idempotency_sqlx::sqlx;
 
@@ -102,4 +102,67 @@ async fn paused_events_wait_for_their_resume<DB: Fixture>() {
     setup.cleanup().await;
 }
 
-on_both!(and_mysql: paused_events_wait_for_their_resume);
+/// The admin router's pause routes: a cross-site form is refused, an empty scope is `400`, a
+/// pause `201` then `200`, the listing names it and who paused it, a resume `200` then `404`.
+async fn the_pause_routes_answer<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let base = serve_router(admin::router(setup.inbox.clone())).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, scope: &str| {
+        client
+            .post(format!("{base}/{path}"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "scope": scope }).to_string())
+            .send()
+    };
+    let form = client
+        .post(format!("{base}/pauses"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("scope=stripe")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 403);
+    assert_eq!(post("pauses", " ").await.unwrap().status(), 400);
+    assert_eq!(
+        post("pauses", "stripe/invoice.paid")
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(
+        post("pauses", "stripe/invoice.paid")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let listed = get_json(&client, format!("{base}/pauses")).await;
+    assert_eq!(listed[0]["scope"], "stripe/invoice.paid", "{listed}");
+    assert_eq!(
+        listed[0]["by"],
+        tower_idempotency_jobs::admin::PAUSED_BY_ROUTE,
+        "{listed}"
+    );
+    let paused = setup.inbox.pauses().await.unwrap();
+    assert_eq!(paused.len(), 1);
+    assert_eq!(
+        post("pauses/resume", "stripe/invoice.paid")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        post("pauses/resume", "stripe/invoice.paid")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert!(setup.inbox.pauses().await.unwrap().is_empty());
+    setup.cleanup().await;
+}
+
+on_both!(and_mysql: paused_events_wait_for_their_resume, the_pause_routes_answer);
