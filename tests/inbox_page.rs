@@ -208,7 +208,7 @@ async fn a_type_paused_from_the_page_waits_for_its_resume_sqlite() {
         return;
     }
     let (_dir, store) = sqlite_store("inbox-pause");
-    type_paused_from_the_page(&store).await;
+    type_paused_from_the_page(&store, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,13 +217,14 @@ async fn a_type_paused_from_the_page_waits_for_its_resume_postgres() {
         return;
     }
     let database = Database::create(format!("tidem_ipause_{}", random_suffix())).await;
-    type_paused_from_the_page(&database.url()).await;
+    type_paused_from_the_page(&database.url(), false).await;
 }
 
 /// A provider's event type is paused from the page's form: the page lists the pause; an event
 /// of that type stays pending with no attempt and reads `paused`, while another type's is
-/// processed; "Resume" processes it once.
-async fn type_paused_from_the_page(store: &str) {
+/// processed; "Resume" processes it once. `screenshot`: write the pending listing's to
+/// `target/tmp/inbox-pause.png`.
+async fn type_paused_from_the_page(store: &str, screenshot: bool) {
     let receiver = Receiver::stripe(
         store,
         SECRET,
@@ -284,6 +285,10 @@ async fn type_paused_from_the_page(store: &str) {
         .unwrap();
     let state = texts(&browser, "#events tbody td:nth-child(4)").await;
     assert_eq!(state, ["paused"]);
+    browser::assert_fits_the_window(&browser, "the overview with a pause").await;
+    if screenshot {
+        browser::screenshot(&browser, "inbox-pause.png").await;
+    }
 
     click(
         &browser,

@@ -316,7 +316,7 @@ pub fn pauses(now: i64, pauses: &[crate::Pause], what: &str, inputs: Markup) -> 
                             td { code { (pause.scope) } }
                             td { (time_ms(now, pause.paused_at_ms)) }
                             td { (pause.by) }
-                            td { button type="button" data-resume=(pause.scope) { "Resume" } }
+                            td { button type="button" data-resume=(pause.scope) aria-label=(format!("Resume {}", pause.scope)) { "Resume" } }
                         }
                     }
                 }
