@@ -301,6 +301,78 @@ async fn list_and_retry<DB: InboxDatabase>(inbox: Inbox<DB>, url: &str, label: &
         lines[1].contains("ops@example") && lines[1].contains("replay"),
         "{table}"
     );
+    // `pause`, `pauses`, `resume`: the pause is stored for every worker, by the CLI's operator,
+    // and audited.
+    let paused = stdout(
+        &cli(&args(&[
+            "inbox",
+            "pause",
+            "stripe",
+            "--type",
+            "test.refuse",
+        ]))
+        .await,
+    );
+    assert_eq!(paused.trim(), "paused stripe/test.refuse", "{label}");
+    let again = json(&args(&[
+        "--json",
+        "inbox",
+        "pause",
+        "stripe",
+        "--type",
+        "test.refuse",
+    ]))
+    .await;
+    assert_eq!(again["changed"], false, "{label}: {again}");
+    let stored = inbox.pauses().await.unwrap();
+    assert_eq!(stored.len(), 1, "{label}");
+    assert_eq!(
+        (stored[0].scope.as_str(), stored[0].by.as_str()),
+        ("stripe/test.refuse", user.as_str())
+    );
+    let listed = stdout(&cli(&args(&["inbox", "pauses"])).await);
+    let row = listed.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("stripe/test.refuse ") && row.ends_with(user.as_str()),
+        "{label}: {listed}"
+    );
+    let listed = json(&args(&["--json", "inbox", "pauses"])).await;
+    assert_eq!(
+        listed[0]["scope"], "stripe/test.refuse",
+        "{label}: {listed}"
+    );
+    let resumed = stdout(
+        &cli(&args(&[
+            "inbox",
+            "resume",
+            "stripe",
+            "--type",
+            "test.refuse",
+        ]))
+        .await,
+    );
+    assert_eq!(resumed.trim(), "resumed stripe/test.refuse", "{label}");
+    assert!(inbox.pauses().await.unwrap().is_empty(), "{label}");
+    let again = cli(&args(&[
+        "inbox",
+        "resume",
+        "stripe",
+        "--type",
+        "test.refuse",
+    ]))
+    .await;
+    assert_eq!(again.status.code(), Some(1), "{label}");
+    let message = String::from_utf8_lossy(&again.stderr);
+    assert!(message.contains("this is not paused"), "{label}: {message}");
+    // Audited: the pause that took effect and the resume, not the second pause.
+    let audit = json(&args(&["--json", "inbox", "audit", "--limit", "3"])).await;
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions[..2], ["resume", "pause"], "{label}: {audit}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +401,8 @@ async fn inbox_list_and_retry_postgres() {
     let inbox = Inbox::new(pool.clone(), &table).unwrap();
     list_and_retry(inbox, &url, "postgres").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await
@@ -351,7 +424,8 @@ async fn inbox_list_and_retry_mysql() {
     let url = url.replacen("mysql:", "mariadb:", 1);
     list_and_retry(inbox, &url, "mysql").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await

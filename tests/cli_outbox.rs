@@ -235,6 +235,42 @@ async fn drive<DB: OutboxDatabase>(
         .unwrap()
         .iter()
         .all(|entry| entry["who"] == user.as_str()));
+    // `pause`, `pauses`, `resume`: the pause is stored for every worker, by the CLI's operator,
+    // and audited.
+    let paused = stdout(&cli(&args(&["outbox", "pause", "API.Example.com"])).await);
+    assert_eq!(paused.trim(), "paused api.example.com", "{label}");
+    let again = json(&args(&["--json", "outbox", "pause", "API.Example.com"])).await;
+    assert_eq!(again["changed"], false, "{label}: {again}");
+    let stored = outbox.pauses().await.unwrap();
+    assert_eq!(stored.len(), 1, "{label}");
+    assert_eq!(
+        (stored[0].scope.as_str(), stored[0].by.as_str()),
+        ("api.example.com", user.as_str())
+    );
+    let listed = stdout(&cli(&args(&["outbox", "pauses"])).await);
+    let row = listed.lines().nth(1).unwrap_or_default();
+    assert!(
+        row.starts_with("api.example.com ") && row.ends_with(user.as_str()),
+        "{label}: {listed}"
+    );
+    let listed = json(&args(&["--json", "outbox", "pauses"])).await;
+    assert_eq!(listed[0]["scope"], "api.example.com", "{label}: {listed}");
+    let resumed = stdout(&cli(&args(&["outbox", "resume", "API.Example.com"])).await);
+    assert_eq!(resumed.trim(), "resumed api.example.com", "{label}");
+    assert!(outbox.pauses().await.unwrap().is_empty(), "{label}");
+    let again = cli(&args(&["outbox", "resume", "API.Example.com"])).await;
+    assert_eq!(again.status.code(), Some(1), "{label}");
+    let message = String::from_utf8_lossy(&again.stderr);
+    assert!(message.contains("this is not paused"), "{label}: {message}");
+    // Audited: the pause that took effect and the resume, not the second pause.
+    let audit = json(&args(&["--json", "outbox", "audit", "--limit", "3"])).await;
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions[..2], ["resume", "pause"], "{label}: {audit}");
 
     // A store that holds no outbox is refused before anything runs.
     refused(
@@ -271,7 +307,8 @@ async fn outbox_commands_postgres() {
     let outbox = Outbox::new(pool.clone(), &table).unwrap();
     drive(outbox, pool.clone(), &url, "postgres").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await
@@ -291,7 +328,8 @@ async fn outbox_commands_mysql() {
     let outbox = Outbox::new(pool.clone(), &table).unwrap();
     drive(outbox, pool.clone(), &url, "mysql").await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}"
+        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+         DROP TABLE IF EXISTS {table}"
     )))
     .execute(&pool)
     .await

@@ -265,3 +265,106 @@ async fn operator_page(store: &str, dir: &Path, screenshot: bool) {
     drop(driver);
     drop(receiver);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_paused_from_the_page_waits_for_its_resume_sqlite() {
+    if !browser_installed("the operator page's pause test") {
+        return;
+    }
+    let (_dir, store) = sqlite_store("inbox-pause");
+    type_paused_from_the_page(&store, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_type_paused_from_the_page_waits_for_its_resume_postgres() {
+    if !browser_installed("the operator page's pause test") {
+        return;
+    }
+    let database = Database::create(format!("tidem_ipause_{}", random_suffix())).await;
+    type_paused_from_the_page(&database.url(), false).await;
+}
+
+/// A provider's event type is paused from the page's form: the page lists the pause; an event
+/// of that type stays pending with no attempt and reads `paused`, while another type's is
+/// processed; "Resume" processes it once. `screenshot`: write the pending listing's to
+/// `target/tmp/inbox-pause.png`.
+async fn type_paused_from_the_page(store: &str, screenshot: bool) {
+    let receiver = Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("INBOX_ADMIN", "1".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+        ],
+    );
+    let base = receiver.base.clone();
+    let client = reqwest::Client::new();
+    let driver = Driver::start();
+    let browser = driver.session().await;
+    let page = open_page(&browser, &format!("{base}/admin/inbox")).await;
+    text_until(&browser, "#no-pauses", "Nothing is paused").await;
+    let provider = browser.find(Locator::Id("pause-provider")).await.unwrap();
+    provider.send_keys("stripe").await.unwrap();
+    let kind = browser.find(Locator::Id("pause-type")).await.unwrap();
+    kind.send_keys("charge.held").await.unwrap();
+    click(&browser, Locator::Id("pause")).await;
+    text_until(&browser, "#pauses tbody td", "stripe/charge.held").await;
+    let cells = texts(&browser, "#pauses tbody td").await;
+    assert_eq!(cells[2], "receiver-operator", "{cells:?}");
+
+    let (held, open) = ("evt_page_held", "evt_page_open");
+    deliver(&client, &base, SECRET, &body(held, "charge.held")).await;
+    deliver(&client, &base, SECRET, &body(open, "charge.succeeded")).await;
+    event_until(&client, &base, open, |state, _| state == "processed").await;
+    let parked = || async {
+        let page = get_json(&client, format!("{base}/inbox/events?limit=500")).await;
+        let events = page["events"].as_array().unwrap().clone();
+        events.into_iter().find(|event| event["event_id"] == held)
+    };
+    let is_parked = |event: &Option<serde_json::Value>| {
+        event.as_ref().is_some_and(|event| {
+            event["available_at"]
+                .as_str()
+                .is_some_and(|at| at.starts_with("9999-"))
+        })
+    };
+    let event = poll_until(
+        "the held event parked",
+        Duration::from_millis(25),
+        parked,
+        is_parked,
+    )
+    .await
+    .expect("parked");
+    assert_eq!(
+        (event["state"].as_str(), event["attempts"].as_u64()),
+        (Some("pending"), Some(0))
+    );
+    let effects = "SELECT count(*) FROM inbox_effects WHERE event_id = $1";
+    assert_eq!(scalars(store, effects, held).await[0], 0);
+    browser
+        .goto(&format!("{page}?state=pending"))
+        .await
+        .unwrap();
+    let state = texts(&browser, "#events tbody td:nth-child(4)").await;
+    assert_eq!(state, ["paused"]);
+    browser::assert_fits_the_window(&browser, "the overview with a pause").await;
+    if screenshot {
+        browser::screenshot(&browser, "inbox-pause.png").await;
+    }
+
+    click(
+        &browser,
+        Locator::Css("button[data-resume=\"stripe/charge.held\"]"),
+    )
+    .await;
+    text_until(&browser, "#no-pauses", "Nothing is paused").await;
+    let (_, attempts) = event_until(&client, &base, held, |state, _| state == "processed").await;
+    assert_eq!(attempts, 1, "processed by one attempt after the resume");
+    assert_eq!(scalars(store, effects, held).await[0], 1);
+
+    browser.close().await.unwrap();
+    drop(driver);
+    drop(receiver);
+}

@@ -215,3 +215,92 @@ async fn outbox_page(store: &str, screenshot: bool) {
     drop(receiver);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_paused_from_the_outbox_page_waits_for_its_resume_sqlite() {
+    if !browser_installed("the outbox page's pause test") {
+        return;
+    }
+    let (_dir, store) = sqlite_store("outbox-pause");
+    host_paused_from_the_page(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_paused_from_the_outbox_page_waits_for_its_resume_postgres() {
+    if !browser_installed("the outbox page's pause test") {
+        return;
+    }
+    let database = Database::create(format!("tidem_opause_{}", random_suffix())).await;
+    host_paused_from_the_page(&database.url()).await;
+}
+
+/// The target's host is paused from the page's form: the page lists the pause, a message to it
+/// stays pending with no attempt and reads `paused`; "Resume" delivers it once.
+async fn host_paused_from_the_page(store: &str) {
+    let target = Target::default();
+    target.accept.store(true, Ordering::SeqCst);
+    let server = Server::start(
+        Router::new()
+            .route("/orders", post(orders))
+            .with_state(target.clone()),
+    )
+    .await;
+    let receiver = Receiver::stripe(
+        store,
+        SECRET,
+        &[
+            ("INBOX_ADMIN", "1".to_owned()),
+            ("INBOX_BACKOFF_MS", "10".to_owned()),
+            ("INBOX_SWEEP_MS", "20".to_owned()),
+            (
+                "OUTBOX_TARGET_URL",
+                format!("http://{}/orders", server.addr),
+            ),
+        ],
+    );
+    let base = receiver.base.clone();
+    let client = reqwest::Client::new();
+    let driver = Driver::start();
+    let browser = driver.session().await;
+    let page = open_page(&browser, &format!("{base}/admin/outbox")).await;
+    text_until(&browser, "#no-pauses", "Nothing is paused").await;
+    let host = browser.find(Locator::Id("pause-host")).await.unwrap();
+    host.send_keys(" 127.0.0.1 ").await.unwrap();
+    click(&browser, Locator::Id("pause")).await;
+    text_until(&browser, "#pauses tbody td", "127.0.0.1").await;
+    let by = texts(&browser, "#pauses tbody td").await;
+    assert_eq!(by[2], "receiver-operator", "{by:?}");
+
+    let key = "evt_outbox_pause/0";
+    deliver(&client, &base, SECRET, &body("evt_outbox_pause")).await;
+    let parked = message_until(&client, &base, key, |m| {
+        m["available_at_ms"] == tower_idempotency::jobs::PARKED_AT
+    })
+    .await;
+    assert_eq!(
+        (parked["state"].as_str(), parked["attempts"].as_u64()),
+        (Some("pending"), Some(0))
+    );
+    assert_eq!(
+        Target::count(&target.accepted, key),
+        0,
+        "not delivered while paused"
+    );
+    browser
+        .goto(&format!("{page}?state=pending"))
+        .await
+        .unwrap();
+    let state = texts(&browser, "#messages tbody td:nth-child(4)").await;
+    assert_eq!(state, ["paused"]);
+
+    click(&browser, Locator::Css("button[data-resume=\"127.0.0.1\"]")).await;
+    text_until(&browser, "#no-pauses", "Nothing is paused").await;
+    let delivered = message_until(&client, &base, key, |m| m["state"] == "delivered").await;
+    assert_eq!(delivered["attempts"], 1, "one attempt after the resume");
+    assert_eq!(Target::count(&target.accepted, key), 1, "delivered once");
+
+    browser.close().await.unwrap();
+    drop(driver);
+    drop(receiver);
+    server.stop().await;
+}

@@ -180,6 +180,42 @@ enum CliError {
     #[cfg(feature = "outbox")]
     #[error("no failed or idle pending message with this key")]
     NotDiscardable,
+    #[cfg(any(feature = "inbox", feature = "outbox"))]
+    #[error("this is not paused")]
+    NotPaused,
+}
+
+/// A `pauses` command's answer: a JSON array, or one row per paused scope.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn print_pauses(pauses: &[tower_idempotency::jobs::Pause], as_json: bool) {
+    if as_json {
+        let pauses = serde_json::to_value(pauses).unwrap_or(serde_json::Value::Null);
+        println!("{pauses}");
+        return;
+    }
+    let rows: Vec<[String; 3]> = pauses
+        .iter()
+        .map(|pause| {
+            [
+                pause.scope.clone(),
+                pause.paused_at_ms.to_string(),
+                pause.by.clone(),
+            ]
+        })
+        .collect();
+    print_table(["SCOPE", "PAUSED_AT_MS", "BY"], &rows);
+}
+
+/// A `pause` or `resume` command's answer.
+#[cfg(any(feature = "inbox", feature = "outbox"))]
+fn print_paused(what: &str, scope: &str, changed: bool, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::json!({ what: scope, "changed": changed }));
+    } else if changed {
+        println!("{what} {scope}");
+    } else {
+        println!("{scope} was {what} already");
+    }
 }
 
 /// An error and its sources on one line, with the store URL (and its password) blanked out.

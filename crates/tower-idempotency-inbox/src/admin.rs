@@ -15,6 +15,7 @@ use serde::Deserialize;
 use tower_idempotency_jobs::{
     admin::{Change, Operated, SameSite},
     chart::Activity,
+    pauses::{check_scope, Pause},
     Unavailable,
 };
 
@@ -115,6 +116,9 @@ impl<DB: InboxDatabase> Inbox<DB> {
 /// | `POST /events/{provider}/{event_id}/replay` | `202` replayed ([`Inbox::replay`]: the handler runs it again), `404` no such processed or skipped event with its body |
 /// | `POST /replay` with a JSON body `{"filter": {..}, "dry_run": bool, "per_second": n}` | `200` [`BulkReplay`] ([`Inbox::replay_matching`]) |
 /// | `POST /purge?older_than_secs=N` (or a JSON body `{"older_than_secs": N}`) | `200 {"purged": n}` |
+/// | `GET /pauses` | `200`, an array of [`Pause`] |
+/// | `POST /pauses` `{"scope": "stripe"}` or `{"scope": "stripe/invoice.paid"}` | `201` paused ([`Inbox::pause`], scopes as [`pause_scope`]), `200` paused already, `400` an empty scope |
+/// | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed, `404` not paused |
 /// | `GET /audit?limit=N` | `200`, the newest [`AuditEntry`]s, newest first (default 20) |
 ///
 /// Every change that took effect (not a dry run) is audited as made by the request's
@@ -246,6 +250,72 @@ impl<DB: InboxDatabase> Operated for Inbox<DB> {
 
     async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, Unavailable> {
         Ok(Inbox::audit_log(self, limit).await?)
+    }
+    async fn pauses(&self) -> Result<Vec<Pause>, Unavailable> {
+        Ok(Inbox::pauses(self).await?)
+    }
+
+    async fn pause(&self, scope: &str, by: &str) -> Result<bool, Unavailable> {
+        Ok(self.pause_scope(scope, by).await?)
+    }
+
+    async fn resume(&self, scope: &str) -> Result<bool, Unavailable> {
+        Ok(self.resume_scope(scope).await?)
+    }
+}
+
+/// The scope of a pause of `provider`'s events, or of those of its events whose body's
+/// top-level `"type"` is `event_type`: `{provider}` or `{provider}/{event_type}`.
+pub fn pause_scope(provider: &str, event_type: Option<&str>) -> String {
+    match event_type {
+        Some(kind) => format!("{}/{}", provider.trim(), kind.trim()),
+        None => provider.trim().to_owned(),
+    }
+}
+
+impl<DB: InboxDatabase> Inbox<DB> {
+    /// Pauses the processing of `provider`'s events, or (with `event_type`) of those of its
+    /// events whose body's top-level `"type"` is `event_type`, recording `by` as who paused it;
+    /// answers whether it was not paused already.
+    ///
+    /// Paused events are still acknowledged and stored; they stay pending and spend no attempt.
+    /// The pause is stored in the `{table}_pauses` table ([`pause_scope`] names it), so it holds
+    /// for every worker on the table and across restarts. A worker sees it within
+    /// [`REFRESH`](tower_idempotency_jobs::pauses::REFRESH) (at once through this handle's
+    /// clones); an attempt already running finishes.
+    pub async fn pause(
+        &self,
+        provider: &str,
+        event_type: Option<&str>,
+        by: &str,
+    ) -> Result<bool, InboxError> {
+        self.pause_scope(&pause_scope(provider, event_type), by)
+            .await
+    }
+
+    /// Resumes what [`pause`](Self::pause) paused: its parked events are due at once (a worker
+    /// takes them at its next sweep). Answers whether it was paused.
+    pub async fn resume(
+        &self,
+        provider: &str,
+        event_type: Option<&str>,
+    ) -> Result<bool, InboxError> {
+        self.resume_scope(&pause_scope(provider, event_type)).await
+    }
+
+    /// The paused scopes ([`pause_scope`]), by scope.
+    pub async fn pauses(&self) -> Result<Vec<Pause>, InboxError> {
+        Ok(DB::pauses(&self.pool, &self.sql.jobs).await?)
+    }
+
+    async fn pause_scope(&self, scope: &str, by: &str) -> Result<bool, InboxError> {
+        let scope = scope.trim();
+        check_scope(scope)?;
+        Ok(DB::pause(&self.pool, &self.sql.jobs, scope, now_ms(), by).await?)
+    }
+
+    async fn resume_scope(&self, scope: &str) -> Result<bool, InboxError> {
+        Ok(DB::resume(&self.pool, &self.sql.jobs, scope.trim(), now_ms()).await?)
     }
 }
 

@@ -190,11 +190,12 @@ impl Sql {
              CREATE UNIQUE INDEX IF NOT EXISTS {name}_auth_idx ON {name} (provider, authenticator);\n\
              {due}\
              CREATE INDEX IF NOT EXISTS {name}_order_idx ON {name} (provider, order_key, state);\n\
-             {history}{audit}",
+             {history}{audit}{pauses}",
             columns = DB::JOB_COLUMNS,
             due = DB::due_index(name),
             history = DB::history_schema(&table(name)),
             audit = DB::audit_schema(&table(name)),
+            pauses = DB::pauses_schema(&table(name)),
         )
     }
 
@@ -239,10 +240,11 @@ impl Sql {
              UNIQUE INDEX {name}_auth_idx (provider, authenticator),\n\
              INDEX {name}_order_idx (provider, order_key, state),\n\
              INDEX {name}_open_idx (state, provider, received_at),\n\
-             INDEX {name}_finished_idx (state, finished_at)) ENGINE = InnoDB;\n{history}{audit}",
+             INDEX {name}_finished_idx (state, finished_at)) ENGINE = InnoDB;\n{history}{audit}{pauses}",
             columns = <sqlx::MySql as Driver>::JOB_COLUMNS,
             history = <sqlx::MySql as Driver>::history_schema(&table(name)),
             audit = <sqlx::MySql as Driver>::audit_schema(&table(name)),
+            pauses = <sqlx::MySql as Driver>::pauses_schema(&table(name)),
         );
         let queue = crate::retention::QueueSql::mysql(name);
         Self::new::<sqlx::MySql>(name, schema, Db::MySql, queue)

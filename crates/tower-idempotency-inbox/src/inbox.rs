@@ -32,6 +32,9 @@ pub enum InboxError {
     /// A listing's cursor is not one the inbox made.
     #[error("the cursor is not one the inbox made")]
     InvalidCursor,
+    /// A pause's scope is empty or too long ([`Inbox::pause`]).
+    #[error(transparent)]
+    InvalidScope(#[from] tower_idempotency_jobs::pauses::ScopeError),
 }
 
 /// A failure of an admin route or the page: logged here, answered as a `503` without its

@@ -22,7 +22,7 @@ use tower_idempotency_jobs::{
     page::{
         self, amount, encode, html_response, relative, shell, Action, Detail, JobFields, Listing,
     },
-    Unavailable,
+    Pause, Unavailable,
 };
 
 use crate::{
@@ -60,6 +60,7 @@ pub(crate) struct Overview {
     pub(crate) lag: Option<Duration>,
     /// The last hour, for the charts.
     pub(crate) activity: Activity,
+    pub(crate) pauses: Vec<Pause>,
     /// The state filter's value: `failed`, `pending`, `processed`, `skipped` or empty (any).
     pub(crate) state: String,
     pub(crate) provider: String,
@@ -110,6 +111,7 @@ async fn overview<DB: InboxDatabase>(
         providers: inbox.counts_by_provider().await?,
         lag: inbox.oldest_pending_age().await?,
         activity: inbox.activity().await?,
+        pauses: inbox.pauses().await?,
         state,
         provider: filter.provider.unwrap_or_default(),
         event_type: filter.event_type.unwrap_or_default(),
@@ -156,6 +158,12 @@ fn time(now: i64, rfc3339: &str) -> Markup {
         time datetime=(rfc3339) { (rfc3339) }
         " " span.rel { "(" (relative) ")" }
     }
+}
+
+/// An event's state as shown: `paused` for a pending event parked by a pause.
+fn shown_state(event: &EventRecord) -> &str {
+    let due = crate::parse_rfc3339(&event.available_at).map_or(0, crate::event::unix_ms);
+    page::shown_state(event.state.as_str(), due)
 }
 
 fn detail_link(event: &EventRecord) -> String {
@@ -322,6 +330,16 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
             (page::refresh())
             (counts_table(view))
             (chart::charts(&view.activity, "events", "processed"))
+            (page::pauses(view.now_ms, &view.pauses, "events", html! {
+                div {
+                    label for="pause-provider" { "Provider" }
+                    input #pause-provider data-scope-part required placeholder="stripe";
+                }
+                div {
+                    label for="pause-type" { "Event type (empty: all)" }
+                    input #pause-type data-scope-part placeholder="invoice.paid";
+                }
+            }))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "processed", "skipped"], &view.state))
@@ -346,7 +364,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                             td { (event.provider) }
                             td { a href=(detail_link(event)) { (event.event_id) } }
                             td { (event.event_type.as_deref().unwrap_or("")) }
-                            td { (event.state.as_str()) }
+                            td { (shown_state(event)) }
                             td.num { (event.attempts) }
                             td.err { (event.last_error.as_deref().unwrap_or("")) }
                             td { (time(view.now_ms, &event.received_at)) }
@@ -423,7 +441,7 @@ pub(crate) fn render_detail(detail: &EventDetail, now: i64) -> Markup {
                 tr { th scope="row" { "type" } td { (event.event_type.as_deref().unwrap_or("")) } }
             },
             job: JobFields {
-                state: event.state.as_str(),
+                state: shown_state(event),
                 attempts: event.attempts,
                 attempts_note: "(the inbox keeps the count of attempts and the last one's error)",
                 last_error: html! { (event.last_error.as_deref().unwrap_or("")) },
@@ -481,6 +499,7 @@ mod tests {
             }],
             lag: Some(Duration::from_secs(90)),
             activity: chart::assemble(0, Vec::new(), Vec::new(), None),
+            pauses: vec![],
             state: "failed".into(),
             provider: "\"><script>".into(),
             event_type: String::new(),
@@ -545,6 +564,31 @@ mod tests {
             html.contains(r#"data-post="events/stripe/evt_1/retry""#),
             "{html}"
         );
+    }
+
+    #[test]
+    fn pauses_render_as_text_and_a_parked_event_reads_paused() {
+        let mut parked = record("evt_parked");
+        parked.state = EventState::Pending;
+        parked.available_at =
+            tower_idempotency_jobs::time::rfc3339_ms(tower_idempotency_jobs::PARKED_AT);
+        let mut view = overview(vec![parked, record("evt_failed")]);
+        view.pauses = vec![Pause::from((
+            format!("stripe/{EVIL}"),
+            0,
+            "admin-api".into(),
+        ))];
+        let html = render_overview(&view).into_string();
+        assert_eq!(scripts(&html), 1, "{html}");
+        assert!(
+            html.contains(r#"data-resume="stripe/&lt;script&gt;alert(1)&lt;/script&gt;""#),
+            "{html}"
+        );
+        assert!(html.contains("<td>paused</td>"), "{html}");
+        assert!(html.contains("<td>failed</td>"), "{html}");
+        assert!(!html.contains("no-pauses"), "{html}");
+        let empty = render_overview(&overview(vec![])).into_string();
+        assert!(empty.contains("Nothing is paused."), "{empty}");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::{
     retention::Retention,
     Inbox, InboxDatabase, InboxHandler,
 };
-use tower_idempotency_jobs::{Attempt, AttemptOutcome};
+use tower_idempotency_jobs::{pauses, Attempt, AttemptOutcome};
 
 /// Attempts before an event is marked failed, unless configured otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
@@ -434,6 +434,13 @@ async fn attempt<DB: InboxDatabase>(
         event_type = %ops::event_type(&row.body).as_deref().unwrap_or(""),
         attempt,
     );
+    if shared
+        .parked(&key, token, ops::event_type(&row.body).as_deref())
+        .instrument(span.clone())
+        .await
+    {
+        return;
+    }
     let started = Instant::now();
     let started_ms = now_ms();
     let event = InboxEvent {
@@ -522,6 +529,36 @@ impl<DB: InboxDatabase> Shared<DB> {
             Err(error) => {
                 failed(error);
                 Vec::new()
+            }
+        }
+    }
+
+    /// Parks the claimed event `key` when its provider, or its provider's `event_type`, is
+    /// paused ([`Inbox::pause`]); answers whether the attempt is not to run.
+    async fn parked(&self, key: &EventKey, token: i64, event_type: Option<&str>) -> bool {
+        let (pool, sql) = (&self.inbox.pool, &self.inbox.sql.jobs);
+        let paused = pauses::paused(pool, sql).await;
+        let typed = event_type.map(|kind| crate::admin::pause_scope(&key.provider, Some(kind)));
+        let scopes = [Some(key.provider.as_str()), typed.as_deref()];
+        let Some(scope) = pauses::paused_scope(&paused, scopes.into_iter().flatten()) else {
+            return false;
+        };
+        let job = backend::job_key(key);
+        match persist(self.settings.lease / 3, || {
+            DB::park(pool, sql, &job, token, scope)
+        })
+        .await
+        {
+            Ok(parked) => {
+                if parked {
+                    tracing::debug!(scope, "a paused inbox event was parked");
+                }
+                parked
+            }
+            Err(error) => {
+                // Not run while paused: claimed again after its lease.
+                tracing::warn!(%error, "parking a paused inbox event failed");
+                true
             }
         }
     }

@@ -13,6 +13,9 @@
 //! | `POST {item}/retry` | `202` re-queued; `404` no such failed job |
 //! | `POST {item}/discard` | [`Operated::DISCARDED`]; `404` no such job in a state a discard applies to |
 //! | `POST /purge?older_than_secs=N`, or with a JSON body `{"older_than_secs": N}` | `200 {"purged": n}`; `400` without the age |
+//! | `GET /pauses` | `200`, an array of [`Pause`] by scope ([`pauses`](crate::pauses)) |
+//! | `POST /pauses` `{"scope": ".."}` | `201` paused, `200` paused already; `400` an empty scope or one past [`MAX_SCOPE_LEN`](crate::pauses::MAX_SCOPE_LEN) bytes |
+//! | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed (its parked jobs are due now); `404` not paused |
 //! | `GET /audit?limit=N` | `200`, the newest audit entries, newest first (default [`DEFAULT_AUDIT_LIMIT`]) |
 //!
 //! `{item}` is the half's path of one job (`/events/{provider}/{event_id}`,
@@ -70,6 +73,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 pub use crate::audit::DEFAULT_AUDIT_LIMIT;
 use crate::{
     audit::{AuditAction, AuditEntry},
+    pauses::Pause,
     Unavailable,
 };
 
@@ -135,6 +139,20 @@ pub trait Operated: Clone + Send + Sync + 'static {
         &self,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<AuditEntry>, Unavailable>> + Send;
+
+    /// The paused scopes ([`pauses`](crate::pauses)).
+    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, Unavailable>> + Send;
+
+    /// Pauses `scope` (checked: [`check_scope`](crate::pauses::check_scope)) by `by`; answers
+    /// whether it was not paused already.
+    fn pause(
+        &self,
+        scope: &str,
+        by: &str,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
+
+    /// Resumes `scope`; answers whether it was paused.
+    fn resume(&self, scope: &str) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 }
 
 /// Who makes an operator's change, as the audit records it: the request extension that
@@ -195,6 +213,8 @@ pub fn routes<O: Operated>(item: &str) -> Router<O> {
         .route(&format!("{item}/discard"), change::<O>(Change::Discard))
         .route("/purge", post(purge::<O>))
         .route("/audit", get(audit_log::<O>))
+        .route("/pauses", get(pauses::<O>).post(pause::<O>))
+        .route("/pauses/resume", post(resume::<O>))
 }
 
 /// A state-changing request that a cross-site form could not have sent: it carries the
@@ -347,4 +367,49 @@ async fn purge<O: Operated>(
     let entry = AuditEntry::now(who.name(), AuditAction::Purge, target, purged);
     operated.audit(entry).await;
     Ok(Json(serde_json::json!({ "purged": purged })).into_response())
+}
+
+/// A scope named in a pause's or a resume's JSON body.
+#[derive(Deserialize)]
+struct Scoped {
+    scope: String,
+}
+
+async fn pauses<O: Operated>(State(operated): State<O>) -> Result<Json<Vec<Pause>>, Unavailable> {
+    Ok(Json(operated.pauses().await?))
+}
+
+/// `POST /pauses`: paused by the request's operator, and audited when it was not paused.
+async fn pause<O: Operated>(
+    _: SameSite,
+    who: Operator,
+    State(operated): State<O>,
+    Json(body): Json<Scoped>,
+) -> Result<Response, Unavailable> {
+    let scope = body.scope.trim();
+    if let Err(error) = crate::pauses::check_scope(scope) {
+        return Ok((StatusCode::BAD_REQUEST, error.to_string()).into_response());
+    }
+    if !operated.pause(scope, who.name()).await? {
+        return Ok(StatusCode::OK.into_response());
+    }
+    let entry = AuditEntry::now(who.name(), AuditAction::Pause, scope, 1);
+    operated.audit(entry).await;
+    Ok(StatusCode::CREATED.into_response())
+}
+
+/// `POST /pauses/resume`, audited when it was paused.
+async fn resume<O: Operated>(
+    _: SameSite,
+    who: Operator,
+    State(operated): State<O>,
+    Json(body): Json<Scoped>,
+) -> Result<StatusCode, Unavailable> {
+    let scope = body.scope.trim();
+    if !operated.resume(scope).await? {
+        return Ok(StatusCode::NOT_FOUND);
+    }
+    let entry = AuditEntry::now(who.name(), AuditAction::Resume, scope, 1);
+    operated.audit(entry).await;
+    Ok(StatusCode::OK)
 }

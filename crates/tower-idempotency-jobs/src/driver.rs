@@ -214,6 +214,7 @@ pub struct Statements {
     pub(crate) history: crate::history::HistoryStatements,
     pub(crate) audit: crate::audit::AuditStatements,
     pub(crate) chart: crate::chart::ChartStatements,
+    pub(crate) pauses: crate::pauses::PauseStatements,
 }
 
 /// The statements that write the rows a locking `SELECT` picked, on a database without
@@ -460,6 +461,7 @@ impl Statements {
             history: crate::history::HistoryStatements::new(&table, dialect),
             audit: crate::audit::AuditStatements::new(&table, dialect),
             chart: crate::chart::ChartStatements::new(&table, dialect),
+            pauses: crate::pauses::PauseStatements::new(&table, dialect),
             table,
         }
     }
@@ -587,6 +589,12 @@ pub trait Driver: sqlx::Database + Sized {
     /// The DDL of `table`'s audit table (`{table}_audit`), to run after the job table's.
     fn audit_schema(table: &Table) -> String {
         crate::audit::schema::<Self>(table)
+    }
+
+    /// The DDL of `table`'s pauses table (`{table}_pauses`, [`pauses`](crate::pauses)), to run
+    /// after the job table's.
+    fn pauses_schema(table: &Table) -> String {
+        crate::pauses::schema::<Self>(table)
     }
 
     /// This database's statements for `table`.
@@ -821,6 +829,48 @@ pub trait Driver: sqlx::Database + Sized {
         sql: &'a Statements,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<Vec<crate::audit::AuditEntry>>>;
+    /// Pauses `scope` at `now` by `by`; `false` when it was paused already (the first pause
+    /// stays).
+    fn pause<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        scope: &'a str,
+        now: i64,
+        by: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// Resumes `scope` and makes the table's parked jobs due at `now`, in one transaction;
+    /// `false` when it was not paused.
+    fn resume<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        scope: &'a str,
+        now: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// The table's pauses, by scope.
+    fn pauses<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<crate::pauses::Pause>>>;
+
+    /// Parks the job `key` claimed under `token` while `scope` is paused: gives its attempt
+    /// back, frees its lease and makes it due at [`PARKED_AT`](crate::pauses::PARKED_AT);
+    /// `false` when the claim is no longer held or `scope` is no longer paused.
+    fn park<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        key: &'a JobKey,
+        token: i64,
+        scope: &'a str,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// Makes every parked job of the table due at `now`; answers how many.
+    fn unpark<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        now: i64,
+    ) -> BoxFuture<'a, sqlx::Result<u64>>;
 
     /// Runs `script`, several statements without parameters (a half's DDL).
     fn run_script<'a>(
@@ -1328,6 +1378,81 @@ macro_rules! driver_calls {
                         Ok($crate::audit::AuditEntry::from(row))
                     })
                     .collect()
+            })
+        }
+
+        fn pause<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            scope: &'a str,
+            now: i64,
+            by: &'a str,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let insert = sql.pauses.insert.binder::<$db>().bind(scope).bind(now).bind(by);
+                let done = match insert.query().execute(pool).await {
+                    Ok(done) => done.rows_affected() == 1,
+                    Err(sqlx::Error::Database(error)) if error.is_unique_violation() => false,
+                    Err(error) => return Err(error),
+                };
+                sql.pauses.invalidate();
+                Ok(done)
+            })
+        }
+
+        fn resume<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            scope: &'a str,
+            now: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let mut tx = pool.begin().await?;
+                let deleted = sql.pauses.delete.binder::<$db>().bind(scope).query();
+                let resumed = deleted.execute(&mut *tx).await?.rows_affected() > 0;
+                if resumed {
+                    let unpark = sql.pauses.unpark.binder::<$db>().bind(now).query();
+                    unpark.execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                sql.pauses.invalidate();
+                Ok(resumed)
+            })
+        }
+
+        fn pauses<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::pauses::Pause>>> {
+            Box::pin(async move {
+                let rows: Vec<(String, i64, String)> =
+                    sqlx::query_as(sql.pauses.list.text().clone()).fetch_all(pool).await?;
+                Ok(rows.into_iter().map($crate::pauses::Pause::from).collect())
+            })
+        }
+
+        fn park<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+            token: i64,
+            scope: &'a str,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let query = sql.pauses.park.binder::<$db>().key(key);
+                let done = query.bind(token).bind(scope).query().execute(pool).await?;
+                Ok(done.rows_affected() == 1)
+            })
+        }
+
+        fn unpark<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            now: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
+            Box::pin(async move {
+                let query = sql.pauses.unpark.binder::<$db>().bind(now).query();
+                Ok(query.execute(pool).await?.rows_affected())
             })
         }
 

@@ -69,6 +69,7 @@ pub mod history;
 #[cfg(feature = "mysql")]
 mod mysql;
 pub mod page;
+pub mod pauses;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub mod redact;
@@ -88,6 +89,7 @@ pub use driver::{
     DUE_BY_KEY, SPENT,
 };
 pub use history::{Attempt, AttemptOutcome};
+pub use pauses::{Pause, PARKED_AT};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};
 pub use text::{bounded, MAX_ERROR_LEN};
 pub use unavailable::Unavailable;

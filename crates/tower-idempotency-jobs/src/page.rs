@@ -79,8 +79,8 @@ header a{color:#fff}h1{font-size:1.3rem;margin:0}h2{font-size:1.1rem;margin:1.4r
 table{border-collapse:collapse;background:#fff;margin:.3rem 0}
 th,td{border:1px solid #ccd;padding:.3rem .6rem;text-align:left;vertical-align:top}
 th{background:#eef1f6}td{overflow-wrap:anywhere}td.num{text-align:right}td.err{max-width:28rem;color:#8a1111}
-.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
-form.filters div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
+.rel{color:#555;font-size:.9em}time{white-space:nowrap}form.filters,#pause-form{display:flex;gap:1rem;flex-wrap:wrap;align-items:end}
+form.filters div,#pause-form div{display:flex;flex-direction:column}label{font-weight:600;font-size:.9em}
 button,input,select{font:inherit;padding:.25rem .5rem}button{cursor:pointer}
 #status{min-height:1.5em;font-weight:600;color:#0b5a1a}pre{background:#fff;border:1px solid #ccd;
 padding:.8rem;overflow:auto;max-height:32rem}.actions{display:flex;gap:.6rem;margin:.6rem 0}
@@ -394,6 +394,50 @@ pub fn state_select(states: &[&str], selected: &str) -> Markup {
     }
 }
 
+/// The pauses of an overview (`#pauses-heading` `Paused`): a table (`#pauses`) of each paused
+/// scope with when and by whom, and its Resume button (`data-resume`), or `#no-pauses`; then
+/// the form that pauses (`#pause-form`): the half's `inputs` (each with a `data-scope-part`:
+/// the non-empty ones, in order and joined by `/`, name the scope) and its Pause button. The
+/// page's [`script`] posts both to the routes of [`admin`](crate::admin) and reloads the page.
+pub fn pauses(now: i64, pauses: &[crate::Pause], what: &str, inputs: Markup) -> Markup {
+    html! {
+        h2 #pauses-heading { "Paused" }
+        @if pauses.is_empty() {
+            p #no-pauses { "Nothing is paused." }
+        } @else {
+            table #pauses aria-labelledby="pauses-heading" {
+                thead { tr { th scope="col" { "scope" } th scope="col" { "paused" }
+                    th scope="col" { "by" } th scope="col" { "" } } }
+                tbody {
+                    @for pause in pauses {
+                        tr data-scope=(pause.scope) {
+                            td { code { (pause.scope) } }
+                            td { (time_ms(now, pause.paused_at_ms)) }
+                            td { (pause.by) }
+                            td { button type="button" data-resume=(pause.scope) aria-label=(format!("Resume {}", pause.scope)) { "Resume" } }
+                        }
+                    }
+                }
+            }
+        }
+        p { "Paused " (what) " stay pending and spend no attempt until resumed; an attempt already running finishes." }
+        form #pause-form {
+            (inputs)
+            button #pause type="submit" { "Pause" }
+        }
+    }
+}
+
+/// Whether a job listed in `state` (the half's name of it) and due at `available_at_ms` reads
+/// `paused`: a pending job parked by a pause ([`pauses`](crate::pauses)).
+pub fn shown_state(state: &str, available_at_ms: i64) -> &str {
+    if state == "pending" && crate::pauses::is_parked(available_at_ms) {
+        "paused"
+    } else {
+        state
+    }
+}
+
 /// The name of a filtered state as a heading says it: `all` for none.
 pub fn state_name(state: &str) -> &str {
     if state.is_empty() {
@@ -465,7 +509,8 @@ async fn to_page(
 /// The pages' own script for a half whose actions send `admin_header`, whose refresh choice is
 /// kept under `{name}-refresh`, whose jobs are called `noun` and whose site answers as
 /// `site`: a button with `data-post` posts there (with `{"key": data-key}` as a JSON body when
-/// it has a `data-key`) and says its `data-done` text; the overview reloads every 10 s while
+/// it has a `data-key`) and says its `data-done` text; a `data-resume` button and the
+/// `#pause-form` resume and pause ([`pauses`]); the overview reloads every 10 s while
 /// `#refresh` is checked, the status line is empty and no `[data-busy]` element is shown.
 /// `more` runs after, inside the same function, with `post(url, body)` and `say(text)` in
 /// scope.
@@ -518,6 +563,30 @@ pub fn script(admin_header: &str, name: &str, noun: &str, site: &str, more: &str
       }}
     }});
   }});
+  document.querySelectorAll('button[data-resume]').forEach(function (button) {{
+    button.addEventListener('click', function () {{
+      button.disabled = true;
+      post('pauses/resume', {{ scope: button.getAttribute('data-resume') }}).then(function (response) {{
+        if (response.ok) {{ location.reload(); }}
+        else {{ say('Failed: HTTP ' + response.status); button.disabled = false; }}
+      }}, function () {{ say('Failed: the {site} did not answer.'); button.disabled = false; }});
+    }});
+  }});
+  var pauseForm = document.getElementById('pause-form');
+  if (pauseForm) {{
+    pauseForm.addEventListener('submit', function (event) {{
+      event.preventDefault();
+      var parts = [];
+      pauseForm.querySelectorAll('[data-scope-part]').forEach(function (input) {{
+        if (input.value.trim()) {{ parts.push(input.value.trim()); }}
+      }});
+      if (!parts.length) {{ say('Name what to pause.'); return; }}
+      post('pauses', {{ scope: parts.join('/') }}).then(function (response) {{
+        if (response.ok) {{ location.reload(); }}
+        else {{ say('Failed: HTTP ' + response.status); }}
+      }}, function () {{ say('Failed: the {site} did not answer.'); }});
+    }});
+  }}
 {more}
   var refresh = document.getElementById('refresh');
   if (refresh) {{

@@ -173,6 +173,13 @@ pub trait Job<DB: Driver>: Send + Sync + 'static {
 
     /// Runs one attempt.
     fn run(&self, job: Claimed<Self::Payload>) -> impl Future<Output = Outcome> + Send;
+
+    /// The scopes a job belongs to, for [`pauses`](crate::pauses): a claimed job of a paused
+    /// scope is parked instead of run. None by default.
+    fn scopes(&self, payload: &Self::Payload) -> Vec<String> {
+        let _ = payload;
+        Vec::new()
+    }
 }
 
 /// What one [`Worker::run_once`] round did.
@@ -191,6 +198,8 @@ pub struct Round {
     /// the database failed until the claim's lease ended; the job is attempted again after its
     /// lease.
     pub unrecorded: usize,
+    /// Jobs of a paused scope, parked without an attempt ([`pauses`](crate::pauses)).
+    pub parked: usize,
 }
 
 /// Runs the due jobs of one table in rounds; [`spawn`](Self::spawn) it, or call
@@ -230,6 +239,7 @@ enum Recorded {
     Retry,
     Failed,
     Unrecorded,
+    Parked,
 }
 
 impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
@@ -287,10 +297,15 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
             failed: spent.len(),
             ..Round::default()
         };
+        let paused = if claimed.is_empty() {
+            Arc::default()
+        } else {
+            crate::pauses::paused(&self.pool, &self.sql).await
+        };
         let attempts = join_all(
             claimed
                 .into_iter()
-                .map(|job| self.attempt(job, token, lease_until)),
+                .map(|job| self.attempt_unless_paused(job, &paused, token, lease_until)),
         );
         let outcomes = if settings.keep_leases && round.claimed > 0 {
             let keeper = self.keep_lease(token);
@@ -308,6 +323,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 Recorded::Retry => round.retried += 1,
                 Recorded::Failed => round.failed += 1,
                 Recorded::Unrecorded => round.unrecorded += 1,
+                Recorded::Parked => round.parked += 1,
             }
         }
         Ok(round)
@@ -324,6 +340,39 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 tracing::warn!(%error, table = self.sql.table().name(), "renewing a lease failed");
             }
         }
+    }
+
+    /// Parks a claimed job of a paused scope; runs the others ([`attempt`](Self::attempt)).
+    async fn attempt_unless_paused(
+        &self,
+        job: Claimed<J::Payload>,
+        paused: &std::collections::BTreeSet<String>,
+        token: i64,
+        lease_until: i64,
+    ) -> Recorded {
+        let scopes = if paused.is_empty() {
+            Vec::new()
+        } else {
+            self.job.scopes(&job.payload)
+        };
+        if let Some(scope) = crate::pauses::paused_scope(paused, scopes.iter().map(String::as_str))
+        {
+            let (pool, sql, key) = (&self.pool, &*self.sql, &job.key);
+            let parked = persist(left_of(lease_until), || {
+                DB::park(pool, sql, key, token, scope)
+            })
+            .await;
+            match parked {
+                Ok(true) => return Recorded::Parked,
+                // Resumed since the worker read the pauses: the claim holds, the job runs.
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(table = sql.table().name(), %error, "parking a paused job failed; attempted again after its lease");
+                    return Recorded::Unrecorded;
+                }
+            }
+        }
+        self.attempt(job, token, lease_until).await
     }
 
     /// Runs one claimed job and records its outcome, retrying the record until `lease_until`.

@@ -15,7 +15,9 @@ use serde::Deserialize;
 use tower_idempotency_jobs::{
     admin::{Change, Operated},
     chart::Activity,
-    cursor, redact,
+    cursor,
+    pauses::{check_scope, Pause},
+    redact,
     time::{duration_ms, now_ms},
     Attempt, JobKey, JobSummary, PageFilter,
 };
@@ -222,6 +224,48 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
     message
 }
 
+impl<DB: OutboxDatabase> Outbox<DB> {
+    /// Pauses the delivery of the messages of `scope`, recording `by` as who paused it:
+    /// an HTTP target's host (`api.example.com`; an IP address as the URL writes it,
+    /// `127.0.0.1`, `[::1]`), `broker:nats` or `broker:rabbitmq` (every message to that
+    /// broker), or `topic:{topic}` (a dispatched topic). A host is compared in lowercase.
+    /// Answers whether it was not paused already.
+    ///
+    /// Paused messages stay pending and spend no attempt; the pause is stored in the
+    /// `{table}_pauses` table, so it holds for every relay on the table and across restarts.
+    /// A relay sees it within [`REFRESH`](tower_idempotency_jobs::pauses::REFRESH) (at once
+    /// through this handle's clones); a delivery already running finishes.
+    pub async fn pause(&self, scope: &str, by: &str) -> Result<bool, OutboxError> {
+        let scope = pause_scope(scope);
+        check_scope(&scope)?;
+        Ok(DB::pause(&self.pool, &self.jobs, &scope, now_ms(), by).await?)
+    }
+
+    /// Resumes `scope`: its parked messages are due at once. Answers whether it was paused.
+    pub async fn resume(&self, scope: &str) -> Result<bool, OutboxError> {
+        let resumed = DB::resume(&self.pool, &self.jobs, &pause_scope(scope), now_ms()).await?;
+        if resumed {
+            self.wake();
+        }
+        Ok(resumed)
+    }
+
+    /// The paused scopes, by scope.
+    pub async fn pauses(&self) -> Result<Vec<Pause>, OutboxError> {
+        Ok(DB::pauses(&self.pool, &self.jobs).await?)
+    }
+}
+
+/// A scope as the outbox stores it ([`Outbox::pause`]): trimmed, a host in lowercase.
+pub fn pause_scope(scope: &str) -> String {
+    let scope = scope.trim();
+    if scope.starts_with("broker:") || scope.starts_with("topic:") {
+        scope.to_owned()
+    } else {
+        scope.to_ascii_lowercase()
+    }
+}
+
 /// The outbox's operations over HTTP, JSON in and out. Mount it behind your own authentication
 /// (`Router::nest("/admin/outbox", admin::router(outbox).layer(auth))`): it lists messages and
 /// changes their state.
@@ -241,6 +285,9 @@ pub fn shown(mut message: MessageSummary) -> MessageSummary {
 /// | `POST /discard` `{"key": ".."}` | `200` discarded, `404` no such failed or idle pending message |
 /// | `POST /messages/{key}/discard` | the same, in the inbox router's shape |
 /// | `POST /purge` `{"older_than_secs": N}` (or `?older_than_secs=N`) | `200 {"purged": n}` |
+/// | `GET /pauses` | `200`, an array of [`Pause`] |
+/// | `POST /pauses` `{"scope": "api.example.com"}` | `201` paused ([`Outbox::pause`]), `200` paused already, `400` an empty scope |
+/// | `POST /pauses/resume` `{"scope": ".."}` | `200` resumed, `404` not paused |
 /// | `GET /audit?limit=N` | `200`, the newest [`AuditEntry`]s, newest first (default 20) |
 ///
 /// Every change that took effect is audited as made by the request's [`Operator`], named from
@@ -340,6 +387,18 @@ impl<DB: OutboxDatabase> Operated for Outbox<DB> {
 
     async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, Unavailable> {
         Ok(Outbox::audit_log(self, limit).await?)
+    }
+
+    async fn pauses(&self) -> Result<Vec<Pause>, Unavailable> {
+        Ok(Outbox::pauses(self).await?)
+    }
+
+    async fn pause(&self, scope: &str, by: &str) -> Result<bool, Unavailable> {
+        Ok(Outbox::pause(self, scope, by).await?)
+    }
+
+    async fn resume(&self, scope: &str) -> Result<bool, Unavailable> {
+        Ok(Outbox::resume(self, scope).await?)
     }
 }
 

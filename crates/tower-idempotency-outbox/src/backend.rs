@@ -37,6 +37,35 @@ pub struct Listed {
     pub(crate) topic: Option<String>,
 }
 
+impl AsRef<Payload> for Payload {
+    fn as_ref(&self) -> &Payload {
+        self
+    }
+}
+
+impl Payload {
+    /// The scope a pause of this message names ([`Outbox::pause`](crate::Outbox::pause)): an
+    /// HTTP message's target host, `broker:nats` or `broker:rabbitmq` for a broker target,
+    /// `topic:{topic}` for a dispatched one.
+    pub(crate) fn pause_scope(&self) -> Option<String> {
+        match (&self.method, &self.url, &self.topic) {
+            (Some(_), Some(url), _) => reqwest::Url::parse(url)
+                .ok()
+                .and_then(|url| url.host_str().map(str::to_ascii_lowercase)),
+            (_, _, Some(topic)) => Some(format!("topic:{topic}")),
+            (None, Some(target), None) => {
+                let broker = if target.starts_with("nats:") {
+                    "nats"
+                } else {
+                    "rabbitmq"
+                };
+                Some(format!("broker:{broker}"))
+            }
+            _ => None,
+        }
+    }
+}
+
 impl NewRow {
     /// Whether `stored` is this row's message: the same method, URL or topic, headers and body.
     pub(crate) fn same_as(&self, stored: &Payload) -> bool {
@@ -106,7 +135,12 @@ pub(crate) mod sealed {
     /// them (associated types, so that generic code knows they decode).
     pub trait OutboxSql: sqlx::Database {
         /// [`Payload`], decodable from this database's rows.
-        type Payload: for<'r> sqlx::FromRow<'r, Self::Row> + Into<Payload> + Send + Unpin + 'static;
+        type Payload: for<'r> sqlx::FromRow<'r, Self::Row>
+            + Into<Payload>
+            + AsRef<Payload>
+            + Send
+            + Unpin
+            + 'static;
 
         /// [`Listed`], decodable from this database's rows.
         type Listed: for<'r> sqlx::FromRow<'r, Self::Row> + Into<Listed> + Send + Unpin + 'static;
@@ -174,10 +208,11 @@ fn schema<DB: Driver>(table: &str, lock: &str, types: [&str; 4], suffix: &str, q
          body {bytes} NOT NULL,\n\
          created_at {big} NOT NULL,\n\
          last_status integer,\n\
-         {columns}{inline}){suffix};\n{index}{finished}\n{history}{audit}",
+         {columns}{inline}){suffix};\n{index}{finished}\n{history}{audit}{pauses}",
         columns = DB::JOB_COLUMNS,
         history = DB::history_schema(&self::table(table)),
         audit = DB::audit_schema(&self::table(table)),
+        pauses = DB::pauses_schema(&self::table(table)),
     )
 }
 

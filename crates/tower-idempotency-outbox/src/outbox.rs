@@ -41,6 +41,9 @@ pub enum OutboxError {
     /// A listing's cursor is not one [`Outbox::messages`] made.
     #[error("the cursor is not one the outbox made")]
     InvalidCursor,
+    /// A pause's scope is empty or too long ([`Outbox::pause`]).
+    #[error(transparent)]
+    InvalidScope(#[from] tower_idempotency_jobs::pauses::ScopeError),
     /// The database failed or could not be reached.
     #[error("the outbox database failed")]
     Database(#[source] sqlx::Error),

@@ -20,6 +20,7 @@ use tower_idempotency_jobs::{
     page::{self, encode, html_response, shell, time_ms, Action, Detail, JobFields},
     redact::redact_url,
     time::now_ms,
+    Pause,
 };
 
 use crate::{
@@ -48,6 +49,7 @@ pub(crate) struct Overview {
     pub(crate) counts: StateCounts,
     /// The last hour, for the charts.
     pub(crate) activity: Activity,
+    pub(crate) pauses: Vec<Pause>,
     /// The state filter's value: `failed`, `pending`, `delivered`, `discarded` or empty (any).
     pub(crate) state: String,
     pub(crate) page: MessagePage,
@@ -82,6 +84,7 @@ async fn overview<DB: OutboxDatabase>(
     let view = Overview {
         counts: outbox.counts().await?,
         activity: outbox.activity().await?,
+        pauses: outbox.pauses().await?,
         state,
         page,
         audit: outbox.audit_log(DEFAULT_AUDIT_LIMIT).await?,
@@ -170,6 +173,12 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
             (page::refresh())
             (counts_table(&view.counts))
             (chart::charts(&view.activity, "messages", "delivered"))
+            (page::pauses(view.now_ms, &view.pauses, "messages", html! {
+                div {
+                    label for="pause-host" { "Target host (or broker:nats, broker:rabbitmq, topic:name)" }
+                    input #pause-host data-scope-part required placeholder="api.example.com";
+                }
+            }))
             h2 { "Filter" }
             form.filters method="get" action="page" {
                 (page::state_select(&["failed", "pending", "delivered", "discarded"], &view.state))
@@ -186,7 +195,7 @@ pub(crate) fn render_overview(view: &Overview) -> Markup {
                             td { a href=(detail_link(message)) { (message.key) } }
                             td { (message.scope.as_deref().unwrap_or("")) }
                             td { (target(message)) }
-                            td { (message.state.as_str()) }
+                            td { (page::shown_state(message.state.as_str(), message.available_at_ms)) }
                             td.num { (message.attempts) }
                             td.err { (last_error(message)) }
                             td { (time_ms(view.now_ms, message.created_at_ms)) }
@@ -236,7 +245,7 @@ pub(crate) fn render_detail(detail: &MessageDetail, now: i64) -> Markup {
                 }
             },
             job: JobFields {
-                state: message.state.as_str(),
+                state: page::shown_state(message.state.as_str(), message.available_at_ms),
                 attempts: message.attempts,
                 attempts_note: "(the outbox keeps the count of attempts and the last one's answer)",
                 last_error: last_error(message),
@@ -288,6 +297,7 @@ mod tests {
     fn a_key_scope_target_and_error_render_as_text() {
         let view = Overview {
             activity: chart::assemble(0, Vec::new(), Vec::new(), None),
+            pauses: vec![],
             counts: StateCounts {
                 pending: 1,
                 delivered: 2,
@@ -360,6 +370,7 @@ mod tests {
         let view = Overview {
             counts: StateCounts::default(),
             activity: chart::assemble(0, Vec::new(), Vec::new(), None),
+            pauses: vec![],
             state: String::new(),
             page: MessagePage {
                 messages: vec![message.clone()],

@@ -355,6 +355,11 @@ impl<DB: OutboxDatabase> Job<DB> for Deliver {
             },
         }
     }
+
+    /// The message's target: see [`Outbox::pause`](crate::Outbox::pause).
+    fn scopes(&self, payload: &DB::Payload) -> Vec<String> {
+        payload.as_ref().pause_scope().into_iter().collect()
+    }
 }
 
 impl Deliver {

@@ -166,8 +166,10 @@ impl Fixture for sqlx::Postgres {
 
     fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let drop =
-                format!("DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}");
+            let drop = format!(
+                "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
+                         DROP TABLE IF EXISTS {table}"
+            );
             sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
                 .execute(pool)
                 .await
@@ -939,6 +941,56 @@ async fn messages_are_paged_and_shown<DB: Fixture>() {
     env.finish().await;
 }
 
+/// A paused host's messages stay pending with no attempt spent while another host's are
+/// delivered; a second handle on the table (a restart) sees the pause and resumes it; the
+/// resumed message is delivered once.
+async fn a_paused_host_is_not_delivered_until_resumed<DB: Fixture>() {
+    let env = Env::<DB>::new().await;
+    let seen = Seen::default();
+    let base = receiver(seen.clone(), 0, StatusCode::CREATED).await;
+    let port = base.rsplit(':').next().unwrap();
+    assert!(env.outbox.pause("127.0.0.1", "tester").await.unwrap());
+    assert!(!env.outbox.pause("127.0.0.1", "tester").await.unwrap());
+    assert!(matches!(
+        env.outbox.pause(" ", "tester").await,
+        Err(OutboxError::InvalidScope(_))
+    ));
+    let keys = env
+        .commit(vec![
+            Message::post_json(format!("{base}/hook"), &serde_json::json!({"n": 1})).key("paused"),
+            Message::post_json(
+                format!("http://localhost:{port}/hook"),
+                &serde_json::json!({"n": 2}),
+            )
+            .key("open"),
+        ])
+        .await;
+    let relay = fast(&env.outbox);
+    rounds_until(&env, &relay, &keys[1], |s| s == MessageState::Delivered).await;
+    // Every round since claimed nothing: the paused message is parked.
+    assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+    assert_eq!(
+        env.state(&keys[0]).await,
+        (MessageState::Pending, 0, None, None)
+    );
+    assert_eq!(seen.keys(), ["open"]);
+    assert!(env.outbox.attempts(&keys[0]).await.unwrap().is_empty());
+
+    let restarted = Outbox::<DB>::new(env.outbox.pool().clone(), env.outbox.table()).unwrap();
+    let pauses = restarted.pauses().await.unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(
+        (pauses[0].scope.as_str(), pauses[0].by.as_str()),
+        ("127.0.0.1", "tester")
+    );
+    assert!(restarted.resume("127.0.0.1").await.unwrap());
+    assert!(!restarted.resume("127.0.0.1").await.unwrap());
+    rounds_until(&env, &relay, &keys[0], |s| s == MessageState::Delivered).await;
+    assert_eq!(env.state(&keys[0]).await.1, 1);
+    assert_eq!(seen.keys(), ["open", "paused"]);
+    env.finish().await;
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -984,6 +1036,7 @@ on_both!(
     dispatched_messages_reach_the_dispatcher,
     a_spawned_relay_delivers,
     a_redirect_is_not_a_delivery,
+    a_paused_host_is_not_delivered_until_resumed,
 );
 
 /// SQLite: another connection holds the write lock (`BEGIN IMMEDIATE`) from the moment the

@@ -1,5 +1,5 @@
-//! `tower-idempotency inbox list|counts|show|retry|replay|discard|purge|audit`: the webhook
-//! inbox's events,
+//! `tower-idempotency inbox list|counts|show|retry|replay|discard|purge|audit|pause|resume|pauses`:
+//! the webhook inbox's events,
 //! from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 
 use std::{num::NonZeroU32, time::Duration};
@@ -41,6 +41,14 @@ pub enum InboxCommand {
     /// The newest operator changes (retry, replay, discard, purge, pause, resume): when, who,
     /// what, how many events.
     Audit(AuditArgs),
+    /// Pause a provider's events, or (with `--type`) those of one of its event types: they are
+    /// still acknowledged, and stay pending without spending an attempt until resumed, on
+    /// every worker.
+    Pause(PauseArgs),
+    /// Resume what `pause` paused: its events are due at once.
+    Resume(PauseArgs),
+    /// List what is paused (`provider` or `provider/type`).
+    Pauses(TableArg),
 }
 
 #[derive(Debug, Args)]
@@ -48,6 +56,18 @@ pub struct AuditArgs {
     /// At most this many, newest first.
     #[arg(long, default_value_t = DEFAULT_AUDIT_LIMIT)]
     limit: u32,
+    /// The inbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    inbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// The provider's name (`stripe`, `github`, ...).
+    provider: String,
+    /// Only its events of this type (the body's top-level `type`).
+    #[arg(long = "type")]
+    event_type: Option<String>,
     /// The inbox table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     inbox_table: String,
@@ -194,6 +214,9 @@ pub enum Answer {
     Discarded(EventKey),
     Purged(u64),
     Audit(Vec<AuditEntry>),
+    Paused(String, bool),
+    Resumed(String),
+    Pauses(Vec<tower_idempotency::jobs::Pause>),
 }
 
 impl Answer {
@@ -328,6 +351,9 @@ impl Answer {
                 bulk.replayed, bulk.matched
             ),
             Self::Audit(entries) => crate::print_audit(entries, as_json),
+            Self::Paused(scope, changed) => crate::print_paused("paused", scope, *changed, as_json),
+            Self::Resumed(scope) => crate::print_paused("resumed", scope, true, as_json),
+            Self::Pauses(pauses) => crate::print_pauses(pauses, as_json),
         }
     }
 }
@@ -373,6 +399,8 @@ impl InboxCommand {
             Self::Counts(args) => &args.inbox_table,
             Self::Show(args) | Self::Discard(args) => &args.inbox_table,
             Self::Purge(args) => &args.inbox_table,
+            Self::Pause(args) | Self::Resume(args) => &args.inbox_table,
+            Self::Pauses(args) => &args.inbox_table,
         }
     }
 }
@@ -427,12 +455,14 @@ async fn execute<DB: InboxDatabase>(
     command: &InboxCommand,
     who: &str,
 ) -> Result<Result<Answer, CliError>, InboxError> {
-    let answer = answer(inbox, command).await?;
+    let answer = answer(inbox, command, who).await?;
     if let Ok(done) = &answer {
         let change = match (command, done) {
             (_, Answer::Retried(key)) => Some((AuditAction::Retry, described(key), 1)),
             (_, Answer::Replayed(key)) => Some((AuditAction::Replay, described(key), 1)),
             (_, Answer::Discarded(key)) => Some((AuditAction::Discard, described(key), 1)),
+            (_, Answer::Paused(scope, true)) => Some((AuditAction::Pause, scope.clone(), 1)),
+            (_, Answer::Resumed(scope)) => Some((AuditAction::Resume, scope.clone(), 1)),
             (InboxCommand::Purge(args), Answer::Purged(purged)) => Some((
                 AuditAction::Purge,
                 format!("finished more than {} s ago", args.older_than_secs),
@@ -470,6 +500,7 @@ fn described(key: &EventKey) -> String {
 async fn answer<DB: InboxDatabase>(
     inbox: &Inbox<DB>,
     command: &InboxCommand,
+    who: &str,
 ) -> Result<Result<Answer, CliError>, InboxError> {
     Ok(match command {
         InboxCommand::List(args) => Ok(Answer::Events(
@@ -553,5 +584,21 @@ async fn answer<DB: InboxDatabase>(
                 .purge_processed(Duration::from_secs(args.older_than_secs))
                 .await?,
         )),
+        InboxCommand::Pause(args) => {
+            let kind = args.event_type.as_deref();
+            let scope = tower_idempotency::inbox::admin::pause_scope(&args.provider, kind);
+            let paused = inbox.pause(&args.provider, kind, who).await?;
+            Ok(Answer::Paused(scope, paused))
+        }
+        InboxCommand::Resume(args) => {
+            let kind = args.event_type.as_deref();
+            if inbox.resume(&args.provider, kind).await? {
+                let scope = tower_idempotency::inbox::admin::pause_scope(&args.provider, kind);
+                Ok(Answer::Resumed(scope))
+            } else {
+                Err(CliError::NotPaused)
+            }
+        }
+        InboxCommand::Pauses(_) => Ok(Answer::Pauses(inbox.pauses().await?)),
     })
 }

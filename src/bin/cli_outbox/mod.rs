@@ -1,4 +1,5 @@
-//! `tower-idempotency outbox list|show|retry|discard|purge|audit`: the transactional outbox's
+//! `tower-idempotency outbox list|show|retry|discard|purge|audit|pause|resume|pauses`: the
+//! transactional outbox's
 //! messages, from the command line ([docs/cli.md](https://github.com/tower-idempotency/tower-idempotency/blob/main/docs/cli.md)).
 //! Every URL it prints is shown without user-info and with its query values masked
 //! (`admin::shown`), and `show` prints the redacted detail of [`Outbox::message`].
@@ -33,6 +34,14 @@ pub enum OutboxCommand {
     /// The newest operator changes (retry, discard, purge, pause, resume): when, who, what, how
     /// many messages.
     Audit(AuditArgs),
+    /// Pause the delivery to a target host (or `broker:nats`, `broker:rabbitmq`,
+    /// `topic:NAME`): its messages stay pending and spend no attempt until resumed, on every
+    /// relay.
+    Pause(ScopeArgs),
+    /// Resume a paused host: its messages are due at once.
+    Resume(ScopeArgs),
+    /// List what is paused.
+    Pauses(TableArgs),
 }
 
 #[derive(Debug, Args)]
@@ -40,6 +49,22 @@ pub struct AuditArgs {
     /// At most this many, newest first.
     #[arg(long, default_value_t = DEFAULT_AUDIT_LIMIT)]
     limit: u32,
+    /// The outbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    outbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    /// The target host (`api.example.com`), `broker:nats`, `broker:rabbitmq` or `topic:NAME`.
+    scope: String,
+    /// The outbox table.
+    #[arg(long, default_value = DEFAULT_TABLE)]
+    outbox_table: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TableArgs {
     /// The outbox table.
     #[arg(long, default_value = DEFAULT_TABLE)]
     outbox_table: String,
@@ -103,6 +128,8 @@ impl OutboxCommand {
             Self::Show(args) | Self::Retry(args) | Self::Discard(args) => &args.outbox_table,
             Self::Purge(args) => &args.outbox_table,
             Self::Audit(args) => &args.outbox_table,
+            Self::Pause(args) | Self::Resume(args) => &args.outbox_table,
+            Self::Pauses(args) => &args.outbox_table,
         }
     }
 }
@@ -116,6 +143,9 @@ pub enum Answer {
     Discarded(String),
     Purged(u64),
     Audit(Vec<AuditEntry>),
+    Paused(String, bool),
+    Resumed(String),
+    Pauses(Vec<tower_idempotency::jobs::Pause>),
 }
 
 impl Answer {
@@ -157,6 +187,9 @@ impl Answer {
             Self::Purged(purged) if as_json => println!("{}", json!({ "purged": purged })),
             Self::Purged(purged) => println!("purged {purged} delivered or discarded messages"),
             Self::Audit(entries) => crate::print_audit(entries, as_json),
+            Self::Paused(scope, changed) => crate::print_paused("paused", scope, *changed, as_json),
+            Self::Resumed(scope) => crate::print_paused("resumed", scope, true, as_json),
+            Self::Pauses(pauses) => crate::print_pauses(pauses, as_json),
         }
     }
 }
@@ -238,10 +271,12 @@ async fn execute<DB: OutboxDatabase>(
     command: &OutboxCommand,
     who: &str,
 ) -> Result<Result<Answer, CliError>, OutboxError> {
-    let answer = answer(outbox, command).await?;
+    let answer = answer(outbox, command, who).await?;
     let change = match (command, &answer) {
         (_, Ok(Answer::Retried(key))) => Some((AuditAction::Retry, key.clone(), 1)),
         (_, Ok(Answer::Discarded(key))) => Some((AuditAction::Discard, key.clone(), 1)),
+        (_, Ok(Answer::Paused(scope, true))) => Some((AuditAction::Pause, scope.clone(), 1)),
+        (_, Ok(Answer::Resumed(scope))) => Some((AuditAction::Resume, scope.clone(), 1)),
         (OutboxCommand::Purge(args), Ok(Answer::Purged(purged))) => Some((
             AuditAction::Purge,
             format!("finished more than {} s ago", args.older_than_secs),
@@ -261,6 +296,7 @@ async fn execute<DB: OutboxDatabase>(
 async fn answer<DB: OutboxDatabase>(
     outbox: &Outbox<DB>,
     command: &OutboxCommand,
+    who: &str,
 ) -> Result<Result<Answer, CliError>, OutboxError> {
     Ok(match command {
         OutboxCommand::List(args) => {
@@ -293,5 +329,17 @@ async fn answer<DB: OutboxDatabase>(
                 .await?,
         )),
         OutboxCommand::Audit(args) => Ok(Answer::Audit(outbox.audit_log(args.limit).await?)),
+        OutboxCommand::Pause(args) => {
+            let paused = outbox.pause(&args.scope, who).await?;
+            Ok(Answer::Paused(admin::pause_scope(&args.scope), paused))
+        }
+        OutboxCommand::Resume(args) => {
+            if outbox.resume(&args.scope).await? {
+                Ok(Answer::Resumed(admin::pause_scope(&args.scope)))
+            } else {
+                Err(CliError::NotPaused)
+            }
+        }
+        OutboxCommand::Pauses(_) => Ok(Answer::Pauses(outbox.pauses().await?)),
     })
 }

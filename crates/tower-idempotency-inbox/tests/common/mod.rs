@@ -146,7 +146,11 @@ macro_rules! same_sql {
         fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
             Box::pin(async move {
                 for table in tables {
-                    for dropped in [format!("{table}_attempts"), table.to_string()] {
+                    for dropped in [
+                        format!("{table}_attempts"),
+                        format!("{table}_pauses"),
+                        table.to_string(),
+                    ] {
                         let _ = pool
                             .execute(sqlx::AssertSqlSafe(
                                 format!("DROP TABLE IF EXISTS {dropped}").as_str(),

@@ -311,6 +311,11 @@ where
             },
         }
     }
+
+    /// The job's kind, the first word of its body.
+    fn scopes(&self, payload: &Body) -> Vec<String> {
+        payload.body.split(' ').take(1).map(str::to_owned).collect()
+    }
 }
 
 fn settings(max_attempts: u32) -> Settings {
@@ -1104,4 +1109,107 @@ pub async fn the_audit_lists_the_newest_entries_first<DB: Fixture>(
     let all = DB::audit_log(&pool, &sql, 10).await.unwrap();
     assert_eq!(all.len(), 3);
     assert_eq!(all[2], entries[0]);
+}
+
+/// A paused scope's claimed jobs are parked by the worker: pending, their attempts given back,
+/// claimed by no claim nor sweep, while another scope's run; a second set of statements (a
+/// restart) sees the pause; a resume makes them due, and they run once.
+pub async fn a_paused_scope_parks_its_jobs_until_resumed<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = Arc::new(DB::statements(table(&name)));
+    add_many(&pool, &name, "a", 2, 1_000).await;
+    add_many(&pool, &name, "b", 1, 1_000).await;
+    assert!(DB::pause(&pool, &sql, "a", 5, "tester").await.unwrap());
+    assert!(!DB::pause(&pool, &sql, "a", 6, "other").await.unwrap());
+    let job = Recording::default();
+    let worker = Worker::new(
+        pool.clone(),
+        sql.clone(),
+        job.clone(),
+        settings(3),
+        Arc::new(Notify::new()),
+    );
+    let round = worker.run_once().await.unwrap();
+    assert_eq!((round.claimed, round.done, round.parked), (3, 1, 2));
+    let round = worker.run_once().await.unwrap();
+    assert_eq!(round.claimed, 0, "a parked job was claimed again");
+    for id in ["000", "001"] {
+        let parked = get(&pool, &sql, &key("a", id)).await;
+        assert_eq!(parked.state, JobState::Pending);
+        assert_eq!(parked.attempts, 0, "a parked job spent an attempt");
+        assert_eq!(parked.available_at_ms, crate::PARKED_AT);
+        assert!(DB::attempts(&pool, &sql, &key("a", id))
+            .await
+            .unwrap()
+            .is_empty());
+    }
+    assert!(job.runs.lock().unwrap().get(&key("a", "000")).is_none());
+    let now = now_ms();
+    let keys = [key("a", "000"), key("a", "001")];
+    let by_key: Vec<Claimed<Body>> = DB::claim_keys(&pool, &sql, &keys, now, 7, now + LEASE, 5)
+        .await
+        .unwrap();
+    assert!(by_key.is_empty(), "a parked job was claimed by key");
+    assert!(DB::due(&pool, &sql, now, 10, 5).await.unwrap().is_empty());
+    assert_eq!(DB::counts(&pool, &sql).await.unwrap().pending, 2);
+
+    // Another instance's statements read the same pause.
+    let restarted = DB::statements(table(&name));
+    let pauses = DB::pauses(&pool, &restarted).await.unwrap();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(
+        (
+            pauses[0].scope.as_str(),
+            pauses[0].paused_at_ms,
+            pauses[0].by.as_str()
+        ),
+        ("a", 5, "tester")
+    );
+    // Parking is fenced by the claim and by the pause.
+    DB::add(&pool, &name, "c", "000", "c 000", 1_000)
+        .await
+        .unwrap();
+    let claimed: Vec<Claimed<Body>> = DB::claim_keys(
+        &pool,
+        &restarted,
+        &[key("c", "000")],
+        now,
+        8,
+        now + LEASE,
+        5,
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert!(!DB::park(&pool, &restarted, &key("c", "000"), 9, "a")
+        .await
+        .unwrap());
+    assert!(!DB::park(&pool, &restarted, &key("c", "000"), 8, "c")
+        .await
+        .unwrap());
+    assert!(DB::park(&pool, &restarted, &key("c", "000"), 8, "a")
+        .await
+        .unwrap());
+    assert_eq!(get(&pool, &sql, &key("c", "000")).await.attempts, 0);
+
+    assert!(!DB::resume(&pool, &restarted, "none", now).await.unwrap());
+    assert!(DB::resume(&pool, &restarted, "a", now).await.unwrap());
+    assert!(DB::pauses(&pool, &sql).await.unwrap().is_empty());
+    let parked = get(&pool, &sql, &key("a", "000")).await;
+    assert_eq!(parked.available_at_ms, now);
+    let mut rounds = 0;
+    while DB::counts(&pool, &sql).await.unwrap().done < 4 {
+        rounds += 1;
+        assert!(rounds < 10, "the resumed jobs did not run");
+        worker.run_once().await.unwrap();
+    }
+    let runs = job.runs.lock().unwrap().clone();
+    for job in [key("a", "000"), key("a", "001"), key("c", "000")] {
+        assert_eq!(runs[&job], 1, "{job:?}");
+        assert_eq!(get(&pool, &sql, &job).await.attempts, 1);
+    }
 }

@@ -22,8 +22,9 @@ use crate::{BoxFuture, Driver};
 pub trait Fixture: Driver {
     /// Creates `table`: key columns `kind` and `id` (text), `body` (text), `created_at`
     /// (big integer), `last_status` (integer, null), and [`Driver::JOB_COLUMNS`], with the due
-    /// index, its history table ([`Driver::history_schema`]) and its audit table
-    /// ([`Driver::audit_schema`]). Drops tables of those names first.
+    /// index, its history table ([`Driver::history_schema`]), its audit table
+    /// ([`Driver::audit_schema`]) and its pauses table ([`Driver::pauses_schema`]). Drops tables
+    /// of those names first.
     fn create<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, sqlx::Result<()>>;
 
     /// Adds a pending job `(kind, id)` with `body`, enqueued and due at `created_at`.
@@ -36,7 +37,7 @@ pub trait Fixture: Driver {
         created_at: i64,
     ) -> BoxFuture<'a, sqlx::Result<()>>;
 
-    /// Drops `table`, its history table and its audit table.
+    /// Drops `table`, its history table, its audit table and its pauses table.
     fn drop_table<'a>(
         pool: &'a sqlx::Pool<Self>,
         table: &'a str,
@@ -65,10 +66,11 @@ macro_rules! fixture {
                     let ddl = format!(
                         "DROP TABLE IF EXISTS {table}_attempts;\n\
                          DROP TABLE IF EXISTS {table}_audit;\n\
+                         DROP TABLE IF EXISTS {table}_pauses;\n\
                          DROP TABLE IF EXISTS {table};\n\
                          CREATE TABLE {table} (kind {text} NOT NULL, id {text} NOT NULL, \
                          body {text} NOT NULL, created_at {big} NOT NULL, last_status {int}, \
-                         {columns}, PRIMARY KEY (kind, id));\n{index}\n{history}{audit}",
+                         {columns}, PRIMARY KEY (kind, id));\n{index}\n{history}{audit}{pauses}",
                         text = $text,
                         big = $big,
                         int = $int,
@@ -76,6 +78,7 @@ macro_rules! fixture {
                         index = <$db as Driver>::due_index(table),
                         history = <$db as Driver>::history_schema(&cases::table(table)),
                         audit = <$db as Driver>::audit_schema(&cases::table(table)),
+                        pauses = <$db as Driver>::pauses_schema(&cases::table(table)),
                     );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
@@ -119,7 +122,7 @@ macro_rules! fixture {
                 Box::pin(async move {
                     let ddl = format!(
                         "DROP TABLE IF EXISTS {table}_attempts;\nDROP TABLE IF EXISTS {table}_audit;\n\
-                         DROP TABLE IF EXISTS {table}"
+                         DROP TABLE IF EXISTS {table}_pauses;\nDROP TABLE IF EXISTS {table}"
                     );
                     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
                         .execute(pool)
@@ -244,6 +247,7 @@ macro_rules! jobs_driver_conformance_tests {
                 counts_and_lag,
                 concurrent_workers_run_each_job_once,
                 the_dispatcher_runs_fed_and_swept_jobs_once,
+                a_paused_scope_parks_its_jobs_until_resumed,
                 a_locked_table_delays_the_record_but_never_doubles_it,
                 a_database_gone_mid_batch_fails_the_round,
                 the_history_keeps_the_first_and_the_last_attempts,
