@@ -62,7 +62,9 @@ pub struct Listed {
     pub body: Vec<u8>,
 }
 
-pub(crate) use crate::dialect::{Db, MYSQL_KEY};
+pub(crate) use crate::dialect::Db;
+#[cfg(feature = "mysql")]
+pub(crate) use crate::dialect::MYSQL_KEY;
 
 /// The inbox table's shape for the job engine.
 pub(crate) fn table(name: &str) -> Table {
