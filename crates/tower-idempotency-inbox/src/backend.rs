@@ -1125,20 +1125,26 @@ pub(crate) async fn complete<DB: InboxDatabase>(
     DB::complete(conn, &sql.jobs, &job_key(key), token, now, None).await
 }
 
-/// Records an attempt in the event's history on `conn` (the handler's transaction for a
-/// processed event), keeping its first and its newest `keep`.
-pub(crate) async fn record<DB: InboxDatabase>(
+/// Marks the event processed inside the handler's transaction, fenced by the claim's token, and
+/// records `attempt` in its history (keeping its first and its newest `keep`): one statement on
+/// Postgres, two elsewhere ([`Driver::complete_recorded`]).
+pub(crate) async fn complete_recorded<DB: InboxDatabase>(
     conn: &mut DB::Connection,
     sql: &Sql,
     key: &EventKey,
+    (now, token): (i64, i64),
     attempt: &tower_idempotency_jobs::Attempt,
     keep: u32,
-) -> sqlx::Result<()> {
+) -> sqlx::Result<bool> {
     sql.sent();
+    if !sql.jobs.completes_with_history() {
+        sql.sent();
+    }
     if attempt.attempt > keep {
         sql.sent();
     }
-    DB::record_attempt(conn, &sql.jobs, &job_key(key), attempt, keep).await
+    let key = job_key(key);
+    DB::complete_recorded(conn, &sql.jobs, &key, token, now, None, attempt, keep).await
 }
 
 /// Records a failed attempt, fenced by the claim's token: back to pending until `retry_at`,

@@ -691,8 +691,22 @@ impl<DB: InboxDatabase> Shared<DB> {
             });
         }
         let (sql, now) = (&self.inbox.sql, now_ms());
-        let current = match backend::complete::<DB>(&mut *transaction, sql, &key, now, token).await
-        {
+        let keep = self.settings.history;
+        let done = Attempt::ended(attempt, started, AttemptOutcome::Done);
+        let completed = if keep > 0 {
+            backend::complete_recorded::<DB>(
+                &mut *transaction,
+                sql,
+                &key,
+                (now, token),
+                &done,
+                keep,
+            )
+            .await
+        } else {
+            backend::complete::<DB>(&mut *transaction, sql, &key, now, token).await
+        };
+        let current = match completed {
             Ok(current) => current,
             Err(error) => {
                 let _ = transaction.rollback().await;
@@ -707,16 +721,6 @@ impl<DB: InboxDatabase> Shared<DB> {
         if !current {
             let _ = transaction.rollback().await;
             return Ok(Ended::Stale);
-        }
-        let keep = self.settings.history;
-        if keep > 0 {
-            let done = Attempt::ended(attempt, started, AttemptOutcome::Done);
-            if let Err(error) =
-                backend::record::<DB>(&mut *transaction, sql, &key, &done, keep).await
-            {
-                let _ = transaction.rollback().await;
-                return Err(Tried::Failed(Failure::from(error_text(&error))));
-            }
         }
         // A commit whose outcome is unknown is recorded as a failure below: when it did
         // commit, the failure record (fenced by the token the commit cleared) changes nothing.

@@ -249,8 +249,9 @@ async fn slow_handlers_in_a_batch_keep_their_lease<DB: Fixture>() {
 /// own on the table, so its statements are counted apart from the test's reads) with 16 handlers
 /// and no attempt history that sweeps once: each event is processed once, and the worker sends
 /// fewer statements than one claim and one completion per event would (its first batch alone
-/// claims 16 in one). A second backlog with the history on costs one statement more per event
-/// (its record, inside the handler's transaction).
+/// claims 16 in one). A second backlog with the history on costs one statement more per event on
+/// SQLite (its record, inside the handler's transaction) and none on Postgres, where the
+/// completion writes the record in the same statement.
 async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     let setup = Setup::<DB>::new().await;
     let sender = Sender::new(&setup.inbox).await;
@@ -280,8 +281,9 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
         .spawn();
     each_processed_once(&setup, &probe, &more, [worker]).await;
     let recorded = recording.statements_executed();
+    let bound = if DB::LABEL == "postgres" { 2 } else { 3 };
     assert!(
-        recorded < 3 * 50,
+        recorded < bound * 50,
         "{}: with its history the worker sent {recorded} statements for 50 events",
         DB::LABEL
     );

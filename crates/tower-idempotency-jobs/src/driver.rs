@@ -35,6 +35,9 @@ pub struct Dialect {
     /// A `NULL` the database types as an integer: the status of a table without a status
     /// column.
     pub null_integer: &'static str,
+    /// Whether a statement can write in a `WITH` clause (Postgres): a completion and its
+    /// attempt's history row are then one statement ([`Driver::complete_recorded`]).
+    pub writing_with: bool,
 }
 
 /// How a statement receives a batch of keys.
@@ -193,6 +196,8 @@ pub struct Statements {
     pub(crate) renew: Prepared,
     pub(crate) renew_one: Prepared,
     pub(crate) complete: Prepared,
+    /// [`Dialect::writing_with`]: the completion and the history row in one statement.
+    pub(crate) complete_recorded: Option<Prepared>,
     pub(crate) fail: Prepared,
     pub(crate) exhaust: Prepared,
     pub(crate) due: Prepared,
@@ -377,6 +382,12 @@ impl Statements {
         let created = format!("{q}{}{q}", table.created);
         let after_keys: Vec<String> = (0..n).map(|i| format!("${}", 6 + i)).collect();
         let page_limit = 6 + n;
+        let complete = format!(
+            "UPDATE {t} SET state = 1, finished_at = ${}, {}last_error = NULL, \
+             lease_token = NULL, lease_until = NULL WHERE {by_key} AND lease_token = ${k}",
+            k + 1,
+            status_set(k + 2),
+        );
         let order_desc: Vec<String> = table
             .key
             .iter()
@@ -394,12 +405,21 @@ impl Statements {
                 k + 1
             )),
             // $k token, $k+1 now, $k+2 status.
-            complete: sql(format!(
-                "UPDATE {t} SET state = 1, finished_at = ${}, {}last_error = NULL, \
-                 lease_token = NULL, lease_until = NULL WHERE {by_key} AND lease_token = ${k}",
-                k + 1,
-                status_set(k + 2),
-            )),
+            complete: sql(complete.clone()),
+            // The completion's parameters, then the history row's seven.
+            complete_recorded: dialect.writing_with.then(|| {
+                let first = k + 2 + usize::from(table.status.is_some());
+                let values: Vec<String> = (first..first + 7).map(|i| format!("${i}")).collect();
+                let keys_bound: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+                sql(format!(
+                    "WITH done AS ({complete} RETURNING 1) INSERT INTO {} ({keys}, attempt, \
+                     started_at, duration_ms, outcome, error, status, response) SELECT {}, {} \
+                     FROM done",
+                    crate::history::history_table(&table),
+                    keys_bound.join(", "),
+                    values.join(", "),
+                ))
+            }),
             // $k token, $k+1 now, $k+2 max attempts, $k+3 retry at, $k+4 error, $k+5 status.
             fail: sql(format!(
                 "UPDATE {t} SET \
@@ -469,6 +489,11 @@ impl Statements {
     /// The table these statements are for.
     pub fn table(&self) -> &Table {
         &self.table
+    }
+
+    /// Whether [`Driver::complete_recorded`] is one statement here ([`Dialect::writing_with`]).
+    pub fn completes_with_history(&self) -> bool {
+        self.complete_recorded.is_some()
     }
 
     /// How these statements write their parameters: the form a half's own statements beside
@@ -662,6 +687,22 @@ pub trait Driver: sqlx::Database + Sized {
         token: i64,
         now: i64,
         status: Option<i32>,
+    ) -> BoxFuture<'a, sqlx::Result<bool>>;
+
+    /// [`complete`](Self::complete), then records `attempt` in the job's history as
+    /// [`record_attempt`](Self::record_attempt) does, when the completion took effect: in one
+    /// statement where the dialect can write in a `WITH` clause ([`Dialect::writing_with`]),
+    /// else in two on `conn`.
+    #[allow(clippy::too_many_arguments)]
+    fn complete_recorded<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Statements,
+        key: &'a JobKey,
+        token: i64,
+        now: i64,
+        status: Option<i32>,
+        attempt: &'a crate::Attempt,
+        keep_last: u32,
     ) -> BoxFuture<'a, sqlx::Result<bool>>;
 
     /// Records a failed attempt, fenced by `token`: pending until `retry_at`, or failed when
@@ -1026,6 +1067,54 @@ macro_rules! driver_calls {
                     query = query.bind(status);
                 }
                 Ok(query.query().execute(conn).await?.rows_affected() == 1)
+            })
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn complete_recorded<'a>(
+            conn: &'a mut Self::Connection,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+            token: i64,
+            now: i64,
+            status: Option<i32>,
+            attempt: &'a $crate::Attempt,
+            keep_last: u32,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let Some(statement) = &sql.complete_recorded else {
+                    if !Self::complete(&mut *conn, sql, key, token, now, status).await? {
+                        return Ok(false);
+                    }
+                    Self::record_attempt(&mut *conn, sql, key, attempt, keep_last).await?;
+                    return Ok(true);
+                };
+                let mut query = statement.binder::<$db>().key(key).bind(token).bind(now);
+                if sql.table().status.is_some() {
+                    query = query.bind(status);
+                }
+                let done = query
+                    .bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
+                    .bind(attempt.started_at_ms)
+                    .bind(i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX))
+                    .bind(attempt.outcome.code())
+                    .bind(attempt.error.as_deref())
+                    .bind(attempt.status)
+                    .bind(attempt.response.as_deref())
+                    .query()
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1;
+                // Only an attempt past the newest kept can leave a row to delete.
+                if done && attempt.attempt > keep_last {
+                    let trim = sql.history.trim.binder::<$db>().key(key);
+                    trim.bind(i64::from(keep_last))
+                        .query()
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(done)
             })
         }
 

@@ -66,6 +66,7 @@ impl Driver for MySql {
                 returning: false,
                 quote: "`",
                 null_integer: "CAST(NULL AS SIGNED)",
+                writing_with: false,
             },
         )
     }

@@ -36,6 +36,7 @@ impl Driver for sqlx::Postgres {
                 returning: true,
                 quote: "",
                 null_integer: "CAST(NULL AS integer)",
+                writing_with: true,
             },
         )
     }

@@ -35,6 +35,7 @@ impl Driver for sqlx::Sqlite {
                 returning: true,
                 quote: "",
                 null_integer: "CAST(NULL AS integer)",
+                writing_with: false,
             },
         )
     }
