@@ -5,7 +5,8 @@
 //! attempt numbered past `n` deletes the rows between. An operator's retry starts the count of
 //! attempts again, so the attempts of each run up to `n` are kept beside. The rows of a purged
 //! job are purged after it ([`Driver::purge_attempts`]). A successful first attempt costs one
-//! statement (inside the attempt's transaction where the half has one).
+//! statement (inside the attempt's transaction where the half has one), or none where the
+//! completion writes the row itself ([`Driver::complete_recorded`], Postgres).
 //!
 //! The record is written after the attempt's own outcome (inside a successful attempt's
 //! transaction where the half has one), so an attempt cut short by a crash has no row: the
