@@ -21,6 +21,12 @@ import json, sys
 meta = json.load(sys.stdin)
 print(" ".join(p["name"] for p in meta["packages"] if p.get("publish") != []))')
 
+# The packages are verified in a target directory of their own, emptied first: cargo keys a
+# registry crate's build by its name and version, so a target directory that built an earlier
+# package of the same version would link the next crate against that stale build.
+export CARGO_TARGET_DIR="$PWD/target/package-check"
+rm -rf "$CARGO_TARGET_DIR"
+
 # cargo extracts the packages it verifies under $CARGO_HOME/registry/src/<hash of its temporary
 # registry's path>/<name>-<version> and reuses an extraction it finds there, so a second run from
 # the same directory would build one crate against another's previous package. Clear ours first.
