@@ -870,6 +870,7 @@ pub trait Driver: sqlx::Database + Sized {
         sql: &'a Statements,
         limit: i64,
     ) -> BoxFuture<'a, sqlx::Result<Vec<crate::audit::AuditEntry>>>;
+
     /// Pauses `scope` at `now` by `by`; `false` when it was paused already (the first pause
     /// stays).
     fn pause<'a>(
