@@ -26,6 +26,8 @@ print(" ".join(p["name"] for p in meta["packages"] if p.get("publish") != []))')
 # package of the same version would link the next crate against that stale build.
 export CARGO_TARGET_DIR="$PWD/target/package-check"
 rm -rf "$CARGO_TARGET_DIR"
+# Nothing else reads those builds: their disk is given back when the check ends.
+trap 'rm -rf "$CARGO_TARGET_DIR"' EXIT
 
 # cargo extracts the packages it verifies under $CARGO_HOME/registry/src/<hash of its temporary
 # registry's path>/<name>-<version> and reuses an extraction it finds there, so a second run from
