@@ -1,8 +1,8 @@
 //! The Postgres store's coalescing of claims of new keys and completions
 //! ([`PostgresStore::with_coalescing`]): batches are built by holding back, at a proxy, the
-//! reply to the statement in flight, so the calls that arrive meanwhile queue up and go out
-//! together when the proxy lets the reply through. (A row lock would not hold a batch: a batch
-//! gives up on a row lock after 100 ms and hands its calls back.)
+//! replies to the statements on every write lane, so the calls that arrive meanwhile queue up
+//! and go out together when the proxy lets the replies through. (A row lock would not hold a
+//! batch: a batch gives up on a row lock after 100 ms and hands its calls back.)
 #![cfg(feature = "postgres")]
 
 mod common;
@@ -38,9 +38,16 @@ async fn store_on(table: &PgTable, pool: sqlx::PgPool) -> Arc<PostgresStore> {
     Arc::new(store)
 }
 
-/// A store whose every connection goes through a proxy that can hold replies back, warmed so
-/// that its batch lanes hold their connections; `None` when Postgres is unreachable.
+/// A store with one write lane whose every connection goes through a proxy that can hold
+/// replies back; `None` when Postgres is unreachable.
 async fn proxied(table: &PgTable) -> Option<(Arc<PostgresStore>, Proxy)> {
+    proxied_with_lanes(table, 1).await
+}
+
+/// A store with `lanes` write lanes whose every connection goes through a proxy that can hold
+/// replies back, warmed so that each lane holds its connection and has prepared both batch
+/// statements; `None` when Postgres is unreachable.
+async fn proxied_with_lanes(table: &PgTable, lanes: usize) -> Option<(Arc<PostgresStore>, Proxy)> {
     pg_pool().await?;
     let proxy = Proxy::counting(pg_address(), Protocol::Postgres)
         .await
@@ -50,26 +57,30 @@ async fn proxied(table: &PgTable) -> Option<(Arc<PostgresStore>, Proxy)> {
         .connect(&proxy_url(&proxy))
         .await
         .expect("connect through the proxy");
-    let store = store_on(table, pool).await;
-    // Two claims and completions at once, so both batch lanes have run a statement.
-    let warm: Vec<_> = (0..2)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let key = random_key(&format!("warm{i}"));
-                let token = token_of(claim(&*store, &key, 1, LEASE).await);
-                store.complete(&key, token, &response("warm"), TTL).await
-            })
-        })
+    let store = PostgresStore::new(pool, &table.name)
+        .expect("valid table name")
+        .with_connection_lanes(lanes);
+    store.migrate().await.expect("migrate");
+    let store = Arc::new(store);
+    assert_eq!(store.connection_lanes(), lanes);
+    // Lanes are taken in turn: `lanes` claims one after another run one on each lane, and so
+    // do the completions after them.
+    let keys: Vec<String> = (0..lanes)
+        .map(|i| random_key(&format!("warm{i}")))
         .collect();
-    for warm in warm {
-        assert_eq!(warm.await.unwrap().expect("warm"), Ownership::Current);
+    let mut tokens = Vec::new();
+    for key in &keys {
+        tokens.push(token_of(claim(&*store, key, 1, LEASE).await));
+    }
+    for (key, token) in keys.iter().zip(tokens) {
+        let done = store.complete(key, token, &response("warm"), TTL).await;
+        assert_eq!(done.expect("warm"), Ownership::Current);
     }
     Some((store, proxy))
 }
 
-/// [`proxied`], with a claim of a fresh key [`in_flight`]: the claims that follow queue
-/// behind it until the proxy passes replies again.
+/// [`proxied`], with a claim of a fresh key [`in_flight`] on its one lane: the claims that
+/// follow queue until the proxy passes replies again.
 async fn proxied_behind_held_claim(
     table: &PgTable,
 ) -> Option<(
@@ -103,7 +114,7 @@ fn proxy_url(proxy: &Proxy) -> String {
 }
 
 /// Runs `call` with the proxy holding replies back, and returns once its statement is on the
-/// wire: the statement in flight of its kind, until the proxy passes replies again.
+/// wire, where it holds its lane until the proxy passes replies again.
 async fn in_flight<T>(
     proxy: &Proxy,
     start: impl FnOnce() -> tokio::task::JoinHandle<T>,
@@ -119,7 +130,7 @@ async fn in_flight<T>(
     running
 }
 
-/// Waits until `n` calls are queued behind the statement in flight.
+/// Waits until `n` calls are queued for a lane.
 async fn until_queued(store: &PostgresStore, n: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while store.coalescing_queued() < n {
@@ -262,6 +273,53 @@ async fn queued_claims_go_out_as_one_batch_with_one_answer_per_key() {
             Ownership::Current
         );
     }
+}
+
+/// A call that finds a lane free goes out at once, beside a batch in flight: calls queue only
+/// while every lane is busy, and those that queued go out together on the first lane to free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waits_only_while_every_lane_is_busy() {
+    let table = PgTable::new();
+    let Some((store, proxy)) = proxied_with_lanes(&table, 2).await else {
+        return;
+    };
+    let first = in_flight(&proxy, || {
+        spawn_claim(store.clone(), &random_key("a"), LEASE)
+    })
+    .await;
+    let sent = proxy.counted();
+    let second = spawn_claim(store.clone(), &random_key("b"), LEASE);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.counted() == sent {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second claim waited although a lane was free"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(store.coalescing_queued(), 0);
+
+    let keys: Vec<String> = (0..8).map(|i| random_key(&format!("q{i}"))).collect();
+    let queued: Vec<_> = keys
+        .iter()
+        .map(|key| spawn_claim(store.clone(), key, LEASE))
+        .collect();
+    until_queued(&store, keys.len()).await;
+    let before = proxy.counted();
+    proxy.set(Mode::Pass);
+
+    for claim in [first, second].into_iter().chain(queued) {
+        let outcome = claim.await.unwrap().expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::Claimed { .. }),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        proxy.counted() - before,
+        1,
+        "the queued claims went out as one statement"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,4 +192,4 @@ impl Backend for MySql {
 #[derive(Debug)]
 pub struct MySqlEngine;
 
-impl Engine for MySqlEngine {}
+impl Engine<MySql> for MySqlEngine {}

@@ -1,13 +1,13 @@
-//! Claims of new keys and completions, coalesced: while one of them is in flight, the ones that
-//! arrive queue up, and the next statement carries every queued one over arrays (`unnest`), so
-//! a new key costs a share of two commits instead of two.
+//! Claims of new keys and completions, coalesced: while every lane is busy, the ones that arrive
+//! queue up, and the next lane to free carries every queued one in one statement over arrays
+//! (`unnest`), so under load a new key costs a share of two commits instead of two.
 //!
 //! Each caller gets the answer its own statement would have given. The batched statements are
 //! the single ones over a set: the claim inserts with `ON CONFLICT DO NOTHING` and answers
 //! "claimed" for the keys it returned; the completion updates the rows whose key and fencing
 //! token match, on the same conditions as the single statement, and answers "current" for the
-//! keys it returned. A key is in a batch once: a second call for the same key waits for the
-//! next batch, so it sees the first one's row exactly as its own statement would have.
+//! keys it returned. A key is in one batch at a time: a second call for the same key waits for a
+//! batch after the one in flight with it, so it sees the first one's row exactly as its own statement would have.
 //!
 //! A batch statement gives up on any row lock it would wait for longer than
 //! [`LOCK_TIMEOUT`] (another instance's or a `claim_in` transaction's uncommitted row of the
@@ -19,12 +19,12 @@
 //! gives up before its batch is sent is left out of it; one that gives up while its batch is in
 //! flight leaves its write to that batch (as a cancelled single statement may have committed).
 //!
-//! Batches run on a task of their own (spawned when a queue gets work and none is running,
-//! ending when it is empty), so a cancelled caller never cancels its batch-mates' statement,
-//! on lanes of their own: one connection per kind of statement, kept checked out as the
-//! store's lanes are (see `store/lanes.rs`), as far as the store's lanes leave all but one of
-//! the pool's connections; past that (and with no store lanes) a batch takes a connection
-//! from the pool.
+//! Batches run on tasks of their own, so a cancelled caller never cancels its batch-mates'
+//! statement, and on the store's write lanes, beside its single statements: a task takes a lane
+//! first and only then the calls queued by that moment, so a call waits only for a lane, as its
+//! own statement would, and calls that queued while every lane was busy go out together. Up to
+//! as many batches of a kind run at once as the store has write lanes (without lanes, all but
+//! one of the pool's connections, each batch taking one from the pool).
 
 use std::{
     collections::HashSet,
@@ -39,7 +39,7 @@ use tokio::sync::oneshot;
 use super::notices::notify_each;
 use crate::store::{
     backend::{Done, Pick, Statement, Write, Wrote},
-    lanes::Lanes,
+    lanes::{lane_limit, Lanes, Taken},
     record::Params,
 };
 
@@ -49,7 +49,7 @@ const MAX_BATCH: usize = 512;
 /// How long a batch statement waits for a row lock before it gives up and hands its calls back.
 const LOCK_TIMEOUT: &str = "100ms";
 
-/// A store's queues of claims and completions and the lanes their statements run on.
+/// A store's queues of claims and completions, and the lanes their statements run on.
 pub(crate) struct Coalescer {
     inner: Arc<Inner>,
 }
@@ -58,30 +58,38 @@ impl fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coalescer")
             .field("lanes", &self.inner.lanes)
+            .field("parallel", &self.inner.parallel)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner {
-    lanes: Lanes<Postgres>,
+    lanes: Arc<Lanes<Postgres>>,
+    /// How many batches of one kind may run at once.
+    parallel: usize,
     claims: Queue<Claim>,
     completions: Queue<Completion>,
 }
 
 impl Coalescer {
-    /// Queues for `table`'s statements on `pool`, run on `lanes` lanes of their own (`0`: a
-    /// connection from the pool per batch). Opens no connection.
-    pub(crate) fn new(pool: &PgPool, table: &str, lanes: usize) -> Self {
+    /// Queues for `table`'s statements, run on the store's write `lanes` (on `pool`, which
+    /// lends a connection per batch when there are no lanes). Opens no connection.
+    pub(crate) fn new(pool: &PgPool, table: &str, lanes: Arc<Lanes<Postgres>>) -> Self {
+        let parallel = match lanes.count() {
+            0 => lane_limit(pool).max(1),
+            count => count,
+        };
         Self {
             inner: Arc::new(Inner {
-                lanes: Lanes::new(pool.clone(), lanes),
+                lanes,
+                parallel,
                 claims: Queue::new(&claims_sql(table)),
                 completions: Queue::new(&completions_sql(table)),
             }),
         }
     }
 
-    /// How many calls wait for the statement in flight of their kind.
+    /// How many calls wait for a lane to go out on.
     pub(crate) fn queued(&self) -> usize {
         self.inner.claims.lock().waiting.len() + self.inner.completions.lock().waiting.len()
     }
@@ -130,14 +138,17 @@ enum Pending {
     Completion(Completion),
 }
 
-/// Queues `job` and starts its queue's task if none is running; the receiver gets the answer.
+/// Queues `job` and starts a task for its queue if fewer than `parallel` run; the receiver
+/// gets the answer.
 fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Answer> {
     let (answer, answered) = oneshot::channel();
     let queue = J::queue(inner);
     let start = {
         let mut state = queue.lock();
         state.waiting.push(Waiting { job, answer });
-        !std::mem::replace(&mut state.running, true)
+        let start = state.running < inner.parallel;
+        state.running += usize::from(start);
+        start
     };
     if start {
         tokio::spawn(drain::<J>(inner.clone()));
@@ -145,90 +156,115 @@ fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Answer> {
     answered
 }
 
-/// Runs batches of `J` until its queue is empty.
+/// Runs batches of `J`, each on a lane taken before the batch is, until a lane finds its queue
+/// with nothing it may send.
 async fn drain<J: Job>(inner: Arc<Inner>) {
     let queue = J::queue(&inner);
-    let _running = Running(queue);
+    let mut running = Running {
+        queue,
+        keys: Vec::new(),
+        ended: false,
+    };
     loop {
-        let batch = {
+        // A lane is taken only for work there is: its wait may take the work along.
+        {
             let mut state = queue.lock();
-            let batch = take_batch(&mut state.waiting);
-            if batch.is_empty() {
-                state.running = false;
+            if !state.has_work() {
+                state.running -= 1;
+                running.ended = true;
                 return;
             }
+        }
+        let lane = inner.lanes.take().await;
+        let batch = {
+            let mut state = queue.lock();
+            let batch = take_batch(&mut state);
+            if batch.is_empty() {
+                state.running -= 1;
+                running.ended = true;
+                return;
+            }
+            running.keys = batch.iter().map(|call| call.job.key().to_owned()).collect();
+            state.in_flight.extend(running.keys.iter().cloned());
             batch
         };
-        run(&inner, queue, batch).await;
+        let changed = match lane {
+            Ok(lane) => run(queue, lane, &batch).await,
+            Err(_) => None,
+        };
+        queue.lock().release(&mut running.keys);
+        for call in batch {
+            let answer = changed
+                .as_ref()
+                .map(|changed| u64::from(changed.contains(call.job.key())));
+            let _ = call.answer.send(answer);
+        }
     }
 }
 
-/// Ends a queue's run however its task ends: a task that panicked or whose runtime went away
-/// drops the calls it had queued (their callers get an error) and lets the next call start a
-/// new task.
-struct Running<'a, J: Job>(&'a Queue<J>);
+/// Ends a task's part in its queue however the task ends: a task that panicked or whose runtime
+/// went away releases its batch's keys, and the last one drops the calls still queued (their
+/// callers get an error and run their own statements), so the next call starts a new task.
+struct Running<'a, J: Job> {
+    queue: &'a Queue<J>,
+    /// The keys of the batch in flight.
+    keys: Vec<String>,
+    ended: bool,
+}
 
 impl<J: Job> Drop for Running<'_, J> {
     fn drop(&mut self) {
-        let mut state = self.0.lock();
-        if state.running {
-            state.running = false;
+        if self.ended {
+            return;
+        }
+        let mut state = self.queue.lock();
+        state.release(&mut self.keys);
+        state.running -= 1;
+        if state.running == 0 {
             state.waiting.clear();
         }
     }
 }
 
-/// The next batch: the calls whose callers still wait, in order, at most one per key and at
-/// most [`MAX_BATCH`]; the others stay queued. Sorted by key, so two instances' batches lock
-/// shared keys in the same order.
-fn take_batch<J: Job>(waiting: &mut Vec<Waiting<J>>) -> Vec<Waiting<J>> {
+/// The next batch: the calls whose callers still wait, in order, at most one per key, none for
+/// a key in a batch in flight, and at most [`MAX_BATCH`]; the others stay queued. Sorted by key,
+/// so two batches lock shared keys in the same order.
+fn take_batch<J: Job>(state: &mut State<J>) -> Vec<Waiting<J>> {
     let mut keys = HashSet::new();
     let mut batch = Vec::new();
     let mut rest = Vec::new();
-    for call in waiting.drain(..) {
+    for call in state.waiting.drain(..) {
         if call.answer.is_closed() {
             continue;
         }
-        if batch.len() < MAX_BATCH && keys.insert(call.job.key().to_owned()) {
+        let key = call.job.key();
+        if batch.len() < MAX_BATCH && !state.in_flight.contains(key) && keys.insert(key.to_owned())
+        {
             batch.push(call);
         } else {
             rest.push(call);
         }
     }
-    *waiting = rest;
+    state.waiting = rest;
     batch.sort_by(|a, b| a.job.key().cmp(b.job.key()));
     batch
 }
 
-/// Runs one batch and answers its callers: how many rows each call changed, or, when the
-/// statement failed, `None` (run it alone).
-async fn run<J: Job>(inner: &Inner, queue: &Queue<J>, batch: Vec<Waiting<J>>) {
+/// Runs one batch on `lane`: the keys it changed, or `None` when the statement failed (each
+/// call then runs alone).
+async fn run<J: Job>(
+    queue: &Queue<J>,
+    mut lane: Taken<'_, Postgres>,
+    batch: &[Waiting<J>],
+) -> Option<HashSet<String>> {
     let jobs: Vec<&J> = batch.iter().map(|call| &call.job).collect();
     let statement = J::bind_batch(&queue.batch, &jobs);
-    let changed = match on_lane(&inner.lanes, statement).await {
-        Ok(rows) => changed_keys(&rows).ok(),
-        Err(_) => None,
-    };
-    for call in batch {
-        let answer = changed
-            .as_ref()
-            .map(|changed| u64::from(changed.contains(call.job.key())));
-        let _ = call.answer.send(answer);
-    }
-}
-
-/// Runs a batch statement on one of `lanes`: the rows it returned.
-async fn on_lane(
-    lanes: &Lanes<Postgres>,
-    statement: Statement<'_, Postgres>,
-) -> Result<Vec<PgRow>, sqlx::Error> {
-    let mut lane = lanes.take().await?;
     let rows = match lane.connection().await {
         Ok(conn) => statement.fetch_all(&mut *conn).await,
         Err(error) => Err(error),
     };
     lane.settle(rows.is_ok());
-    rows
+    changed_keys(&rows.ok()?).ok()
 }
 
 /// The keys a batch statement changed: the first column of its rows.
@@ -245,8 +281,27 @@ struct Queue<J> {
 
 struct State<J> {
     waiting: Vec<Waiting<J>>,
-    /// Whether a task is running this queue's batches.
-    running: bool,
+    /// How many tasks run this queue's batches.
+    running: usize,
+    /// The keys of the batches in flight: a call for one of them waits for a later batch, so
+    /// it sees the first one's row exactly as its own statement would have.
+    in_flight: HashSet<String>,
+}
+
+impl<J: Job> State<J> {
+    /// Whether a call waits that a batch may take now.
+    fn has_work(&self) -> bool {
+        self.waiting
+            .iter()
+            .any(|call| !call.answer.is_closed() && !self.in_flight.contains(call.job.key()))
+    }
+
+    /// Ends `keys`' batch.
+    fn release(&mut self, keys: &mut Vec<String>) {
+        for key in keys.drain(..) {
+            self.in_flight.remove(&key);
+        }
+    }
 }
 
 /// How many rows a call changed; `None`: its batch failed, run it alone.
@@ -263,7 +318,8 @@ impl<J> Queue<J> {
             batch: crate::table_sql(compact(batch)),
             state: Mutex::new(State {
                 waiting: Vec::new(),
-                running: false,
+                running: 0,
+                in_flight: HashSet::new(),
             }),
         }
     }

@@ -8,7 +8,7 @@ mod coalesce;
 mod notices;
 mod statements;
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use sqlx::{postgres::PgPoolOptions, PgPool, Postgres, Row};
 use tower_idempotency_core::Settlements;
@@ -19,7 +19,7 @@ use self::{coalesce::Coalescer, notices::PgNotices, statements::statements};
 use crate::{
     store::{
         backend::{sealed::Sealed, Backend, Engine, Statement, Statements, Write, Wrote},
-        lanes::lane_limit,
+        lanes::{Lanes, StoreLanes},
         record::{Params, RawRecord},
     },
     SqlStore,
@@ -116,41 +116,41 @@ impl Backend for Postgres {
             notices: PgNotices::new(pool, table),
             pool: pool.clone(),
             table: table.to_owned(),
-            store_lanes: 0,
-            coalescer: Some(Coalescer::new(pool, table, 0)),
+            writes: None,
+            coalescing: true,
+            coalescer: None,
         }
     }
 }
 
 /// What a Postgres store keeps besides its lanes: its notices of settled keys, and the queues
-/// that coalesce claims of new keys and completions (`None`: switched off). Public only to be
+/// that coalesce claims of new keys and completions on its write lanes. Public only to be
 /// Postgres's [`Backend::Engine`](crate::Backend::Engine); this module is private.
 #[derive(Debug)]
 pub struct PgEngine {
     notices: PgNotices,
     pool: PgPool,
     table: String,
-    /// The store's lanes, which the coalescer's lanes fit beside.
-    store_lanes: usize,
+    /// The store's write lanes, which batches run on.
+    writes: Option<Arc<Lanes<Postgres>>>,
+    coalescing: bool,
+    /// `None`: coalescing is off, or the store has not handed over its lanes yet.
     coalescer: Option<Coalescer>,
 }
 
 impl PgEngine {
-    /// Coalescing on or off: on, on up to two lanes of its own (one per kind of statement)
-    /// within all but one of the pool's connections beside the store's lanes, none when the
-    /// store has none.
-    fn coalesce(&mut self, on: bool) {
-        let free = lane_limit(&self.pool).saturating_sub(self.store_lanes);
-        let lanes = if self.store_lanes == 0 {
-            0
-        } else {
-            free.min(2)
+    /// New queues on the current lanes, or none with coalescing off.
+    fn coalesce(&mut self) {
+        self.coalescer = match &self.writes {
+            Some(writes) if self.coalescing => {
+                Some(Coalescer::new(&self.pool, &self.table, writes.clone()))
+            }
+            _ => None,
         };
-        self.coalescer = on.then(|| Coalescer::new(&self.pool, &self.table, lanes));
     }
 }
 
-impl Engine for PgEngine {
+impl Engine<Postgres> for PgEngine {
     fn write<'a>(
         &'a self,
         write: Write<'a>,
@@ -161,9 +161,9 @@ impl Engine for PgEngine {
         }
     }
 
-    fn lanes(&mut self, store_lanes: usize) {
-        self.store_lanes = store_lanes;
-        self.coalesce(self.coalescer.is_some());
+    fn lanes(&mut self, lanes: &StoreLanes<Postgres>) {
+        self.writes = Some(lanes.shared_writes());
+        self.coalesce();
     }
 
     fn settlements(&self) -> Option<Settlements> {
@@ -174,27 +174,25 @@ impl Engine for PgEngine {
 impl SqlStore<Postgres> {
     /// Whether concurrent claims of new keys and completions are coalesced (default: on).
     ///
-    /// On, a claim of a key the store has not seen (a plain insert) or a completion that
-    /// arrives while another one is in flight waits for it to finish, then runs together with
-    /// every other one that queued meanwhile, as one statement over arrays and one commit, and
-    /// gets the answer its own statement would have given (fencing included). A call that finds
-    /// nothing in flight runs at once, as a batch of one. Batches run on two connections the
-    /// store keeps checked out of the pool besides its [lanes](Self::with_connection_lanes)
-    /// (one for claims, one for completions; fewer where the lanes leave less than two of all
-    /// but one of the pool's connections, and none without lanes: then each batch takes a
-    /// connection from the pool).
+    /// On, a claim of a key the store has not seen (a plain insert) or a completion runs on
+    /// one of the store's write [lanes](Self::with_connection_lanes), as its own statement
+    /// would, but from a task that takes the lane first and then every call of its kind that
+    /// queued while all lanes were busy: they go out together, as one statement over arrays and
+    /// one commit, and each gets the answer its own statement would have given (fencing
+    /// included). Up to as many batches of a kind run at once as the store has lanes, so a call
+    /// that finds a lane free runs at once, as a batch of one, and calls wait only where their
+    /// own statements would have waited for a lane. No connection is taken beyond the lanes.
     ///
-    /// Off, each call is its own statement and commit on one of the lanes. Switch it off when
-    /// every caller is latency-bound at low concurrency and the two extra connections matter
-    /// more than commits per second. How batches are built, and the measured gain:
-    /// docs/stores.md, "Postgres".
+    /// Off, each call is its own statement and commit on one of the lanes. How batches are
+    /// built, and the measured gain: docs/stores.md, "Postgres".
     pub fn with_coalescing(mut self, on: bool) -> Self {
-        self.engine.coalesce(on);
+        self.engine.coalescing = on;
+        self.engine.coalesce();
         self
     }
 
-    /// How many claims of new keys and completions wait for the statement in flight of their
-    /// kind, to go out together in the next one (`0` with coalescing off); see
+    /// How many claims of new keys and completions wait for a lane, to go out together on the
+    /// next one to free (`0` with coalescing off); see
     /// [`with_coalescing`](Self::with_coalescing). A gauge for metrics.
     pub fn coalescing_queued(&self) -> usize {
         self.engine.coalescer.as_ref().map_or(0, Coalescer::queued)

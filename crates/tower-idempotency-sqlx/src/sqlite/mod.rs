@@ -45,7 +45,7 @@ pub struct SqliteEngine {
     writer: Option<SqliteWriter>,
 }
 
-impl Engine for SqliteEngine {
+impl Engine<Sqlite> for SqliteEngine {
     fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }

@@ -8,7 +8,10 @@ use std::{fmt::Debug, future::Future, pin::Pin};
 use sqlx::{query::Query, Database, Executor, IntoArguments, Pool, SqlStr};
 use tower_idempotency_core::{Settlements, StoreError};
 
-use super::record::{Params, RawRecord};
+use super::{
+    lanes::StoreLanes,
+    record::{Params, RawRecord},
+};
 
 /// A statement with its parameters bound, ready to run.
 pub type Statement<'q, DB> = Query<'q, DB, <DB as Database>::Arguments>;
@@ -205,7 +208,7 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
 
     /// What a store on this database keeps besides its lanes (see [`Engine`]).
     #[doc(hidden)]
-    type Engine: Engine;
+    type Engine: Engine<Self>;
 
     /// The engine of a store on `pool` and `table`. Opens no connection.
     #[doc(hidden)]
@@ -217,7 +220,7 @@ pub trait Backend: Execute + sealed::Sealed + Debug {
 /// notices of settled keys. Every default is "none": statements run on the store's lanes,
 /// rows are dated by the database, and waiters poll.
 #[doc(hidden)]
-pub trait Engine: Debug + Send + Sync {
+pub trait Engine<DB: Database>: Debug + Send + Sync {
     /// The time bound into statements (unix ms), for databases whose rows are dated by the
     /// store's own clock; `0` where the database dates them.
     fn now_ms(&self) -> i64 {
@@ -242,9 +245,9 @@ pub trait Engine: Debug + Send + Sync {
     /// Bounds the queue of writes waiting to run off the lanes, where there is one.
     fn bound_writes(&mut self, _jobs: usize, _bytes: usize) {}
 
-    /// Told how many lanes the store keeps (`0`: a connection from the pool per statement), so
-    /// that connections the engine keeps checked out stay within the store's share of the pool.
-    fn lanes(&mut self, _store_lanes: usize) {}
+    /// Given the store's lanes (again whenever they change), for an engine that runs writes on
+    /// them from tasks of its own.
+    fn lanes(&mut self, _lanes: &StoreLanes<DB>) {}
 
     /// What [`Store::settlements`](tower_idempotency_core::Store::settlements) returns.
     fn settlements(&self) -> Option<Settlements> {

@@ -49,8 +49,10 @@ pub(crate) fn lane_limit<DB: Database>(pool: &Pool<DB>) -> usize {
 /// (a writer waits on an async lock, not in SQLite's busy handler, which sleeps and retries),
 /// and reads, which in WAL mode never wait for the writer, run in parallel beside it. For
 /// other databases every statement takes any lane.
-pub(crate) struct StoreLanes<DB: Database> {
-    writes: Lanes<DB>,
+pub struct StoreLanes<DB: Database> {
+    /// Shared with an engine that runs writes on them from tasks of its own (Postgres's
+    /// coalescer).
+    writes: Arc<Lanes<DB>>,
     /// `None`: reads share the write lanes.
     reads: Option<Lanes<DB>>,
 }
@@ -62,12 +64,12 @@ impl<DB: Database> StoreLanes<DB> {
         let count = count.min(lane_limit(&pool));
         if one_writer && count >= 2 {
             Self {
-                writes: Lanes::new(pool.clone(), 1),
+                writes: Arc::new(Lanes::new(pool.clone(), 1)),
                 reads: Some(Lanes::new(pool, count - 1)),
             }
         } else {
             Self {
-                writes: Lanes::new(pool, count),
+                writes: Arc::new(Lanes::new(pool, count)),
                 reads: None,
             }
         }
@@ -76,6 +78,11 @@ impl<DB: Database> StoreLanes<DB> {
     /// The lanes of statements that may write.
     pub fn writes(&self) -> &Lanes<DB> {
         &self.writes
+    }
+
+    /// The write lanes, for an engine's tasks to share.
+    pub fn shared_writes(&self) -> Arc<Lanes<DB>> {
+        self.writes.clone()
     }
 
     /// The lanes of statements that only read.
@@ -99,7 +106,7 @@ impl<DB: Database> std::fmt::Debug for StoreLanes<DB> {
 
 /// A fixed set of lanes over one pool. With no lanes, every statement takes a connection from
 /// the pool for itself.
-pub(crate) struct Lanes<DB: Database> {
+pub struct Lanes<DB: Database> {
     pool: Pool<DB>,
     lanes: Arc<[Mutex<Lane<DB>>]>,
     /// One permit per lane: a caller waits for whichever lane frees first, never in the queue of
@@ -306,7 +313,7 @@ enum Held<'a, DB: Database> {
 /// A lane (or a pooled connection) for one statement. Call [`Taken::settle`] when the statement
 /// finished; dropped unsettled (an error, a cancelled future), the connection goes back to the
 /// pool, which checks it before anyone reuses it.
-pub(crate) struct Taken<'a, DB: Database> {
+pub struct Taken<'a, DB: Database> {
     pool: &'a Pool<DB>,
     held: Held<'a, DB>,
     /// Declared after `held`, so the lane is unlocked before its permit is given back.

@@ -85,7 +85,7 @@ impl<DB: Backend> SqlStore<DB> {
             DB::ONE_WRITER,
         );
         let mut engine = DB::engine(&pool, table);
-        engine.lanes(lanes.count());
+        engine.lanes(&lanes);
         Ok(Self {
             pool: pool.clone(),
             lanes,
@@ -157,7 +157,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// for the application and for [`claim_in`](Self::claim_in) transactions.
     pub fn with_connection_lanes(mut self, lanes: usize) -> Self {
         self.lanes = StoreLanes::new(self.pool.clone(), lanes, DB::ONE_WRITER);
-        self.engine.lanes(self.lanes.count());
+        self.engine.lanes(&self.lanes);
         self
     }
 
