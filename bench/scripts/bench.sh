@@ -7,7 +7,9 @@
 #     peer (`idempotent` 2.0, served by bench/peer, built here with
 #     --ignore-rust-version: it declares Rust 1.98 and compiles on the project's 1.95);
 #   - the transactional mode and the inbox beside their floors (--bin transactional, --bin inbox),
-#     MODE_SECONDS (default 3) per cell.
+#     MODE_SECONDS (default 3) per cell; the inbox's peer queues are apalis (built into the
+#     harness) and graphile-worker (bench/peer-graphile, a Node.js project: needs node 20 or
+#     later and npm, installed here with npm ci).
 #
 # Usage: bench/scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
 #   e.g. bench/scripts/bench.sh -- --duration-ms 3000
@@ -31,7 +33,7 @@ while [[ $# -gt 0 ]]; do
         --skip-criterion) criterion=0 ;;
         --skip-load) load=0 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown flag $1 (loadtest flags go after --)" >&2; exit 2 ;;
     esac
     shift
@@ -74,6 +76,8 @@ if [[ $load == 1 ]]; then
     echo "== load harness (-> $out/loadtest-latest.*, docs/benchmarks/throughput.svg)"
     cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin tower-idempotency-loadtest -- \
         --out "$out" --chart docs/benchmarks/throughput.svg "$@" 2> >(tee "$out/loadtest-progress.txt" >&2)
+    echo "== the inbox's graphile-worker peer (npm ci --prefix bench/peer-graphile)"
+    npm ci --prefix bench/peer-graphile --no-audit --no-fund
     # The transactional mode and the inbox against their own floors (a bare handler writing the
     # same row, and the synchronous webhook layer), in the same run.
     for bin in transactional inbox; do

@@ -15,6 +15,12 @@
 //! - `peer queue (apalis)`, Postgres only: the same route shape enqueueing each verified event
 //!   into apalis 1.0's Postgres storage (answered once the enqueue committed), whose worker (16
 //!   handlers and 32 connections, like the inbox's) inserts the row;
+//! - `peer queue (graphile-worker)`, Postgres only: the same route shape in Node.js
+//!   (`bench/peer-graphile`, a child process): the signature checked with Stripe's own library,
+//!   each verified event added as a graphile-worker 0.17 job (answered once the job's insert
+//!   committed), whose worker (16 jobs at once, a pool of 32 connections) inserts the row. Its
+//!   rows come last, once the inbox's and apalis's pools are closed: its 32 connections beside
+//!   theirs would pass the server's connection limit (Postgres's default, 100);
 //! - `floor`: no HTTP, one `INSERT .. ON CONFLICT DO NOTHING` per transaction from as many
 //!   connections as there are senders: what one commit per delivery allows;
 //! - `floor: the worker's statements per event`: no worker, from as many connections as it has
@@ -23,19 +29,25 @@
 //!   while each event keeps a transaction of its own.
 //!
 //! For each route and 1, 16 and 64 concurrent senders it prints the answers per second and their
-//! p50/p99; for the inbox and the peer also the processing rate: events processed per second from
-//! the start of the run until no event was left pending (for the burst, from the worker's start). A second table prints the ratios the
-//! inbox is held to: its acknowledgements and processing against the floor, the synchronous route
-//! and the peer.
+//! p50/p99; for the inbox and the peers also the processing rate: events processed per second
+//! from the start of the run until no event was left pending (for the burst, from the worker's
+//! start). A second table prints the ratios the inbox is held to: its acknowledgements and
+//! processing against the floor, the synchronous route and each peer.
 //!
 //! ```text
-//! SQLX_OFFLINE=true cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin inbox -- [SECONDS]
+//! npm ci --prefix bench/peer-graphile
+//! SQLX_OFFLINE=true cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin inbox -- [SECONDS [DATABASES]]
 //! ```
 //!
-//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database;
-//! its tables get random names and are dropped at the end. Prints one Markdown table.
+//! `SECONDS` (default 3) is the length of each measurement; `DATABASES` (default
+//! `sqlite,postgres`) the databases to run, comma-separated. The graphile-worker peer needs `node`
+//! (20 or later) and its project's dependencies: without them a run on Postgres stops at the
+//! start, naming the `npm` command. `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database; its tables and the
+//! graphile-worker schema get random names and are dropped at the end. Prints two Markdown tables.
 
 mod drive;
+mod graphile;
 mod peer;
 
 use std::{
@@ -45,6 +57,7 @@ use std::{
 };
 
 use drive::{drive, postgres_pool, seconds_arg, serve, suffix, summarize, Run};
+use graphile::GraphilePeer;
 use peer::Peer;
 
 use axum::{
@@ -296,7 +309,10 @@ struct Rates {
     /// The worker's statements per event without the worker, from as many connections as it
     /// has handlers (the same at every sender count).
     drain_floor: f64,
-    peer: Option<(f64, f64)>,
+    /// apalis's acknowledgement and processing rates.
+    apalis: Option<(f64, f64)>,
+    /// graphile-worker's acknowledgement and processing rates.
+    graphile: Option<(f64, f64)>,
 }
 
 /// An inbox whose worker is not running while deliveries arrive; `worker` starts one on it.
@@ -370,6 +386,30 @@ fn row(label: &str, route: &str, clients: usize, run: &Run, processing: Option<f
     );
 }
 
+/// A peer queue's row at `clients` senders: deliveries to `url` for `seconds`, then polls
+/// `drained` until the peer's worker has caught up; answers the acknowledgement and processing
+/// rates.
+async fn peer_row<F, Fut>(
+    (label, route): (&str, &str),
+    url: String,
+    clients: usize,
+    seconds: u64,
+    drained: F,
+) -> (f64, f64)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, BoxError>>,
+{
+    let started = Instant::now();
+    let acked = send_events(url, clients, seconds).await;
+    while !drained().await.expect("peer backlog") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
+    row(label, route, clients, &acked, Some(processing));
+    (acked.rate, processing)
+}
+
 /// Every route at 1, 16 and 64 senders; after each inbox or peer run, waits for its backlog.
 /// `floors` holds the floor's rate per sender count.
 async fn measure<DB: InboxDatabase>(
@@ -426,20 +466,9 @@ async fn measure<DB: InboxDatabase>(
             worker.drain(Duration::from_secs(10)).await;
         }
         if let Some(peer) = peer {
-            let started = Instant::now();
-            let acked = send_events(format!("{base}/peer"), clients, seconds).await;
-            while !peer.drained().await.expect("peer backlog") {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
-            row(
-                label,
-                "peer queue (apalis)",
-                clients,
-                &acked,
-                Some(processing),
-            );
-            rates.peer = Some((acked.rate, processing));
+            let route = (label, "peer queue (apalis)");
+            let url = format!("{base}/peer");
+            rates.apalis = Some(peer_row(route, url, clients, seconds, || peer.drained()).await);
         }
         all.push((clients, rates));
     }
@@ -471,19 +500,25 @@ fn ratios(label: &str, rates: &[(usize, Rates)]) {
         }
     };
     for (clients, r) in rates {
-        let (peer_acks, peer_drain) = r.peer.map_or(("-".to_owned(), "-".to_owned()), |(a, d)| {
-            (ratio(r.inbox, a), ratio(r.inbox_drain, d))
-        });
+        let against = |peer: Option<(f64, f64)>| {
+            peer.map_or(("-".to_owned(), "-".to_owned()), |(acks, drain)| {
+                (ratio(r.inbox, acks), ratio(r.inbox_drain, drain))
+            })
+        };
+        let (apalis_acks, apalis_drain) = against(r.apalis);
+        let (graphile_acks, graphile_drain) = against(r.graphile);
         println!(
             "| {label} | {clients} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} \
-             | {} |",
+             | {} | {} | {} |",
             ratio(r.inbox, r.floor),
             ratio(r.inbox_drain, r.floor),
             ratio(r.inbox, r.sync),
             ratio(r.inbox_drain, r.sync),
             r.inbox_p99_ms,
-            peer_acks,
-            peer_drain,
+            apalis_acks,
+            apalis_drain,
+            graphile_acks,
+            graphile_drain,
             ratio(r.alone, r.floor),
             ratio(r.alone_drain, r.floor),
             ratio(r.burst, r.floor),
@@ -546,22 +581,49 @@ where
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let seconds = seconds_arg();
+    let databases = std::env::args()
+        .nth(2)
+        .unwrap_or_else(|| "sqlite,postgres".into());
+    let databases: Vec<&str> = databases.split(',').collect();
+    if let Some(unknown) = databases
+        .iter()
+        .find(|database| !["sqlite", "postgres"].contains(database))
+    {
+        return Err(format!("unknown database {unknown} (sqlite, postgres)").into());
+    }
+    let (on_sqlite, on_postgres) = (
+        databases.contains(&"sqlite"),
+        databases.contains(&"postgres"),
+    );
+    if on_postgres {
+        // Before any measurement: a run is not to end after minutes without its Postgres half.
+        graphile::check_installed()?;
+    }
     println!(
         "| database | route | senders | answers/s | p50 ms | p99 ms | max ms | processed/s | errors |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
 
-    let sqlite = sqlite(seconds).await?;
-    let postgres = postgres(seconds).await?;
+    let sqlite = if on_sqlite {
+        sqlite(seconds).await?
+    } else {
+        Vec::new()
+    };
+    let postgres = if on_postgres {
+        postgres(seconds).await?
+    } else {
+        Vec::new()
+    };
 
     println!();
     println!(
         "| database | senders | inbox acks / floor | inbox drain / floor | inbox acks / sync \
-         | inbox drain / sync | inbox p99 ms | inbox acks / peer | inbox drain / peer \
+         | inbox drain / sync | inbox p99 ms | inbox acks / apalis | inbox drain / apalis \
+         | inbox acks / graphile-worker | inbox drain / graphile-worker \
          | batch of 1: acks / floor | batch of 1: drain / floor | burst: acks / floor \
          | burst: drain / floor | inbox drain / drain floor | burst: drain / drain floor |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     ratios("sqlite", &sqlite);
     ratios("postgres", &postgres);
     Ok(())
@@ -687,7 +749,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     inbox.migrate().await?;
     let worker = start(&inbox, inbox_pg(effects.clone()));
     let burst_table = format!("bench_burst_{}", suffix());
-    let burst = Burst::new(inbox_pool, &burst_table, {
+    let burst = Burst::new(inbox_pool.clone(), &burst_table, {
         let effects = effects.clone();
         move || inbox_pg(effects.clone())
     })
@@ -705,7 +767,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     let base =
         serve(router((pool.clone(), effects), store, &inbox, &burst, sync_pg).merge(peer.router()))
             .await?;
-    let rates = measure(
+    let mut rates = measure(
         "postgres",
         &base,
         &inbox,
@@ -717,6 +779,30 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     .await;
     worker.drain(Duration::from_secs(10)).await;
     peer.stop().await?;
+    // The second peer, graphile-worker, with the same handlers and connections, alone: the
+    // inbox's and apalis's pools are closed, lest its connections beside theirs pass the
+    // server's limit.
+    inbox_pool.close().await;
+    let graphile = GraphilePeer::start(
+        &pool,
+        &url,
+        SECRET,
+        (
+            format!("bench_graphile_{}", suffix()),
+            format!("bench_graphile_effects_{}", suffix()),
+        ),
+        workers::<sqlx::Postgres>(),
+        pool_size::<sqlx::Postgres>(),
+    )
+    .await?;
+    for (clients, rates) in &mut rates {
+        let route = ("postgres", "peer queue (graphile-worker)");
+        let row = peer_row(route, graphile.url(), *clients, seconds, || {
+            graphile.drained()
+        });
+        rates.graphile = Some(row.await);
+    }
+    graphile.stop().await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "DROP TABLE {effects_table}; DROP TABLE {inbox_table}; DROP TABLE {burst_table}; \
          DROP TABLE {drain_table}; DROP TABLE {records}; DROP TABLE {floor_table};"
