@@ -1,13 +1,15 @@
-//! Claims of new keys and completions, coalesced: while every lane is busy, the ones that arrive
-//! queue up, and the next lane to free carries every queued one in one statement over arrays
-//! (`unnest`), so under load a new key costs a share of two commits instead of two.
+//! Claims of new keys and completions, coalesced: a call that finds one of the store's write
+//! lanes free runs as its own statement, as without coalescing; while every lane is busy, the
+//! ones that arrive queue up, and the next lane to free carries every queued one of a kind in one
+//! statement over arrays (`unnest`), so under load a new key costs a share of two commits
+//! instead of two.
 //!
 //! Each caller gets the answer its own statement would have given. The batched statements are
 //! the single ones over a set: the claim inserts with `ON CONFLICT DO NOTHING` and answers
 //! "claimed" for the keys it returned; the completion updates the rows whose key and fencing
 //! token match, on the same conditions as the single statement, and answers "current" for the
-//! keys it returned. A key is in one batch at a time: a second call for the same key waits for a
-//! batch after the one in flight with it, so it sees the first one's row exactly as its own statement would have.
+//! keys it returned. A key has one call queued or in flight at a time: a second call for the same
+//! key runs as its own statement, as without coalescing.
 //!
 //! A batch statement gives up on any row lock it would wait for longer than
 //! [`LOCK_TIMEOUT`] (another instance's or a `claim_in` transaction's uncommitted row of the
@@ -23,8 +25,9 @@
 //! statement, and on the store's write lanes, beside its single statements: a task takes a lane
 //! first and only then the calls queued by that moment, so a call waits only for a lane, as its
 //! own statement would, and calls that queued while every lane was busy go out together. Up to
-//! as many batches of a kind run at once as the store has write lanes (without lanes, all but
-//! one of the pool's connections, each batch taking one from the pool).
+//! as many batches of a kind run at once as the store has write lanes. A store without lanes
+//! queues every call, and each batch takes a connection from the pool (at most all but one of
+//! the pool's connections at once).
 
 use std::{
     collections::HashSet,
@@ -94,36 +97,37 @@ impl Coalescer {
         self.inner.claims.lock().waiting.len() + self.inner.completions.lock().waiting.len()
     }
 
-    /// Runs `write` through its queue when it is a claim of a new key or a completion;
-    /// otherwise hands it back.
+    /// Queues `write` when it is a claim of a new key or a completion that finds every lane
+    /// busy (or calls of its kind already queued) and no call for its key queued or in flight;
+    /// otherwise hands it back, to run as its own statement.
     pub(crate) fn write<'a>(
         &self,
         write: Write<'a>,
     ) -> Result<impl Future<Output = Wrote<'a>> + Send + 'a, Write<'a>> {
-        let job = match (write.pick, &write.params) {
-            (Pick::Insert, Params::Claim(claim)) => Pending::Claim(Claim {
+        let queued = match (write.pick, &write.params) {
+            (Pick::Insert, Params::Claim(claim)) => submit(&self.inner, claim.key, || Claim {
                 key: claim.key.to_owned(),
                 fingerprint: claim.fingerprint.to_vec(),
                 token: claim.token,
                 lease_ms: claim.lease_ms,
             }),
-            (Pick::Complete, Params::Complete(complete)) => Pending::Completion(Completion {
-                key: complete.key.to_owned(),
-                token: complete.token,
-                status: complete.status as i16,
-                headers: complete.headers.clone(),
-                body: complete.body.to_vec(),
-                body_omitted: complete.body_omitted,
-                ttl_ms: complete.ttl_ms,
-            }),
-            _ => return Err(write),
+            (Pick::Complete, Params::Complete(complete)) => {
+                submit(&self.inner, complete.key, || Completion {
+                    key: complete.key.to_owned(),
+                    token: complete.token,
+                    status: complete.status as i16,
+                    headers: complete.headers.clone(),
+                    body: complete.body.to_vec(),
+                    body_omitted: complete.body_omitted,
+                    ttl_ms: complete.ttl_ms,
+                })
+            }
+            _ => None,
         };
-        let inner = self.inner.clone();
+        let Some(answer) = queued else {
+            return Err(write);
+        };
         Ok(async move {
-            let answer = match job {
-                Pending::Claim(claim) => submit(&inner, claim),
-                Pending::Completion(completion) => submit(&inner, completion),
-            };
             // A queue whose task ended without answering hands the call back too.
             match answer.await {
                 Ok(Some(rows)) => Ok(Ok(Done::Changed(rows))),
@@ -133,19 +137,28 @@ impl Coalescer {
     }
 }
 
-enum Pending {
-    Claim(Claim),
-    Completion(Completion),
-}
-
-/// Queues `job` and starts a task for its queue if fewer than `parallel` run; the receiver
-/// gets the answer.
-fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Answer> {
-    let (answer, answered) = oneshot::channel();
+/// Queues the job `make` builds, for `key`, and starts a task for its queue if fewer than
+/// `parallel` run: the receiver gets the answer. `None`: the call runs as its own statement,
+/// because a lane is free and nothing of its kind waits, or because a call for `key` is queued
+/// or in flight (so that calls for one key never wait for each other's batches).
+fn submit<J: Job>(
+    inner: &Arc<Inner>,
+    key: &str,
+    make: impl FnOnce() -> J,
+) -> Option<oneshot::Receiver<Answer>> {
     let queue = J::queue(inner);
+    let (answer, answered) = oneshot::channel();
     let start = {
         let mut state = queue.lock();
-        state.waiting.push(Waiting { job, answer });
+        let lane_free = inner.lanes.free() > 0 && state.waiting.is_empty();
+        if lane_free || state.keys.contains(key) {
+            return None;
+        }
+        state.keys.insert(key.to_owned());
+        state.waiting.push(Waiting {
+            job: make(),
+            answer,
+        });
         let start = state.running < inner.parallel;
         state.running += usize::from(start);
         start
@@ -153,7 +166,7 @@ fn submit<J: Job>(inner: &Arc<Inner>, job: J) -> oneshot::Receiver<Answer> {
     if start {
         tokio::spawn(drain::<J>(inner.clone()));
     }
-    answered
+    Some(answered)
 }
 
 /// Runs batches of `J`, each on a lane taken before the batch is, until a lane finds its queue
@@ -169,7 +182,7 @@ async fn drain<J: Job>(inner: Arc<Inner>) {
         // A lane is taken only for work there is: its wait may take the work along.
         {
             let mut state = queue.lock();
-            if !state.has_work() {
+            if !state.prune() {
                 state.running -= 1;
                 running.ended = true;
                 return;
@@ -185,7 +198,6 @@ async fn drain<J: Job>(inner: Arc<Inner>) {
                 return;
             }
             running.keys = batch.iter().map(|call| call.job.key().to_owned()).collect();
-            state.in_flight.extend(running.keys.iter().cloned());
             batch
         };
         let changed = match lane {
@@ -221,31 +233,34 @@ impl<J: Job> Drop for Running<'_, J> {
         state.release(&mut self.keys);
         state.running -= 1;
         if state.running == 0 {
-            state.waiting.clear();
+            let mut dropped: Vec<String> = state
+                .waiting
+                .drain(..)
+                .map(|call| call.job.key().to_owned())
+                .collect();
+            state.release(&mut dropped);
         }
     }
 }
 
-/// The next batch: the calls whose callers still wait, in order, at most one per key, none for
-/// a key in a batch in flight, and at most [`MAX_BATCH`]; the others stay queued. Sorted by key,
-/// so two batches lock shared keys in the same order.
+/// The next batch: the calls whose callers still wait, in order, at most [`MAX_BATCH`]; the
+/// others stay queued, and the keys of callers that gave up are released. Sorted by key, so two
+/// batches lock shared keys in the same order.
 fn take_batch<J: Job>(state: &mut State<J>) -> Vec<Waiting<J>> {
-    let mut keys = HashSet::new();
     let mut batch = Vec::new();
     let mut rest = Vec::new();
+    let mut gone = Vec::new();
     for call in state.waiting.drain(..) {
         if call.answer.is_closed() {
-            continue;
-        }
-        let key = call.job.key();
-        if batch.len() < MAX_BATCH && !state.in_flight.contains(key) && keys.insert(key.to_owned())
-        {
+            gone.push(call.job.key().to_owned());
+        } else if batch.len() < MAX_BATCH {
             batch.push(call);
         } else {
             rest.push(call);
         }
     }
     state.waiting = rest;
+    state.release(&mut gone);
     batch.sort_by(|a, b| a.job.key().cmp(b.job.key()));
     batch
 }
@@ -283,23 +298,30 @@ struct State<J> {
     waiting: Vec<Waiting<J>>,
     /// How many tasks run this queue's batches.
     running: usize,
-    /// The keys of the batches in flight: a call for one of them waits for a later batch, so
-    /// it sees the first one's row exactly as its own statement would have.
-    in_flight: HashSet<String>,
+    /// The keys of the calls queued or in a batch in flight: one call per key at a time, so a
+    /// batch never holds two calls for one key.
+    keys: HashSet<String>,
 }
 
 impl<J: Job> State<J> {
-    /// Whether a call waits that a batch may take now.
-    fn has_work(&self) -> bool {
-        self.waiting
-            .iter()
-            .any(|call| !call.answer.is_closed() && !self.in_flight.contains(call.job.key()))
+    /// Drops the calls whose callers gave up, releasing their keys: whether any call waits.
+    fn prune(&mut self) -> bool {
+        let mut gone = Vec::new();
+        self.waiting.retain(|call| {
+            let waits = !call.answer.is_closed();
+            if !waits {
+                gone.push(call.job.key().to_owned());
+            }
+            waits
+        });
+        self.release(&mut gone);
+        !self.waiting.is_empty()
     }
 
-    /// Ends `keys`' batch.
+    /// Lets calls for `keys` be queued again.
     fn release(&mut self, keys: &mut Vec<String>) {
         for key in keys.drain(..) {
-            self.in_flight.remove(&key);
+            self.keys.remove(&key);
         }
     }
 }
@@ -319,7 +341,7 @@ impl<J> Queue<J> {
             state: Mutex::new(State {
                 waiting: Vec::new(),
                 running: 0,
-                in_flight: HashSet::new(),
+                keys: HashSet::new(),
             }),
         }
     }

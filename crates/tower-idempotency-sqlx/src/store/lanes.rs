@@ -172,6 +172,11 @@ impl<DB: Database> Lanes<DB> {
         self.lanes.len()
     }
 
+    /// How many lanes are free now (`0` without lanes).
+    pub fn free(&self) -> usize {
+        self.free.available_permits()
+    }
+
     /// The first lane to be free, starting the search at the next lane in turn; waits at most
     /// the pool's `acquire_timeout` (then `PoolTimedOut`, as a pool acquire would fail).
     pub async fn take(&self) -> Result<Taken<'_, DB>, sqlx::Error> {
