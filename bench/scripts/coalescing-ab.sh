@@ -5,7 +5,7 @@
 # (every 16 consecutive requests share one), the targets in turn, alternating their order each
 # round. Prints one line per target, load and round: requests/s, p99, non-2xx answers.
 #
-#   bench/scripts/coalescing-ab.sh [ROUNDS] [TARGETS...]   (default: 2, pool32 pool32-off default bare)
+#   bench/scripts/coalescing-ab.sh [ROUNDS] [TARGETS...]   (default: 2, pool32 pool32-off default default-off bare)
 #
 # Postgres is DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test). Honours
 # CARGO_TARGET_DIR.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 rounds=${1:-2}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pool32 pool32-off default bare)
+[ ${#targets[@]} -gt 0 ] || targets=(pool32 pool32-off default default-off bare)
 command -v wrk >/dev/null || { echo "FATAL: wrk is not installed (Debian package wrk)"; exit 1; }
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --quiet --release --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin orders

@@ -174,14 +174,14 @@ impl Engine<Postgres> for PgEngine {
 impl SqlStore<Postgres> {
     /// Whether concurrent claims of new keys and completions are coalesced (default: on).
     ///
-    /// On, a claim of a key the store has not seen (a plain insert) or a completion runs on
-    /// one of the store's write [lanes](Self::with_connection_lanes), as its own statement
-    /// would, but from a task that takes the lane first and then every call of its kind that
-    /// queued while all lanes were busy: they go out together, as one statement over arrays and
-    /// one commit, and each gets the answer its own statement would have given (fencing
-    /// included). Up to as many batches of a kind run at once as the store has lanes, so a call
-    /// that finds a lane free runs at once, as a batch of one, and calls wait only where their
-    /// own statements would have waited for a lane. No connection is taken beyond the lanes.
+    /// On, a claim of a key the store has not seen (a plain insert) or a completion that finds
+    /// one of the store's write [lanes](Self::with_connection_lanes) free runs as its own
+    /// statement, as with coalescing off. One that finds every lane busy queues, and the next
+    /// lane to free carries every queued call of its kind as one statement over arrays and one
+    /// commit; each caller gets the answer its own statement would have given (fencing
+    /// included). Up to as many batches of a kind run at once as the store has lanes, so calls
+    /// wait only where their own statements would have waited for a lane, and a second call for
+    /// a key already queued runs as its own statement. No connection is taken beyond the lanes.
     ///
     /// Off, each call is its own statement and commit on one of the lanes. How batches are
     /// built, and the measured gain: docs/stores.md, "Postgres".
