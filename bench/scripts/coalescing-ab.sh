@@ -5,7 +5,7 @@
 # (every 16 consecutive requests share one), the targets in turn, alternating their order each
 # round. Prints one line per target, load and round: requests/s, p99, non-2xx answers.
 #
-#   bench/scripts/coalescing-ab.sh [ROUNDS] [TARGETS...]   (default: 2, pool32 pool32-off default default-off bare)
+#   bench/scripts/coalescing-ab.sh [ROUNDS] [TARGETS...]   (default: 2, pool32 pool32-coalescing default default-coalescing bare)
 #
 # Postgres is DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test). Honours
 # CARGO_TARGET_DIR.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 rounds=${1:-2}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pool32 pool32-off default default-off bare)
+[ ${#targets[@]} -gt 0 ] || targets=(pool32 pool32-coalescing default default-coalescing bare)
 command -v wrk >/dev/null || { echo "FATAL: wrk is not installed (Debian package wrk)"; exit 1; }
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --quiet --release --manifest-path bench/Cargo.toml -p tower-idempotency-tools --bin orders
@@ -25,7 +25,7 @@ server=""
 stop() { [ -z "$server" ] || { kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; server=""; }; }
 trap stop EXIT
 
-printf '%-11s %-4s %5s %12s %10s %8s\n' target load round req/s p99 non-2xx
+printf '%-18s %-4s %5s %12s %10s %8s\n' target load round req/s p99 non-2xx
 for round in $(seq 1 "$rounds"); do
   order=("${targets[@]}")
   if [ $((round % 2)) -eq 0 ]; then
@@ -46,7 +46,7 @@ for round in $(seq 1 "$rounds"); do
       rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
       p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
       non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
-      printf '%-11s %-4s %5s %12s %10s %8s\n' "$target" "$load" "$round" "$rps" "$p99" "${non2xx:-0}"
+      printf '%-18s %-4s %5s %12s %10s %8s\n' "$target" "$load" "$round" "$rps" "$p99" "${non2xx:-0}"
     done
     stop
   done

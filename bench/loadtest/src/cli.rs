@@ -33,8 +33,8 @@ USAGE: cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency
                        stores with their default capacity, counting 503s (default 10000; 0 skips)
   --store-lanes N      connections the sqlx stores keep checked out (default: half the pool);
                        0 runs every statement through sqlx's pool (an A/B against lanes)
-  --no-coalescing      the Postgres store runs each claim and completion as its own statement
-                       (PostgresStore::with_coalescing(false); an A/B against coalescing)
+  --coalescing         the Postgres stores coalesce claims and completions while their lanes are
+                       busy (PostgresStore::with_coalescing(true); an A/B against the default)
   --runtime MODE       split: server and client on separate 1-worker runtimes (default);
                        shared: one 2-worker runtime for both
   --out DIR            results directory (default <workspace>/target/bench-results)
@@ -85,7 +85,7 @@ pub(crate) fn parse_args(raw: &[String]) -> Result<Args> {
             .collect(),
         shared_runtime: false,
         store_lanes: None,
-        coalescing: true,
+        coalescing: false,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-results"),
         chart: None,
         memory: true,
@@ -133,7 +133,7 @@ pub(crate) fn parse_args(raw: &[String]) -> Result<Args> {
             "--out" => args.out = PathBuf::from(value()?),
             "--chart" => args.chart = Some(PathBuf::from(value()?)),
             "--no-memory" => args.memory = false,
-            "--no-coalescing" => args.coalescing = false,
+            "--coalescing" => args.coalescing = true,
             "--from-json" => args.from_json = Some(PathBuf::from(value()?)),
             "--no-scaling" => args.scaling = false,
             "--quick" => {

@@ -214,7 +214,7 @@ pub(crate) struct Backends {
     pub(crate) redis_prefix: String,
     /// `--store-lanes`, applied to every sqlx store the harness opens.
     pub(crate) store_lanes: Option<usize>,
-    /// Whether the Postgres stores coalesce claims and completions (`--no-coalescing`: not).
+    /// Whether the Postgres stores coalesce claims and completions (`--coalescing`).
     pub(crate) coalescing: bool,
     /// The `loadtest-peer` binary (`--peer-bin`).
     pub(crate) peer_binary: PathBuf,
@@ -239,7 +239,7 @@ impl Backends {
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
             redis_prefix: format!("loadtest:{run}"),
             store_lanes,
-            coalescing: true,
+            coalescing: false,
             run,
         }
     }
@@ -250,7 +250,7 @@ impl Backends {
         self
     }
 
-    /// `store` with the run's `--store-lanes` and `--no-coalescing`.
+    /// `store` with the run's `--store-lanes` and `--coalescing`.
     pub(crate) fn postgres(&self, store: PostgresStore) -> PostgresStore {
         let store = store.with_coalescing(self.coalescing);
         match self.store_lanes {

@@ -471,8 +471,6 @@ async fn a_dead_lane_connection_is_replaced() {
 /// Waiting for a lane is bounded like a pool acquire: with the only lane stuck behind another
 /// transaction's row lock, the next call fails `Unavailable` after the pool's acquire timeout
 /// instead of waiting for the lock. Lanes are capped at all but one of the pool's connections.
-/// Without coalescing, so that the stuck claim is on the lane from the start (a coalesced one
-/// waits on its batch's connection first, for up to the batch's lock timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_lane_times_out_like_the_pool() {
     let Some(guarded) = pg_store().await else {
@@ -487,8 +485,7 @@ async fn waiting_for_a_lane_times_out_like_the_pool() {
     let store = Arc::new(
         PostgresStore::new(pool, guarded.store.table())
             .expect("valid table name")
-            .with_connection_lanes(5)
-            .with_coalescing(false),
+            .with_connection_lanes(5),
     );
     assert_eq!(store.connection_lanes(), 1, "capped at max_connections - 1");
 

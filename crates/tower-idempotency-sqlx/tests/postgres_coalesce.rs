@@ -16,10 +16,10 @@ use tower_idempotency_core::{
 use tower_idempotency_sqlx::PostgresStore;
 use tower_idempotency_testkit::{Mode, Protocol, Proxy};
 
-mod suite_without_coalescing {
+mod suite_with_coalescing {
     tower_idempotency_core::store_conformance_tests!(async {
         let table = crate::common::PgTable::new();
-        let store = table.store().await?.with_coalescing(false);
+        let store = table.store().await?.with_coalescing(true);
         store.migrate().await.expect("migrate");
         Some(crate::common::Guarded::new(
             std::sync::Arc::new(store),
@@ -31,9 +31,11 @@ mod suite_without_coalescing {
 const LEASE: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(60);
 
-/// A migrated store on a pool of its own, with its table.
+/// A migrated store with coalescing on a pool of its own, with its table.
 async fn store_on(table: &PgTable, pool: sqlx::PgPool) -> Arc<PostgresStore> {
-    let store = PostgresStore::new(pool, &table.name).expect("valid table name");
+    let store = PostgresStore::new(pool, &table.name)
+        .expect("valid table name")
+        .with_coalescing(true);
     store.migrate().await.expect("migrate");
     Arc::new(store)
 }
@@ -59,7 +61,8 @@ async fn proxied_with_lanes(table: &PgTable, lanes: usize) -> Option<(Arc<Postgr
         .expect("connect through the proxy");
     let store = PostgresStore::new(pool, &table.name)
         .expect("valid table name")
-        .with_connection_lanes(lanes);
+        .with_connection_lanes(lanes)
+        .with_coalescing(true);
     store.migrate().await.expect("migrate");
     let store = Arc::new(store);
     assert_eq!(store.connection_lanes(), lanes);

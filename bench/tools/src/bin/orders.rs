@@ -8,8 +8,8 @@
 //! ```
 //!
 //! Targets: `bare` (no layer), `default` (`PostgresStore::connect`, the store `connect_store`
-//! opens: 10 connections, coalescing on), `default-off` (the same without coalescing), `pool32`
-//! and `pool32-off` (a 32-connection pool, coalescing on and off). Postgres is `DATABASE_URL` (default
+//! opens: 10 connections, coalescing off), `default-coalescing` (the same with coalescing on),
+//! `pool32` and `pool32-coalescing` (a 32-connection pool, coalescing off and on). Postgres is `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); each run uses a table of its own.
 
 use std::{
@@ -27,7 +27,7 @@ use tower_idempotency_sqlx::{
     PostgresStore,
 };
 
-const USAGE: &str = "usage: orders bare|default|default-off|pool32|pool32-off";
+const USAGE: &str = "usage: orders bare|default|default-coalescing|pool32|pool32-coalescing";
 
 async fn created(body: Bytes) -> (StatusCode, Bytes) {
     (StatusCode::CREATED, body)
@@ -45,12 +45,12 @@ async fn main() {
     let routes = Router::new().route("/orders", post(created));
     let (router, store) = match target.as_str() {
         "bare" => (routes, None),
-        "default" | "default-off" | "pool32" | "pool32-off" => {
+        "default" | "default-coalescing" | "pool32" | "pool32-coalescing" => {
             let store = if target.starts_with("default") {
                 PostgresStore::connect_with_table(&url, &table)
                     .await
                     .expect("connect to Postgres")
-                    .with_coalescing(target == "default")
+                    .with_coalescing(target.ends_with("-coalescing"))
             } else {
                 let pool = PgPoolOptions::new()
                     .max_connections(32)
@@ -59,7 +59,7 @@ async fn main() {
                     .expect("connect to Postgres");
                 PostgresStore::new(pool, &table)
                     .expect("table name")
-                    .with_coalescing(target == "pool32")
+                    .with_coalescing(target.ends_with("-coalescing"))
             };
             store.migrate().await.expect("migrate");
             let store = Arc::new(store);

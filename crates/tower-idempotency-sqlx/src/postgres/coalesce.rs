@@ -24,10 +24,11 @@
 //! Batches run on tasks of their own, so a cancelled caller never cancels its batch-mates'
 //! statement, and on the store's write lanes, beside its single statements: a task takes a lane
 //! first and only then the calls queued by that moment, so a call waits only for a lane, as its
-//! own statement would, and calls that queued while every lane was busy go out together. Up to
-//! as many batches of a kind run at once as the store has write lanes. A store without lanes
-//! queues every call, and each batch takes a connection from the pool (at most all but one of
-//! the pool's connections at once).
+//! own statement would, and calls that queued while every lane was busy go out together. One task
+//! per queue waits for a lane at a time, from when the first call queues, so the queue keeps its
+//! place among the single statements waiting for lanes; batches run at once on as many lanes as
+//! are free. A store without lanes queues every call, and each batch takes a connection from
+//! the pool.
 
 use std::{
     collections::HashSet,
@@ -36,13 +37,13 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use sqlx::{postgres::PgRow, PgPool, Postgres, Row, SqlStr};
+use sqlx::{postgres::PgRow, Postgres, Row, SqlStr};
 use tokio::sync::oneshot;
 
 use super::notices::notify_each;
 use crate::store::{
     backend::{Done, Pick, Statement, Write, Wrote},
-    lanes::{lane_limit, Lanes, Taken},
+    lanes::{Lanes, Taken},
     record::Params,
 };
 
@@ -61,31 +62,23 @@ impl fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coalescer")
             .field("lanes", &self.inner.lanes)
-            .field("parallel", &self.inner.parallel)
             .finish_non_exhaustive()
     }
 }
 
 struct Inner {
     lanes: Arc<Lanes<Postgres>>,
-    /// How many batches of one kind may run at once.
-    parallel: usize,
     claims: Queue<Claim>,
     completions: Queue<Completion>,
 }
 
 impl Coalescer {
-    /// Queues for `table`'s statements, run on the store's write `lanes` (on `pool`, which
-    /// lends a connection per batch when there are no lanes). Opens no connection.
-    pub(crate) fn new(pool: &PgPool, table: &str, lanes: Arc<Lanes<Postgres>>) -> Self {
-        let parallel = match lanes.count() {
-            0 => lane_limit(pool).max(1),
-            count => count,
-        };
+    /// Queues for `table`'s statements, run on the store's write `lanes` (without lanes, a
+    /// connection from the pool per batch). Opens no connection.
+    pub(crate) fn new(table: &str, lanes: Arc<Lanes<Postgres>>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 lanes,
-                parallel,
                 claims: Queue::new(&claims_sql(table)),
                 completions: Queue::new(&completions_sql(table)),
             }),
@@ -137,8 +130,8 @@ impl Coalescer {
     }
 }
 
-/// Queues the job `make` builds, for `key`, and starts a task for its queue if fewer than
-/// `parallel` run: the receiver gets the answer. `None`: the call runs as its own statement,
+/// Queues the job `make` builds, for `key`, and starts a task to wait for a lane for its queue
+/// if none waits: the receiver gets the answer. `None`: the call runs as its own statement,
 /// because a lane is free and nothing of its kind waits, or because a call for `key` is queued
 /// or in flight (so that calls for one key never wait for each other's batches).
 fn submit<J: Job>(
@@ -159,9 +152,7 @@ fn submit<J: Job>(
             job: make(),
             answer,
         });
-        let start = state.running < inner.parallel;
-        state.running += usize::from(start);
-        start
+        !std::mem::replace(&mut state.waiter, true)
     };
     if start {
         tokio::spawn(drain::<J>(inner.clone()));
@@ -169,37 +160,32 @@ fn submit<J: Job>(
     Some(answered)
 }
 
-/// Runs batches of `J`, each on a lane taken before the batch is, until a lane finds its queue
-/// with nothing it may send.
+/// A queue's waiter: waits for a lane, takes the calls queued by then as its batch, runs it, and
+/// waits again if calls are left (past [`MAX_BATCH`], or queued meanwhile) with no task waiting
+/// for them; a call queued while no task waits starts one.
 async fn drain<J: Job>(inner: Arc<Inner>) {
     let queue = J::queue(&inner);
     let mut running = Running {
         queue,
         keys: Vec::new(),
-        ended: false,
+        waiter: true,
     };
     loop {
-        // A lane is taken only for work there is: its wait may take the work along.
-        {
-            let mut state = queue.lock();
-            if !state.prune() {
-                state.running -= 1;
-                running.ended = true;
-                return;
-            }
-        }
         let lane = inner.lanes.take().await;
         let batch = {
             let mut state = queue.lock();
             let batch = take_batch(&mut state);
-            if batch.is_empty() {
-                state.running -= 1;
-                running.ended = true;
-                return;
-            }
+            state.waiter = false;
+            running.waiter = false;
             running.keys = batch.iter().map(|call| call.job.key().to_owned()).collect();
             batch
         };
+        if batch.is_empty() {
+            if let Ok(lane) = lane {
+                lane.unused();
+            }
+            return;
+        }
         let changed = match lane {
             Ok(lane) => run(queue, lane, &batch).await,
             Err(_) => None,
@@ -211,28 +197,32 @@ async fn drain<J: Job>(inner: Arc<Inner>) {
                 .map(|changed| u64::from(changed.contains(call.job.key())));
             let _ = call.answer.send(answer);
         }
+        let mut state = queue.lock();
+        if !state.prune() || state.waiter {
+            return;
+        }
+        state.waiter = true;
+        running.waiter = true;
     }
 }
 
 /// Ends a task's part in its queue however the task ends: a task that panicked or whose runtime
-/// went away releases its batch's keys, and the last one drops the calls still queued (their
-/// callers get an error and run their own statements), so the next call starts a new task.
+/// went away releases its batch's keys, and a waiter drops the calls queued (their callers get
+/// an error and run their own statements), so the next call starts a new waiter.
 struct Running<'a, J: Job> {
     queue: &'a Queue<J>,
     /// The keys of the batch in flight.
     keys: Vec<String>,
-    ended: bool,
+    /// Whether the task is its queue's waiter.
+    waiter: bool,
 }
 
 impl<J: Job> Drop for Running<'_, J> {
     fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
         let mut state = self.queue.lock();
         state.release(&mut self.keys);
-        state.running -= 1;
-        if state.running == 0 {
+        if self.waiter {
+            state.waiter = false;
             let mut dropped: Vec<String> = state
                 .waiting
                 .drain(..)
@@ -296,8 +286,8 @@ struct Queue<J> {
 
 struct State<J> {
     waiting: Vec<Waiting<J>>,
-    /// How many tasks run this queue's batches.
-    running: usize,
+    /// Whether a task waits for a lane for this queue.
+    waiter: bool,
     /// The keys of the calls queued or in a batch in flight: one call per key at a time, so a
     /// batch never holds two calls for one key.
     keys: HashSet<String>,
@@ -340,7 +330,7 @@ impl<J> Queue<J> {
             batch: crate::table_sql(compact(batch)),
             state: Mutex::new(State {
                 waiting: Vec::new(),
-                running: 0,
+                waiter: false,
                 keys: HashSet::new(),
             }),
         }

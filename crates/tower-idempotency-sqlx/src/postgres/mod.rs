@@ -114,10 +114,9 @@ impl Backend for Postgres {
     fn engine(pool: &PgPool, table: &str) -> PgEngine {
         PgEngine {
             notices: PgNotices::new(pool, table),
-            pool: pool.clone(),
             table: table.to_owned(),
             writes: None,
-            coalescing: true,
+            coalescing: false,
             coalescer: None,
         }
     }
@@ -129,7 +128,6 @@ impl Backend for Postgres {
 #[derive(Debug)]
 pub struct PgEngine {
     notices: PgNotices,
-    pool: PgPool,
     table: String,
     /// The store's write lanes, which batches run on.
     writes: Option<Arc<Lanes<Postgres>>>,
@@ -142,9 +140,7 @@ impl PgEngine {
     /// New queues on the current lanes, or none with coalescing off.
     fn coalesce(&mut self) {
         self.coalescer = match &self.writes {
-            Some(writes) if self.coalescing => {
-                Some(Coalescer::new(&self.pool, &self.table, writes.clone()))
-            }
+            Some(writes) if self.coalescing => Some(Coalescer::new(&self.table, writes.clone())),
             _ => None,
         };
     }
@@ -172,7 +168,7 @@ impl Engine<Postgres> for PgEngine {
 }
 
 impl SqlStore<Postgres> {
-    /// Whether concurrent claims of new keys and completions are coalesced (default: on).
+    /// Whether concurrent claims of new keys and completions are coalesced (default: off).
     ///
     /// On, a claim of a key the store has not seen (a plain insert) or a completion that finds
     /// one of the store's write [lanes](Self::with_connection_lanes) free runs as its own
@@ -183,8 +179,10 @@ impl SqlStore<Postgres> {
     /// wait only where their own statements would have waited for a lane, and a second call for
     /// a key already queued runs as its own statement. No connection is taken beyond the lanes.
     ///
-    /// Off, each call is its own statement and commit on one of the lanes. How batches are
-    /// built, and the measured gain: docs/stores.md, "Postgres".
+    /// Off, each call is its own statement and commit on one of the lanes. Switch it on where
+    /// many callers write new keys at once on a pool of many lanes (it saves commits and server
+    /// CPU there); off, a key hot with duplicates is answered faster. How batches are built, and
+    /// the measurements: docs/stores.md, "Postgres".
     pub fn with_coalescing(mut self, on: bool) -> Self {
         self.engine.coalescing = on;
         self.engine.coalesce();

@@ -187,6 +187,7 @@ impl<DB: Database> Lanes<DB> {
                 held: Held::Pooled(None),
                 _permit: None,
                 settled: false,
+                used: true,
             });
         }
         self.watch_for_close();
@@ -210,6 +211,7 @@ impl<DB: Database> Lanes<DB> {
             held: Held::Lane(lane),
             _permit: Some(permit),
             settled: false,
+            used: true,
         })
     }
 }
@@ -324,6 +326,8 @@ pub struct Taken<'a, DB: Database> {
     /// Declared after `held`, so the lane is unlocked before its permit is given back.
     _permit: Option<SemaphorePermit<'a>>,
     settled: bool,
+    /// False once given back [`unused`](Self::unused).
+    used: bool,
 }
 
 impl<DB: Database> Taken<'_, DB> {
@@ -366,13 +370,22 @@ impl<DB: Database> Taken<'_, DB> {
     pub fn settle(mut self, ok: bool) {
         self.settled = ok;
     }
+
+    /// Gives the lane back without having run a statement on it: its connection stays, as it
+    /// was (not stamped as used).
+    pub fn unused(mut self) {
+        self.settled = true;
+        self.used = false;
+    }
 }
 
 impl<DB: Database> Drop for Taken<'_, DB> {
     fn drop(&mut self) {
         if let Held::Lane(lane) = &mut self.held {
             if self.settled {
-                lane.last_used = Instant::now();
+                if self.used {
+                    lane.last_used = Instant::now();
+                }
             } else {
                 // Back to the pool, whose return ping flushes whatever the interrupted statement
                 // left on the wire, or closes the connection if it is broken.
