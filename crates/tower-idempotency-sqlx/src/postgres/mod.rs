@@ -175,9 +175,9 @@ impl SqlStore<Postgres> {
     /// statement, as with coalescing off. One that finds every lane busy queues, and the next
     /// lane to free carries every queued call of its kind as one statement over arrays and one
     /// commit; each caller gets the answer its own statement would have given (fencing
-    /// included). Up to as many batches of a kind run at once as the store has lanes, so calls
-    /// wait only where their own statements would have waited for a lane, and a second call for
-    /// a key already queued runs as its own statement. No connection is taken beyond the lanes.
+    /// included). Calls wait only where their own statements would have waited for a lane, and
+    /// a second call for a key already queued runs as its own statement. No connection is taken
+    /// beyond the lanes.
     ///
     /// Off, each call is its own statement and commit on one of the lanes. Switch it on where
     /// many callers write new keys at once on a pool of many lanes (it saves commits and server
