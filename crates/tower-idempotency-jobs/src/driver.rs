@@ -171,6 +171,48 @@ impl<'q, DB: sqlx::Database> Binder<'q, DB> {
         self
     }
 
+    /// A completion's parameters: the job's key, the fencing token, the time, and the status
+    /// where `table` keeps one.
+    pub fn completion(
+        self,
+        table: &Table,
+        key: &'q JobKey,
+        token: i64,
+        now: i64,
+        status: Option<i32>,
+    ) -> Self
+    where
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        let binder = self.key(key).bind(token).bind(now);
+        if table.status.is_some() {
+            binder.bind(status)
+        } else {
+            binder
+        }
+    }
+
+    /// An attempt's history columns, as the next parameters: its number, start, duration,
+    /// outcome, error, status and response, in the history table's column order.
+    pub fn attempt(self, attempt: &'q crate::Attempt) -> Self
+    where
+        i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<i32>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        self.bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
+            .bind(attempt.started_at_ms)
+            .bind(i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX))
+            .bind(attempt.outcome.code())
+            .bind(attempt.error.as_deref())
+            .bind(attempt.status)
+            .bind(attempt.response.as_deref())
+    }
+
     /// The query with its parameters bound.
     pub fn query(self) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments> {
         let Some(order) = self.order else {
@@ -1062,11 +1104,8 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
-                let mut query = sql.complete.binder::<$db>().key(key);
-                query = query.bind(token).bind(now);
-                if sql.table().status.is_some() {
-                    query = query.bind(status);
-                }
+                let query = sql.complete.binder::<$db>();
+                let query = query.completion(sql.table(), key, token, now, status);
                 Ok(query.query().execute(conn).await?.rows_affected() == 1)
             })
         }
@@ -1090,18 +1129,10 @@ macro_rules! driver_calls {
                     Self::record_attempt(&mut *conn, sql, key, attempt, keep_last).await?;
                     return Ok(true);
                 };
-                let mut query = statement.binder::<$db>().key(key).bind(token).bind(now);
-                if sql.table().status.is_some() {
-                    query = query.bind(status);
-                }
+                let query = statement.binder::<$db>();
                 let done = query
-                    .bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
-                    .bind(attempt.started_at_ms)
-                    .bind(i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX))
-                    .bind(attempt.outcome.code())
-                    .bind(attempt.error.as_deref())
-                    .bind(attempt.status)
-                    .bind(attempt.response.as_deref())
+                    .completion(sql.table(), key, token, now, status)
+                    .attempt(attempt)
                     .query()
                     .execute(&mut *conn)
                     .await?
@@ -1376,13 +1407,7 @@ macro_rules! driver_calls {
             Box::pin(async move {
                 let insert = sql.history.insert.binder::<$db>().key(key);
                 insert
-                    .bind(i32::try_from(attempt.attempt).unwrap_or(i32::MAX))
-                    .bind(attempt.started_at_ms)
-                    .bind(i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX))
-                    .bind(attempt.outcome.code())
-                    .bind(attempt.error.as_deref())
-                    .bind(attempt.status)
-                    .bind(attempt.response.as_deref())
+                    .attempt(attempt)
                     .query()
                     .execute(&mut *conn)
                     .await?;
