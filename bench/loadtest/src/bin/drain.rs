@@ -34,27 +34,21 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The handlers' table: one row per event.
 const EFFECTS: &str = "drain_effects";
 
-async fn insert_postgres(
-    event: InboxEvent,
-    mut tx: IdempotentTx<Postgres>,
-) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO drain_effects (event_id) VALUES ($1)")
-        .bind(&event.key.event_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+/// The handler on each database: the event's row in its transaction.
+macro_rules! insert_handler {
+    ($name:ident, $db:ty) => {
+        async fn $name(event: InboxEvent, mut tx: IdempotentTx<$db>) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO drain_effects (event_id) VALUES ($1)")
+                .bind(&event.key.event_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        }
+    };
 }
 
-async fn insert_sqlite(
-    event: InboxEvent,
-    mut tx: IdempotentTx<Sqlite>,
-) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO drain_effects (event_id) VALUES ($1)")
-        .bind(&event.key.event_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
+insert_handler!(insert_postgres, Postgres);
+insert_handler!(insert_sqlite, Sqlite);
 
 /// The `SELECT` of a pending Stripe event's columns for each number `n` of `rows`, received at
 /// `now`.
