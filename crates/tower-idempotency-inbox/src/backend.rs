@@ -468,6 +468,7 @@ macro_rules! inbox_sql {
                     event: &'a NewEvent,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
+                        let _turn = tower_idempotency_jobs::gate::turn::<$db>(pool).await;
                         let query = keyed(sql, &sql.insert, &event.key)
                             .bind(event.headers.as_str())
                             .bind(event.body.as_slice())
@@ -498,6 +499,7 @@ macro_rules! inbox_sql {
                     max_attempts: i32,
                 ) -> BoxFuture<'a, sqlx::Result<Option<ClaimedRow>>> {
                     Box::pin(async move {
+                        let _turn = tower_idempotency_jobs::gate::turn::<$db>(pool).await;
                         let claim = |statement: &'a Prepared| {
                             sql.sent();
                             statement
@@ -665,6 +667,7 @@ macro_rules! inbox_sql {
                     now: i64,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
+                        let _turn = tower_idempotency_jobs::gate::turn::<$db>(pool).await;
                         let keep = keyed(sql, &sql.discard_keep, key)
                             .bind(now)
                             .bind(Vec::<u8>::new())
@@ -684,6 +687,7 @@ macro_rules! inbox_sql {
                     due: i64,
                 ) -> BoxFuture<'a, sqlx::Result<bool>> {
                     Box::pin(async move {
+                        let _turn = tower_idempotency_jobs::gate::turn::<$db>(pool).await;
                         let mut tx = pool.begin().await?;
                         let replay = keyed(sql, &sql.replay, key).bind(due).bind(DISCARDED);
                         if !one_row(replay.query(), &mut *tx).await? {
@@ -824,6 +828,7 @@ async fn insert_many_sqlite(
     sql: &Sql,
     events: &[&NewEvent],
 ) -> sqlx::Result<HashSet<EventKey>> {
+    let _turn = tower_idempotency_jobs::gate::turn(pool).await;
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     let mut inserted = HashSet::new();
     for event in events {
@@ -923,6 +928,7 @@ impl Purge for sqlx::Sqlite {
     ) -> BoxFuture<'a, sqlx::Result<u64>> {
         Box::pin(async move {
             // One transaction: the rows and the positions they carry change together.
+            let _turn = tower_idempotency_jobs::gate::turn(pool).await;
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
             sql.sent();
             type Deleted = (String, String, i16, Option<String>, Option<i64>);

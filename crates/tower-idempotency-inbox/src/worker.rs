@@ -14,7 +14,7 @@ use tokio::{
     task::JoinSet,
 };
 use tower_idempotency_jobs::{
-    guarded, keep_lease, persist, Cut, Dispatcher, Settings, Source, WorkerHandle,
+    gate, guarded, keep_lease, persist, Cut, Dispatcher, Settings, Source, WorkerHandle,
     DEFAULT_POLL_EVERY,
 };
 use tower_idempotency_sqlx::TxHandle;
@@ -575,7 +575,7 @@ impl<DB: InboxDatabase> Shared<DB> {
     }
 
     /// Runs the attempt, bounded by the attempt timeout and renewing the claim from its start to
-    /// its end: the transaction's start (a wait for SQLite's write lock), the ordering check (a
+    /// its end: the transaction's start (on SQLite a wait for the writer gate, [`gate`]), the ordering check (a
     /// wait for the object's lock), the handler, the completion and the commit. A lock wait
     /// therefore cannot outlast the claim while this instance still runs the event. On error,
     /// panic or timeout the transaction is rolled back (explicitly, or by its drop), so SQLite's
@@ -584,7 +584,9 @@ impl<DB: InboxDatabase> Shared<DB> {
         let key = event.key.clone();
         let timeout = self.settings.attempt_timeout;
         let keeper = self.keep_lease(&key, token);
-        match guarded(timeout, self.transact(event, token, started), keeper).await {
+        // Scoped: while the attempt holds SQLite's writer gate, its own lease renewals pass it.
+        let attempt = self.transact(event, token, started);
+        match gate::scoped(guarded(timeout, attempt, keeper)).await {
             Ok(ended) => ended,
             Err(Cut::Panicked(message)) => Err(Failure::from(panic_text(message))),
             Err(cut) => Err(Failure::from(cut.error("attempt"))),
@@ -601,34 +603,36 @@ impl<DB: InboxDatabase> Shared<DB> {
     }
 
     /// The attempt's transaction. A handler's transaction starts lazily ([`InboxDatabase::BEGIN_LAZY`]:
-    /// on SQLite no lock is taken before its first statement). When that meets a lock conflict
-    /// (SQLite refuses to turn a handler's read into a write after another connection wrote),
-    /// the handler runs again at once in a transaction that takes the write lock at its start
-    /// ([`InboxDatabase::BEGIN`]), within the same claim and attempt. An event checked for
-    /// staleness holds its key's lock from the check to the commit, so its transaction starts
-    /// with the lock (on SQLite the write lock); an event without an ordering key starts lazily
-    /// under every policy.
+    /// on SQLite no lock is taken before its first statement), once the writers queued at the
+    /// database's writer gate before it have had their turn ([`gate::pass`]), so that the
+    /// attempts do not overtake them. When that meets a lock conflict (SQLite refuses to turn a
+    /// handler's read into a write after another connection wrote), the handler runs again at
+    /// once in a transaction that takes the write lock at its start ([`InboxDatabase::BEGIN`]),
+    /// within the same claim and attempt. An event checked for staleness holds its key's lock
+    /// from the check to the commit, so its transaction starts with the lock (on SQLite the
+    /// write lock); an event without an ordering key starts lazily under every policy. A
+    /// transaction that starts with the lock holds the writer gate ([`gate::hold`]) until it
+    /// ends.
     async fn transact(
         &self,
         event: InboxEvent,
         token: i64,
         started: i64,
     ) -> Result<Ended, Failure> {
+        let pool = &self.inbox.pool;
         if self.skips_stale(&event) || DB::BEGIN_LAZY == DB::BEGIN {
-            return self
-                .in_transaction(DB::BEGIN, event, token, started)
-                .await
-                .map_err(Tried::failure);
+            let locked = self.in_transaction(DB::BEGIN, event, token, started);
+            return gate::hold(pool, locked).await.map_err(Tried::failure);
         }
+        gate::pass(pool).await;
         match self
             .in_transaction(DB::BEGIN_LAZY, event.clone(), token, started)
             .await
         {
             Err(Tried::Conflict(failure)) => {
                 tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
-                self.in_transaction(DB::BEGIN, event, token, started)
-                    .await
-                    .map_err(Tried::failure)
+                let locked = self.in_transaction(DB::BEGIN, event, token, started);
+                gate::hold(pool, locked).await.map_err(Tried::failure)
             }
             ended => ended.map_err(Tried::failure),
         }

@@ -667,6 +667,12 @@ pub trait Driver: sqlx::Database + Sized {
     /// This database's statements for `table`.
     fn statements(table: Table) -> Statements;
 
+    /// The writer gate of `pool`'s database ([`gate`](crate::gate)): on SQLite its file's, one
+    /// per file in this process; `None` on databases whose writers proceed side by side.
+    fn write_gate(_pool: &sqlx::Pool<Self>) -> Option<std::sync::Arc<crate::WriteGate>> {
+        None
+    }
+
     /// The due-index DDL of `table` (`{table}_due_idx` on state and due time); empty on MySQL,
     /// whose [`JOB_COLUMNS`](Self::JOB_COLUMNS) declare it.
     fn due_index(table: &str) -> String {
@@ -997,6 +1003,7 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let rows = sql.claim_due.binder::<$db>()
                     .bind(now)
                     .bind(token)
@@ -1025,6 +1032,7 @@ macro_rules! driver_calls {
             P: for<'r> sqlx::FromRow<'r, <$db as sqlx::Database>::Row> + Send + Unpin + 'a,
         {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let mut query = sql.claim_keys.binder::<$db>().bind(now);
                 for column in 0..sql.table().key.len() {
                     query = query.bind($keys(keys, column));
@@ -1049,6 +1057,7 @@ macro_rules! driver_calls {
             max_attempts: i32,
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let rows = sql.exhaust.binder::<$db>()
                     .bind(now)
                     .bind(max_attempts)
@@ -1071,6 +1080,7 @@ macro_rules! driver_calls {
             lease_until: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let done = sql.renew.binder::<$db>()
                     .bind(token)
                     .bind(lease_until)
@@ -1089,6 +1099,7 @@ macro_rules! driver_calls {
             lease_until: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.renew_one.binder::<$db>().key(key);
                 let done = query.bind(token).bind(lease_until).query().execute(pool).await?;
                 Ok(done.rows_affected() == 1)
@@ -1162,6 +1173,7 @@ macro_rules! driver_calls {
             status: Option<i32>,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let mut query = sql.fail.binder::<$db>().key(key);
                 query = query
                     .bind(token)
@@ -1204,6 +1216,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.retry.binder::<$db>().key(key);
                 Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
@@ -1216,6 +1229,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.discard.binder::<$db>().key(key);
                 Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
             })
@@ -1228,6 +1242,7 @@ macro_rules! driver_calls {
             limit: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let done = sql.purge.binder::<$db>()
                     .bind(before)
                     .bind(limit)
@@ -1446,6 +1461,7 @@ macro_rules! driver_calls {
             limit: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let done = sql
                     .history
                     .orphans
@@ -1464,6 +1480,7 @@ macro_rules! driver_calls {
             entry: &'a $crate::audit::AuditEntry,
         ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 sql.audit
                     .insert
                     .binder::<$db>()
@@ -1504,6 +1521,7 @@ macro_rules! driver_calls {
             by: &'a str,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let insert = sql.pauses.insert.binder::<$db>().bind(scope).bind(now).bind(by);
                 let done = match insert.query().execute(pool).await {
                     Ok(done) => done.rows_affected() == 1,
@@ -1522,6 +1540,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let mut tx = pool.begin().await?;
                 let deleted = sql.pauses.delete.binder::<$db>().bind(scope).query();
                 let resumed = deleted.execute(&mut *tx).await?.rows_affected() > 0;
@@ -1554,6 +1573,7 @@ macro_rules! driver_calls {
             scope: &'a str,
         ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.pauses.park.binder::<$db>().key(key);
                 let done = query.bind(token).bind(scope).query().execute(pool).await?;
                 Ok(done.rows_affected() == 1)
@@ -1566,6 +1586,7 @@ macro_rules! driver_calls {
             now: i64,
         ) -> $crate::BoxFuture<'a, sqlx::Result<u64>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.pauses.unpark.binder::<$db>().bind(now).query();
                 Ok(query.execute(pool).await?.rows_affected())
             })
@@ -1576,6 +1597,7 @@ macro_rules! driver_calls {
             script: &'a str,
         ) -> $crate::BoxFuture<'a, sqlx::Result<()>> {
             Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
                 sqlx::raw_sql(sqlx::AssertSqlSafe(script.to_owned()))
                     .execute(pool)
                     .await?;

@@ -65,6 +65,7 @@ pub mod conformance;
 pub mod cursor;
 mod dispatch;
 pub mod driver;
+pub mod gate;
 pub mod history;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -88,6 +89,7 @@ pub use driver::{
     Binder, Dialect, Driver, KeyBatch, Placeholders, Prepared, Statement, Statements, DUE,
     DUE_BY_KEY, SPENT,
 };
+pub use gate::{Turn, WriteGate};
 pub use history::{Attempt, AttemptOutcome};
 pub use pauses::{Pause, PARKED_AT};
 pub use table::{Claimed, JobCounts, JobKey, JobState, JobSummary, NoColumns, PageFilter, Table};

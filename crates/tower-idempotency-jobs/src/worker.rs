@@ -90,6 +90,7 @@ impl Settings {
             return;
         }
         let recorded = async {
+            let _turn = crate::gate::turn(pool).await;
             let mut conn = pool.acquire().await?;
             DB::record_attempt(&mut conn, sql, key, attempt, self.history).await
         };
@@ -403,6 +404,7 @@ impl<DB: Driver, J: Job<DB>> Worker<DB, J> {
                 let status = *status;
                 persist(left_of(lease_until), || {
                     Box::pin(async move {
+                        let _turn = crate::gate::turn(pool).await;
                         let mut conn = pool.acquire().await?;
                         DB::complete(&mut conn, sql, key, token, now, status).await
                     })

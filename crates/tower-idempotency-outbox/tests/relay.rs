@@ -1134,6 +1134,54 @@ async fn sqlite_records_a_delivery_made_while_the_write_lock_is_held() {
     env.finish().await;
 }
 
+/// SQLite: while a writer elsewhere in the process holds the database file's writer gate (as the
+/// inbox's acknowledgements on the same file would), the relay claims nothing, so nothing is
+/// sent; once the turn ends the message is claimed, delivered and recorded, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_relay_takes_its_turn_at_the_files_writer_gate() {
+    let env = Env::<sqlx::Sqlite>::new().await;
+    let seen = Seen::default();
+    let base = receiver(seen.clone(), 0, StatusCode::OK).await;
+    env.commit(vec![Message::http(
+        http::Method::POST,
+        format!("{base}/hook"),
+    )
+    .key("behind-the-gate")])
+        .await;
+    let path = env
+        .outbox
+        .pool()
+        .connect_options()
+        .get_filename()
+        .to_owned();
+    let turn = tower_idempotency_jobs::WriteGate::for_file(&path)
+        .turn()
+        .await;
+    assert!(turn.holds());
+    let relay = fast(&env.outbox);
+    let mut round = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.run_once().await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut round)
+            .await
+            .is_err(),
+        "the relay's round ended while another writer held the file's gate"
+    );
+    assert!(
+        seen.keys().is_empty(),
+        "a message was sent while its claim had to wait"
+    );
+    drop(turn);
+    let round = round.await.unwrap().unwrap();
+    assert_eq!((round.claimed, round.delivered), (1, 1));
+    assert_eq!(seen.keys(), ["behind-the-gate"]);
+    let (state, attempts, ..) = env.state("behind-the-gate").await;
+    assert_eq!((state, attempts), (MessageState::Delivered, 1));
+    env.finish().await;
+}
+
 /// Executions per `Idempotency-Key` behind the client-key layer, and requests received.
 #[derive(Clone, Default)]
 struct Orders {

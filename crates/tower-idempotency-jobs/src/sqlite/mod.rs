@@ -40,6 +40,12 @@ impl Driver for sqlx::Sqlite {
         )
     }
 
+    fn write_gate(pool: &sqlx::SqlitePool) -> Option<std::sync::Arc<crate::WriteGate>> {
+        Some(crate::WriteGate::for_file(
+            pool.connect_options().get_filename(),
+        ))
+    }
+
     crate::driver_calls!(sqlx::Sqlite, key_column);
 }
 
