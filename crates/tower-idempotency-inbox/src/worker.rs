@@ -602,17 +602,15 @@ impl<DB: InboxDatabase> Shared<DB> {
         })
     }
 
-    /// The attempt's transaction. A handler's transaction starts lazily ([`InboxDatabase::BEGIN_LAZY`]:
-    /// on SQLite no lock is taken before its first statement), once the writers queued at the
-    /// database's writer gate before it have had their turn ([`gate::pass`]), so that the
-    /// attempts do not overtake them. When that meets a lock conflict (SQLite refuses to turn a
-    /// handler's read into a write after another connection wrote), the handler runs again at
-    /// once in a transaction that takes the write lock at its start ([`InboxDatabase::BEGIN`]),
-    /// within the same claim and attempt. An event checked for staleness holds its key's lock
-    /// from the check to the commit, so its transaction starts with the lock (on SQLite the
-    /// write lock); an event without an ordering key starts lazily under every policy. A
-    /// transaction that starts with the lock holds the writer gate ([`gate::hold`]) until it
-    /// ends.
+    /// The attempt's transaction, holding the database's writer gate ([`gate::hold`]: on SQLite
+    /// from its start, for up to [`gate::GRACE`]). A handler's transaction starts lazily
+    /// ([`InboxDatabase::BEGIN_LAZY`]: on SQLite no lock is taken before its first statement).
+    /// When that meets a lock conflict (SQLite refuses to turn a handler's read into a write
+    /// after another connection wrote), the handler runs again at once in a transaction that
+    /// takes the write lock at its start ([`InboxDatabase::BEGIN`]), within the same claim and
+    /// attempt. An event checked for staleness holds its key's lock from the check to the
+    /// commit, so its transaction starts with the lock (on SQLite the write lock); an event
+    /// without an ordering key starts lazily under every policy.
     async fn transact(
         &self,
         event: InboxEvent,
@@ -624,11 +622,8 @@ impl<DB: InboxDatabase> Shared<DB> {
             let locked = self.in_transaction(DB::BEGIN, event, token, started);
             return gate::hold(pool, locked).await.map_err(Tried::failure);
         }
-        gate::pass(pool).await;
-        match self
-            .in_transaction(DB::BEGIN_LAZY, event.clone(), token, started)
-            .await
-        {
+        let lazy = self.in_transaction(DB::BEGIN_LAZY, event.clone(), token, started);
+        match gate::hold(pool, lazy).await {
             Err(Tried::Conflict(failure)) => {
                 tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
                 let locked = self.in_transaction(DB::BEGIN, event, token, started);

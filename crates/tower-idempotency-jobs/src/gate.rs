@@ -1,26 +1,25 @@
-//! SQLite's one write lock, handed out in this process in arrival order: one fair gate per
-//! database file, taken by every writer of the engine and of both halves on that file.
+//! SQLite's one write lock, handed out in this process in turn: one fair gate per database file,
+//! taken by every writer of the engine and of both halves on that file.
 //!
 //! A SQLite connection that finds the write lock taken waits in the busy handler, which sleeps in
 //! growing steps (up to 100 ms) and tries again: a writer queued behind a transaction that ends
 //! 1 ms later can sleep for tens of milliseconds while later writers take the lock before it.
-//! Under a steady drain an acknowledgement can lose that race again and again. Every writer in
-//! this process therefore first takes a [`Turn`] at the file's [`WriteGate`], a first-come
-//! first-served queue that hands the lock on as the last writer ends; the busy handler is left
-//! for writers outside the gate (another process, statements a user runs on the pool).
+//! Under a steady drain the worker's transactions and the acknowledgements starve one another
+//! in turn. Every writer in this process therefore first takes a [`Turn`] at the file's
+//! [`WriteGate`], which hands the lock on as the last writer ends; the busy handler is left for
+//! writers outside the gate (another process, statements a user runs on the pool).
 //!
 //! - **Short writes** (acknowledgements, claims, renewals, completions, failure records, sweeps,
-//!   purges, operator changes) queue for the lock itself ([`WriteGate::turn`]).
-//! - **A transaction that takes the lock at its start** (an inbox handler's under skip-stale
-//!   ordering, or after a lock conflict) holds the gate for its whole length
-//!   ([`WriteGate::hold`]): first behind the other held transactions, then behind the short
-//!   writes queued before it. A short write therefore waits for at most the one transaction in
-//!   progress, not for every one queued before it.
-//! - **A transaction that takes the lock at its first statement** (an inbox handler's by
-//!   default) starts once the writers queued before it have had their turn ([`pass`]) and then
-//!   holds nothing: what a handler does before its first statement (call another service, wait)
-//!   keeps no writer waiting, and a short write waits at most for the transactions already
-//!   running (the worker's concurrency), in SQLite's busy handler.
+//!   purges, operator changes) queue first come first served ([`WriteGate::turn`]).
+//! - **Transactions** (an inbox handler's) queue first come first served in a second line
+//!   ([`WriteGate::hold`]). Short writes go first, but a waiting transaction gets the lock after
+//!   at most [`SHORT_WRITES_PER_TRANSACTION`] of them: acknowledgements are not held up behind
+//!   every queued handler, and the worker keeps draining while they arrive.
+//! - **A transaction holds the gate from its start for up to [`GRACE`]**: a handler that writes
+//!   at once ends within it. One that runs longer (a handler that waits on another service,
+//!   before or after its first statement) lets the gate go after [`GRACE`] and finishes outside
+//!   it: it keeps no writer queued behind it for longer than that, and a writer that then meets
+//!   its lock waits in SQLite's busy handler.
 //! - **Nested turns pass**: inside [`WriteGate::hold`], a turn at the same gate (the attempt's
 //!   own lease renewal, an engine write the handler makes) does not wait for the gate its own
 //!   task holds. What it writes on another connection then meets SQLite's lock as it would
@@ -35,27 +34,150 @@ use std::{
     future::Future,
     path::{Path, PathBuf},
     sync::{Arc, LazyLock, Mutex},
+    time::Duration,
 };
 
-use tokio::sync::{Mutex as Queue, OwnedMutexGuard};
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
 
 use crate::Driver;
+
+/// Short writes granted in a row while a transaction waits, before the transaction's turn.
+pub const SHORT_WRITES_PER_TRANSACTION: u32 = 4;
+
+/// The write lock's two queues, short writes and transactions, each first come first served.
+///
+/// Hand-written: a turn must be granted by class (short writes before waiting transactions, up
+/// to [`SHORT_WRITES_PER_TRANSACTION`] in a row), which a FIFO mutex such as tokio's cannot do.
+#[derive(Debug, Default)]
+struct Lock(Mutex<Queues>);
+
+#[derive(Debug, Default)]
+struct Queues {
+    held: bool,
+    short: VecDeque<oneshot::Sender<()>>,
+    transactions: VecDeque<oneshot::Sender<()>>,
+    /// Short writes granted since a transaction last was.
+    shorts_in_a_row: u32,
+}
+
+/// Which queue a writer waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Short,
+    Transaction,
+}
+
+/// The lock, held until this drops.
+#[derive(Debug)]
+struct Grant(Arc<Lock>);
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// A writer waiting for its grant; a grant that reaches it after it was dropped is passed on.
+struct Waiting {
+    lock: Arc<Lock>,
+    grant: oneshot::Receiver<()>,
+    granted: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        self.grant.close();
+        if self.grant.try_recv().is_ok() {
+            self.lock.release();
+        }
+    }
+}
+
+impl Lock {
+    fn queues(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn acquire(self: &Arc<Self>, class: Class) -> Grant {
+        let receiver = {
+            let mut queues = self.queues();
+            if !queues.held {
+                queues.held = true;
+                return Grant(self.clone());
+            }
+            let (sender, receiver) = oneshot::channel();
+            match class {
+                Class::Short => queues.short.push_back(sender),
+                Class::Transaction => queues.transactions.push_back(sender),
+            }
+            receiver
+        };
+        let mut waiting = Waiting {
+            lock: self.clone(),
+            grant: receiver,
+            granted: false,
+        };
+        // The sender is only dropped unsent by `release`, which never does so.
+        let granted = (&mut waiting.grant).await.is_ok();
+        debug_assert!(granted);
+        // Granted: the grant is this writer's now, not the waiter's to pass on.
+        waiting.granted = true;
+        Grant(self.clone())
+    }
+
+    /// Hands the lock to the next writer still waiting: a short write, unless a transaction has
+    /// waited through [`SHORT_WRITES_PER_TRANSACTION`] of them; free when nobody waits.
+    fn release(&self) {
+        let mut queues = self.queues();
+        loop {
+            let transaction_due = !queues.transactions.is_empty()
+                && (queues.short.is_empty()
+                    || queues.shorts_in_a_row >= SHORT_WRITES_PER_TRANSACTION);
+            let next = if transaction_due {
+                queues.shorts_in_a_row = 0;
+                queues.transactions.pop_front()
+            } else {
+                let next = queues.short.pop_front();
+                if next.is_some() && !queues.transactions.is_empty() {
+                    queues.shorts_in_a_row += 1;
+                }
+                next
+            };
+            let Some(next) = next else {
+                queues.held = false;
+                return;
+            };
+            if next.send(()).is_ok() {
+                return;
+            }
+        }
+    }
+}
 
 /// The writer gate of one database file; see the [module](self).
 #[derive(Debug, Default)]
 pub struct WriteGate {
-    /// Every writer's turn at the write lock, first come first served.
-    lock: Arc<Queue<()>>,
-    /// Held attempts' turn to queue for `lock`.
-    attempts: Arc<Queue<()>>,
+    /// Every writer's turn at the write lock.
+    lock: Arc<Lock>,
 }
+
+/// How long a transaction holds its gate ([`WriteGate::hold`]) before it lets the gate go and
+/// finishes outside it.
+pub const GRACE: Duration = Duration::from_millis(10);
 
 /// A writer's turn at a [`WriteGate`]: the gate is free again when this drops. A turn taken
 /// where no gate applies (another database, or inside the holder's own
 /// [`hold`](WriteGate::hold)) holds nothing.
 #[derive(Debug)]
 #[must_use = "the turn ends when it is dropped"]
-pub struct Turn(Option<OwnedMutexGuard<()>>);
+pub struct Turn(Option<Grant>);
 
 impl Turn {
     /// A turn that holds nothing.
@@ -144,7 +266,7 @@ impl WriteGate {
     /// [`scoped`] task takes the gate.
     pub async fn turn(&self) -> Turn {
         let Ok(holding) = HELD.try_with(Clone::clone) else {
-            return Turn(Some(self.lock.clone().lock_owned().await));
+            return Turn(Some(self.lock.acquire(Class::Short).await));
         };
         loop {
             let began = holding.0 .1.notified();
@@ -152,36 +274,43 @@ impl WriteGate {
                 return Turn::none();
             }
             tokio::select! {
-                guard = self.lock.clone().lock_owned() => return Turn(Some(guard)),
+                grant = self.lock.acquire(Class::Short) => return Turn(Some(grant)),
                 () = began => {}
             }
         }
     }
 
-    /// Runs `attempt` holding the gate from its start to its end: behind the other held
-    /// attempts, then behind the short writes queued before it. Turns at this gate inside
-    /// `attempt`, and in the rest of the enclosing [`scoped`] task while `attempt` holds the
-    /// gate, pass at once.
+    /// Runs `attempt` holding the gate from its start, behind the writers queued before it, for
+    /// up to [`GRACE`]; past that the gate is free again and `attempt` goes on without it. Turns
+    /// at this gate inside `attempt`, and in the rest of the enclosing [`scoped`] task, pass at
+    /// once while `attempt` holds the gate.
     pub async fn hold<F: Future>(&self, attempt: F) -> F::Output {
         if self.held_here() {
             return attempt.await;
         }
-        let queued = self.attempts.clone().lock_owned().await;
-        let turn = self.lock.clone().lock_owned().await;
-        let output = match HELD.try_with(Clone::clone) {
-            Ok(holding) => {
-                holding.push(self.id());
-                let _release = Release(holding, self.id());
-                attempt.await
-            }
+        let turn = self.lock.acquire(Class::Transaction).await;
+        let (holding, scope) = match HELD.try_with(Clone::clone) {
+            Ok(holding) => (holding, None),
             Err(_) => {
                 let holding = Holding::default();
-                holding.push(self.id());
-                HELD.scope(holding, attempt).await
+                (holding.clone(), Some(holding))
             }
         };
-        drop((turn, queued));
-        output
+        holding.push(self.id());
+        let release = Release(holding, self.id());
+        let attempt = async move {
+            match scope {
+                Some(holding) => HELD.scope(holding, attempt).await,
+                None => attempt.await,
+            }
+        };
+        tokio::pin!(attempt);
+        tokio::select! {
+            output = &mut attempt => return output,
+            () = tokio::time::sleep(GRACE) => {}
+        }
+        drop((release, turn));
+        attempt.await
     }
 }
 
@@ -192,13 +321,6 @@ pub async fn turn<DB: Driver>(pool: &sqlx::Pool<DB>) -> Turn {
         Some(gate) => gate.turn().await,
         None => Turn::none(),
     }
-}
-
-/// Waits for the writers queued at `pool`'s database gate before the caller, and holds nothing:
-/// a transaction that takes SQLite's lock only at its first statement starts behind them, and
-/// what it does before that statement keeps no writer waiting. Nothing elsewhere.
-pub async fn pass<DB: Driver>(pool: &sqlx::Pool<DB>) {
-    drop(turn(pool).await);
 }
 
 /// Runs `attempt` holding `pool`'s database gate ([`WriteGate::hold`]) on SQLite; as it is
@@ -272,7 +394,8 @@ mod tests {
                 let nested = gate.hold(async { gate.turn().await.holds() }).await;
                 let other = gate.clone();
                 let outside = tokio::spawn(async move { other.turn().await });
-                let waited = tokio::time::timeout(Duration::from_millis(50), outside).await;
+                // Well inside the hold's grace.
+                let waited = tokio::time::timeout(GRACE / 10, outside).await;
                 (inside || nested, waited.is_err())
             })
             .await;
@@ -287,18 +410,20 @@ mod tests {
         let blocker = gate.turn().await;
         let (go, mut went) = tokio::sync::mpsc::unbounded_channel();
         let (attempt_ends, ended) = tokio::sync::oneshot::channel::<()>();
+        let holds = Arc::new(tokio::sync::Notify::new());
         let task = {
-            let gate = gate.clone();
+            let (gate, holds) = (gate.clone(), holds.clone());
             tokio::spawn(scoped(async move {
                 let attempt = gate.hold(async {
+                    holds.notify_one();
                     let _ = ended.await;
                 });
                 let keeper = async {
                     // Queued behind `blocker`: the attempt does not hold the gate yet.
-                    let first = tokio::time::timeout(Duration::from_millis(50), gate.turn()).await;
+                    let first = tokio::time::timeout(GRACE / 10, gate.turn()).await;
                     go.send(first.is_err()).unwrap();
-                    // Queued again; the attempt, queued first, takes the gate once `blocker`
-                    // is gone, and the keeper passes.
+                    // Once the attempt holds the gate, the keeper passes.
+                    holds.notified().await;
                     go.send(!gate.turn().await.holds()).unwrap();
                     std::future::pending::<()>().await
                 };
@@ -325,51 +450,80 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_short_write_waits_for_one_held_attempt_not_for_every_one_queued() {
+    async fn short_writes_go_first_but_a_waiting_transaction_gets_every_fifth_turn() {
+        let gate = Arc::new(WriteGate::default());
+        let first = gate.turn().await;
+        let (sent, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiting = Vec::new();
+        for name in ["tx", "a", "b", "c", "d", "e"] {
+            let (gate, sent) = (gate.clone(), sent.clone());
+            waiting.push(tokio::spawn(async move {
+                if name == "tx" {
+                    gate.hold(async { sent.send(name).unwrap() }).await;
+                } else {
+                    let _turn = gate.turn().await;
+                    sent.send(name).unwrap();
+                }
+            }));
+            // The test's runtime has one thread: the task runs to its wait before the next.
+            tokio::task::yield_now().await;
+        }
+        drop(first);
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(order.recv().await.unwrap());
+        }
+        assert_eq!(seen, ["a", "b", "c", "d", "tx", "e"]);
+        for task in waiting {
+            task.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_grant_to_a_writer_that_stopped_waiting_passes_on() {
+        let gate = Arc::new(WriteGate::default());
+        let first = gate.turn().await;
+        let gone = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.turn().await }
+        });
+        tokio::task::yield_now().await;
+        let next = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.turn().await.holds() }
+        });
+        tokio::task::yield_now().await;
+        gone.abort();
+        drop(first);
+        assert!(next.await.unwrap(), "the next writer got the lock");
+    }
+
+    #[tokio::test]
+    async fn a_transaction_longer_than_the_grace_lets_the_gate_go() {
         let gate = Arc::new(WriteGate::default());
         let (release, released) = tokio::sync::oneshot::channel::<()>();
         let (started, is_started) = tokio::sync::oneshot::channel();
-        let (ended, mut ends) = tokio::sync::mpsc::unbounded_channel();
-        let held = {
-            let (gate, ended) = (gate.clone(), ended.clone());
+        let long = {
+            let gate = gate.clone();
             tokio::spawn(async move {
                 gate.hold(async {
                     let _ = started.send(());
                     let _ = released.await;
                 })
                 .await;
-                ended.send("first attempt").unwrap();
             })
         };
         is_started.await.unwrap();
-        let second = {
-            let (gate, ended) = (gate.clone(), ended.clone());
-            tokio::spawn(async move {
-                gate.hold(async {}).await;
-                ended.send("second attempt").unwrap();
-            })
-        };
-        tokio::task::yield_now().await;
-        let short = {
-            let (gate, ended) = (gate.clone(), ended.clone());
-            tokio::spawn(async move {
-                let _turn = gate.turn().await;
-                ended.send("short write").unwrap();
-            })
-        };
-        tokio::task::yield_now().await;
-        release.send(()).unwrap();
-        let order = [ends.recv().await, ends.recv().await, ends.recv().await];
-        assert_eq!(
-            order,
-            [
-                Some("first attempt"),
-                Some("short write"),
-                Some("second attempt")
-            ]
+        let turn = gate.turn().await;
+        assert!(turn.holds());
+        assert!(
+            !long.is_finished(),
+            "the short write got its turn while the long one runs"
         );
-        for task in [held, second, short] {
-            task.await.unwrap();
-        }
+        drop(turn);
+        release.send(()).unwrap();
+        long.await.unwrap();
+        let quick = gate.hold(async { gate.turn().await.holds() }).await;
+        assert!(!quick, "inside its grace a transaction's own turns pass");
     }
 }
