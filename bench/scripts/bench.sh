@@ -9,7 +9,9 @@
 #   - the transactional mode and the inbox beside their floors (--bin transactional, --bin inbox),
 #     MODE_SECONDS (default 3) per cell; the inbox's peer queues are apalis (built into the
 #     harness) and graphile-worker (bench/peer-graphile, a Node.js project: needs node 20 or
-#     later and npm, installed here with npm ci).
+#     later and npm, installed here with npm ci);
+#   - the reference receiver's inbox on SQLite against its synchronous route
+#     (bench/scripts/receiver-inbox.sh: wrk and sqlite3).
 #
 # Usage: bench/scripts/bench.sh [--skip-criterion] [--skip-load] [-- LOADTEST FLAGS...]
 #   e.g. bench/scripts/bench.sh -- --duration-ms 3000
@@ -18,7 +20,7 @@
 #              REDIS_URL (default redis://127.0.0.1:6379). Benchmarks that need an unreachable
 #              service print a SKIPPED line and the rest still run.
 # Outputs: target/bench-results/<UTC timestamp>/ (criterion-*.txt, loadtest-latest.{json,csv,md},
-#          transactional.md, inbox.md, machine.txt); criterion's own HTML reports stay under
+#          transactional.md, inbox.md, receiver-inbox.md, machine.txt); criterion's own HTML reports stay under
 #          target/criterion/.
 set -euo pipefail
 
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
         --skip-criterion) criterion=0 ;;
         --skip-load) load=0 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "unknown flag $1 (loadtest flags go after --)" >&2; exit 2 ;;
     esac
     shift
@@ -84,6 +86,10 @@ if [[ $load == 1 ]]; then
         echo "== $bin (-> $out/$bin.md)"
         cargo run --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin "$bin" -- "$mode_seconds" | tee "$out/$bin.md"
     done
+    # The reference receiver on SQLite: its synchronous Stripe route against the inbox's
+    # acknowledgements and drain (wrk, 32 connections; needs wrk and sqlite3).
+    echo "== receiver-inbox (-> $out/receiver-inbox.md)"
+    bench/scripts/receiver-inbox.sh 3 5 | tee "$out/receiver-inbox.md"
 fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
 echo "results in $out"

@@ -26,7 +26,7 @@
 //!   without the gate. A task the handler spawns is not the holder: a handler that waits for one
 //!   that writes waits until its attempt times out.
 //!
-//! Postgres and MySQL have no gate ([`Driver::write_gate`](crate::Driver::write_gate) is `None`):
+//! Postgres and MySQL have no gate ([`Driver::write_gate`] is `None`):
 //! their writers proceed side by side.
 
 use std::{
