@@ -575,11 +575,11 @@ impl<DB: InboxDatabase> Shared<DB> {
     }
 
     /// Runs the attempt, bounded by the attempt timeout and renewing the claim from its start to
-    /// its end: the transaction's start (on SQLite a wait for the writer gate, [`gate`]), the ordering check (a
-    /// wait for the object's lock), the handler, the completion and the commit. A lock wait
-    /// therefore cannot outlast the claim while this instance still runs the event. On error,
-    /// panic or timeout the transaction is rolled back (explicitly, or by its drop), so SQLite's
-    /// write lock is free for the failure record.
+    /// its end: the transaction's start (on SQLite a wait for the writer gate, [`gate`]), the
+    /// ordering check (a wait for the object's lock), the handler, the completion and the
+    /// commit. A lock wait therefore cannot outlast the claim while this instance still runs the
+    /// event. On error, panic or timeout the transaction is rolled back (explicitly, or by its
+    /// drop), so SQLite's write lock is free for the failure record.
     async fn run(&self, event: InboxEvent, token: i64, started: i64) -> Result<Ended, Failure> {
         let key = event.key.clone();
         let timeout = self.settings.attempt_timeout;
@@ -618,19 +618,17 @@ impl<DB: InboxDatabase> Shared<DB> {
         started: i64,
     ) -> Result<Ended, Failure> {
         let pool = &self.inbox.pool;
-        if self.skips_stale(&event) || DB::BEGIN_LAZY == DB::BEGIN {
-            let locked = self.in_transaction(DB::BEGIN, event, token, started);
-            return gate::hold(pool, locked).await.map_err(Tried::failure);
-        }
-        let lazy = self.in_transaction(DB::BEGIN_LAZY, event.clone(), token, started);
-        match gate::hold(pool, lazy).await {
-            Err(Tried::Conflict(failure)) => {
-                tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
-                let locked = self.in_transaction(DB::BEGIN, event, token, started);
-                gate::hold(pool, locked).await.map_err(Tried::failure)
+        if !self.skips_stale(&event) && DB::BEGIN_LAZY != DB::BEGIN {
+            let lazy = self.in_transaction(DB::BEGIN_LAZY, event.clone(), token, started);
+            match gate::hold(pool, lazy).await {
+                Err(Tried::Conflict(failure)) => {
+                    tracing::debug!(error = %failure.text, "a lazily started transaction met a lock conflict; running the handler again with the write lock");
+                }
+                ended => return ended.map_err(Tried::failure),
             }
-            ended => ended.map_err(Tried::failure),
         }
+        let locked = self.in_transaction(DB::BEGIN, event, token, started);
+        gate::hold(pool, locked).await.map_err(Tried::failure)
     }
 
     /// Runs the handler in a transaction started by `begin` and, when it succeeds, marks the
