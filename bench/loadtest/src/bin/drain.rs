@@ -6,9 +6,16 @@
 //! as after an outage. It prints the events per second from the worker's start until none is
 //! pending, and drops its tables.
 //!
+//! With `--floor`, the same run then measures the drain's floor: the worker's statements for
+//! each of as many events, sent from as many connections as the worker has handlers, with no
+//! worker (`DrainFloor`, the inbox harness's "the worker's statements per event", here a fixed
+//! number of events rather than a fixed time), on an inbox table of its own. It prints the
+//! floor's rate, the drain's ratio to it, and for both the CPU time per event of this process and
+//! of the whole machine (`/proc/stat`: the database server included).
+//!
 //! ```text
 //! SQLX_OFFLINE=true cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin drain
-//! target/release/drain postgres|sqlite [EVENTS] [HISTORY]
+//! target/release/drain postgres|sqlite [EVENTS] [HISTORY] [--floor]
 //! ```
 //!
 //! `HISTORY` is the worker's attempt history (`WorkerBuilder::history`; default its default, `0`
@@ -18,15 +25,24 @@
 //! `docs/benchmarks/`. `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`) names
 //! the Postgres database.
 
+#[path = "../cpu.rs"]
+#[allow(dead_code)] // The harness's server threads are not this binary's.
+mod cpu;
 mod drive;
 
 use std::{
     str::FromStr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
-use drive::{postgres_pool, suffix};
-use tower_idempotency_inbox::{HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent};
+use drive::{postgres_pool, suffix, DrainFloor};
+use tower_idempotency_inbox::{
+    HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler,
+};
 use tower_idempotency_sqlx::sqlx::{self, Pool, Postgres, Sqlite};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -34,21 +50,87 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The handlers' table: one row per event.
 const EFFECTS: &str = "drain_effects";
 
-/// The handler on each database: the event's row in its transaction.
+/// The handler on each database: the event's row in its transaction, then a count of the
+/// handlers that ran (before their commit: the drain's end is then read from the table).
 macro_rules! insert_handler {
     ($name:ident, $db:ty) => {
-        async fn $name(event: InboxEvent, mut tx: IdempotentTx<$db>) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO drain_effects (event_id) VALUES ($1)")
-                .bind(&event.key.event_id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(())
+        fn $name(ran: Arc<AtomicU64>) -> impl InboxHandler<$db> {
+            move |event: InboxEvent, mut tx: IdempotentTx<$db>| {
+                let ran = ran.clone();
+                async move {
+                    sqlx::query("INSERT INTO drain_effects (event_id) VALUES ($1)")
+                        .bind(&event.key.event_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    Ok::<(), HandlerError>(())
+                }
+            }
         }
     };
 }
 
 insert_handler!(insert_postgres, Postgres);
 insert_handler!(insert_sqlite, Sqlite);
+
+/// A phase's rate and CPU time per event.
+struct Measured {
+    rate: f64,
+    /// This process's CPU time per event, µs.
+    process_us: f64,
+    /// The machine's busy CPU time per event, µs (every process, the database server's too).
+    machine_us: f64,
+}
+
+impl Measured {
+    /// Measures `events` events taken by `phase`.
+    async fn of(
+        events: u64,
+        phase: impl std::future::Future<Output = Result<(), BoxError>>,
+    ) -> Result<Self, BoxError> {
+        let (process, machine, started) = (
+            cpu::process_ns(std::process::id()),
+            machine_busy_ns(),
+            Instant::now(),
+        );
+        phase.await?;
+        let elapsed = started.elapsed();
+        let per_event = |ns: u64| ns as f64 / 1000.0 / events as f64;
+        Ok(Self {
+            rate: events as f64 / elapsed.as_secs_f64(),
+            process_us: per_event(cpu::process_ns(std::process::id()).saturating_sub(process)),
+            machine_us: per_event(machine_busy_ns().saturating_sub(machine)),
+        })
+    }
+
+    fn cpu(&self) -> String {
+        format!(
+            "CPU per event {:.0} µs in this process, {:.0} µs on the machine",
+            self.process_us, self.machine_us
+        )
+    }
+}
+
+/// The machine's busy CPU time so far, ns: `/proc/stat`'s first line without idle and iowait.
+fn machine_busy_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: USER_HZ is 100 on Linux.
+    let busy: u64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4 && *i < 8)
+        .map(|(_, t)| t)
+        .sum();
+    busy * 10_000_000
+}
 
 /// The `SELECT` of a pending Stripe event's columns for each number `n` of `rows`, received at
 /// `now`.
@@ -58,7 +140,9 @@ fn pending(now: i64, rows: &str, body: &str) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let mut args = std::env::args().skip(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let with_floor = args.iter().any(|arg| arg == "--floor");
+    let mut args = args.into_iter().filter(|arg| arg != "--floor");
     let database = args.next().unwrap_or_else(|| "postgres".to_owned());
     let events: u64 = match args.next() {
         Some(events) => events.parse()?,
@@ -72,7 +156,7 @@ async fn main() -> Result<(), BoxError> {
             .as_millis(),
     )?;
     let columns = "(provider, event_id, headers, body, received_at, available_at)";
-    let rate = match database.as_str() {
+    let (drained, floor) = match database.as_str() {
         "postgres" => {
             let pool = postgres_pool().await?;
             let rows = format!("generate_series(1, {events}) AS g(n)");
@@ -82,9 +166,13 @@ async fn main() -> Result<(), BoxError> {
                 "INSERT INTO {table} {columns} {}",
                 pending(now, &rows, body)
             );
-            let rate = drain(&pool, &table, (events, history), &fill, insert_postgres).await?;
+            let drained = drain(&pool, &table, (events, history), &fill, insert_postgres).await?;
+            let floor = match with_floor {
+                true => Some(floor(&pool, events, ("BEGIN", "'\\x7b7d'")).await?),
+                false => None,
+            };
             pool.close().await;
-            rate
+            (drained, floor)
         }
         "sqlite" => {
             let dir = std::env::temp_dir().join(format!("tidem-drain-{}", suffix()));
@@ -106,69 +194,179 @@ async fn main() -> Result<(), BoxError> {
                 "INSERT INTO {table} {columns} {}",
                 pending(now, &rows, body)
             );
-            let rate = drain(&pool, &table, (events, history), &fill, insert_sqlite).await?;
+            let drained = drain(&pool, &table, (events, history), &fill, insert_sqlite).await?;
+            let floor = match with_floor {
+                true => Some(floor(&pool, events, ("BEGIN IMMEDIATE", "X'7B7D'")).await?),
+                false => None,
+            };
             pool.close().await;
             std::fs::remove_dir_all(&dir)?;
-            rate
+            (drained, floor)
         }
         other => return Err(format!("no database {other}: postgres or sqlite").into()),
     };
     let kept = history.map_or_else(|| "default".to_owned(), |n| n.to_string());
-    println!("{database}: {events} events drained at {rate:.0} events/s (history {kept})");
+    println!(
+        "{database}: {events} events drained at {:.0} events/s (history {kept}); {}",
+        drained.rate,
+        drained.cpu()
+    );
+    if let Some(floor) = floor {
+        println!(
+            "{database}: the worker's statements per event, no worker: {:.0} events/s; {}; \
+             drain / floor {:.2}",
+            floor.rate,
+            floor.cpu(),
+            drained.rate / floor.rate
+        );
+    }
+    Ok(())
+}
+
+/// Drops `tables` of `pool`'s database.
+async fn drop_tables<DB: InboxDatabase>(pool: &Pool<DB>, tables: &[String]) -> Result<(), BoxError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let drop: Vec<String> = tables
+        .iter()
+        .map(|name| format!("DROP TABLE IF EXISTS {name}"))
+        .collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop.join(";\n")))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// An inbox table's own tables beside it.
+fn inbox_tables(table: &str) -> Vec<String> {
+    ["", "_attempts", "_audit", "_pauses", "_positions"]
+        .map(|side| format!("{table}{side}"))
+        .to_vec()
+}
+
+/// Creates the handlers' table, empty.
+async fn effects<DB: InboxDatabase>(pool: &Pool<DB>) -> Result<(), BoxError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    drop_tables(pool, &[EFFECTS.to_owned()]).await?;
+    let create = format!("CREATE TABLE {EFFECTS} (event_id TEXT NOT NULL)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
 /// Fills the inbox `table` of `pool` with `fill` (`events` events), then drains it with a worker
-/// running `handler` (its history `history`, when given); answers the events per second.
-async fn drain<DB: InboxDatabase>(
+/// running `handler(ran)` (its history `history`, when given), `ran` counting the handlers that
+/// ran; measures the drain from the worker's start until no event is pending.
+async fn drain<DB: InboxDatabase, H: tower_idempotency_inbox::InboxHandler<DB>>(
     pool: &Pool<DB>,
     table: &str,
     (events, history): (u64, Option<u32>),
     fill: &str,
-    handler: impl tower_idempotency_inbox::InboxHandler<DB>,
-) -> Result<f64, BoxError>
+    handler: impl FnOnce(Arc<AtomicU64>) -> H,
+) -> Result<Measured, BoxError>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
     let inbox = Inbox::new(pool.clone(), table)?;
     inbox.migrate().await?;
-    let create = format!("CREATE TABLE {EFFECTS} (event_id TEXT NOT NULL)");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {EFFECTS}"
-    )))
-    .execute(pool)
-    .await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-        .execute(pool)
-        .await?;
+    effects(pool).await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(fill.to_owned()))
         .execute(pool)
         .await?;
     assert_eq!(inbox.counts().await?.pending, events, "the backlog");
 
-    let started = Instant::now();
-    let mut worker = inbox.worker(handler).concurrency(DB::DEFAULT_CONCURRENCY);
+    let ran = Arc::new(AtomicU64::new(0));
+    let mut worker = inbox
+        .worker(handler(ran.clone()))
+        .concurrency(DB::DEFAULT_CONCURRENCY);
     if let Some(history) = history {
         worker = worker.history(history);
     }
-    let worker = worker.spawn();
-    while inbox.counts().await?.pending > 0 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut running = None;
+    let measured = Measured::of(events, async {
+        running = Some(worker.spawn());
+        // The handlers' count costs the database nothing: the table is read only once every
+        // handler has run, for the last commits.
+        while ran.load(Ordering::Relaxed) < events {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        while inbox.counts().await?.pending > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    })
+    .await?;
+    if let Some(worker) = running {
+        worker.drain(Duration::from_secs(10)).await;
     }
-    let elapsed = started.elapsed();
-    worker.drain(Duration::from_secs(10)).await;
-    let drop = [
-        table.to_owned(),
-        format!("{table}_attempts"),
-        format!("{table}_audit"),
-        format!("{table}_pauses"),
-        format!("{table}_positions"),
-        EFFECTS.to_owned(),
-    ]
-    .map(|name| format!("DROP TABLE IF EXISTS {name}"))
-    .join(";\n");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+    let mut tables = inbox_tables(table);
+    tables.push(EFFECTS.to_owned());
+    drop_tables(pool, &tables).await?;
+    Ok(measured)
+}
+
+/// The drain's floor for `events` events ([`DrainFloor`]: `begin` opens an event's transaction,
+/// `body` is a body's literal): as many connections as the worker has handlers, held for the
+/// run, each sending the statements of its share of the events one event after another, on an
+/// inbox table of its own; measured from the first statement until every connection is done.
+async fn floor<DB: InboxDatabase>(
+    pool: &Pool<DB>,
+    events: u64,
+    (begin, body): (&str, &str),
+) -> Result<Measured, BoxError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let (table, run) = (format!("drain_floor_{}", suffix()), suffix());
+    let connections = DB::DEFAULT_CONCURRENCY;
+    let per_connection = events / connections as u64;
+    let floor = DrainFloor::new(&table, EFFECTS, &run, begin, body);
+    Inbox::new(pool.clone(), &table)?.migrate().await?;
+    effects(pool).await?;
+    sqlx::query(sqlx::AssertSqlSafe(floor.fill.as_str()))
+        .bind(connections as i64)
+        .bind(per_connection as i64)
         .execute(pool)
         .await?;
-    Ok(events as f64 / elapsed.as_secs_f64())
+    let mut held = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        held.push(pool.acquire().await?);
+    }
+    let statements = Arc::new(floor.statements);
+    let measured = Measured::of(per_connection * connections as u64, async {
+        let sent = held.into_iter().enumerate().map(|(j, mut connection)| {
+            let (statements, run) = (statements.clone(), run.clone());
+            tokio::spawn(async move {
+                for i in 1..=per_connection {
+                    let id = format!("{run}_{j}_{i}");
+                    for statement in statements.iter() {
+                        let query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()));
+                        let query = match statement.contains("$1") {
+                            true => query.bind(id.clone()),
+                            false => query,
+                        };
+                        query.execute(&mut *connection).await?;
+                    }
+                }
+                Ok::<(), sqlx::Error>(())
+            })
+        });
+        for done in sent.collect::<Vec<_>>() {
+            let done = done.await;
+            done??;
+        }
+        Ok(())
+    })
+    .await?;
+    let mut tables = inbox_tables(&table);
+    tables.push(EFFECTS.to_owned());
+    drop_tables(pool, &tables).await?;
+    Ok(measured)
 }

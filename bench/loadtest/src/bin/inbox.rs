@@ -56,7 +56,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drive::{drive, postgres_pool, seconds_arg, serve, suffix, summarize, Run};
+use drive::{drive, postgres_pool, seconds_arg, serve, suffix, summarize, DrainFloor, Run};
 use graphile::GraphilePeer;
 use peer::Peer;
 
@@ -244,52 +244,6 @@ floor!(
     "BEGIN",
     "'\\x7b7d'"
 );
-
-/// The drain floor's statements and set-up on an inbox table: what the worker sends for one
-/// event without the worker (the claim, then the handler's insert and the fenced completion in
-/// one transaction), on events that wait pending under the floor's ids.
-struct DrainFloor {
-    /// Fills `inbox` with `per_connection` pending events for each of `connections`, named as
-    /// the floor names its ids.
-    fill: String,
-    statements: Vec<String>,
-}
-
-impl DrainFloor {
-    /// Its row's route.
-    const ROUTE: &'static str = "floor: the worker's statements per event (senders: handlers)";
-
-    /// `begin` is how the worker opens an event's transaction; `body` a literal of a body.
-    fn new(inbox: &str, effects: &str, run: &str, begin: &str, body: &str) -> Self {
-        let fill = format!(
-            "WITH RECURSIVE c(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM c WHERE j + 1 < $1), \
-             n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $2) \
-             INSERT INTO {inbox} (provider, event_id, headers, body, received_at, available_at) \
-             SELECT 'floor', '{run}_' || j || '_' || i, '{{}}', {body}, 0, 0 FROM c, n"
-        );
-        let event = "provider = 'floor' AND event_id = $1";
-        let statements = vec![
-            format!(
-                "UPDATE {inbox} SET attempts = attempts + 1, lease_token = 7, \
-                 lease_until = 9000000000000 WHERE {event} AND state + 0 = 0 \
-                 RETURNING headers, body, received_at, attempts"
-            ),
-            begin.to_owned(),
-            format!("INSERT INTO {effects} (event_id) VALUES ($1)"),
-            format!(
-                "UPDATE {inbox} SET state = 1, finished_at = 0, last_error = NULL, \
-                 lease_token = NULL, lease_until = NULL WHERE {event} AND lease_token = 7"
-            ),
-            "COMMIT".to_owned(),
-        ];
-        Self { fill, statements }
-    }
-
-    /// Events enough for `connections` floor connections over `seconds`.
-    fn per_connection(seconds: u64) -> i64 {
-        2_000 * i64::try_from(seconds).unwrap_or(60)
-    }
-}
 
 /// The sender counts of every route.
 const SENDERS: [usize; 3] = [1, 16, 64];
