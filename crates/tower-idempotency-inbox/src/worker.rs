@@ -585,7 +585,8 @@ impl<DB: InboxDatabase> Shared<DB> {
         let timeout = self.settings.attempt_timeout;
         let keeper = self.keep_lease(&key, token);
         // Scoped: while the attempt holds SQLite's writer gate, its own lease renewals pass it.
-        let attempt = self.transact(event, token, started);
+        // On the heap, so that the futures around it move a pointer, not the transaction.
+        let attempt = Box::pin(self.transact(event, token, started));
         match gate::scoped(guarded(timeout, attempt, keeper)).await {
             Ok(ended) => ended,
             Err(Cut::Panicked(message)) => Err(Failure::from(panic_text(message))),
@@ -798,5 +799,68 @@ impl<DB: InboxDatabase> Shared<DB> {
                 None
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    async fn handler(
+        _: InboxEvent,
+        _: tower_idempotency_sqlx::IdempotentTx<sqlx::Sqlite>,
+    ) -> Result<(), crate::HandlerError> {
+        Ok(())
+    }
+
+    fn event(key: &EventKey) -> InboxEvent {
+        InboxEvent {
+            key: key.clone(),
+            headers: Vec::new(),
+            body: bytes::Bytes::new(),
+            received_at: std::time::SystemTime::UNIX_EPOCH,
+            attempt: 1,
+        }
+    }
+
+    /// Each future around a transaction's (the writer gate's hold and its scope, the timeout,
+    /// the span, the task) holding a copy of it made an attempt's future twenty times one
+    /// transaction's, copied at each wrapping and allocated by `mmap` for each attempt.
+    #[tokio::test]
+    async fn an_attempts_future_holds_no_copy_of_its_transaction() {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_lazy("sqlite::memory:")
+            .expect("a lazy pool");
+        let inbox = Inbox::new(pool, "attempt_size").expect("a valid table");
+        let shared = Arc::new(Shared {
+            inbox: inbox.clone(),
+            handler: Arc::new(handler),
+            settings: inbox.worker(handler).settings,
+            running: Arc::default(),
+        });
+        let key = EventKey::new("stripe", "evt_1");
+        let begin = <sqlx::Sqlite as tower_idempotency_jobs::Driver>::BEGIN_WRITE;
+        let one = std::mem::size_of_val(&shared.in_transaction(begin, event(&key), 1, 0));
+        let transact = std::mem::size_of_val(&shared.transact(event(&key), 1, 0));
+        assert!(
+            transact < 2 * one,
+            "the lazy and the locked transaction ({transact} bytes) hold one ({one} bytes) each on the heap"
+        );
+        let permit = Arc::new(tokio::sync::Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("a free permit");
+        let running = shared.start(&key).expect("not running yet");
+        let row = ClaimedRow {
+            headers: "[]".to_owned(),
+            body: b"{}".to_vec(),
+            received_at: 0,
+            attempts: 1,
+        };
+        let attempt =
+            std::mem::size_of_val(&attempt(shared.clone(), key, 1, row, (running, permit)));
+        assert!(
+            attempt < 2 * one,
+            "an attempt ({attempt} bytes) holds its transaction ({one} bytes) on the heap"
+        );
     }
 }

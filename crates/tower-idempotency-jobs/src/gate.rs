@@ -326,6 +326,9 @@ pub async fn turn<DB: Driver>(pool: &sqlx::Pool<DB>) -> Turn {
 /// Runs `attempt` holding `pool`'s database gate ([`WriteGate::hold`]) on SQLite; as it is
 /// elsewhere.
 pub async fn hold<DB: Driver, F: Future>(pool: &sqlx::Pool<DB>, attempt: F) -> F::Output {
+    // On the heap: a transaction's future is large, and each future around it (this one, the
+    // hold's, its task-local scope) would otherwise hold and move a copy of it.
+    let attempt = Box::pin(attempt);
     match DB::write_gate(pool) {
         Some(gate) => gate.hold(attempt).await,
         None => attempt.await,
