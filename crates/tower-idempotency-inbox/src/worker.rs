@@ -183,6 +183,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             shared,
             sender,
             lagging: HashSet::new(),
+            kept: None,
         };
         let settings = &self.settings;
         let dispatcher = Dispatcher::new(feed, receiver, settings.concurrency, settings.poll_every);
@@ -250,6 +251,24 @@ struct Feed<DB: InboxDatabase> {
     sender: mpsc::Sender<EventKey>,
     /// The providers whose lag gauge is set ([`crate::metrics::refresh`]).
     lagging: HashSet<String>,
+    /// When a sweep last refreshed the gauges and failed the spent events ([`Feed::keeping`]).
+    kept: Option<Instant>,
+}
+
+impl<DB: InboxDatabase> Feed<DB> {
+    /// Whether this sweep refreshes the gauges and fails the spent events: the first one, then
+    /// one per poll interval. Each reads every open event, and a backlog is swept back to back,
+    /// one sweep per [`SWEEP_BATCH`] events; a spent event is never claimed, so it only waits
+    /// up to one interval longer to be failed.
+    fn keeping(&mut self) -> bool {
+        let due = self
+            .kept
+            .is_none_or(|kept| kept.elapsed() >= self.shared.settings.poll_every);
+        if due {
+            self.kept = Some(Instant::now());
+        }
+        due
+    }
 }
 
 impl<DB: InboxDatabase> Source for Feed<DB> {
@@ -266,23 +285,27 @@ impl<DB: InboxDatabase> Source for Feed<DB> {
         self.shared.inbox.detach_queue(&self.sender);
     }
 
-    /// Fails the due events whose attempts are spent, then replaces `swept` with up to
-    /// [`SWEEP_BATCH`] due events, retries and recovered events first (fresh ones are usually
-    /// queued already; one both queued and swept is claimed once, the second claim finds it
-    /// taken). Answers whether the batch was full.
+    /// Fails the due events whose attempts are spent and refreshes the gauges (at most once
+    /// per poll interval, [`Feed::keeping`]), then replaces `swept` with up to [`SWEEP_BATCH`]
+    /// due events, retries and recovered events first (fresh ones are usually queued already;
+    /// one both queued and swept is claimed once, the second claim finds it taken). Answers
+    /// whether the batch was full.
     async fn sweep(&mut self, swept: &mut VecDeque<EventKey>) -> bool {
+        let keeping = self.keeping();
         let inbox = &self.shared.inbox;
-        crate::metrics::refresh(inbox, &mut self.lagging).await;
-        let (now, max) = (now_ms(), self.shared.max_attempts());
-        match backend::exhaust(&inbox.pool, &inbox.sql, now, max).await {
-            Ok(providers) => {
-                for provider in providers {
-                    tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
-                    crate::metrics::attempt(&provider, "failed");
+        let max = self.shared.max_attempts();
+        if keeping {
+            crate::metrics::refresh(inbox, &mut self.lagging).await;
+            match backend::exhaust(&inbox.pool, &inbox.sql, now_ms(), max).await {
+                Ok(providers) => {
+                    for provider in providers {
+                        tracing::warn!(%provider, "an inbox event failed: its attempts were spent");
+                        crate::metrics::attempt(&provider, "failed");
+                    }
                 }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "failing spent inbox events failed; retrying at the next sweep")
+                Err(error) => {
+                    tracing::warn!(%error, "failing spent inbox events failed; retrying at the next sweep")
+                }
             }
         }
         let limit = i64::try_from(SWEEP_BATCH).unwrap_or(i64::MAX);
@@ -862,5 +885,71 @@ mod tests {
             attempt < 2 * one,
             "an attempt ({attempt} bytes) holds its transaction ({one} bytes) on the heap"
         );
+    }
+
+    /// A backlog is swept back to back, one sweep per [`SWEEP_BATCH`] events, and reading every
+    /// open event to fail the spent ones at each sweep cost the drain a scan per batch: spent
+    /// events are failed by the first sweep, then once per poll interval.
+    #[tokio::test]
+    async fn a_backlogs_sweeps_fail_spent_events_once_per_poll_interval() {
+        let dir = std::env::temp_dir().join(format!("tidem-keeping-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let url = format!("sqlite://{}/inbox.db?mode=rwc", dir.display());
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect(&url)
+            .await
+            .expect("a scratch database");
+        let inbox = Inbox::new(pool.clone(), "keeping").expect("a valid table");
+        inbox.migrate().await.expect("migrated");
+        let builder = inbox.worker(handler).poll_every(Duration::from_secs(3600));
+        let spent = |id: &str| {
+            format!(
+                "INSERT INTO keeping (provider, event_id, headers, body, received_at, \
+                 available_at, attempts) VALUES ('stripe', '{id}', '[]', X'7B7D', 0, 0, {DEFAULT_MAX_ATTEMPTS})"
+            )
+        };
+        let insert = |id: &str| sqlx::raw_sql(sqlx::AssertSqlSafe(spent(id))).execute(&pool);
+        let state = |id: &'static str| {
+            sqlx::query_scalar::<_, i64>("SELECT state FROM keeping WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+        };
+        let (sender, _receiver) = mpsc::channel(1);
+        let mut feed = Feed {
+            shared: Arc::new(Shared {
+                inbox: inbox.clone(),
+                handler: Arc::new(handler),
+                settings: builder.settings,
+                running: Arc::default(),
+            }),
+            sender,
+            lagging: HashSet::new(),
+            kept: None,
+        };
+        let mut swept = VecDeque::new();
+        insert("evt_1").await.expect("inserted");
+        feed.sweep(&mut swept).await;
+        assert_eq!(
+            state("evt_1").await.expect("read"),
+            2,
+            "the first sweep fails a spent event"
+        );
+        insert("evt_2").await.expect("inserted");
+        feed.sweep(&mut swept).await;
+        assert_eq!(
+            state("evt_2").await.expect("read"),
+            0,
+            "the next sweep inside the interval does not"
+        );
+        assert!(swept.is_empty(), "a spent event is never swept for a claim");
+        feed.kept = Instant::now().checked_sub(Duration::from_secs(3600));
+        feed.sweep(&mut swept).await;
+        assert_eq!(
+            state("evt_2").await.expect("read"),
+            2,
+            "a sweep an interval later fails it"
+        );
+        pool.close().await;
+        std::fs::remove_dir_all(&dir).expect("removed");
     }
 }
