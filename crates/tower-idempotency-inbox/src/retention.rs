@@ -477,6 +477,56 @@ mod tests {
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
+    /// A plan made for a batch's values knew its length and always looked cheaper than the
+    /// generic plan, so Postgres planned every claim anew, which took longer than running it.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_claims_keep_one_generic_plan() {
+        use sqlx::Executor;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        // One connection: every claim runs the statement that connection prepared.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("Postgres");
+        let table = format!("generic_{:x}", fastrand::u64(..));
+        let inbox = Inbox::new(pool.clone(), &table).unwrap();
+        inbox.migrate().await.unwrap();
+        pool.execute(sqlx::AssertSqlSafe(fill(&table, "'\\x7b7d'", "0")))
+            .await
+            .unwrap();
+        let times = (i64::MAX / 2, 7_i64, i64::MAX / 2 + 1, 25_i32);
+        for batch in 0..10 {
+            let keys: Vec<crate::EventKey> = (1..=2)
+                .map(|n| crate::EventKey::new("stripe", format!("evt_{}", 2 * batch + n)))
+                .collect();
+            let claimed = crate::backend::claim_many(&pool, &inbox.sql, &keys, times)
+                .await
+                .unwrap();
+            assert_eq!(claimed.len(), 2, "both events of the batch are claimed");
+        }
+        let (generic, custom): (i64, i64) = sqlx::query_as(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+        )
+        .bind(inbox.sql.jobs.text(Statement::ClaimKeys).as_str())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let side =
+            ["", "_attempts", "_audit", "_pauses", "_positions"].map(|s| format!("{table}{s}"));
+        pool.execute(sqlx::AssertSqlSafe(
+            format!("DROP TABLE {}", side.join(", ")).as_str(),
+        ))
+        .await
+        .unwrap();
+        assert!(
+            generic >= 4 && custom <= 6,
+            "the claim keeps its generic plan: {generic} generic, {custom} custom plans of 10"
+        );
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_claims_find_their_keys_by_the_primary_key() {
