@@ -397,6 +397,12 @@ mod tests {
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
+    /// An inbox's table and the tables `migrate` creates beside it.
+    #[cfg(feature = "postgres")]
+    fn side_tables(table: &str) -> [String; 5] {
+        ["", "_attempts", "_audit", "_pauses", "_positions"].map(|side| format!("{table}{side}"))
+    }
+
     /// A migrated inbox on a Postgres table of its own, named `<prefix>_<random>`.
     #[cfg(feature = "postgres")]
     async fn postgres_inbox(prefix: &str) -> (sqlx::PgPool, String, Inbox<sqlx::Postgres>) {
@@ -453,7 +459,7 @@ mod tests {
                 .await
                 .unwrap();
         pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {table}, {table}_positions").as_str(),
+            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
         ))
         .await
         .unwrap();
@@ -514,10 +520,8 @@ mod tests {
         .fetch_one(&pool)
         .await
         .unwrap();
-        let side =
-            ["", "_attempts", "_audit", "_pauses", "_positions"].map(|s| format!("{table}{s}"));
         pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {}", side.join(", ")).as_str(),
+            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
         ))
         .await
         .unwrap();
@@ -568,7 +572,7 @@ mod tests {
             .bind(until);
         plans.push(renew.fetch_all(&pool).await.unwrap());
         pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {table}, {table}_positions").as_str(),
+            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
         ))
         .await
         .unwrap();
