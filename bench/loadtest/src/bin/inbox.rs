@@ -757,9 +757,13 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         rates.graphile = Some(row.await);
     }
     graphile.stop().await?;
+    // Each inbox's table and the tables `migrate` creates beside it.
+    let inboxes = [&inbox_table, &burst_table, &drain_table].map(|table| {
+        ["", "_attempts", "_audit", "_pauses", "_positions"].map(|side| format!("{table}{side}"))
+    });
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
-        "DROP TABLE {effects_table}; DROP TABLE {inbox_table}; DROP TABLE {burst_table}; \
-         DROP TABLE {drain_table}; DROP TABLE {records}; DROP TABLE {floor_table};"
+        "DROP TABLE {effects_table}, {}, {records}, {floor_table};",
+        inboxes.concat().join(", ")
     )))
     .execute(&pool)
     .await?;
