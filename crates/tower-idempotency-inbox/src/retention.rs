@@ -397,10 +397,17 @@ mod tests {
         assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), 8);
     }
 
-    /// An inbox's table and the tables `migrate` creates beside it.
+    /// Drops the inbox's table and the tables `migrate` creates beside it.
     #[cfg(feature = "postgres")]
-    fn side_tables(table: &str) -> [String; 5] {
-        ["", "_attempts", "_audit", "_pauses", "_positions"].map(|side| format!("{table}{side}"))
+    async fn drop_inbox(pool: &sqlx::PgPool, table: &str) {
+        use sqlx::Executor;
+        let tables = ["", "_attempts", "_audit", "_pauses", "_positions"]
+            .map(|side| format!("{table}{side}"));
+        pool.execute(sqlx::AssertSqlSafe(
+            format!("DROP TABLE {}", tables.join(", ")).as_str(),
+        ))
+        .await
+        .unwrap();
     }
 
     /// A migrated inbox on a Postgres table of its own, named `<prefix>_<random>`.
@@ -458,11 +465,7 @@ mod tests {
             <sqlx::Postgres as crate::backend::sealed::InboxSql>::open_groups(&pool, &inbox.sql)
                 .await
                 .unwrap();
-        pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
-        ))
-        .await
-        .unwrap();
+        drop_inbox(&pool, &table).await;
         assert!(
             gauges.contains(&format!("Index Only Scan using {table}_open_idx")),
             "{gauges}"
@@ -520,11 +523,7 @@ mod tests {
         .fetch_one(&pool)
         .await
         .unwrap();
-        pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
-        ))
-        .await
-        .unwrap();
+        drop_inbox(&pool, &table).await;
         assert!(
             generic >= 4 && custom <= 6,
             "the claim keeps its generic plan: {generic} generic, {custom} custom plans of 10"
@@ -571,11 +570,7 @@ mod tests {
             .bind(token)
             .bind(until);
         plans.push(renew.fetch_all(&pool).await.unwrap());
-        pool.execute(sqlx::AssertSqlSafe(
-            format!("DROP TABLE {}", side_tables(&table).join(", ")).as_str(),
-        ))
-        .await
-        .unwrap();
+        drop_inbox(&pool, &table).await;
         for plan in plans.iter().map(|lines| lines.join("\n")) {
             assert!(plan.contains(&format!("{table}_pkey")), "{plan}");
             assert!(!plan.contains("_open_idx"), "{plan}");
