@@ -39,7 +39,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drive::{postgres_pool, suffix, DrainFloor};
+use drive::{inbox_tables, postgres_pool, suffix, DrainFloor};
 use tower_idempotency_inbox::{
     HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler,
 };
@@ -236,13 +236,6 @@ where
         .execute(pool)
         .await?;
     Ok(())
-}
-
-/// An inbox table's own tables beside it.
-fn inbox_tables(table: &str) -> Vec<String> {
-    ["", "_attempts", "_audit", "_pauses", "_positions"]
-        .map(|side| format!("{table}{side}"))
-        .to_vec()
 }
 
 /// Creates the handlers' table, empty.

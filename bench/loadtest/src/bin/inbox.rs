@@ -56,7 +56,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drive::{drive, postgres_pool, seconds_arg, serve, suffix, summarize, DrainFloor, Run};
+use drive::{
+    drive, inbox_tables, postgres_pool, seconds_arg, serve, suffix, summarize, DrainFloor, Run,
+};
 use graphile::GraphilePeer;
 use peer::Peer;
 
@@ -757,10 +759,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         rates.graphile = Some(row.await);
     }
     graphile.stop().await?;
-    // Each inbox's table and the tables `migrate` creates beside it.
-    let inboxes = [&inbox_table, &burst_table, &drain_table].map(|table| {
-        ["", "_attempts", "_audit", "_pauses", "_positions"].map(|side| format!("{table}{side}"))
-    });
+    let inboxes = [&inbox_table, &burst_table, &drain_table].map(|table| inbox_tables(table));
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "DROP TABLE {effects_table}, {}, {records}, {floor_table};",
         inboxes.concat().join(", ")

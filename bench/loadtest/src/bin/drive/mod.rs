@@ -143,6 +143,13 @@ pub async fn postgres_pool() -> Result<sqlx::PgPool, sqlx::Error> {
         .await
 }
 
+/// An inbox's table and the tables `migrate` creates beside it.
+pub fn inbox_tables(table: &str) -> Vec<String> {
+    ["", "_attempts", "_audit", "_pauses", "_positions"]
+        .map(|side| format!("{table}{side}"))
+        .to_vec()
+}
+
 /// The drain floor's statements and set-up on an inbox table: what the worker sends for one
 /// event without the worker (the claim, then the handler's insert and the fenced completion in
 /// one transaction), on events that wait pending under the floor's ids.
