@@ -128,7 +128,9 @@ pub use tower_idempotency_sqlx::PostgresStore;
 pub use tower_idempotency_sqlx::MySqlStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use tower_idempotency_sqlx::{sqlx, transactional, IdempotentTx, TxRejection};
+pub use tower_idempotency_sqlx::{
+    ping_when_idle, sqlx, transactional, IdempotentTx, TxRejection, PING_AFTER_IDLE,
+};
 
 #[cfg(feature = "redis")]
 pub use tower_idempotency_redis::RedisStore;

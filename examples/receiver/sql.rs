@@ -38,8 +38,10 @@ async fn connect<DB: sqlx::Database>(
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let pool = sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(max_connections)
+    // A connection is tested before it is lent only when it sat idle: sqlx's default tests
+    // each one, a round trip more for every acknowledgement, claim and attempt.
+    let pool = sqlx::pool::PoolOptions::<DB>::new().max_connections(max_connections);
+    let pool = tower_idempotency::ping_when_idle(pool, tower_idempotency::PING_AFTER_IDLE)
         .connect_with(options)
         .await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))

@@ -30,6 +30,7 @@
 // inside); `sqlite`, `postgres` and `mysql`: each database's store, implementing `Backend`.
 #[cfg(feature = "mysql")]
 mod mysql;
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -44,6 +45,7 @@ pub mod conformance;
 
 #[cfg(feature = "mysql")]
 pub use mysql::{schema_sql as mysql_schema_sql, MYSQL_LOCK_WAIT_TIMEOUT};
+pub use pool::{ping_when_idle, PING_AFTER_IDLE};
 #[cfg(feature = "postgres")]
 pub use postgres::schema_sql as postgres_schema_sql;
 #[cfg(feature = "sqlite")]

@@ -606,3 +606,46 @@ async fn migrate_creates_the_index_beside_its_own_table() {
     expected.sort();
     assert_eq!(outcome.expect("migrate and look"), expected);
 }
+
+/// `ping_when_idle` tests a connection before lending it only when it sat idle past its window:
+/// with a window of zero the pool finds that the database dropped its connection and lends a new
+/// one; within the window the connection is lent untested (the round trip sqlx's default pays at
+/// every borrow), so the caller's own statement meets the dropped connection.
+#[tokio::test]
+async fn ping_when_idle_tests_only_a_connection_idle_past_its_window() {
+    let Some(admin) = pg_pool().await else {
+        return;
+    };
+    for (window, tested) in [(Duration::ZERO, true), (Duration::from_secs(3600), false)] {
+        let options = sqlx::postgres::PgPoolOptions::new().max_connections(1);
+        let pool = tower_idempotency_sqlx::ping_when_idle(options, window)
+            .connect(&pg_url())
+            .await
+            .expect("a pool");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("its connection's backend");
+        // The connection goes back to the pool in a task of its own, once sqlx has tested it
+        // there: ended before that test, it would be replaced before the next borrow.
+        while pool.num_idle() < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Waits up to 10 s for the backend to exit.
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+            .bind(pid)
+            .fetch_one(&admin)
+            .await
+            .expect("terminate the pool's connection");
+        assert!(ended, "the backend {pid} exited");
+        let answered = sqlx::query_scalar::<_, i32>("SELECT 1")
+            .fetch_one(&pool)
+            .await;
+        assert_eq!(
+            answered.is_ok(),
+            tested,
+            "window {window:?}: {answered:?} (tested before lending: {tested})"
+        );
+        pool.close().await;
+    }
+}

@@ -11,7 +11,10 @@
 //! worker (`DrainFloor`, the inbox harness's "the worker's statements per event", here a fixed
 //! number of events rather than a fixed time), on an inbox table of its own. It prints the
 //! floor's rate, the drain's ratio to it, and for both the CPU time per event of this process and
-//! of the whole machine (`/proc/stat`: the database server included).
+//! of the whole machine (`/proc/stat`: the database server included). Then the same floor with
+//! each event's statements on a connection borrowed from the pool for that event, as a pool's
+//! user runs them: sqlx tests each connection given back to its pool (a round trip the floor's
+//! held connections do not pay, and the worker pays once per claim and once per attempt).
 //!
 //! ```text
 //! SQLX_OFFLINE=true cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin drain
@@ -43,7 +46,11 @@ use drive::{inbox_tables, postgres_pool, suffix, DrainFloor};
 use tower_idempotency_inbox::{
     HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler,
 };
-use tower_idempotency_sqlx::sqlx::{self, Pool, Postgres, Sqlite};
+use tower_idempotency_sqlx::{
+    ping_when_idle,
+    sqlx::{self, Pool, Postgres, Sqlite},
+    PING_AFTER_IDLE,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -168,7 +175,7 @@ async fn main() -> Result<(), BoxError> {
             );
             let drained = drain(&pool, &table, (events, history), &fill, insert_postgres).await?;
             let floor = match with_floor {
-                true => Some(floor(&pool, events, ("BEGIN", "'\\x7b7d'")).await?),
+                true => Some(floors(&pool, events, ("BEGIN", "'\\x7b7d'")).await?),
                 false => None,
             };
             pool.close().await;
@@ -182,7 +189,8 @@ async fn main() -> Result<(), BoxError> {
                 .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
                 .busy_timeout(Duration::from_secs(10));
             let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(2 * Sqlite::DEFAULT_CONCURRENCY as u32)
+                .max_connections(2 * Sqlite::DEFAULT_CONCURRENCY as u32);
+            let pool = ping_when_idle(pool, PING_AFTER_IDLE)
                 .connect_with(options)
                 .await?;
             let rows = format!(
@@ -196,7 +204,7 @@ async fn main() -> Result<(), BoxError> {
             );
             let drained = drain(&pool, &table, (events, history), &fill, insert_sqlite).await?;
             let floor = match with_floor {
-                true => Some(floor(&pool, events, ("BEGIN IMMEDIATE", "X'7B7D'")).await?),
+                true => Some(floors(&pool, events, ("BEGIN IMMEDIATE", "X'7B7D'")).await?),
                 false => None,
             };
             pool.close().await;
@@ -211,13 +219,20 @@ async fn main() -> Result<(), BoxError> {
         drained.rate,
         drained.cpu()
     );
-    if let Some(floor) = floor {
+    if let Some((held, borrowed)) = floor {
         println!(
             "{database}: the worker's statements per event, no worker: {:.0} events/s; {}; \
              drain / floor {:.2}",
-            floor.rate,
-            floor.cpu(),
-            drained.rate / floor.rate
+            held.rate,
+            held.cpu(),
+            drained.rate / held.rate
+        );
+        println!(
+            "{database}: the same, a connection borrowed from the pool for each event: {:.0} \
+             events/s; {}; drain / this floor {:.2}",
+            borrowed.rate,
+            borrowed.cpu(),
+            drained.rate / borrowed.rate
         );
     }
     Ok(())
@@ -302,14 +317,33 @@ where
     Ok(measured)
 }
 
+/// The drain's floor for `events` events, first on connections held for the run, then on a
+/// connection borrowed for each event ([`floor`]).
+async fn floors<DB: InboxDatabase>(
+    pool: &Pool<DB>,
+    events: u64,
+    statements: (&str, &str),
+) -> Result<(Measured, Measured), BoxError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let held = floor(pool, events, statements, false).await?;
+    Ok((held, floor(pool, events, statements, true).await?))
+}
+
 /// The drain's floor for `events` events ([`DrainFloor`]: `begin` opens an event's transaction,
-/// `body` is a body's literal): as many connections as the worker has handlers, held for the
-/// run, each sending the statements of its share of the events one event after another, on an
-/// inbox table of its own; measured from the first statement until every connection is done.
+/// `body` is a body's literal): as many tasks as the worker has handlers, each sending the
+/// statements of its share of the events one event after another, on an inbox table of its own,
+/// each on a connection held for the run or, when `borrowing`, on a connection borrowed from the
+/// pool for each event; measured from the first statement until every task is done.
 async fn floor<DB: InboxDatabase>(
     pool: &Pool<DB>,
     events: u64,
     (begin, body): (&str, &str),
+    borrowing: bool,
 ) -> Result<Measured, BoxError>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -332,13 +366,21 @@ where
     for _ in 0..connections {
         held.push(pool.acquire().await?);
     }
+    if borrowing {
+        held.clear();
+    }
     let statements = Arc::new(floor.statements);
     let measured = Measured::of(per_connection * connections as u64, async {
-        let sent = held.into_iter().enumerate().map(|(j, mut connection)| {
-            let (statements, run) = (statements.clone(), run.clone());
+        let sent = (0..connections).map(|j| {
+            let (statements, run, pool) = (statements.clone(), run.clone(), pool.clone());
+            let mut kept = held.pop();
             tokio::spawn(async move {
                 for i in 1..=per_connection {
                     let id = format!("{run}_{j}_{i}");
+                    let mut connection = match kept.take() {
+                        Some(connection) => connection,
+                        None => pool.acquire().await?,
+                    };
                     for statement in statements.iter() {
                         let query = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()));
                         let query = match statement.contains("$1") {
@@ -346,6 +388,10 @@ where
                             false => query,
                         };
                         query.execute(&mut *connection).await?;
+                    }
+                    // Borrowed: dropped, so back to the pool.
+                    if !borrowing {
+                        kept = Some(connection);
                     }
                 }
                 Ok::<(), sqlx::Error>(())

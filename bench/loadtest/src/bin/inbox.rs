@@ -52,7 +52,10 @@ mod peer;
 
 use std::{
     str::FromStr,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -73,8 +76,9 @@ use tower_idempotency_inbox::{
     HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler, InboxWorker,
 };
 use tower_idempotency_sqlx::{
+    ping_when_idle,
     sqlx::{self, Pool, Postgres, Sqlite},
-    PostgresStore, SqliteStore,
+    PostgresStore, SqliteStore, PING_AFTER_IDLE,
 };
 use tower_idempotency_webhooks::{
     stripe::{self, StripeVerifier},
@@ -99,6 +103,17 @@ fn pool_size<DB: InboxDatabase>() -> u32 {
 /// The statements of one database's effects table.
 struct Effects {
     insert: String,
+    /// The inbox handlers that ran, counted before their commit.
+    ran: AtomicU64,
+}
+
+impl Effects {
+    fn new(insert: String) -> Self {
+        Self {
+            insert,
+            ran: AtomicU64::new(0),
+        }
+    }
 }
 
 /// The handlers' row, one per event, on each database.
@@ -133,6 +148,7 @@ macro_rules! handlers {
                         .bind(&event.key.event_id)
                         .execute(&mut *tx)
                         .await?;
+                    effects.ran.fetch_add(1, Ordering::Relaxed);
                     Ok(())
                 })
             }
@@ -301,9 +317,22 @@ fn start<DB: InboxDatabase>(inbox: &Inbox<DB>, handler: impl InboxHandler<DB>) -
 
 /// Polls `inbox` until no event is pending. Every 100 ms: each poll counts the table's rows,
 /// which costs the drain it measures more, the more often it runs.
-async fn until_drained<DB: InboxDatabase>(inbox: &Inbox<DB>) {
+/// Waits until `inbox` has nothing pending: first until its handlers ran `target` times in all
+/// (`effects.ran`, which costs the database nothing; the table is read once a second meanwhile,
+/// since `target` counts only the answers inside a run's window), then for the table.
+async fn until_drained<DB: InboxDatabase>(inbox: &Inbox<DB>, effects: &Effects, target: u64) {
+    let mut read = Instant::now();
+    while effects.ran.load(Ordering::Relaxed) < target {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if read.elapsed() >= Duration::from_secs(1) {
+            if inbox.counts().await.expect("counts").pending == 0 {
+                return;
+            }
+            read = Instant::now();
+        }
+    }
     while inbox.counts().await.expect("counts").pending > 0 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -367,11 +396,11 @@ where
 }
 
 /// Every route at 1, 16 and 64 senders; after each inbox or peer run, waits for its backlog.
-/// `floors` holds the floor's rate per sender count.
+/// `floors` holds the floor's rate per sender count; `effects` counts the inbox handlers' runs.
 async fn measure<DB: InboxDatabase>(
     label: &str,
     base: &str,
-    inbox: &Inbox<DB>,
+    (inbox, effects): (&Inbox<DB>, &Effects),
     burst: &Burst<DB>,
     peer: Option<&Peer>,
     (floors, drain_floor): (&[f64], f64),
@@ -388,9 +417,9 @@ async fn measure<DB: InboxDatabase>(
         row(label, "sync", clients, &sync, None);
         rates.sync = sync.rate;
         for (path, route) in [("inbox", "inbox"), ("inbox-alone", "inbox, batch of 1")] {
-            let started = Instant::now();
+            let (started, ran) = (Instant::now(), effects.ran.load(Ordering::Relaxed));
             let acked = send_events(format!("{base}/{path}"), clients, seconds).await;
-            until_drained(inbox).await;
+            until_drained(inbox, effects, ran + acked.answered).await;
             let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
             row(label, route, clients, &acked, Some(processing));
             if path == "inbox" {
@@ -401,9 +430,9 @@ async fn measure<DB: InboxDatabase>(
             }
         }
         let acked = send_events(format!("{base}/burst"), clients, seconds).await;
-        let started = Instant::now();
+        let (started, ran) = (Instant::now(), effects.ran.load(Ordering::Relaxed));
         let worker = (burst.worker)();
-        until_drained(&burst.inbox).await;
+        until_drained(&burst.inbox, effects, ran + acked.answered).await;
         let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
         worker.drain(Duration::from_secs(10)).await;
         row(label, "inbox, burst", clients, &acked, Some(processing));
@@ -417,8 +446,9 @@ async fn measure<DB: InboxDatabase>(
                 &acked,
                 None,
             );
+            let ran = effects.ran.load(Ordering::Relaxed);
             let worker = (burst.worker)();
-            until_drained(&burst.inbox).await;
+            until_drained(&burst.inbox, effects, ran + acked.answered).await;
             worker.drain(Duration::from_secs(10)).await;
         }
         if let Some(peer) = peer {
@@ -619,11 +649,12 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         }
     })
     .await?;
-    let effects = Arc::new(Effects {
-        insert: "INSERT INTO effects (event_id) VALUES ($1)".into(),
-    });
-    let inbox_pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(pool_size::<sqlx::Sqlite>())
+    let effects = Arc::new(Effects::new(
+        "INSERT INTO effects (event_id) VALUES ($1)".into(),
+    ));
+    let inbox_pool =
+        sqlx::sqlite::SqlitePoolOptions::new().max_connections(pool_size::<sqlx::Sqlite>());
+    let inbox_pool = ping_when_idle(inbox_pool, PING_AFTER_IDLE)
         .connect_with(options.clone())
         .await?;
     let drain_floor = drain_floor_sqlite(&inbox_pool, ("bench_drain", "effects"), seconds).await?;
@@ -635,11 +666,18 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         move || inbox_sqlite(effects.clone())
     })
     .await?;
-    let base = serve(router((pool, effects), store, &inbox, &burst, sync_sqlite)).await?;
+    let base = serve(router(
+        (pool, effects.clone()),
+        store,
+        &inbox,
+        &burst,
+        sync_sqlite,
+    ))
+    .await?;
     let rates = measure(
         "sqlite",
         &base,
-        &inbox,
+        (&inbox, &effects),
         &burst,
         None,
         (&floor_rates, drain_floor),
@@ -692,11 +730,12 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     )))
     .execute(&pool)
     .await?;
-    let effects = Arc::new(Effects {
-        insert: format!("INSERT INTO {effects_table} (event_id) VALUES ($1)"),
-    });
-    let inbox_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(pool_size::<sqlx::Postgres>())
+    let effects = Arc::new(Effects::new(format!(
+        "INSERT INTO {effects_table} (event_id) VALUES ($1)"
+    )));
+    let inbox_pool =
+        sqlx::postgres::PgPoolOptions::new().max_connections(pool_size::<sqlx::Postgres>());
+    let inbox_pool = ping_when_idle(inbox_pool, PING_AFTER_IDLE)
         .connect(&url)
         .await?;
     let drain_table = format!("bench_drain_{}", suffix());
@@ -720,13 +759,21 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         pool_size::<sqlx::Postgres>(),
     )
     .await?;
-    let base =
-        serve(router((pool.clone(), effects), store, &inbox, &burst, sync_pg).merge(peer.router()))
-            .await?;
+    let base = serve(
+        router(
+            (pool.clone(), effects.clone()),
+            store,
+            &inbox,
+            &burst,
+            sync_pg,
+        )
+        .merge(peer.router()),
+    )
+    .await?;
     let mut rates = measure(
         "postgres",
         &base,
-        &inbox,
+        (&inbox, &effects),
         &burst,
         Some(&peer),
         (&floor_rates, drain_floor),

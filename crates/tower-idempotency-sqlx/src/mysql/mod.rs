@@ -162,11 +162,13 @@ impl Backend for MySql {
         done.rows_affected()
     }
 
-    /// 10 connections, 5 s acquire timeout, each connection set up by `session_setup`.
+    /// 10 connections, 5 s acquire timeout, each connection set up by `session_setup` and
+    /// tested before it is lent only when it sat idle ([`crate::ping_when_idle`]).
     async fn connect_pool(url: &str) -> Result<MySqlPool, sqlx::Error> {
-        MySqlPoolOptions::new()
+        let options = MySqlPoolOptions::new()
             .max_connections(10)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(5));
+        crate::ping_when_idle(options, crate::PING_AFTER_IDLE)
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     for statement in session_setup() {

@@ -99,11 +99,13 @@ impl Backend for Postgres {
         done.rows_affected()
     }
 
-    /// 10 connections, 5 s acquire timeout.
+    /// 10 connections, 5 s acquire timeout, a connection tested before it is lent only when it
+    /// sat idle ([`crate::ping_when_idle`]).
     async fn connect_pool(url: &str) -> Result<PgPool, sqlx::Error> {
-        PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(10)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(5));
+        crate::ping_when_idle(options, crate::PING_AFTER_IDLE)
             .connect(url)
             .await
     }

@@ -124,16 +124,18 @@ impl Backend for Sqlite {
     }
 
     /// WAL mode with `synchronous = NORMAL` and a [`SQLITE_BUSY_TIMEOUT`] busy timeout, on a
-    /// pool of 8 connections.
+    /// pool of 8 connections, a connection tested before it is lent only when it sat idle
+    /// ([`crate::ping_when_idle`]).
     async fn connect_pool(url: &str) -> Result<SqlitePool, sqlx::Error> {
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(SQLITE_BUSY_TIMEOUT);
-        SqlitePoolOptions::new()
+        let pool = SqlitePoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(5));
+        crate::ping_when_idle(pool, crate::PING_AFTER_IDLE)
             .connect_with(options)
             .await
     }

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use tower_idempotency_sqlx::sqlx;
+use tower_idempotency_sqlx::{ping_when_idle, sqlx, PING_AFTER_IDLE};
 
 /// A name of this run, so that requests of different runs never share a key.
 pub fn suffix() -> String {
@@ -133,14 +133,13 @@ pub fn seconds_arg() -> u64 {
         .unwrap_or(3)
 }
 
-/// A pool of 40 connections on `DATABASE_URL` (default the local test database).
+/// A pool of 40 connections on `DATABASE_URL` (default the local test database), testing a
+/// connection before lending it only when it sat idle, as the reference receiver's pools do.
 pub async fn postgres_pool() -> Result<sqlx::PgPool, sqlx::Error> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(40)
-        .connect(&url)
-        .await
+    let options = sqlx::postgres::PgPoolOptions::new().max_connections(40);
+    ping_when_idle(options, PING_AFTER_IDLE).connect(&url).await
 }
 
 /// An inbox's table and the tables `migrate` creates beside it.
