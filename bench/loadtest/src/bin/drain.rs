@@ -42,7 +42,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drive::{inbox_tables, postgres_pool, suffix, DrainFloor};
+use drive::{inbox_tables, machine_busy_ns, postgres_pool, suffix, DrainFloor};
 use tower_idempotency_inbox::{
     HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler,
 };
@@ -116,27 +116,6 @@ impl Measured {
             self.process_us, self.machine_us
         )
     }
-}
-
-/// The machine's busy CPU time so far, ns: `/proc/stat`'s first line without idle and iowait.
-fn machine_busy_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|field| field.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal: USER_HZ is 100 on Linux.
-    let busy: u64 = ticks
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4 && *i < 8)
-        .map(|(_, t)| t)
-        .sum();
-    busy * 10_000_000
 }
 
 /// The `SELECT` of a pending Stripe event's columns for each number `n` of `rows`, received at

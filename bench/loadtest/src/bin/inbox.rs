@@ -32,7 +32,12 @@
 //! p50/p99; for the inbox and the peers also the processing rate: events processed per second
 //! from the start of the run until no event was left pending (for the burst, from the worker's
 //! start). A second table prints the ratios the inbox is held to: its acknowledgements and
-//! processing against the floor, the synchronous route and each peer.
+//! processing against the floor, the synchronous route and each peer. A third prints what the
+//! machine's cores allow: the busy CPU time of the whole machine (`/proc/stat`: the senders, the
+//! server and the database) per acknowledgement while a burst arrives and per event while it
+//! drains, each measured with nothing else running; the cores that acknowledgements at half the
+//! one-commit floor and a drain at 0.6 of the drain floor would need at once at those costs; and
+//! the share of the cores busy while deliveries arrive at the inbox whose worker runs.
 //!
 //! ```text
 //! npm ci --prefix bench/peer-graphile
@@ -44,7 +49,7 @@
 //! (20 or later) and its project's dependencies: without them a run on Postgres stops at the
 //! start, naming the `npm` command. `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`) names the Postgres database; its tables and the
-//! graphile-worker schema get random names and are dropped at the end. Prints two Markdown tables.
+//! graphile-worker schema get random names and are dropped at the end. Prints three Markdown tables.
 
 mod drive;
 mod graphile;
@@ -60,7 +65,8 @@ use std::{
 };
 
 use drive::{
-    drive, inbox_tables, postgres_pool, seconds_arg, serve, suffix, summarize, DrainFloor, Run,
+    drive, inbox_tables, machine_busy_ns, postgres_pool, seconds_arg, serve, suffix, summarize,
+    DrainFloor, Run,
 };
 use graphile::GraphilePeer;
 use peer::Peer;
@@ -285,6 +291,27 @@ struct Rates {
     apalis: Option<(f64, f64)>,
     /// graphile-worker's acknowledgement and processing rates.
     graphile: Option<(f64, f64)>,
+    /// The machine's busy CPU time per acknowledgement while a burst's deliveries arrive (the
+    /// senders and the server included; no worker runs), µs.
+    burst_ack_us: f64,
+    /// The machine's busy CPU time per event while the burst's backlog drains, µs.
+    burst_drain_us: f64,
+    /// The share of the machine's cores busy while deliveries arrive at the inbox whose worker
+    /// runs, until it has drained them.
+    inbox_busy: f64,
+}
+
+/// `phase`'s output, with the machine's busy CPU time while it ran, µs.
+async fn busy<T>(phase: impl std::future::Future<Output = T>) -> (T, f64) {
+    let before = machine_busy_ns();
+    let output = phase.await;
+    let ns = machine_busy_ns().saturating_sub(before);
+    (output, ns as f64 / 1000.0)
+}
+
+/// The machine's cores.
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 /// An inbox whose worker is not running while deliveries arrive; `worker` starts one on it.
@@ -315,8 +342,6 @@ fn start<DB: InboxDatabase>(inbox: &Inbox<DB>, handler: impl InboxHandler<DB>) -
     inbox.worker(handler).concurrency(workers::<DB>()).spawn()
 }
 
-/// Polls `inbox` until no event is pending. Every 100 ms: each poll counts the table's rows,
-/// which costs the drain it measures more, the more often it runs.
 /// Waits until `inbox` has nothing pending: first until its handlers ran `target` times in all
 /// (`effects.ran`, which costs the database nothing; the table is read once a second meanwhile,
 /// since `target` counts only the answers inside a run's window), then for the table.
@@ -418,22 +443,34 @@ async fn measure<DB: InboxDatabase>(
         rates.sync = sync.rate;
         for (path, route) in [("inbox", "inbox"), ("inbox-alone", "inbox, batch of 1")] {
             let (started, ran) = (Instant::now(), effects.ran.load(Ordering::Relaxed));
-            let acked = send_events(format!("{base}/{path}"), clients, seconds).await;
-            until_drained(inbox, effects, ran + acked.answered).await;
-            let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
+            let (acked, busy_us) = busy(async {
+                let acked = send_events(format!("{base}/{path}"), clients, seconds).await;
+                until_drained(inbox, effects, ran + acked.answered).await;
+                acked
+            })
+            .await;
+            let elapsed = started.elapsed().as_secs_f64();
+            let processing = acked.answered as f64 / elapsed;
             row(label, route, clients, &acked, Some(processing));
             if path == "inbox" {
                 (rates.inbox, rates.inbox_drain) = (acked.rate, processing);
                 rates.inbox_p99_ms = acked.p99.as_secs_f64() * 1e3;
+                rates.inbox_busy = busy_us / (elapsed * 1e6 * cores());
             } else {
                 (rates.alone, rates.alone_drain) = (acked.rate, processing);
             }
         }
-        let acked = send_events(format!("{base}/burst"), clients, seconds).await;
+        let (acked, acks_us) = busy(send_events(format!("{base}/burst"), clients, seconds)).await;
+        rates.burst_ack_us = acks_us / acked.answered.max(1) as f64;
         let (started, ran) = (Instant::now(), effects.ran.load(Ordering::Relaxed));
-        let worker = (burst.worker)();
-        until_drained(&burst.inbox, effects, ran + acked.answered).await;
+        let (worker, drain_us) = busy(async {
+            let worker = (burst.worker)();
+            until_drained(&burst.inbox, effects, ran + acked.answered).await;
+            worker
+        })
+        .await;
         let processing = acked.answered as f64 / started.elapsed().as_secs_f64();
+        rates.burst_drain_us = drain_us / acked.answered.max(1) as f64;
         worker.drain(Duration::from_secs(10)).await;
         row(label, "inbox, burst", clients, &acked, Some(processing));
         (rates.burst, rates.burst_drain) = (acked.rate, processing);
@@ -511,6 +548,23 @@ fn ratios(label: &str, rates: &[(usize, Rates)]) {
             ratio(r.burst_drain, r.floor),
             ratio(r.inbox_drain, r.drain_floor),
             ratio(r.burst_drain, r.drain_floor),
+        );
+    }
+}
+
+/// What the machine's cores allow: the CPU time an acknowledgement and a drained event take,
+/// each measured alone in the burst (every process on the machine counted: the senders, the
+/// server, the database), and the cores that acknowledgements at half the one-commit floor and a
+/// drain at 0.6 of the drain floor would need at once at those costs.
+fn capacity(label: &str, rates: &[(usize, Rates)]) {
+    for (clients, r) in rates {
+        let need = (0.5 * r.floor * r.burst_ack_us + 0.6 * r.drain_floor * r.burst_drain_us) / 1e6;
+        println!(
+            "| {label} | {clients} | {:.0} | {:.0} | {need:.2} | {:.0} | {:.2} |",
+            r.burst_ack_us,
+            r.burst_drain_us,
+            cores(),
+            r.inbox_busy,
         );
     }
 }
@@ -612,6 +666,15 @@ async fn main() -> Result<(), BoxError> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     ratios("sqlite", &sqlite);
     ratios("postgres", &postgres);
+
+    println!();
+    println!(
+        "| database | senders | burst: machine µs per ack | burst: machine µs per drained event \
+         | cores the targets need | cores | inbox: share of the cores busy |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    capacity("sqlite", &sqlite);
+    capacity("postgres", &postgres);
     Ok(())
 }
 

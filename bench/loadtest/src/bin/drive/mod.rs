@@ -195,3 +195,24 @@ impl DrainFloor {
         2_000 * i64::try_from(seconds).unwrap_or(60)
     }
 }
+
+/// The machine's busy CPU time so far, ns: `/proc/stat`'s first line without idle and iowait.
+pub fn machine_busy_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: USER_HZ is 100 on Linux.
+    let busy: u64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4 && *i < 8)
+        .map(|(_, t)| t)
+        .sum();
+    busy * 10_000_000
+}
