@@ -400,10 +400,9 @@ async fn inbox_list_and_retry_postgres() {
     let table = format!("cli_inbox_{}", random_suffix());
     let inbox = Inbox::new(pool.clone(), &table).unwrap();
     list_and_retry(inbox, &url, "postgres").await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
-         DROP TABLE IF EXISTS {table}"
-    )))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(
+        tower_idempotency_testkit::drop_job_tables_sql(&table),
+    ))
     .execute(&pool)
     .await
     .unwrap();
@@ -423,10 +422,9 @@ async fn inbox_list_and_retry_mysql() {
     // The `mariadb://` spelling of the same database.
     let url = url.replacen("mysql:", "mariadb:", 1);
     list_and_retry(inbox, &url, "mysql").await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
-         DROP TABLE IF EXISTS {table}"
-    )))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(
+        tower_idempotency_testkit::drop_job_tables_sql(&table),
+    ))
     .execute(&pool)
     .await
     .unwrap();

@@ -306,10 +306,9 @@ async fn outbox_commands_postgres() {
     let table = format!("cli_outbox_{}", random_suffix());
     let outbox = Outbox::new(pool.clone(), &table).unwrap();
     drive(outbox, pool.clone(), &url, "postgres").await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
-         DROP TABLE IF EXISTS {table}"
-    )))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(
+        tower_idempotency_testkit::drop_job_tables_sql(&table),
+    ))
     .execute(&pool)
     .await
     .unwrap();
@@ -327,10 +326,9 @@ async fn outbox_commands_mysql() {
     let table = tower_idempotency_testkit::mysql_table("cli_outbox");
     let outbox = Outbox::new(pool.clone(), &table).unwrap();
     drive(outbox, pool.clone(), &url, "mysql").await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
-         DROP TABLE IF EXISTS {table}"
-    )))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(
+        tower_idempotency_testkit::drop_job_tables_sql(&table),
+    ))
     .execute(&pool)
     .await
     .unwrap();

@@ -157,10 +157,7 @@ impl Drop for PgTableGuard {
             .args([
                 "-q",
                 "-c",
-                &format!(
-                    "DROP TABLE IF EXISTS {0}_attempts; DROP TABLE IF EXISTS {0}",
-                    self.table
-                ),
+                &tower_idempotency_testkit::drop_job_tables_sql(&self.table),
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -127,7 +127,7 @@ impl Fixture for sqlx::MySql {
 
     fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let drop = format!("DROP TABLE IF EXISTS {table}");
+            let drop = tower_idempotency_testkit::drop_job_tables_sql(table);
             sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
                 .execute(pool)
                 .await
@@ -166,10 +166,7 @@ impl Fixture for sqlx::Postgres {
 
     fn drop_table<'a>(pool: &'a sqlx::Pool<Self>, table: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let drop = format!(
-                "DROP TABLE IF EXISTS {table}_attempts; DROP TABLE IF EXISTS {table}_pauses; \
-                         DROP TABLE IF EXISTS {table}"
-            );
+            let drop = tower_idempotency_testkit::drop_job_tables_sql(table);
             sqlx::raw_sql(sqlx::AssertSqlSafe(&*drop))
                 .execute(pool)
                 .await

@@ -19,6 +19,8 @@
 //!   ([`TestCertificates`]).
 //! - Stores that forward to another store with a twist ([`Hooked`], [`Guarded`],
 //!   [`CountingStore`], [`Outage`]).
+//! - The tables a job table's `migrate` creates, to drop at a test's end ([`job_tables`],
+//!   [`drop_job_tables_sql`]).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -32,6 +34,7 @@ mod ports;
 mod proxy;
 mod redis_server;
 mod stores;
+mod tables;
 mod tls;
 
 pub use env::{
@@ -50,4 +53,5 @@ pub use ports::ReservedPort;
 pub use proxy::{Mode, Protocol, Proxy};
 pub use redis_server::{Cluster, RedisServer, DURABLE};
 pub use stores::{Call, CountClaims, CountingStore, Guard, Guarded, Hooked, Hooks, Outage};
+pub use tables::{drop_job_tables_sql, job_tables, JOB_SIDE_TABLES};
 pub use tls::{CertificateFiles, TestCertificates};

@@ -146,11 +146,7 @@ macro_rules! same_sql {
         fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
             Box::pin(async move {
                 for table in tables {
-                    for dropped in [
-                        format!("{table}_attempts"),
-                        format!("{table}_pauses"),
-                        table.to_string(),
-                    ] {
+                    for dropped in tower_idempotency_testkit::job_tables(table) {
                         let _ = pool
                             .execute(sqlx::AssertSqlSafe(
                                 format!("DROP TABLE IF EXISTS {dropped}").as_str(),
@@ -286,11 +282,13 @@ impl Fixture for sqlx::MySql {
     fn drop_tables<'a>(pool: &'a sqlx::Pool<Self>, tables: &'a [&'a str]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             for table in tables {
-                let _ = pool
-                    .execute(sqlx::AssertSqlSafe(
-                        format!("DROP TABLE IF EXISTS {table}").as_str(),
-                    ))
-                    .await;
+                for dropped in tower_idempotency_testkit::job_tables(table) {
+                    let _ = pool
+                        .execute(sqlx::AssertSqlSafe(
+                            format!("DROP TABLE IF EXISTS {dropped}").as_str(),
+                        ))
+                        .await;
+                }
             }
         })
     }
