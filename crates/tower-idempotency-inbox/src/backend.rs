@@ -1193,16 +1193,19 @@ pub(crate) async fn exhaust<DB: InboxDatabase>(
         .collect())
 }
 
-/// Up to `limit` due events: retries and recovered events first.
+/// Up to `limit` due events: retries and recovered events first when `retries_first` (a
+/// statement that reads every due event), else by due time (read in the due index's order).
 pub(crate) async fn due<DB: InboxDatabase>(
     pool: &sqlx::Pool<DB>,
     sql: &Sql,
-    now: i64,
-    limit: i64,
-    max_attempts: i32,
+    (now, limit, max_attempts): (i64, i64, i32),
+    retries_first: bool,
 ) -> sqlx::Result<Vec<EventKey>> {
     sql.sent();
-    let keys = DB::due(pool, &sql.jobs, now, limit, max_attempts).await?;
+    let keys = match retries_first {
+        true => DB::due(pool, &sql.jobs, now, limit, max_attempts).await?,
+        false => DB::due_by_time(pool, &sql.jobs, now, limit, max_attempts).await?,
+    };
     Ok(keys.into_iter().map(event_key).collect())
 }
 

@@ -390,6 +390,10 @@ mod tests {
         let claim = plan(inbox.sql.jobs.text(Statement::ClaimKeys).clone(), 6).await;
         assert!(claim.contains("USING PRIMARY KEY"), "{claim}");
         assert!(!claim.contains("plans_due_idx"), "{claim}");
+        // A backlog's sweeps read the due events in the due index's order, sorting nothing.
+        let due = plan(inbox.sql.jobs.text(Statement::DueByTime).clone(), 3).await;
+        assert!(due.contains("plans_due_idx"), "{due}");
+        assert!(!due.contains("TEMP B-TREE"), "{due}");
         let groups =
             <sqlx::Sqlite as crate::backend::sealed::InboxSql>::open_groups(&pool, &inbox.sql)
                 .await
@@ -528,6 +532,37 @@ mod tests {
             generic >= 4 && custom <= 6,
             "the claim keeps its generic plan: {generic} generic, {custom} custom plans of 10"
         );
+    }
+
+    /// The sweeps between the first of each poll interval read the due events in the due
+    /// index's order and stop at their limit: sorted by anything else, each sweep of a backlog
+    /// (one per 256 events, back to back) would read every due event.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_sweeps_read_the_due_index_in_order() {
+        use sqlx::Executor;
+        let (pool, table, inbox) = postgres_inbox("sweeps").await;
+        pool.execute(sqlx::AssertSqlSafe(fill(&table, "'\\x7b7d'", "0")))
+            .await
+            .unwrap();
+        pool.execute(sqlx::AssertSqlSafe(format!("ANALYZE {table}").as_str()))
+            .await
+            .unwrap();
+        let explain = format!(
+            "EXPLAIN {}",
+            inbox.sql.jobs.text(Statement::DueByTime).as_str()
+        );
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(&*explain))
+            .bind(PROCESSED + 1)
+            .bind(256_i64)
+            .bind(25_i32)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        drop_inbox(&pool, &table).await;
+        let plan = plan.join("\n");
+        assert!(plan.contains(&format!("{table}_due_idx")), "{plan}");
+        assert!(!plan.contains("Sort"), "{plan}");
     }
 
     #[cfg(feature = "postgres")]

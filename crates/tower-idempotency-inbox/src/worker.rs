@@ -287,9 +287,11 @@ impl<DB: InboxDatabase> Source for Feed<DB> {
 
     /// Fails the due events whose attempts are spent and refreshes the gauges (at most once
     /// per poll interval, [`Feed::keeping`]), then replaces `swept` with up to [`SWEEP_BATCH`]
-    /// due events, retries and recovered events first (fresh ones are usually queued already;
-    /// one both queued and swept is claimed once, the second claim finds it taken). Answers
-    /// whether the batch was full.
+    /// due events (one both queued and swept is claimed once, the second claim finds it
+    /// taken). Answers whether the batch was full. The first sweep of a poll interval takes
+    /// retries and recovered events first (fresh ones are usually queued already), which reads
+    /// every due event; the sweeps between (a backlog's, back to back) take them by due time,
+    /// reading only as many from the due index.
     async fn sweep(&mut self, swept: &mut VecDeque<EventKey>) -> bool {
         let keeping = self.keeping();
         let inbox = &self.shared.inbox;
@@ -316,7 +318,7 @@ impl<DB: InboxDatabase> Source for Feed<DB> {
         {
             DB::due_in_order(&inbox.pool, &inbox.sql, now, limit, max).await
         } else {
-            backend::due(&inbox.pool, &inbox.sql, now, limit, max).await
+            backend::due(&inbox.pool, &inbox.sql, (now, limit, max), keeping).await
         };
         match due {
             Ok(keys) => {

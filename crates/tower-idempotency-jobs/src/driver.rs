@@ -243,6 +243,7 @@ pub struct Statements {
     pub(crate) fail: Prepared,
     pub(crate) exhaust: Prepared,
     pub(crate) due: Prepared,
+    pub(crate) due_by_time: Prepared,
     pub(crate) retry: Prepared,
     pub(crate) discard: Prepared,
     pub(crate) purge: Prepared,
@@ -293,6 +294,8 @@ pub enum Statement {
     RenewOne,
     /// [`Driver::due`]: `$1` now, `$2` limit, `$3` attempts.
     Due,
+    /// [`Driver::due_by_time`]: `$1` now, `$2` limit, `$3` attempts.
+    DueByTime,
     /// [`Driver::purge`]: `$1` before, `$2` limit.
     Purge,
     /// [`Driver::page`].
@@ -476,10 +479,16 @@ impl Statements {
                 err = k + 4,
             )),
             exhaust: sql(exhaust),
-            // Retries and recovered jobs first: fresh ones are usually claimed already.
+            // Retries and recovered jobs first: fresh ones are usually claimed already. The
+            // order is not the due index's, so this reads every due job.
             due: sql(format!(
                 "SELECT {keys} FROM {t} WHERE {DUE} AND attempts < $3 \
                  ORDER BY attempts = 0, available_at LIMIT $2"
+            )),
+            // In the due index's order, stopping at the limit.
+            due_by_time: sql(format!(
+                "SELECT {keys} FROM {t} WHERE {DUE} AND attempts < $3 \
+                 ORDER BY available_at LIMIT $2"
             )),
             retry: sql(format!(
                 "UPDATE {t} SET state = 0, attempts = 0, available_at = ${k}, \
@@ -552,6 +561,7 @@ impl Statements {
             Statement::Renew => self.renew.text(),
             Statement::RenewOne => self.renew_one.text(),
             Statement::Due => self.due.text(),
+            Statement::DueByTime => self.due_by_time.text(),
             Statement::Purge => self.purge.text(),
             Statement::Page => self.page.text(),
         }
@@ -784,7 +794,8 @@ pub trait Driver: sqlx::Database + Sized {
     ) -> BoxFuture<'a, sqlx::Result<Vec<JobKey>>>;
 
     /// Up to `limit` keys of due jobs with attempts below `max_attempts`: retries and
-    /// recovered jobs first, then by due time.
+    /// recovered jobs first, then by due time. That order is not the due index's: the statement
+    /// reads every due job, however few it answers.
     fn due<'a>(
         pool: &'a sqlx::Pool<Self>,
         sql: &'a Statements,
@@ -792,6 +803,19 @@ pub trait Driver: sqlx::Database + Sized {
         limit: i64,
         max_attempts: i32,
     ) -> BoxFuture<'a, sqlx::Result<Vec<JobKey>>>;
+
+    /// Up to `limit` keys of due jobs with attempts below `max_attempts`, by due time: read in
+    /// the due index's order, stopping at `limit`, so that sweeping a backlog `limit` jobs at a
+    /// time does not read all of it at each sweep. By default [`Driver::due`].
+    fn due_by_time<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        now: i64,
+        limit: i64,
+        max_attempts: i32,
+    ) -> BoxFuture<'a, sqlx::Result<Vec<JobKey>>> {
+        Self::due(pool, sql, now, limit, max_attempts)
+    }
 
     /// Puts a failed job back to pending with no attempts, due at `now`; `false` when it is
     /// not failed.
@@ -1203,6 +1227,26 @@ macro_rules! driver_calls {
         ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
             Box::pin(async move {
                 let rows = sql.due.binder::<$db>()
+                    .bind(now)
+                    .bind(limit)
+                    .bind(max_attempts)
+                    .query()
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| $crate::driver::key(sql.table(), row))
+                    .collect()
+            })
+        }
+        fn due_by_time<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            now: i64,
+            limit: i64,
+            max_attempts: i32,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
+            Box::pin(async move {
+                let rows = sql.due_by_time.binder::<$db>()
                     .bind(now)
                     .bind(limit)
                     .bind(max_attempts)
