@@ -1019,6 +1019,29 @@ macro_rules! driver_calls {
     ($db:ty, $keys:path, unreturned) => {
         $crate::driver_calls!(@common $db, $keys);
     };
+    // `Driver::due` and `Driver::due_by_time`: the keys of `sql.$statement`'s rows.
+    (@due $db:ty, $statement:ident) => {
+        fn $statement<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            now: i64,
+            limit: i64,
+            max_attempts: i32,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
+            Box::pin(async move {
+                let rows = sql.$statement.binder::<$db>()
+                    .bind(now)
+                    .bind(limit)
+                    .bind(max_attempts)
+                    .query()
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter()
+                    .map(|row| $crate::driver::key(sql.table(), row))
+                    .collect()
+            })
+        }
+    };
     (@returning $db:ty, $keys:path) => {
         fn claim_due<'a, P>(
             pool: &'a sqlx::Pool<Self>,
@@ -1218,46 +1241,8 @@ macro_rules! driver_calls {
             })
         }
 
-        fn due<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            now: i64,
-            limit: i64,
-            max_attempts: i32,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
-            Box::pin(async move {
-                let rows = sql.due.binder::<$db>()
-                    .bind(now)
-                    .bind(limit)
-                    .bind(max_attempts)
-                    .query()
-                    .fetch_all(pool)
-                    .await?;
-                rows.iter()
-                    .map(|row| $crate::driver::key(sql.table(), row))
-                    .collect()
-            })
-        }
-        fn due_by_time<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            now: i64,
-            limit: i64,
-            max_attempts: i32,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<Vec<$crate::JobKey>>> {
-            Box::pin(async move {
-                let rows = sql.due_by_time.binder::<$db>()
-                    .bind(now)
-                    .bind(limit)
-                    .bind(max_attempts)
-                    .query()
-                    .fetch_all(pool)
-                    .await?;
-                rows.iter()
-                    .map(|row| $crate::driver::key(sql.table(), row))
-                    .collect()
-            })
-        }
+        $crate::driver_calls!(@due $db, due);
+        $crate::driver_calls!(@due $db, due_by_time);
 
         fn retry<'a>(
             pool: &'a sqlx::Pool<Self>,
