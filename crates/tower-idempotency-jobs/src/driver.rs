@@ -294,12 +294,12 @@ pub enum Statement {
     RenewOne,
     /// [`Driver::due`]: `$1` now, `$2` limit, `$3` attempts.
     Due,
-    /// [`Driver::due_by_time`]: `$1` now, `$2` limit, `$3` attempts.
-    DueByTime,
     /// [`Driver::purge`]: `$1` before, `$2` limit.
     Purge,
     /// [`Driver::page`].
     Page,
+    /// [`Driver::due_by_time`]: `$1` now, `$2` limit, `$3` attempts.
+    DueByTime,
 }
 
 /// Pending, due, and not leased by a live worker (`$1` is now): for a half's own statements
