@@ -9,7 +9,6 @@
 //! (Go) and HikariCP (Java) do.
 //!
 //! ```no_run
-//! use std::time::Duration;
 //! use tower_idempotency_sqlx::{ping_when_idle, PING_AFTER_IDLE};
 //!
 //! # async fn run() -> Result<(), sqlx::Error> {
