@@ -10,7 +10,7 @@ use std::{
 
 use futures_util::future::join_all;
 use tokio::{
-    sync::{mpsc, oneshot, OwnedSemaphorePermit},
+    sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
 use tower_idempotency_jobs::{
@@ -41,6 +41,13 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// attempt), unless configured otherwise.
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_QUEUE_CAPACITY: usize = 1024;
+/// Events the worker holds claimed per handler ([`WorkerBuilder::concurrency`]). While every
+/// handler runs, a backlog's next events are claimed in batches (the engine's [`Dispatcher`]
+/// gathers a quarter of its permits per claim) and wait for a free handler with their claims
+/// renewed, so that a handler that ends starts the next event at once rather than after a claim
+/// of its own.
+const CLAIMED_PER_HANDLER: usize = 2;
+
 /// Due events one sweep takes from the table.
 const SWEEP_BATCH: usize = 256;
 
@@ -108,8 +115,10 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         /// turn with the queued ones.
         poll_every;
         /// Handlers running at once (default [`InboxDatabase::DEFAULT_CONCURRENCY`]: 16 on Postgres,
-        /// 4 on SQLite; at least 1). Each holds one pool connection; the
-        /// worker claims as many due events in one statement as handlers are free. Give the pool
+        /// 4 on SQLite; at least 1). Each holds one pool connection. The worker holds up to twice
+        /// this many events claimed: the keys at hand are claimed in one statement, a backlog's
+        /// in batches while the handlers run, and an event claimed ahead waits for a free
+        /// handler with its claim renewed. Give the pool
         /// about twice this many connections, so acknowledgements, claims and lease renewals find
         /// one while every handler runs (docs/inbox.md, "Throughput").
         concurrency;
@@ -175,6 +184,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
         let shared = Arc::new(Shared {
             inbox: self.inbox,
             handler: self.handler,
+            handlers: Arc::new(Semaphore::new(self.settings.concurrency.max(1))),
             settings: self.settings,
             running: Arc::default(),
         });
@@ -186,7 +196,8 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             kept: None,
         };
         let settings = &self.settings;
-        let dispatcher = Dispatcher::new(feed, receiver, settings.concurrency, settings.poll_every);
+        let claimed = CLAIMED_PER_HANDLER * settings.concurrency.max(1);
+        let dispatcher = Dispatcher::new(feed, receiver, claimed, settings.poll_every);
         let task = tokio::spawn(async move {
             let finished = dispatcher.run(stopped).await;
             purging.abort();
@@ -212,9 +223,23 @@ struct Shared<DB: InboxDatabase> {
     /// claim may lapse while its attempt waits for that lock or runs; the sweeper then finds the
     /// event due again. This set keeps the worker from claiming an event it is already running.
     running: Arc<Mutex<HashSet<EventKey>>>,
+    /// One permit per handler ([`Settings::concurrency`]): an event claimed ahead waits for
+    /// one ([`CLAIMED_PER_HANDLER`]).
+    handlers: Arc<Semaphore>,
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
+    /// Waits for a free handler for the claimed event `key`, renewing its claim meanwhile.
+    async fn handler_free(&self, key: &EventKey, token: i64) -> OwnedSemaphorePermit {
+        if let Ok(free) = self.handlers.clone().try_acquire_owned() {
+            return free;
+        }
+        tokio::select! {
+            free = self.handlers.clone().acquire_owned() => free.expect("never closed"),
+            never = self.keep_lease(key, token) => match never {},
+        }
+    }
+
     fn max_attempts(&self) -> i32 {
         self.settings.max()
     }
@@ -441,8 +466,8 @@ async fn claim_and_run<DB: InboxDatabase>(
     while attempts.join_next().await.is_some() {}
 }
 
-/// Runs one attempt of the claimed event `key`, holding `_held` (its running mark and permit)
-/// until it ends.
+/// Runs one attempt of the claimed event `key` once a handler is free, holding `_held` (its
+/// running mark and claim permit) until it ends.
 async fn attempt<DB: InboxDatabase>(
     shared: Arc<Shared<DB>>,
     key: EventKey,
@@ -459,6 +484,7 @@ async fn attempt<DB: InboxDatabase>(
         event_type = %ops::event_type(&row.body).as_deref().unwrap_or(""),
         attempt,
     );
+    let _handler = shared.handler_free(&key, token).await;
     if shared
         .parked(&key, token, ops::event_type(&row.body).as_deref())
         .instrument(span.clone())
@@ -862,6 +888,7 @@ mod tests {
             handler: Arc::new(handler),
             settings: inbox.worker(handler).settings,
             running: Arc::default(),
+            handlers: Arc::new(Semaphore::new(1)),
         });
         let key = EventKey::new("stripe", "evt_1");
         let begin = <sqlx::Sqlite as tower_idempotency_jobs::Driver>::BEGIN_WRITE;
@@ -923,6 +950,7 @@ mod tests {
                 handler: Arc::new(handler),
                 settings: builder.settings,
                 running: Arc::default(),
+                handlers: Arc::new(Semaphore::new(1)),
             }),
             sender,
             lagging: HashSet::new(),

@@ -190,8 +190,17 @@ async fn two_workers_claim_disjoint_batches<DB: Fixture>() {
 /// The claim tokens of the events whose ids start with `prefix`, read from the table: the events
 /// one claim statement took share its token.
 async fn lease_tokens<DB: Fixture>(setup: &Setup<DB>, prefix: &str) -> Vec<Option<i64>> {
+    lease_column(setup, prefix, "lease_token").await
+}
+
+/// `column` (a claim's) of the events whose ids start with `prefix`, in the order of their ids.
+async fn lease_column<DB: Fixture>(
+    setup: &Setup<DB>,
+    prefix: &str,
+    column: &str,
+) -> Vec<Option<i64>> {
     let sql = format!(
-        "SELECT lease_token FROM {} WHERE event_id LIKE '{prefix}%' ORDER BY event_id",
+        "SELECT {column} FROM {} WHERE event_id LIKE '{prefix}%' ORDER BY event_id",
         setup.inbox_table
     );
     let pool: &dyn std::any::Any = &setup.pool;
@@ -295,7 +304,62 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     setup.cleanup().await;
 }
 
+/// Unix ms now.
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    i64::try_from(since.unwrap().as_millis()).unwrap()
+}
+
+/// A worker with one handler holds two events claimed. Three gated events are acknowledged
+/// before it starts; while the first runs, the second is claimed too (the third is not) and no
+/// second handler runs. The waiting event's claim (a 1 s lease) is renewed past its first end.
+/// Once the gate opens, each event runs once, on its first attempt.
+async fn a_claimed_event_waits_for_a_free_handler_with_its_claim_renewed<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let probe = setup.probe();
+    let sender = Sender::new(&setup.inbox).await;
+    let all = sender.deliver("evt_ahead", 3, "test.gated").await;
+    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(1)
+        .lease(Duration::from_millis(1000))
+        .spawn();
+    probe.wait_started(1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let claimed = loop {
+        let ends = lease_column(&setup, "evt_ahead", "lease_until").await;
+        if ends.iter().flatten().count() >= 2 {
+            break ends;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: only {ends:?} claimed",
+            DB::LABEL
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(claimed.iter().flatten().count(), 2, "{}", DB::LABEL);
+    assert_eq!(probe.total_runs(), 1, "{}", DB::LABEL);
+    // `all` is in the order of its ids, as `claimed` is.
+    let waiting = (0..all.len())
+        .find(|&i| probe.runs(&all[i]) == 0 && claimed[i].is_some())
+        .expect("a claimed event waits");
+    let first_end = claimed[waiting].unwrap();
+    // Past the end of the claim it was given: it has been renewed meanwhile.
+    while now_ms() <= first_end + 200 {
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ends = lease_column(&setup, "evt_ahead", "lease_until").await;
+    let end = ends[waiting].expect("still claimed");
+    assert!(end > now_ms(), "{}: the waiting claim lapsed", DB::LABEL);
+    assert_eq!(probe.total_runs(), 1, "{}", DB::LABEL);
+    probe.open_gate();
+    each_processed_once(&setup, &probe, &all, [worker]).await;
+    setup.cleanup().await;
+}
+
 on_both!(
+    a_claimed_event_waits_for_a_free_handler_with_its_claim_renewed,
     failed_batch_claim_loses_nothing,
     worker_aborted_mid_batch_processes_each_once,
     two_workers_claim_disjoint_batches,
