@@ -190,6 +190,28 @@ impl DrainFloor {
         Self { fill, statements }
     }
 
+    /// The same statements with the attempt's history row the worker writes at its default
+    /// (`WorkerBuilder::history`): on Postgres inside the completion (`WITH done AS (UPDATE ..
+    /// RETURNING 1) INSERT ..`, as `Driver::complete_recorded` does), elsewhere as an `INSERT`
+    /// of its own before the commit.
+    pub fn with_history(mut self, inbox: &str, in_completion: bool) -> Self {
+        let record = format!(
+            "INSERT INTO {inbox}_attempts (provider, event_id, attempt, started_at, duration_ms, \
+             outcome, error, status, response)"
+        );
+        let values = "'floor', $1, 1, 0, 0, 1, NULL, NULL, NULL";
+        let completion = self.statements.len() - 2;
+        if in_completion {
+            let update = &self.statements[completion];
+            self.statements[completion] =
+                format!("WITH done AS ({update} RETURNING 1) {record} SELECT {values} FROM done");
+        } else {
+            self.statements
+                .insert(completion + 1, format!("{record} VALUES ({values})"));
+        }
+        self
+    }
+
     /// Events enough for `connections` floor connections over `seconds`.
     pub fn per_connection(seconds: u64) -> i64 {
         2_000 * i64::try_from(seconds).unwrap_or(60)
