@@ -1119,6 +1119,18 @@ pub(crate) async fn renew<DB: InboxDatabase>(
     DB::renew_one(pool, &sql.jobs, &job_key(key), token, lease_until).await
 }
 
+/// Gives back the claim of `token` on `key` before its attempt started: its attempt returned,
+/// its lease freed; `false` when the claim is no longer held.
+pub(crate) async fn give_back<DB: InboxDatabase>(
+    pool: &sqlx::Pool<DB>,
+    sql: &Sql,
+    key: &EventKey,
+    token: i64,
+) -> sqlx::Result<bool> {
+    sql.sent();
+    DB::give_back(pool, &sql.jobs, &job_key(key), token).await
+}
+
 /// Marks the event processed inside the handler's transaction, fenced by the claim's token.
 pub(crate) async fn complete<DB: InboxDatabase>(
     conn: &mut DB::Connection,

@@ -10,7 +10,7 @@ use std::{
 
 use futures_util::future::join_all;
 use tokio::{
-    sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
+    sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
 use tower_idempotency_jobs::{
@@ -185,6 +185,7 @@ impl<DB: InboxDatabase> WorkerBuilder<DB> {
             inbox: self.inbox,
             handler: self.handler,
             handlers: Arc::new(Semaphore::new(self.settings.concurrency.max(1))),
+            stopping: watch::channel(false).0,
             settings: self.settings,
             running: Arc::default(),
         });
@@ -226,18 +227,35 @@ struct Shared<DB: InboxDatabase> {
     /// One permit per handler ([`Settings::concurrency`]): an event claimed ahead waits for
     /// one ([`CLAIMED_PER_HANDLER`]).
     handlers: Arc<Semaphore>,
+    /// Set when the worker stops taking events: an event claimed ahead that has not started
+    /// gives its claim back.
+    stopping: watch::Sender<bool>,
 }
 
 impl<DB: InboxDatabase> Shared<DB> {
     /// Waits for a free handler for the claimed event `key`, renewing its claim meanwhile.
-    async fn handler_free(&self, key: &EventKey, token: i64) -> OwnedSemaphorePermit {
-        if let Ok(free) = self.handlers.clone().try_acquire_owned() {
-            return free;
+    /// `None` once the worker stops taking events first: the claim is then given back (its
+    /// attempt returned, the event due at once) for the next worker.
+    async fn handler_free(&self, key: &EventKey, token: i64) -> Option<OwnedSemaphorePermit> {
+        let mut stopping = self.stopping.subscribe();
+        if !*stopping.borrow_and_update() {
+            if let Ok(free) = self.handlers.clone().try_acquire_owned() {
+                return Some(free);
+            }
+            tokio::select! {
+                free = self.handlers.clone().acquire_owned() => {
+                    return Some(free.expect("never closed"));
+                }
+                never = self.keep_lease(key, token) => match never {},
+                _ = stopping.wait_for(|stopping| *stopping) => {}
+            }
         }
-        tokio::select! {
-            free = self.handlers.clone().acquire_owned() => free.expect("never closed"),
-            never = self.keep_lease(key, token) => match never {},
+        let (pool, sql) = (&self.inbox.pool, &self.inbox.sql);
+        let give_back = || backend::give_back(pool, sql, key, token);
+        if let Err(error) = persist(self.settings.lease / 3, give_back).await {
+            tracing::warn!(%error, "giving back an inbox event claimed ahead failed; it is due again when its lease ends");
         }
+        None
     }
 
     fn max_attempts(&self) -> i32 {
@@ -308,6 +326,7 @@ impl<DB: InboxDatabase> Source for Feed<DB> {
 
     fn stopped(&mut self) {
         self.shared.inbox.detach_queue(&self.sender);
+        self.shared.stopping.send_replace(true);
     }
 
     /// Fails the due events whose attempts are spent and refreshes the gauges (at most once
@@ -484,7 +503,9 @@ async fn attempt<DB: InboxDatabase>(
         event_type = %ops::event_type(&row.body).as_deref().unwrap_or(""),
         attempt,
     );
-    let _handler = shared.handler_free(&key, token).await;
+    let Some(_handler) = shared.handler_free(&key, token).await else {
+        return;
+    };
     if shared
         .parked(&key, token, ops::event_type(&row.body).as_deref())
         .instrument(span.clone())
@@ -889,6 +910,7 @@ mod tests {
             settings: inbox.worker(handler).settings,
             running: Arc::default(),
             handlers: Arc::new(Semaphore::new(1)),
+            stopping: watch::channel(false).0,
         });
         let key = EventKey::new("stripe", "evt_1");
         let begin = <sqlx::Sqlite as tower_idempotency_jobs::Driver>::BEGIN_WRITE;
@@ -951,6 +973,7 @@ mod tests {
                 settings: builder.settings,
                 running: Arc::default(),
                 handlers: Arc::new(Semaphore::new(1)),
+                stopping: watch::channel(false).0,
             }),
             sender,
             lagging: HashSet::new(),

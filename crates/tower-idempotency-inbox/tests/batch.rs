@@ -358,8 +358,62 @@ async fn a_claimed_event_waits_for_a_free_handler_with_its_claim_renewed<DB: Fix
     setup.cleanup().await;
 }
 
+/// Draining a worker gives back the events it claimed ahead of a free handler. A worker with
+/// one handler runs the first of two gated events and holds the second claimed; once the drain
+/// starts, the second's claim is given back (no lease, no attempt counted) while the first still
+/// runs. Once the gate opens, the drain ends with the first processed and the second pending
+/// and never run.
+async fn a_drain_gives_back_the_events_claimed_ahead<DB: Fixture>() {
+    let setup = Setup::<DB>::new().await;
+    let probe = setup.probe();
+    let sender = Sender::new(&setup.inbox).await;
+    let all = sender.deliver("evt_back", 2, "test.gated").await;
+    let worker = quick(setup.inbox.worker(probe.handler::<DB>()))
+        .concurrency(1)
+        .spawn();
+    probe.wait_started(1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while lease_column(&setup, "evt_back", "lease_token")
+        .await
+        .iter()
+        .flatten()
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (running, waiting) = match probe.runs(&all[0]) {
+        1 => (&all[0], &all[1]),
+        _ => (&all[1], &all[0]),
+    };
+    let draining = tokio::spawn(worker.drain(Duration::from_secs(30)));
+    loop {
+        let event = setup.event(waiting).await;
+        if event.attempts == 0 {
+            assert_eq!(event.state, EventState::Pending, "{}", DB::LABEL);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let index = all.iter().position(|id| id == waiting).unwrap();
+    let tokens = lease_column(&setup, "evt_back", "lease_token").await;
+    assert_eq!(tokens[index], None, "{}: the claim was kept", DB::LABEL);
+    assert!(!draining.is_finished(), "{}", DB::LABEL);
+    probe.open_gate();
+    assert!(draining.await.unwrap(), "{}", DB::LABEL);
+    let first = setup.event(running).await;
+    assert_eq!((first.state, first.attempts), (EventState::Processed, 1));
+    let second = setup.event(waiting).await;
+    assert_eq!((second.state, second.attempts), (EventState::Pending, 0));
+    assert_eq!(probe.runs(waiting), 0, "{}", DB::LABEL);
+    setup.cleanup().await;
+}
+
 on_both!(
     a_claimed_event_waits_for_a_free_handler_with_its_claim_renewed,
+    a_drain_gives_back_the_events_claimed_ahead,
     failed_batch_claim_loses_nothing,
     worker_aborted_mid_batch_processes_each_once,
     two_workers_claim_disjoint_batches,

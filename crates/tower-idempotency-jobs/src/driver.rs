@@ -237,6 +237,7 @@ pub struct Statements {
     pub(crate) claim_keys: Prepared,
     pub(crate) renew: Prepared,
     pub(crate) renew_one: Prepared,
+    pub(crate) give_back: Prepared,
     pub(crate) complete: Prepared,
     /// [`Dialect::writing_with`]: the completion and the history row in one statement.
     pub(crate) complete_recorded: Option<Prepared>,
@@ -300,6 +301,8 @@ pub enum Statement {
     Page,
     /// [`Driver::due_by_time`]: `$1` now, `$2` limit, `$3` attempts.
     DueByTime,
+    /// [`Driver::give_back`]: the key's columns, then token.
+    GiveBack,
 }
 
 /// Pending, due, and not leased by a live worker (`$1` is now): for a half's own statements
@@ -449,6 +452,11 @@ impl Statements {
                  WHERE {by_key} AND lease_token = ${k} AND state + 0 = 0",
                 k + 1
             )),
+            // $k token.
+            give_back: sql(format!(
+                "UPDATE {t} SET attempts = attempts - 1, lease_token = NULL, lease_until = NULL \
+                 WHERE {by_key} AND lease_token = ${k} AND state + 0 = 0"
+            )),
             // $k token, $k+1 now, $k+2 status.
             complete: sql(complete.clone()),
             // The completion's parameters, then the history row's seven.
@@ -562,6 +570,7 @@ impl Statements {
             Statement::RenewOne => self.renew_one.text(),
             Statement::Due => self.due.text(),
             Statement::DueByTime => self.due_by_time.text(),
+            Statement::GiveBack => self.give_back.text(),
             Statement::Purge => self.purge.text(),
             Statement::Page => self.page.text(),
         }
@@ -815,6 +824,21 @@ pub trait Driver: sqlx::Database + Sized {
         max_attempts: i32,
     ) -> BoxFuture<'a, sqlx::Result<Vec<JobKey>>> {
         Self::due(pool, sql, now, limit, max_attempts)
+    }
+
+    /// Gives back the claim of `token` on the job `key` before its attempt started (a worker
+    /// that claimed it ahead of a free handler, then stopped): the attempt the claim counted is
+    /// returned and the lease freed, so the job is due again at once; `false` when the claim is
+    /// no longer held. By default `false` without a statement: the job then waits for its lease
+    /// to end, its attempt spent.
+    fn give_back<'a>(
+        pool: &'a sqlx::Pool<Self>,
+        sql: &'a Statements,
+        key: &'a JobKey,
+        token: i64,
+    ) -> BoxFuture<'a, sqlx::Result<bool>> {
+        let _ = (pool, sql, key, token);
+        Box::pin(std::future::ready(Ok(false)))
     }
 
     /// Puts a failed job back to pending with no attempts, due at `now`; `false` when it is
@@ -1155,6 +1179,20 @@ macro_rules! driver_calls {
                 let _turn = $crate::gate::turn::<$db>(pool).await;
                 let query = sql.renew_one.binder::<$db>().key(key);
                 let done = query.bind(token).bind(lease_until).query().execute(pool).await?;
+                Ok(done.rows_affected() == 1)
+            })
+        }
+
+        fn give_back<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+            token: i64,
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
+                let query = sql.give_back.binder::<$db>().key(key);
+                let done = query.bind(token).query().execute(pool).await?;
                 Ok(done.rows_affected() == 1)
             })
         }

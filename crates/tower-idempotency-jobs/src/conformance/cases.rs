@@ -197,6 +197,42 @@ where
     assert_eq!(DB::renew(&pool, &sql, 1, now + 30_000).await.unwrap(), 1);
 }
 
+/// A claim given back before its attempt started returns the attempt it counted and frees its
+/// lease (the next claim takes the job at once, as its first attempt); only the claim's token
+/// gives it back, and only while the job is pending.
+pub async fn a_claim_given_back_is_due_again_with_its_attempt<DB: Fixture>(
+    pool: sqlx::Pool<DB>,
+    name: String,
+) where
+    Body: for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    let sql = DB::statements(table(&name));
+    add_many(&pool, &name, "a", 1, 1_000).await;
+    let now = now_ms();
+    let claimed: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 1, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let key = &claimed[0].key;
+    assert!(!DB::give_back(&pool, &sql, key, 2).await.unwrap());
+    assert!(DB::give_back(&pool, &sql, key, 1).await.unwrap());
+    assert!(!DB::give_back(&pool, &sql, key, 1).await.unwrap());
+    let summary = get(&pool, &sql, key).await;
+    assert_eq!((summary.state, summary.attempts), (JobState::Pending, 0));
+    let again: Vec<Claimed<Body>> = DB::claim_due(&pool, &sql, now, 3, now + LEASE, 5, 10)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "a job given back was not due");
+    assert_eq!(again[0].attempt, 1);
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(DB::complete(&mut conn, &sql, key, 3, now, None)
+        .await
+        .unwrap());
+    drop(conn);
+    assert!(!DB::give_back(&pool, &sql, key, 3).await.unwrap());
+    assert_eq!(get(&pool, &sql, key).await.state, JobState::Done);
+}
+
 /// Claims that never record (a crashed worker) still count: once the attempts are spent, no
 /// claim takes the job and the sweep fails it with [`SPENT`].
 pub async fn attempts_are_bounded_whatever_ends_them<DB: Fixture>(

@@ -237,6 +237,7 @@ macro_rules! jobs_driver_conformance_tests {
                 claims_are_leased_and_fenced,
                 a_lapsed_lease_is_claimed_again_and_its_old_claim_cannot_record,
                 renewals_keep_a_lease,
+                a_claim_given_back_is_due_again_with_its_attempt,
                 attempts_are_bounded_whatever_ends_them,
                 a_permanent_failure_fails_at_once,
                 the_worker_bounds_attempts_through_errors_timeouts_and_panics,
