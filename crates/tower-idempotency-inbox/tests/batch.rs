@@ -304,6 +304,29 @@ async fn a_backlog_is_claimed_in_batches<DB: Fixture>() {
     setup.cleanup().await;
 }
 
+/// Waits until `n` of the events whose ids start with `prefix` have their claim's `column` set;
+/// answers that column of each.
+async fn claimed_at_least<DB: Fixture>(
+    setup: &Setup<DB>,
+    prefix: &str,
+    column: &str,
+    n: usize,
+) -> Vec<Option<i64>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let values = lease_column(setup, prefix, column).await;
+        if values.iter().flatten().count() >= n {
+            return values;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: only {values:?} claimed",
+            DB::LABEL
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Unix ms now.
 fn now_ms() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
@@ -325,18 +348,7 @@ async fn a_claimed_event_waits_for_a_free_handler_with_its_claim_renewed<DB: Fix
         .spawn();
     probe.wait_started(1).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let claimed = loop {
-        let ends = lease_column(&setup, "evt_ahead", "lease_until").await;
-        if ends.iter().flatten().count() >= 2 {
-            break ends;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}: only {ends:?} claimed",
-            DB::LABEL
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let claimed = claimed_at_least(&setup, "evt_ahead", "lease_until", 2).await;
     assert_eq!(claimed.iter().flatten().count(), 2, "{}", DB::LABEL);
     assert_eq!(probe.total_runs(), 1, "{}", DB::LABEL);
     // `all` is in the order of its ids, as `claimed` is.
@@ -373,16 +385,7 @@ async fn a_drain_gives_back_the_events_claimed_ahead<DB: Fixture>() {
         .spawn();
     probe.wait_started(1).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while lease_column(&setup, "evt_back", "lease_token")
-        .await
-        .iter()
-        .flatten()
-        .count()
-        < 2
-    {
-        assert!(std::time::Instant::now() < deadline, "{}", DB::LABEL);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    claimed_at_least(&setup, "evt_back", "lease_token", 2).await;
     let (running, waiting) = match probe.runs(&all[0]) {
         1 => (&all[0], &all[1]),
         _ => (&all[1], &all[0]),
