@@ -1066,6 +1066,23 @@ macro_rules! driver_calls {
             })
         }
     };
+    // A write to one job by its key, the statement named as the call, with the given `i64`
+    // parameters after the key's columns, behind the writer gate; `true` when it changed the job.
+    (@keyed $db:ty, $statement:ident, $($param:ident),+) => {
+        fn $statement<'a>(
+            pool: &'a sqlx::Pool<Self>,
+            sql: &'a $crate::Statements,
+            key: &'a $crate::JobKey,
+            $($param: i64),+
+        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
+            Box::pin(async move {
+                let _turn = $crate::gate::turn::<$db>(pool).await;
+                let query = sql.$statement.binder::<$db>().key(key);
+                $(let query = query.bind($param);)+
+                Ok(query.query().execute(pool).await?.rows_affected() == 1)
+            })
+        }
+    };
     (@returning $db:ty, $keys:path) => {
         fn claim_due<'a, P>(
             pool: &'a sqlx::Pool<Self>,
@@ -1168,34 +1185,9 @@ macro_rules! driver_calls {
             })
         }
 
-        fn renew_one<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            key: &'a $crate::JobKey,
-            token: i64,
-            lease_until: i64,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
-            Box::pin(async move {
-                let _turn = $crate::gate::turn::<$db>(pool).await;
-                let query = sql.renew_one.binder::<$db>().key(key);
-                let done = query.bind(token).bind(lease_until).query().execute(pool).await?;
-                Ok(done.rows_affected() == 1)
-            })
-        }
+        $crate::driver_calls!(@keyed $db, renew_one, token, lease_until);
 
-        fn give_back<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            key: &'a $crate::JobKey,
-            token: i64,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
-            Box::pin(async move {
-                let _turn = $crate::gate::turn::<$db>(pool).await;
-                let query = sql.give_back.binder::<$db>().key(key);
-                let done = query.bind(token).query().execute(pool).await?;
-                Ok(done.rows_affected() == 1)
-            })
-        }
+        $crate::driver_calls!(@keyed $db, give_back, token);
 
         fn complete<'a>(
             conn: &'a mut Self::Connection,
@@ -1282,31 +1274,9 @@ macro_rules! driver_calls {
         $crate::driver_calls!(@due $db, due);
         $crate::driver_calls!(@due $db, due_by_time);
 
-        fn retry<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            key: &'a $crate::JobKey,
-            now: i64,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
-            Box::pin(async move {
-                let _turn = $crate::gate::turn::<$db>(pool).await;
-                let query = sql.retry.binder::<$db>().key(key);
-                Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
-            })
-        }
+        $crate::driver_calls!(@keyed $db, retry, now);
 
-        fn discard<'a>(
-            pool: &'a sqlx::Pool<Self>,
-            sql: &'a $crate::Statements,
-            key: &'a $crate::JobKey,
-            now: i64,
-        ) -> $crate::BoxFuture<'a, sqlx::Result<bool>> {
-            Box::pin(async move {
-                let _turn = $crate::gate::turn::<$db>(pool).await;
-                let query = sql.discard.binder::<$db>().key(key);
-                Ok(query.bind(now).query().execute(pool).await?.rows_affected() == 1)
-            })
-        }
+        $crate::driver_calls!(@keyed $db, discard, now);
 
         fn purge<'a>(
             pool: &'a sqlx::Pool<Self>,
