@@ -24,9 +24,10 @@
 //! - `floor`: no HTTP, one `INSERT .. ON CONFLICT DO NOTHING` per transaction from as many
 //!   connections as there are senders: what one commit per delivery allows;
 //! - `floor: the worker's statements per event`: no worker, from as many connections as it has
-//!   handlers, on an inbox table filled with pending events: the claim of one event, then in one
-//!   transaction the handler's insert and the fenced completion: what the worker's drain allows
-//!   while each event keeps a transaction of its own.
+//!   handlers, on an inbox table of its own filled with pending events: the claim of one event,
+//!   then in one transaction the handler's insert and the fenced completion: what the worker's
+//!   drain allows while each event keeps a transaction of its own. It is measured at each sender
+//!   count right after the burst has drained, and that sender count's ratios use it.
 //!
 //! For each route and 1, 16 and 64 concurrent senders it prints the answers per second and their
 //! p50/p99; for the inbox and the peers also the processing rate: events processed per second
@@ -230,8 +231,9 @@ macro_rules! floor {
             Ok(summarize(all, errors, seconds))
         }
 
-        /// The drain floor on the inbox table `inbox` (created here) of `pool`'s database, whose
-        /// handler inserts into `effects`; prints its row and answers its rate.
+        /// The drain floor on the inbox table `inbox` (created here, and dropped with its side
+        /// tables afterwards) of `pool`'s database, whose handler inserts into `effects`; prints
+        /// its row and answers its rate.
         async fn $drain(
             pool: &Pool<$db>,
             (inbox, effects): (&str, &str),
@@ -247,6 +249,13 @@ macro_rules! floor {
                 .await?;
             let drained = $name(pool, &floor.statements, &run, handlers, seconds).await?;
             row($label, DrainFloor::ROUTE, handlers, &drained, None);
+            let drop: String = inbox_tables(inbox)
+                .iter()
+                .map(|table| format!("DROP TABLE {table};"))
+                .collect();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                .execute(pool)
+                .await?;
             Ok(drained.rate)
         }
     };
@@ -285,7 +294,7 @@ struct Rates {
     burst: f64,
     burst_drain: f64,
     /// The worker's statements per event without the worker, from as many connections as it
-    /// has handlers (the same at every sender count).
+    /// has handlers, measured right after the burst drained.
     drain_floor: f64,
     /// apalis's acknowledgement and processing rates.
     apalis: Option<(f64, f64)>,
@@ -421,21 +430,26 @@ where
 }
 
 /// Every route at 1, 16 and 64 senders; after each inbox or peer run, waits for its backlog.
-/// `floors` holds the floor's rate per sender count; `effects` counts the inbox handlers' runs.
-async fn measure<DB: InboxDatabase>(
+/// `floors` holds the floor's rate per sender count; `drain_floor` measures the drain floor,
+/// right after each burst has drained (the machine's state moves the floor between sender
+/// counts); `effects` counts the inbox handlers' runs.
+async fn measure<DB: InboxDatabase, F, Fut>(
     label: &str,
     base: &str,
     (inbox, effects): (&Inbox<DB>, &Effects),
     burst: &Burst<DB>,
     peer: Option<&Peer>,
-    (floors, drain_floor): (&[f64], f64),
+    (floors, drain_floor): (&[f64], F),
     seconds: u64,
-) -> Vec<(usize, Rates)> {
+) -> Vec<(usize, Rates)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<f64, BoxError>>,
+{
     let mut all = Vec::new();
     for (clients, floor) in SENDERS.into_iter().zip(floors) {
         let mut rates = Rates {
             floor: *floor,
-            drain_floor,
             ..Rates::default()
         };
         let sync = send_events(format!("{base}/sync"), clients, seconds).await;
@@ -474,6 +488,7 @@ async fn measure<DB: InboxDatabase>(
         worker.drain(Duration::from_secs(10)).await;
         row(label, "inbox, burst", clients, &acked, Some(processing));
         (rates.burst, rates.burst_drain) = (acked.rate, processing);
+        rates.drain_floor = drain_floor().await.expect("the drain floor");
         if label == "postgres" {
             let acked = send_events(format!("{base}/burst-four-commits"), clients, seconds).await;
             row(
@@ -720,7 +735,8 @@ async fn sqlite(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     let inbox_pool = ping_when_idle(inbox_pool, PING_AFTER_IDLE)
         .connect_with(options.clone())
         .await?;
-    let drain_floor = drain_floor_sqlite(&inbox_pool, ("bench_drain", "effects"), seconds).await?;
+    let drain_floor_on = inbox_pool.clone();
+    let drain_floor = || drain_floor_sqlite(&drain_floor_on, ("bench_drain", "effects"), seconds);
     let inbox = Inbox::new(inbox_pool.clone(), "bench_inbox")?;
     inbox.migrate().await?;
     let worker = start(&inbox, inbox_sqlite(effects.clone()));
@@ -801,8 +817,11 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
     let inbox_pool = ping_when_idle(inbox_pool, PING_AFTER_IDLE)
         .connect(&url)
         .await?;
-    let drain_table = format!("bench_drain_{}", suffix());
-    let drain_floor = drain_floor_pg(&inbox_pool, (&drain_table, &effects_table), seconds).await?;
+    let drain_floor = || {
+        let (pool, drain_table) = (inbox_pool.clone(), format!("bench_drain_{}", suffix()));
+        let effects_table = effects_table.clone();
+        async move { drain_floor_pg(&pool, (&drain_table, &effects_table), seconds).await }
+    };
     let inbox = Inbox::new(inbox_pool.clone(), &inbox_table)?;
     inbox.migrate().await?;
     let worker = start(&inbox, inbox_pg(effects.clone()));
@@ -869,7 +888,7 @@ async fn postgres(seconds: u64) -> Result<Vec<(usize, Rates)>, BoxError> {
         rates.graphile = Some(row.await);
     }
     graphile.stop().await?;
-    let inboxes = [&inbox_table, &burst_table, &drain_table].map(|table| inbox_tables(table));
+    let inboxes = [&inbox_table, &burst_table].map(|table| inbox_tables(table));
     sqlx::raw_sql(sqlx::AssertSqlSafe(&*format!(
         "DROP TABLE {effects_table}, {}, {records}, {floor_table};",
         inboxes.concat().join(", ")
