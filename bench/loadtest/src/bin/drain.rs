@@ -16,7 +16,9 @@
 //! user runs them: sqlx tests each connection given back to its pool (a round trip the floor's
 //! held connections do not pay, and the worker pays once per claim and once per attempt). Then
 //! the floor on held connections with the attempt's history row the worker writes at its default
-//! (`DrainFloor::with_history`): the floor of a drain with the history on.
+//! (`DrainFloor::with_history`): the floor of a drain with the history on. Last, the history row
+//! on borrowed connections: what a worker that borrows a pooled connection for each attempt and
+//! writes its history allows, the floor of the worker at its defaults.
 //!
 //! ```text
 //! SQLX_OFFLINE=true cargo build --release --manifest-path bench/Cargo.toml -p tower-idempotency-loadtest --bin drain
@@ -200,7 +202,7 @@ async fn main() -> Result<(), BoxError> {
         drained.rate,
         drained.cpu()
     );
-    if let Some((held, borrowed, recorded)) = floor {
+    if let Some([held, borrowed, recorded, both]) = floor {
         println!(
             "{database}: the worker's statements per event, no worker: {:.0} events/s; {}; \
              drain / floor {:.2}",
@@ -221,6 +223,13 @@ async fn main() -> Result<(), BoxError> {
             recorded.rate,
             recorded.cpu(),
             drained.rate / recorded.rate
+        );
+        println!(
+            "{database}: the same on borrowed connections, with the history row: {:.0} \
+             events/s; {}; drain / this floor {:.2}",
+            both.rate,
+            both.cpu(),
+            drained.rate / both.rate
         );
     }
     Ok(())
@@ -305,27 +314,26 @@ where
     Ok(measured)
 }
 
-/// The drain's floor for `events` events, first on connections held for the run, then on a
-/// connection borrowed for each event, then on held connections with the history row
-/// ([`floor`]).
+/// The drain's floors for `events` events ([`floor`]): on connections held for the run, on a
+/// connection borrowed for each event, on held connections with the history row, and on
+/// borrowed connections with it.
 async fn floors<DB: InboxDatabase>(
     pool: &Pool<DB>,
     events: u64,
     statements: (&str, &str),
-) -> Result<(Measured, Measured, Measured), BoxError>
+) -> Result<[Measured; 4], BoxError>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
     for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    let held = floor(pool, events, statements, false, false).await?;
-    let borrowed = floor(pool, events, statements, true, false).await?;
-    Ok((
-        held,
-        borrowed,
+    Ok([
+        floor(pool, events, statements, false, false).await?,
+        floor(pool, events, statements, true, false).await?,
         floor(pool, events, statements, false, true).await?,
-    ))
+        floor(pool, events, statements, true, true).await?,
+    ])
 }
 
 /// The drain's floor for `events` events ([`DrainFloor`]: `begin` opens an event's transaction,
