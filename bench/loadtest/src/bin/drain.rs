@@ -46,7 +46,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drive::{inbox_tables, machine_busy_ns, postgres_pool, suffix, DrainFloor};
+use drive::{drop_tables, inbox_tables, machine_busy_ns, postgres_pool, suffix, DrainFloor};
 use tower_idempotency_inbox::{
     HandlerError, IdempotentTx, Inbox, InboxDatabase, InboxEvent, InboxHandler,
 };
@@ -232,21 +232,6 @@ async fn main() -> Result<(), BoxError> {
             drained.rate / both.rate
         );
     }
-    Ok(())
-}
-
-/// Drops `tables` of `pool`'s database.
-async fn drop_tables<DB: InboxDatabase>(pool: &Pool<DB>, tables: &[String]) -> Result<(), BoxError>
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-{
-    let drop: Vec<String> = tables
-        .iter()
-        .map(|name| format!("DROP TABLE IF EXISTS {name}"))
-        .collect();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop.join(";\n")))
-        .execute(pool)
-        .await?;
     Ok(())
 }
 

@@ -66,8 +66,8 @@ use std::{
 };
 
 use drive::{
-    drive, inbox_tables, machine_busy_ns, postgres_pool, seconds_arg, serve, suffix, summarize,
-    DrainFloor, Run,
+    drive, drop_tables, inbox_tables, machine_busy_ns, postgres_pool, seconds_arg, serve, suffix,
+    summarize, DrainFloor, Run,
 };
 use graphile::GraphilePeer;
 use peer::Peer;
@@ -253,13 +253,7 @@ macro_rules! floor {
                 .await?;
             let drained = $name(pool, &floor.statements, &run, handlers, seconds).await?;
             row($label, DrainFloor::ROUTE, handlers, &drained, None);
-            let drop: String = inbox_tables(inbox)
-                .iter()
-                .map(|table| format!("DROP TABLE {table};"))
-                .collect();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-                .execute(pool)
-                .await?;
+            drop_tables(pool, &inbox_tables(inbox)).await?;
             Ok(drained.rate)
         }
     };

@@ -238,3 +238,21 @@ pub fn machine_busy_ns() -> u64 {
         .sum();
     busy * 10_000_000
 }
+
+/// Drops `tables` of `pool`'s database.
+pub async fn drop_tables<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    tables: &[String],
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let drop: Vec<String> = tables
+        .iter()
+        .map(|name| format!("DROP TABLE IF EXISTS {name}"))
+        .collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop.join(";\n")))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
