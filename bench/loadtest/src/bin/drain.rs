@@ -202,35 +202,32 @@ async fn main() -> Result<(), BoxError> {
         drained.rate,
         drained.cpu()
     );
-    if let Some([held, borrowed, recorded, both]) = floor {
-        println!(
-            "{database}: the worker's statements per event, no worker: {:.0} events/s; {}; \
-             drain / floor {:.2}",
-            held.rate,
-            held.cpu(),
-            drained.rate / held.rate
-        );
-        println!(
-            "{database}: the same, a connection borrowed from the pool for each event: {:.0} \
-             events/s; {}; drain / this floor {:.2}",
-            borrowed.rate,
-            borrowed.cpu(),
-            drained.rate / borrowed.rate
-        );
-        println!(
-            "{database}: the same on held connections, with the attempt's history row: {:.0} \
-             events/s; {}; drain / this floor {:.2}",
-            recorded.rate,
-            recorded.cpu(),
-            drained.rate / recorded.rate
-        );
-        println!(
-            "{database}: the same on borrowed connections, with the history row: {:.0} \
-             events/s; {}; drain / this floor {:.2}",
-            both.rate,
-            both.cpu(),
-            drained.rate / both.rate
-        );
+    if let Some(floors) = floor {
+        let floors = [
+            ("the worker's statements per event, no worker", "floor"),
+            (
+                "the same, a connection borrowed from the pool for each event",
+                "this floor",
+            ),
+            (
+                "the same on held connections, with the attempt's history row",
+                "this floor",
+            ),
+            (
+                "the same on borrowed connections, with the history row",
+                "this floor",
+            ),
+        ]
+        .into_iter()
+        .zip(floors);
+        for ((name, ratio), measured) in floors {
+            println!(
+                "{database}: {name}: {:.0} events/s; {}; drain / {ratio} {:.2}",
+                measured.rate,
+                measured.cpu(),
+                drained.rate / measured.rate
+            );
+        }
     }
     Ok(())
 }
